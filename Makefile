@@ -1,0 +1,27 @@
+# Two commands on a fresh clone: `make demo` and `make test`. Each creates .venv first if it is missing.
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast bench lint
+
+.venv: pyproject.toml
+	python3 -m venv .venv
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]' || (rm -rf .venv; exit 1)
+	touch .venv
+
+demo: .venv
+	$(PY) -m vitkit.demo
+
+# The whole suite, heavier parity tests (marked `slow`) included.
+test: .venv
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: .venv
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: .venv
+	$(PY) benchmarks/throughput.py
+
+lint: .venv
+	$(PY) -m ruff check vitkit tests benchmarks train.py

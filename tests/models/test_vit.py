@@ -1,0 +1,146 @@
+"""ViT/DeiT: timm's weights load strictly and give timm's logits, on every preset and backend."""
+
+import subprocess
+import sys
+
+import pytest
+import timm
+import torch
+from torch.testing import assert_close
+
+import vitkit
+from vitkit.layers import resample_abs_pos_embed, sincos_2d
+from vitkit.models import VIT_PRESETS
+
+SMALL = ["vit_tiny_patch16_224", "vit_small_patch16_224", "deit_tiny_patch16_224", "deit_small_patch16_224",
+         "vit_small_patch32_224"]
+LARGE = ["vit_base_patch16_224", "vit_base_patch32_224", "vit_base_patch16_384", "deit_base_patch16_224",
+         "vit_large_patch16_224", "vit_small_patch16_384", "deit3_small_patch16_224", "vit_medium_patch16_gap_256",
+         "vit_betwixt_patch16_reg4_gap_256"]
+
+
+def _pair(name: str, **kw):
+    theirs = timm.create_model(name, pretrained=False, **kw).eval()
+    ours = vitkit.create_model(name, **kw).eval()
+    ours.load_state_dict(theirs.state_dict(), strict=True)  # names and shapes: no conversion
+    return ours, theirs
+
+
+def _check_logits(ours, theirs, backends=("sdpa", "math"), batch=2):
+    size = ours.cfg.img_size
+    x = torch.randn(batch, 3, size, size)
+    with torch.no_grad():
+        ref = theirs(x)
+        for backend in backends:
+            ours.set_attn_backend(backend)
+            out = ours(x)
+            assert out.shape == ref.shape
+            assert (out - ref).abs().max().item() < 1e-4, backend
+
+
+def test_presets_cover_the_required_names():
+    required = {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224", "vit_large_patch16_224",
+                "vit_base_patch32_224", "vit_small_patch16_384", "vit_base_patch16_384", "deit_tiny_patch16_224",
+                "deit_small_patch16_224", "deit_base_patch16_224"}
+    assert required <= set(vitkit.list_models())
+    assert set(vitkit.list_models("deit_*")) >= {"deit_tiny_patch16_224", "deit_base_patch16_384"}
+
+
+@pytest.mark.parametrize("name", sorted(VIT_PRESETS))
+def test_every_preset_matches_timm_at_depth_one(name):
+    """Every width, head count, token layout and pooling of the table, on one block to stay fast."""
+    ours, theirs = _pair(name, depth=1)
+    assert ours.cfg.img_size == theirs.patch_embed.img_size[0]
+    _check_logits(ours, theirs, batch=1)
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_small_presets_match_timm(name):
+    _check_logits(*_pair(name))
+
+
+def test_flex_backend_matches_timm():
+    ours, theirs = _pair("vit_tiny_patch16_224", depth=4)
+    _check_logits(ours, theirs, backends=("flex",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", LARGE)
+def test_large_presets_match_timm(name):
+    _check_logits(*_pair(name), batch=1)
+
+
+def test_overrides_match_timm_with_the_same_overrides():
+    kw = dict(num_classes=10, img_size=64, depth=2, global_pool="avg", class_token=False, qkv_bias=False)
+    ours, theirs = _pair("vit_small_patch16_224", **kw)
+    _check_logits(ours, theirs)
+
+
+def test_create_model_overrides_any_field():
+    m = vitkit.create_model("vit_tiny_patch16_224", num_classes=7, img_size=32, patch_size=4, depth=2,
+                            drop_path_rate=0.1, attn_backend="math")
+    assert m.cfg.num_classes == 7 and len(m.blocks) == 2
+    assert m.blocks[1].drop_path1.p == pytest.approx(0.1) and m.blocks[0].drop_path1.p == 0.0
+    assert all(b.attn.backend == "math" for b in m.blocks)
+    assert m(torch.randn(3, 3, 32, 32)).shape == (3, 7)
+
+
+def test_unknown_names_and_fields_are_reported():
+    with pytest.raises(TypeError, match=r"unknown config field\(s\) \['window'\]"):
+        vitkit.create_model("vit_tiny_patch16_224", window=7)
+    with pytest.raises(ValueError, match="unknown model 'vit_tinyy_patch16_224'"):
+        vitkit.create_model("vit_tinyy_patch16_224")
+    with pytest.raises(ValueError, match="attn_backend must be one of"):
+        vitkit.create_model("vit_tiny_patch16_224", attn_backend="cuda")
+    with pytest.raises(ValueError, match="smaller than patch_size"):
+        vitkit.create_model("vit_tiny_patch16_224", img_size=8)
+
+
+def test_input_errors_name_expected_and_actual_shape():
+    m = vitkit.create_model("vit_tiny_patch16_224", depth=1, img_size=32, patch_size=8)
+    with pytest.raises(ValueError, match=r"expects 3 input channels \(B, 3, 32, 32\), got 1 channels in shape \(2, 1, 32, 32\)"):
+        m(torch.randn(2, 1, 32, 32))
+    with pytest.raises(ValueError, match=r"expects images of shape \(B, 3, 32, 32\), got \(2, 3, 48, 48\)"):
+        m(torch.randn(2, 3, 48, 48))
+    with pytest.raises(ValueError, match=r"got a 3-D tensor of shape \(3, 32, 32\)"):
+        m(torch.randn(3, 32, 32))
+    with pytest.raises(TypeError, match="floating-point images"):
+        m(torch.zeros(2, 3, 32, 32, dtype=torch.uint8))
+
+
+def test_sincos_positions_are_fixed_buffers():
+    m = vitkit.create_model("vit_tiny_patch16_224", depth=1, pos_embed="sincos")
+    assert "pos_embed" not in m.state_dict()
+    assert not any(n == "pos_embed" for n, _ in m.named_parameters())
+    pe = sincos_2d((14, 14), 192)
+    assert_close(m.pos_embed[0, 1:], pe)
+    # distinct positions get distinct codes, neighbours are more alike than far-apart patches
+    sim = torch.nn.functional.normalize(pe, dim=-1) @ torch.nn.functional.normalize(pe, dim=-1).T
+    assert sim[0, 1] > sim[0, 13] > sim[0, 14 * 13 + 13]
+    assert m(torch.randn(1, 3, 224, 224)).shape == (1, 1000)
+
+
+@pytest.mark.parametrize("prefix,old,new", [(1, (14, 14), (24, 24)), (0, (8, 8), (6, 10)), (5, (16, 16), (7, 7))])
+def test_resample_abs_pos_embed_matches_timm(prefix, old, new):
+    from timm.layers import resample_abs_pos_embed as timm_resample
+
+    pe = torch.randn(1, prefix + old[0] * old[1], 48)
+    ours = resample_abs_pos_embed(pe, new, old, num_prefix_tokens=prefix)
+    theirs = timm_resample(pe, list(new), list(old), num_prefix_tokens=prefix)
+    assert ours.shape == (1, prefix + new[0] * new[1], 48)
+    assert_close(ours, theirs)
+    assert_close(ours[:, :prefix], pe[:, :prefix])
+
+
+def test_compile_fullgraph_tiny_vit():
+    m = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=5).eval()
+    x = torch.randn(2, 3, 32, 32)
+    compiled = torch.compile(m, fullgraph=True)
+    with torch.no_grad():
+        assert_close(compiled(x), m(x), atol=1e-5, rtol=1e-5)
+
+
+def test_model_code_does_not_import_lightning():
+    code = "import sys, vitkit, vitkit.models, vitkit.layers; m = vitkit.create_model('vit_tiny_patch16_224');" \
+           "bad = [k for k in sys.modules if k.split('.')[0] in ('lightning', 'pytorch_lightning')]; assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True)

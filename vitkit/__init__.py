@@ -1,0 +1,6 @@
+"""vitkit: ViT and Swin on one attention core, with Lightning training, checkpoint loading and benchmarks."""
+
+from .models import create_model, get_config, list_models
+
+__version__ = "0.1.0"
+__all__ = ["create_model", "get_config", "list_models"]

@@ -1,0 +1,316 @@
+"""The one attention core of vitkit: softmax(q·kᵀ/√d + bias, masked) · v, and nowhere else.
+
+ViT, Swin and the text encoder-decoder all use :class:`Attention`; they differ only in what they
+pass it: an additive ``bias`` (Swin's relative positions, ALiBi), a boolean ``attn_mask`` (Swin's
+shifted-window regions, sliding windows), a ``key_padding_mask``, ``is_causal``, a ``memory`` for
+cross-attention, ``rope`` tables, or a :class:`KVCache`.
+
+Shape legend
+    B   batch
+    G   groups folded into the head axis (Swin windows per image); 1 for ViT and text
+    N   query tokens (Nq);  M   key/value tokens (Nk)
+    C   model width;  H   query heads;  Hkv   key/value heads (GQA/MQA when < H);  D   head dim
+
+Inputs may carry extra leading group axes, ``x: (B, G, N, C)``. Groups are folded into the head axis
+(``(B, G·H, N, D)``) so that a bias or mask that differs per group but not per image (Swin's shift
+mask) broadcasts over B inside the fused kernel instead of being copied B times.
+
+Backends (a config field stored on the module, never an environment variable):
+    ``sdpa``  F.scaled_dot_product_attention. With no float mask it can reach FlashAttention on
+              GPU; a float mask (bias, or merged masks) rules flash out, and the memory-efficient
+              and cuDNN kernels remain. On CPU it runs the fused flash-style CPU kernel.
+    ``math``  explicit softmax(q·kᵀ/√d + mask)·v: the reference that tests compare against, and
+              the only path that can return the attention probabilities.
+    ``flex``  torch.nn.attention.flex_attention, compiled; the bias becomes a ``score_mod`` and the
+              boolean masks a ``mask_mod`` / block mask that skips fully masked blocks. PyTorch has
+              no flex backward on CPU, so a CPU forward that needs gradients falls back to ``sdpa``
+              (logged once).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+AttnBackend = Literal["sdpa", "math", "flex"]
+ATTN_BACKENDS: tuple[str, ...] = ("sdpa", "math", "flex")
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _compiled_flex():
+    """flex_attention compiled once per process (the first compile takes ~15 s on CPU)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # One compiled function serves every layer shape and mask kind of the process (Swin alone has
+    # several); past dynamo's default of 8 variants it would silently run the unfused fallback.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.cache
+def _warn_flex_fallback() -> None:
+    log.warning("attn_backend='flex' has no backward on CPU; using 'sdpa' for forwards that need gradients")
+
+
+def check_backend(backend: str) -> str:
+    if backend not in ATTN_BACKENDS:
+        raise ValueError(f"attn_backend must be one of {ATTN_BACKENDS}, got {backend!r}")
+    return backend
+
+
+@dataclass
+class KVCache:
+    """Keys and values of past decoder steps, (B, Hkv, T, D) each; grown in place by one step per call.
+
+    ``window`` trims the cache to the last ``window`` positions (sliding-window attention).
+    ``static`` marks cross-attention memory K/V that are computed once and then reused.
+    """
+
+    k: Tensor | None = None
+    v: Tensor | None = None
+    window: int | None = None
+    static: bool = False
+    offset: int = 0  # absolute position of the first cached key (> 0 once the window trims)
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.k is None:
+            self.k, self.v = k, v
+        else:
+            self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
+        if self.window is not None and self.k.shape[-2] > self.window:
+            drop = self.k.shape[-2] - self.window
+            self.k, self.v = self.k[..., drop:, :], self.v[..., drop:, :]
+            self.offset += drop
+        return self.k, self.v
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search)."""
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate pairs (x[..., :D/2], x[..., D/2:]) by position angles; cos/sin are (N, D/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """Multi-head attention (Vaswani et al., 2017), self or cross, with GQA/MQA and three backends."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        num_kv_heads: int | None = None,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        cross: bool = False,
+        kv_dim: int | None = None,
+        backend: AttnBackend = "sdpa",
+    ) -> None:
+        super().__init__()
+        num_kv_heads = num_kv_heads or num_heads
+        if dim % num_heads:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.backend = check_backend(backend)
+        self.cross = cross
+        q_dim, kv_out = num_heads * self.head_dim, 2 * num_kv_heads * self.head_dim
+        if cross:  # q from x, k/v from a memory (of width kv_dim)
+            self.q = nn.Linear(dim, q_dim, bias=qkv_bias)
+            self.kv = nn.Linear(kv_dim or dim, kv_out, bias=qkv_bias)
+        else:  # one fused projection; with Hkv == H its layout is timm's [q | k | v]
+            self.qkv = nn.Linear(dim, q_dim + kv_out, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)  # used by `math`; sdpa/flex get the rate directly
+        self.proj = nn.Linear(q_dim, dim)  # W_O
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention K/V of a memory (B, M, C) -> (B, Hkv, M, D) each."""
+        kv = rearrange(self.kv(memory), "b m (two h d) -> two b h m d", two=2, h=self.num_kv_heads)
+        return kv[0], kv[1]
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        bias: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        is_causal: bool = False,
+        rope: tuple[Tensor, Tensor] | None = None,
+        cache: KVCache | None = None,
+        return_attn: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """Attend from x (B, [G,] N, C) to itself, or to ``memory`` (B, M, C_kv) when cross.
+
+        bias: float, broadcastable to (B, H, N, M) (or (B, G, H, N, M)), added to the scaled scores.
+        attn_mask: bool, broadcastable likewise; True = may attend.
+        key_padding_mask: bool (B, M); True marks padding keys, which are never attended.
+        is_causal: query i attends keys j <= i (aligned at the end when keys include a cache).
+        rope: (cos, sin) tables for the query positions, (N, D/2) each, applied to q and k.
+        cache: a KVCache to extend (self-attention) or to read/fill once (cross-attention).
+        return_attn: also return the probabilities (B, G·H, N, M); runs the `math` path.
+        """
+        *lead, N, C = x.shape
+        B, G = lead[0], math.prod(lead[1:])
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        x = x.reshape(B, G * N, C)
+        if self.cross:
+            q = rearrange(self.q(x), "b (g n) (h d) -> b (g h) n d", g=G, h=H)  # (B, G·H, N, D)
+            if cache is not None and cache.static and cache.k is not None:
+                k, v = cache.k, cache.v
+            else:
+                if memory is None:
+                    raise ValueError("cross-attention needs a memory tensor (B, M, C)")
+                k, v = self.project_kv(memory)  # (B, Hkv, M, D)
+                if cache is not None:
+                    cache.k, cache.v, cache.static = k, v, True
+            if G > 1:  # the same memory for every group
+                k, v = (rearrange(t.unsqueeze(1).expand(B, G, Hkv, *t.shape[-2:]), "b g h m d -> b (g h) m d")
+                        for t in (k, v))
+        else:
+            qkv = self.qkv(x)  # (B, G·N, (H + 2·Hkv)·D)
+            q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+            q = rearrange(q, "b (g n) (h d) -> b (g h) n d", g=G, h=H)  # (B, G·H, N, D)
+            k = rearrange(k, "b (g n) (h d) -> b (g h) n d", g=G, h=Hkv)  # (B, G·Hkv, N, D)
+            v = rearrange(v, "b (g n) (h d) -> b (g h) n d", g=G, h=Hkv)
+            if rope is not None:
+                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, Hkv, T, D)
+        M = k.shape[-2]
+        mask = self._merge_masks(bias, attn_mask, key_padding_mask, is_causal, B, G, N, M, x.device)
+
+        backend = "math" if return_attn else self.backend
+        if backend == "flex" and x.device.type == "cpu" and torch.is_grad_enabled() and x.requires_grad:
+            _warn_flex_fallback()
+            backend = "sdpa"
+        dropout_p = self.attn_drop.p if self.training else 0.0
+        attn = None
+        if backend == "sdpa":
+            use_causal_flag = is_causal and mask is None and N == M
+            if is_causal and not use_causal_flag and mask is None and N != 1:
+                mask = self._causal(N, M, x.device)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                               is_causal=use_causal_flag, enable_gqa=Hkv != H)
+        elif backend == "math":
+            if is_causal and mask is None:
+                mask = self._causal(N, M, x.device)
+            o, attn = self._math(q, k, v, mask)
+        else:
+            if dropout_p:
+                raise ValueError("attn_backend='flex' does not support attention dropout; use 'sdpa'")
+            o = self._flex(q, k, v, bias, attn_mask, key_padding_mask, is_causal, B, G)
+        o = rearrange(o, "b (g h) n d -> b (g n) (h d)", g=G)  # (B, G·N, H·D)
+        o = self.proj_drop(self.proj(o)).reshape(*lead, N, C)
+        return (o, attn) if return_attn else o
+
+    # -- masks -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _causal(N: int, M: int, device: torch.device) -> Tensor:
+        """(N, M) bool, query i sits at key position M - N + i (bottom-right aligned)."""
+        return torch.ones(N, M, dtype=torch.bool, device=device).tril(diagonal=M - N)
+
+    @staticmethod
+    def _fold(t: Tensor, B: int, G: int, H: int, N: int, M: int) -> Tensor:
+        """(B, H, N, M)- or (B, G, H, N, M)-broadcastable -> (B|1, G·H|1, N, M); only G, H are expanded."""
+        if t.dim() <= 4:  # the usual (B, H, N, M) form, broadcast like PyTorch: add the group axis
+            t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).unsqueeze(1)
+        b, g, h = t.shape[:3]
+        if g == 1 and h == 1:
+            return t.reshape(b, 1, *t.shape[-2:])
+        t = t.expand(b, G, H, *t.shape[-2:])
+        return t.reshape(b, G * H, *t.shape[-2:])
+
+    def _merge_masks(self, bias, attn_mask, key_padding_mask, is_causal, B, G, N, M, device) -> Tensor | None:
+        """One mask for sdpa/math: float if there is a bias, else bool (True = attend); None if none.
+
+        Plain causal attention is left to the kernel's own flag, which keeps flash eligible."""
+        H = self.num_heads
+        keep = None
+        if attn_mask is not None:
+            keep = self._fold(attn_mask, B, G, H, N, M)
+        if key_padding_mask is not None:
+            if key_padding_mask.shape != (B, M):
+                raise ValueError(f"key_padding_mask must have shape (B, M) = {(B, M)}, got {tuple(key_padding_mask.shape)}")
+            pad = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, M)
+            keep = pad if keep is None else keep & pad
+        if is_causal and (keep is not None or bias is not None):
+            causal = self._causal(N, M, device)
+            keep = causal if keep is None else keep & causal
+        if bias is None:
+            return keep
+        bias = self._fold(bias, B, G, H, N, M)
+        return bias if keep is None else bias.masked_fill(~keep, float("-inf"))
+
+    # -- backends ----------------------------------------------------------------------------------
+
+    def _math(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        if k.shape[1] != q.shape[1]:  # GQA: each kv head serves H / Hkv query heads
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, G·H, N, M)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        attn = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+        return self.attn_drop(attn) @ v, attn
+
+    def _flex(self, q, k, v, bias, attn_mask, key_padding_mask, is_causal, B, G) -> Tensor:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        H, (N, M) = self.num_heads, (q.shape[-2], k.shape[-2])
+        score_mod = None
+        if bias is not None:
+            fb = self._fold(bias, B, G, H, N, M)
+            bb, bh = fb.shape[0] > 1, fb.shape[1] > 1
+
+            def score_mod(score, b, h, qi, ki):
+                return score + fb[b if bb else 0, h if bh else 0, qi, ki]
+
+        conds = []
+        if attn_mask is not None:
+            fm = self._fold(attn_mask, B, G, H, N, M)
+            mb, mh = fm.shape[0] > 1, fm.shape[1] > 1
+            conds.append(lambda b, h, qi, ki: fm[b if mb else 0, h if mh else 0, qi, ki])
+        if key_padding_mask is not None:
+            conds.append(lambda b, h, qi, ki: ~key_padding_mask[b, ki])
+        if is_causal:
+            conds.append(lambda b, h, qi, ki: qi + (M - N) >= ki)
+        block_mask = None
+        if conds:
+            def mask_mod(b, h, qi, ki):
+                ok = conds[0](b, h, qi, ki)
+                for c in conds[1:]:
+                    ok = ok & c(b, h, qi, ki)
+                return ok
+
+            per_b = key_padding_mask is not None or (attn_mask is not None and mb)
+            per_h = attn_mask is not None and mh
+            block_mask = create_block_mask(mask_mod, B if per_b else None, q.shape[1] if per_h else None,
+                                           N, M, device=q.device)
+        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=self.scale,
+                                enable_gqa=k.shape[1] != q.shape[1])

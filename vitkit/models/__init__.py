@@ -1,0 +1,8 @@
+"""Model families (plain PyTorch, no Lightning): ViT/DeiT, Swin, the Transformer encoder-decoder."""
+
+from .config import DataConfig
+from .registry import create_model, get_config, list_models
+from .vit import VIT_PRESETS, ViTConfig, VisionTransformer
+
+__all__ = ["DataConfig", "VIT_PRESETS", "ViTConfig", "VisionTransformer", "create_model", "get_config",
+           "list_models"]

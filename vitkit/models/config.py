@@ -1,0 +1,46 @@
+"""What every model config shares: the eval-data settings, and the input check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+INCEPTION = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+RAW = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+
+
+@dataclass
+class DataConfig:
+    """How images are prepared for a model at eval time (timm's ``pretrained_cfg`` fields)."""
+
+    mean: tuple[float, ...] = IMAGENET["mean"]
+    std: tuple[float, ...] = IMAGENET["std"]
+    crop_pct: float = 0.875  # resize to img_size / crop_pct, then center-crop img_size
+    interpolation: str = "bicubic"
+
+
+def pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+
+
+def check_image(x: Tensor, in_chans: int, size: tuple[int, int] | None, model: str) -> None:
+    """Raise a readable error for input that the model cannot take; ``size=None`` accepts any H, W."""
+    H, W = size if size is not None else ("H", "W")
+    expected = f"(B, {in_chans}, {H}, {W})"
+    if x.dim() != 4:
+        raise ValueError(f"{model} expects a batch of images {expected}, got a {x.dim()}-D tensor "
+                         f"of shape {tuple(x.shape)}")
+    if not torch.is_floating_point(x):
+        raise TypeError(f"{model} expects floating-point images (normalised, e.g. float32), got {x.dtype}; "
+                        "convert with x.float() and normalise with the model's mean/std")
+    if x.shape[0] == 0:
+        raise ValueError(f"{model} got an empty batch: shape {tuple(x.shape)}")
+    if x.shape[1] != in_chans:
+        raise ValueError(f"{model} expects {in_chans} input channels {expected}, got {x.shape[1]} "
+                         f"channels in shape {tuple(x.shape)}")
+    if size is not None and tuple(x.shape[-2:]) != tuple(size):
+        raise ValueError(f"{model} expects images of shape {expected}, got {tuple(x.shape)}; "
+                         f"create the model with img_size={tuple(x.shape[-2:])} to change it")

@@ -1,0 +1,266 @@
+"""Vision Transformer (Dosovitskiy et al., 2021) and DeiT (Touvron et al., 2021), timm-compatible.
+
+Parameter names and shapes follow timm's ``VisionTransformer``, so a timm state_dict of the same preset
+loads with ``strict=True`` and no conversion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from ..layers import AttnBackend, Block, PatchEmbed, drop_path_rates, sincos_2d
+from ..layers.attention import check_backend
+from .config import IMAGENET, INCEPTION, RAW, DataConfig, check_image, pair
+
+
+@dataclass
+class ViTConfig(DataConfig):
+    """Everything that defines a ViT; presets below are rows of overrides to it."""
+
+    img_size: int | tuple[int, int] = 224
+    patch_size: int = 16
+    in_chans: int = 3
+    num_classes: int = 1000
+    embed_dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    num_kv_heads: int | None = None  # < num_heads: grouped-query attention
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    class_token: bool = True
+    reg_tokens: int = 0  # register tokens (Darcet et al., 2024), after the class token
+    global_pool: Literal["token", "avg"] = "token"
+    fc_norm: bool | None = None  # norm after pooling instead of before; None = only for avg pooling
+    no_embed_class: bool = False  # positions cover patches only (DeiT III, big_vision)
+    pos_embed: Literal["learn", "sincos"] = "learn"
+    pre_norm: bool = False  # LayerNorm before the blocks (CLIP)
+    init_values: float | None = None  # LayerScale
+    norm_eps: float = 1e-6
+    drop_rate: float = 0.0  # before the head
+    pos_drop_rate: float = 0.0
+    proj_drop_rate: float = 0.0
+    attn_drop_rate: float = 0.0
+    drop_path_rate: float = 0.0
+    attn_backend: AttnBackend = "sdpa"
+
+    def __post_init__(self) -> None:
+        check_backend(self.attn_backend)
+        if self.global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
+        if self.global_pool == "token" and not self.class_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+        if self.pos_embed not in ("learn", "sincos"):
+            raise ValueError(f"pos_embed must be 'learn' or 'sincos', got {self.pos_embed!r}")
+        if min(pair(self.img_size)) < self.patch_size:
+            raise ValueError(f"img_size {pair(self.img_size)} is smaller than patch_size {self.patch_size}")
+
+    @property
+    def grid_size(self) -> tuple[int, int]:
+        """Patches per side; like timm's conv stem, a remainder of < patch_size pixels is not seen."""
+        h, w = pair(self.img_size)
+        return h // self.patch_size, w // self.patch_size
+
+
+class VisionTransformer(nn.Module):
+    """ViT / DeiT image classifier on the shared attention core."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        C = cfg.embed_dim
+        self.num_prefix_tokens = int(cfg.class_token) + cfg.reg_tokens
+        self.num_features = C
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, C)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, C)) if cfg.reg_tokens else None
+        gh, gw = cfg.grid_size
+        embed_len = gh * gw + (0 if cfg.no_embed_class else self.num_prefix_tokens)
+        if cfg.pos_embed == "learn":
+            self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, C))
+        else:  # fixed: a buffer, so timm-shaped checkpoints still load strictly
+            pe = sincos_2d((gh, gw), C)
+            pe = torch.cat([pe.new_zeros(embed_len - gh * gw, C), pe])[None]
+            self.register_buffer("pos_embed", pe, persistent=False)
+        self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
+        self.norm_pre = nn.LayerNorm(C, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
+        self.blocks = nn.Sequential(*[
+            Block(C, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.proj_drop_rate,
+                  attn_drop=cfg.attn_drop_rate, drop_path=dp, init_values=cfg.init_values,
+                  norm_eps=cfg.norm_eps, num_kv_heads=cfg.num_kv_heads, attn_backend=cfg.attn_backend)
+            for dp in drop_path_rates(cfg.drop_path_rate, cfg.depth)
+        ])
+        use_fc_norm = cfg.global_pool == "avg" if cfg.fc_norm is None else cfg.fc_norm
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(C, eps=cfg.norm_eps)
+        self.fc_norm = nn.LayerNorm(C, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(cfg.drop_rate)
+        self.head = nn.Linear(C, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """timm's default ViT init: truncated normal(0.02) for linears and positions, tiny tokens."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        if isinstance(self.pos_embed, nn.Parameter):
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        for tok in (self.cls_token, self.reg_token):
+            if tok is not None:
+                nn.init.normal_(tok, std=1e-6)
+
+    def set_attn_backend(self, backend: AttnBackend) -> None:
+        """Switch every attention module to another backend (weights are shared by all three)."""
+        self.cfg.attn_backend = check_backend(backend)
+        for blk in self.blocks:
+            blk.attn.backend = backend
+
+    def no_weight_decay(self) -> set[str]:
+        return {"pos_embed", "cls_token", "reg_token"}
+
+    def _pos_embed(self, x: Tensor) -> Tensor:
+        B = x.shape[0]
+        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        if self.cfg.no_embed_class:  # positions cover patches only: add, then prepend
+            x = torch.cat([*prefix, x + self.pos_embed], dim=1)
+        else:  # positions cover the prefix too: prepend, then add
+            x = torch.cat([*prefix, x], dim=1) + self.pos_embed
+        return self.pos_drop(x)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images (B, C_in, H, W) -> normed tokens (B, prefix + N, C)."""
+        check_image(x, self.cfg.in_chans, pair(self.cfg.img_size), type(self).__name__)
+        x = self._pos_embed(self.patch_embed(x))  # (B, prefix + N, C)
+        x = self.blocks(self.norm_pre(x))
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        if self.cfg.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens:].mean(dim=1)
+        else:
+            x = x[:, 0]
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    @torch.no_grad()
+    def attention_maps(self, x: Tensor) -> list[Tensor]:
+        """Per-layer attention probabilities (B, H, N, N), from the `math` reference path."""
+        check_image(x, self.cfg.in_chans, pair(self.cfg.img_size), type(self).__name__)
+        x = self.norm_pre(self._pos_embed(self.patch_embed(x)))
+        maps = []
+        for blk in self.blocks:
+            _, attn = blk.attn(blk.norm1(x), return_attn=True)
+            maps.append(attn)
+            x = blk(x)
+        return maps
+
+
+# -- presets ---------------------------------------------------------------------------------------
+# Sizes as in big_vision ("B/16" = Base width/depth/heads with 16-px patches): (embed_dim, depth, heads, mlp_ratio).
+SIZES: dict[str, tuple[int, int, int, float]] = {
+    "Ti": (192, 12, 3, 4.0), "S": (384, 12, 6, 4.0), "S36": (384, 36, 6, 4.0), "M": (512, 12, 8, 4.0),
+    "Md": (512, 20, 8, 4.0), "Bx": (640, 12, 10, 4.0), "B": (768, 12, 12, 4.0), "B+": (896, 12, 14, 4.0),
+    "L": (1024, 24, 16, 4.0), "H": (1280, 32, 16, 4.0), "g": (1408, 40, 16, 4.363636363636363),
+    "G": (1664, 48, 16, 4.923076923076923), "Wee": (256, 14, 4, 5.0), "Little": (320, 14, 5, 5.6),
+    "So150m": (896, 18, 14, 2.572), "So150m2": (832, 21, 13, 2.6153846153846154), "So400m": (1152, 27, 16, 3.7362),
+    "So400mT": (1152, 27, 16, 3.736111111111111),
+}
+
+
+def _row(size: str, img: int, data: dict, crop_pct: float, **kw) -> dict:
+    width, patch = size.split("/")
+    dim, depth, heads, mlp = SIZES[width]
+    return dict(embed_dim=dim, depth=depth, num_heads=heads, mlp_ratio=mlp, patch_size=int(patch), img_size=img,
+                crop_pct=crop_pct, **data) | kw
+
+
+# Keyed by timm's names: every plain ViT/DeiT of timm that this config expresses (same weights, same logits).
+VIT_PRESETS: dict[str, dict] = {
+    "deit3_base_patch16_224": _row("B/16", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
+    "deit3_base_patch16_384": _row("B/16", 384, IMAGENET, 1.0, no_embed_class=True, init_values=1e-06),
+    "deit3_huge_patch14_224": _row("H/14", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
+    "deit3_large_patch16_224": _row("L/16", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
+    "deit3_large_patch16_384": _row("L/16", 384, IMAGENET, 1.0, no_embed_class=True, init_values=1e-06),
+    "deit3_medium_patch16_224": _row("M/16", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
+    "deit3_small_patch16_224": _row("S/16", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
+    "deit3_small_patch16_384": _row("S/16", 384, IMAGENET, 1.0, no_embed_class=True, init_values=1e-06),
+    "deit_base_patch16_224": _row("B/16", 224, IMAGENET, 0.9),
+    "deit_base_patch16_384": _row("B/16", 384, IMAGENET, 1.0),
+    "deit_small_patch16_224": _row("S/16", 224, IMAGENET, 0.9),
+    "deit_tiny_patch16_224": _row("Ti/16", 224, IMAGENET, 0.9),
+    "vit_base_patch14_dinov2": _row("B/14", 518, IMAGENET, 1.0, init_values=1e-05, num_classes=0),
+    "vit_base_patch14_reg1_tipsv2": _row("B/14", 448, RAW, 1.0, init_values=1.0, reg_tokens=1, no_embed_class=True, num_classes=0),
+    "vit_base_patch14_reg4_dinov2": _row("B/14", 518, IMAGENET, 1.0, init_values=1e-05, reg_tokens=4, no_embed_class=True, num_classes=0),
+    "vit_base_patch16_224": _row("B/16", 224, INCEPTION, 0.9),
+    "vit_base_patch16_224_miil": _row("B/16", 224, RAW, 0.875, qkv_bias=False, interpolation='bilinear', num_classes=11221),
+    "vit_base_patch16_384": _row("B/16", 384, INCEPTION, 1.0),
+    "vit_base_patch16_gap_224": _row("B/16", 224, INCEPTION, 0.9, num_heads=16, class_token=False, global_pool='avg', fc_norm=False),
+    "vit_base_patch16_plus_240": _row("B+/16", 240, INCEPTION, 0.95, init_values=1e-05),
+    "vit_base_patch16_reg4_gap_256": _row("B/16", 256, INCEPTION, 0.9, class_token=False, no_embed_class=True, global_pool='avg', reg_tokens=4),
+    "vit_base_patch16_siglip_gap_224": _row("B/16", 224, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_base_patch16_siglip_gap_256": _row("B/16", 256, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_base_patch16_siglip_gap_384": _row("B/16", 384, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_base_patch16_siglip_gap_512": _row("B/16", 512, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_base_patch32_224": _row("B/32", 224, INCEPTION, 0.9),
+    "vit_base_patch32_384": _row("B/32", 384, INCEPTION, 1.0),
+    "vit_base_patch32_plus_256": _row("B+/32", 256, INCEPTION, 0.95, init_values=1e-05),
+    "vit_base_patch8_224": _row("B/8", 224, INCEPTION, 0.9),
+    "vit_betwixt_patch16_gap_256": _row("Bx/16", 256, INCEPTION, 0.95, class_token=False, global_pool='avg', qkv_bias=False, init_values=1e-06, fc_norm=False),
+    "vit_betwixt_patch16_reg1_gap_256": _row("Bx/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=1, global_pool='avg'),
+    "vit_betwixt_patch16_reg4_gap_256": _row("Bx/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
+    "vit_betwixt_patch16_reg4_gap_384": _row("Bx/16", 384, INCEPTION, 1.0, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
+    "vit_giant_patch14_224": _row("g/14", 224, INCEPTION, 0.9),
+    "vit_giant_patch16_gap_224": _row("g/16", 224, IMAGENET, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_gigantic_patch14_224": _row("G/14", 224, INCEPTION, 0.9),
+    "vit_huge_patch14_224": _row("H/14", 224, INCEPTION, 0.9, num_classes=0),
+    "vit_huge_patch14_gap_224": _row("H/14", 224, IMAGENET, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_huge_patch16_gap_448": _row("H/16", 448, IMAGENET, 1.0, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_large_patch14_224": _row("L/14", 224, INCEPTION, 0.9),
+    "vit_large_patch14_dinov2": _row("L/14", 518, IMAGENET, 1.0, init_values=1e-05, num_classes=0),
+    "vit_large_patch14_reg1_tipsv2": _row("L/14", 448, RAW, 1.0, init_values=1.0, reg_tokens=1, no_embed_class=True, num_classes=0),
+    "vit_large_patch14_reg4_dinov2": _row("L/14", 518, IMAGENET, 1.0, init_values=1e-05, reg_tokens=4, no_embed_class=True, num_classes=0),
+    "vit_large_patch16_224": _row("L/16", 224, INCEPTION, 0.9),
+    "vit_large_patch16_384": _row("L/16", 384, INCEPTION, 1.0),
+    "vit_large_patch16_siglip_gap_256": _row("L/16", 256, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_large_patch16_siglip_gap_384": _row("L/16", 384, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_large_patch32_224": _row("L/32", 224, INCEPTION, 0.9, num_classes=0),
+    "vit_large_patch32_384": _row("L/32", 384, INCEPTION, 1.0),
+    "vit_little_patch16_reg1_gap_256": _row("Little/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=1, global_pool='avg'),
+    "vit_little_patch16_reg4_gap_256": _row("Little/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
+    "vit_medium_patch16_gap_240": _row("M/16", 240, INCEPTION, 0.95, class_token=False, global_pool='avg', qkv_bias=False, init_values=1e-06, fc_norm=False, num_classes=11821),
+    "vit_medium_patch16_gap_256": _row("M/16", 256, INCEPTION, 0.95, class_token=False, global_pool='avg', qkv_bias=False, init_values=1e-06, fc_norm=False),
+    "vit_medium_patch16_gap_384": _row("M/16", 384, INCEPTION, 0.95, class_token=False, global_pool='avg', qkv_bias=False, init_values=1e-06, fc_norm=False),
+    "vit_medium_patch16_reg1_gap_256": _row("M/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=1, global_pool='avg'),
+    "vit_medium_patch16_reg4_gap_256": _row("M/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
+    "vit_mediumd_patch16_reg4_gap_256": _row("Md/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
+    "vit_mediumd_patch16_reg4_gap_384": _row("Md/16", 384, INCEPTION, 1.0, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
+    "vit_small_patch14_dinov2": _row("S/14", 518, IMAGENET, 1.0, init_values=1e-05, num_classes=0),
+    "vit_small_patch14_reg4_dinov2": _row("S/14", 518, IMAGENET, 1.0, init_values=1e-05, reg_tokens=4, no_embed_class=True, num_classes=0),
+    "vit_small_patch16_224": _row("S/16", 224, INCEPTION, 0.9),
+    "vit_small_patch16_36x1_224": _row("S36/16", 224, INCEPTION, 0.9, init_values=1e-05),
+    "vit_small_patch16_384": _row("S/16", 384, INCEPTION, 1.0),
+    "vit_small_patch32_224": _row("S/32", 224, INCEPTION, 0.9),
+    "vit_small_patch32_384": _row("S/32", 384, INCEPTION, 1.0),
+    "vit_small_patch8_224": _row("S/8", 224, IMAGENET, 0.9, num_classes=0),
+    "vit_so150m2_patch16_reg1_gap_256": _row("So150m2/16", 256, INCEPTION, 1.0, init_values=1e-05, qkv_bias=False, class_token=False, reg_tokens=1, global_pool='avg'),
+    "vit_so150m2_patch16_reg1_gap_384": _row("So150m2/16", 384, INCEPTION, 1.0, init_values=1e-05, qkv_bias=False, class_token=False, reg_tokens=1, global_pool='avg'),
+    "vit_so150m2_patch16_reg1_gap_448": _row("So150m2/16", 448, INCEPTION, 1.0, init_values=1e-05, qkv_bias=False, class_token=False, reg_tokens=1, global_pool='avg'),
+    "vit_so150m_patch16_reg4_gap_256": _row("So150m/16", 256, INCEPTION, 0.95, class_token=False, reg_tokens=4, global_pool='avg', fc_norm=False),
+    "vit_so150m_patch16_reg4_gap_384": _row("So150m/16", 384, INCEPTION, 1.0, class_token=False, reg_tokens=4, global_pool='avg', fc_norm=False),
+    "vit_so400m_patch14_reg1_tipsv2": _row("So400mT/14", 448, RAW, 1.0, init_values=1.0, reg_tokens=1, no_embed_class=True, num_classes=0),
+    "vit_so400m_patch14_siglip_gap_224": _row("So400m/14", 224, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_so400m_patch14_siglip_gap_378": _row("So400m/14", 378, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_so400m_patch14_siglip_gap_384": _row("So400m/14", 384, INCEPTION, 1.0, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_so400m_patch14_siglip_gap_448": _row("So400m/14", 448, INCEPTION, 1.0, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_so400m_patch14_siglip_gap_896": _row("So400m/14", 896, INCEPTION, 1.0, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
+    "vit_tiny_patch16_224": _row("Ti/16", 224, INCEPTION, 0.9),
+    "vit_tiny_patch16_384": _row("Ti/16", 384, INCEPTION, 1.0),
+    "vit_wee_patch16_reg1_gap_256": _row("Wee/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=1, global_pool='avg'),
+}
