@@ -123,6 +123,7 @@ class Attention(nn.Module):
         proj_drop: float = 0.0,
         cross: bool = False,
         kv_dim: int | None = None,
+        rel_pos_window: tuple[int, int] | None = None,
         backend: AttnBackend = "sdpa",
     ) -> None:
         super().__init__()
@@ -145,6 +146,19 @@ class Attention(nn.Module):
         self.attn_drop = nn.Dropout(attn_drop)  # used by `math`; sdpa/flex get the rate directly
         self.proj = nn.Linear(q_dim, dim)  # W_O
         self.proj_drop = nn.Dropout(proj_drop)
+        self.rel_pos_window = rel_pos_window
+        if rel_pos_window is not None:  # a learned bias per head and 2-D offset (Swin); name as in timm
+            th, tw = rel_pos_window
+            self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * th - 1) * (2 * tw - 1), num_heads))
+            nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+
+    def relative_position_bias(self, window: tuple[int, int]) -> Tensor:
+        """(H, N, N) learned bias for the token pairs of a window (<= the table's window), to pass as ``bias``."""
+        from .window import relative_position_index
+
+        idx = relative_position_index(tuple(window), tuple(self.rel_pos_window)).to(self.relative_position_bias_table.device)
+        N = idx.shape[0]
+        return self.relative_position_bias_table[idx.view(-1)].view(N, N, -1).permute(2, 0, 1)  # (H, N, N)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention K/V of a memory (B, M, C) -> (B, Hkv, M, D) each."""

@@ -34,6 +34,7 @@ class Block(nn.Module):
         num_kv_heads: int | None = None,
         cross: bool = False,
         memory_dim: int | None = None,
+        rel_pos_window: tuple[int, int] | None = None,
         attn_backend: AttnBackend = "sdpa",
     ) -> None:
         super().__init__()
@@ -44,7 +45,7 @@ class Block(nn.Module):
                        backend=attn_backend)
         ls = (lambda: LayerScale(dim, init_values)) if init_values else nn.Identity
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = Attention(dim, num_heads, **attn_kw)
+        self.attn = Attention(dim, num_heads, rel_pos_window=rel_pos_window, **attn_kw)
         self.ls1 = ls()
         self.drop_path1 = DropPath(drop_path)
         if cross:

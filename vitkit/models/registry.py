@@ -8,11 +8,13 @@ from typing import Any
 
 from torch import nn
 
+from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
 from .vit import VIT_PRESETS, ViTConfig, VisionTransformer
 
 # family -> (config class, model class, presets keyed by timm's names)
 FAMILIES: dict[str, tuple[type, type[nn.Module], dict[str, dict]]] = {
     "vit": (ViTConfig, VisionTransformer, VIT_PRESETS),
+    "swin": (SwinConfig, SwinTransformer, SWIN_PRESETS),
 }
 
 

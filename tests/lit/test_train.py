@@ -1,0 +1,126 @@
+"""Training with Lightning: every config runs, DDP splits the data, resume continues the schedule,
+and a tiny ViT actually learns the digits."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule
+from vitkit.lit.cli import cli_main
+
+from .conftest import ROOT, TINY_VIT, run_in_repo
+
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+CLASSIFIER_CONFIGS = [c for c in CONFIGS if not c.name.startswith(("seq2seq", "transformer", "ocr"))]
+TINY_SWIN = '{"embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "window_size": 2, "patch_size": 2}'
+
+
+def _cpu(tmp_path: Path) -> list[str]:
+    return ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "1",
+            "--trainer.strategy", "auto", "--trainer.precision", "32-true",
+            "--trainer.default_root_dir", str(tmp_path)]
+
+
+@pytest.mark.parametrize("config", CLASSIFIER_CONFIGS, ids=lambda p: p.stem)
+def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_path):
+    tiny = TINY_SWIN if "swin" in config.stem else TINY_VIT
+    cli = cli_main(["fit", "--config", str(config), *_cpu(tmp_path), "--trainer.fast_dev_run", "2",
+                    "--model.model_overrides", tiny, "--model.compile", "false",
+                    "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder),
+                    "--data.img_size", "32", "--data.batch_size", "4", "--data.num_workers", "0"])
+    assert cli.model.num_classes == 3
+    assert cli.model.hparams.class_names == ["class_0", "class_1", "class_2"]
+    assert cli.trainer.global_step == 2
+
+
+def test_demo_config_fast_dev_run_on_digits(tmp_path):
+    cli = cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                    "--trainer.fast_dev_run", "2", "--model.model_overrides", TINY_VIT])
+    assert cli.model.num_classes == 10 and cli.model.model.cfg.img_size == 32
+
+
+def _fit(tmp_path: Path, *extra: str):
+    ckpt_dir = tmp_path / "ckpt"
+    return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                     "--model.model_overrides", TINY_VIT, "--trainer.limit_train_batches", "3",
+                     "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
+                     "--trainer.callbacks.dirpath", str(ckpt_dir), "--trainer.logger.save_dir", str(tmp_path),
+                     "--trainer.deterministic", "true", *extra])
+
+
+def test_resume_from_last_continues_step_schedule_and_weights(tmp_path):
+    full = _fit(tmp_path / "full", "--trainer.max_epochs", "4")
+    half = _fit(tmp_path / "resumed", "--trainer.max_epochs", "2")
+    assert (tmp_path / "resumed/ckpt/last.ckpt").exists()
+    resumed = _fit(tmp_path / "resumed", "--trainer.max_epochs", "4", "--ckpt_path", "last")
+    assert half.trainer.global_step == 6
+    assert resumed.trainer.global_step == full.trainer.global_step == 12
+    assert resumed.trainer.current_epoch == full.trainer.current_epoch
+    lr = lambda cli: cli.trainer.optimizers[0].param_groups[0]["lr"]  # noqa: E731
+    assert lr(resumed) == pytest.approx(lr(full))
+    for a, b in zip(resumed.model.state_dict().values(), full.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_run_ending_by_max_steps_leaves_last_ckpt(tmp_path):
+    cli = _fit(tmp_path, "--trainer.max_steps", "2", "--trainer.val_check_interval", "1")
+    assert cli.trainer.global_step == 2
+    assert (tmp_path / "ckpt/last.ckpt").exists()
+    model = ImageClassifier.load_from_checkpoint(tmp_path / "ckpt/last.ckpt")  # no CLI needed
+    assert model.hparams.class_names == DigitsDataModule.classes
+    assert model.model.cfg.img_size == 32
+
+
+def test_wandb_logs_offline_without_an_account(tmp_path):
+    _fit(tmp_path, "--trainer.max_steps", "1",
+         "--trainer.logger+=lightning.pytorch.loggers.WandbLogger",
+         "--trainer.logger.offline", "true", "--trainer.logger.save_dir", str(tmp_path / "wb"),
+         "--trainer.logger.project", "vitkit-test")
+    runs = list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
+    assert runs, list((tmp_path / "wb").rglob("*"))[:20]
+
+
+def test_ddp_two_cpu_processes_split_the_data_and_write_one_checkpoint(tmp_path):
+    args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
+            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_epochs", "1",
+            "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
+            "--model.model_overrides", TINY_VIT, "--data.augment", "false", "--data.batch_size", "32",
+            "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), "--trainer.logger.save_dir", str(tmp_path),
+            "--trainer.callbacks+=ddp_probe.RecordSamples", "--trainer.callbacks.out_dir", str(tmp_path)]
+    out = run_in_repo(args, env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = [(tmp_path / f"rank{r}.txt").read_text().split() for r in (0, 1)]
+    assert len(seen[0]) == len(seen[1]) > 0
+    assert not set(seen[0]) & set(seen[1]), "ranks trained on the same images"
+    dm = DigitsDataModule()
+    dm.setup()
+    assert len(seen[0]) + len(seen[1]) <= len(dm.train_set)
+    ckpts = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert ckpts[-1] == "last.ckpt" and len(ckpts) == 2, ckpts  # one best + last, written by rank 0 only
+
+
+def test_tiny_vit_learns_digits(tmp_path):
+    """The learning curve reaches the accuracy: >= 0.90 val top-1 in well under a minute of CPU."""
+    cli = cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                    "--trainer.max_epochs", "12", "--trainer.enable_progress_bar", "false",
+                    "--model.model_overrides", '{"depth": 2, "embed_dim": 96, "num_heads": 3, "patch_size": 4}',
+                    "--model.warmup_epochs", "1", "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
+                    "--trainer.logger.save_dir", str(tmp_path)])
+    top1 = cli.trainer.callback_metrics["val/top1"].item()
+    assert top1 >= 0.90, top1
+    rows = list(csv.DictReader(open(Path(cli.trainer.logger.log_dir) / "metrics.csv")))
+    losses = [float(r["train/loss_epoch"]) for r in rows if r.get("train/loss_epoch")]
+    assert losses[-1] < losses[0] * 0.6
+
+
+def test_data_modules_give_classes_before_setup(image_folder):
+    dm = ImageFolderDataModule(str(image_folder), img_size=32, model_name="deit_tiny_patch16_224")
+    assert dm.num_classes == 3 and dm.classes == ["class_0", "class_1", "class_2"]
+    assert dm.data_cfg.mean == (0.485, 0.456, 0.406) and dm.data_cfg.crop_pct == 0.9
+    dm.setup()
+    x, y = dm.train_set[0]
+    assert x.shape == (3, 32, 32) and y == 0
+    assert json.dumps(dm.hparams["scale"]) == "[0.08, 1.0]"

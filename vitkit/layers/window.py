@@ -1,0 +1,114 @@
+"""Window machinery of the Swin Transformer (Liu et al., 2021): partition, cyclic shift, the shifted-window
+mask, the relative-position index, and the per-block plan that ties them to a feature-map size.
+
+Everything here only moves tokens or builds masks; attention itself is :class:`vitkit.layers.Attention`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+
+
+def window_partition(x: Tensor, window: tuple[int, int]) -> Tensor:
+    """(B, H, W, C) -> (B, nW, wh·ww, C); H and W must be multiples of the window."""
+    wh, ww = window
+    return rearrange(x, "b (nh wh) (nw ww) c -> b (nh nw) (wh ww) c", wh=wh, ww=ww)
+
+
+def window_reverse(windows: Tensor, window: tuple[int, int], H: int, W: int) -> Tensor:
+    """(B, nW, wh·ww, C) -> (B, H, W, C); the inverse of :func:`window_partition`."""
+    wh, ww = window
+    return rearrange(windows, "b (nh nw) (wh ww) c -> b (nh wh) (nw ww) c", nh=H // wh, wh=wh)
+
+
+@functools.lru_cache(maxsize=64)
+def relative_position_index(window: tuple[int, int], table_window: tuple[int, int]) -> Tensor:
+    """(N, N) indices into a ((2·Th−1)·(2·Tw−1)) relative-position table for a ``window`` <= ``table_window``.
+
+    With window == table_window this is Swin's index; a smaller window (a feature map smaller than
+    the configured window) reads the central part of the same table."""
+    wh, ww = window
+    th, tw = table_window
+    coords = torch.stack(torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")).flatten(1)  # (2, N)
+    rel = coords[:, :, None] - coords[:, None, :]  # (2, N, N), offsets in [-(w-1), w-1]
+    return (rel[0] + th - 1) * (2 * tw - 1) + (rel[1] + tw - 1)
+
+
+def _region_ids(size: int, window: int, shift: int) -> Tensor:
+    """Which of the three cyclic-shift regions each row (or column) of the padded map belongs to."""
+    ids = torch.zeros(size, dtype=torch.long)
+    if shift:
+        ids[size - window: size - shift] = 1
+        ids[size - shift:] = 2
+    return ids
+
+
+@functools.lru_cache(maxsize=64)
+def shifted_window_mask(padded: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
+                        valid: tuple[int, int]) -> Tensor | None:
+    """(nW, N, N) bool, True = may attend; None when every token may attend every token of its window.
+
+    After a cyclic shift, a window can hold tokens from up to four regions that are not neighbours in
+    the image; they must not attend each other. Padding tokens (beyond ``valid`` rows/cols of the map
+    before the shift) are never attended either."""
+    (Hp, Wp), (wh, ww), (sh, sw), (H, W) = padded, window, shift, valid
+    if not (sh or sw) and (Hp, Wp) == (H, W):
+        return None
+    rows, cols = _region_ids(Hp, wh, sh), _region_ids(Wp, ww, sw)
+    region = (rows[:, None] * 3 + cols[None, :])[None, :, :, None]  # (1, Hp, Wp, 1)
+    real = torch.zeros(Hp, Wp, dtype=torch.bool)
+    real[:H, :W] = True
+    real = torch.roll(real, shifts=(-sh, -sw), dims=(0, 1))[None, :, :, None]  # where real tokens land
+    region = window_partition(region, window)[0, :, :, 0]  # (nW, N)
+    real = window_partition(real, window)[0, :, :, 0]  # (nW, N)
+    return (region[:, :, None] == region[:, None, :]) & real[:, None, :]
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """How one Swin block windows a map of size (H, W): the window and shift it uses there (a window
+    larger than the map shrinks to it and stops shifting, as in the official code) and the padding
+    that makes the map a whole number of windows."""
+
+    H: int
+    W: int
+    window: tuple[int, int]
+    shift: tuple[int, int]
+
+    @classmethod
+    def make(cls, H: int, W: int, window: tuple[int, int], shifted: bool) -> WindowPlan:
+        ws = (min(window[0], H), min(window[1], W))
+        shift = (ws[0] // 2 if shifted and H > ws[0] else 0, ws[1] // 2 if shifted and W > ws[1] else 0)
+        return cls(H, W, ws, shift)
+
+    @property
+    def padded(self) -> tuple[int, int]:
+        return (math.ceil(self.H / self.window[0]) * self.window[0], math.ceil(self.W / self.window[1]) * self.window[1])
+
+    def mask(self, device: torch.device) -> Tensor | None:
+        """(1, nW, 1, N, N) bool for the attention core, or None."""
+        m = shifted_window_mask(self.padded, self.window, self.shift, (self.H, self.W))
+        return None if m is None else m.to(device)[None, :, None]
+
+    def partition(self, x: Tensor) -> Tensor:
+        """(B, H, W, C) -> (B, nW, N, C): pad to whole windows, shift, cut into windows."""
+        Hp, Wp = self.padded
+        if (Hp, Wp) != (self.H, self.W):
+            x = F.pad(x, (0, 0, 0, Wp - self.W, 0, Hp - self.H))
+        if any(self.shift):
+            x = torch.roll(x, shifts=(-self.shift[0], -self.shift[1]), dims=(1, 2))
+        return window_partition(x, self.window)
+
+    def reverse(self, windows: Tensor) -> Tensor:
+        """(B, nW, N, C) -> (B, H, W, C): undo :meth:`partition`."""
+        x = window_reverse(windows, self.window, *self.padded)
+        if any(self.shift):
+            x = torch.roll(x, shifts=self.shift, dims=(1, 2))
+        return x[:, : self.H, : self.W]

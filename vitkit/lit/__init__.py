@@ -1,0 +1,7 @@
+"""Lightning glue: the only package code that imports lightning."""
+
+from .classifier import EMA, ImageClassifier
+from .cli import VitkitCLI, cli_main
+from .data import DigitsDataModule, ImageFolderDataModule
+
+__all__ = ["EMA", "DigitsDataModule", "ImageClassifier", "ImageFolderDataModule", "VitkitCLI", "cli_main"]

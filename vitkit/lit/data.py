@@ -1,0 +1,176 @@
+"""Data modules: ImageNet-style folders, and the handwritten digits that ship with scikit-learn."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import vitkit
+from vitkit.models.config import IMAGENET
+from vitkit.transforms import eval_transform, train_transform
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def _data_cfg(model_name: str | None, img_size: int, **given) -> SimpleNamespace:
+    """The eval-data settings of a preset (mean, std, crop_pct, interpolation), any of them overridden."""
+    base = vitkit.get_config(model_name) if model_name else SimpleNamespace(**IMAGENET, crop_pct=0.875,
+                                                                             interpolation="bicubic")
+    fields = {k: getattr(base, k) for k in ("mean", "std", "crop_pct", "interpolation")}
+    fields.update({k: v for k, v in given.items() if v is not None})
+    return SimpleNamespace(img_size=img_size, in_chans=3, **fields)
+
+
+def random_affine(x: Tensor, degrees: float, translate: float, scale: tuple[float, float]) -> Tensor:
+    """A different random rotation, shift and zoom for every image of a batch, in one grid_sample."""
+    B = x.shape[0]
+    angle = (torch.rand(B, device=x.device) * 2 - 1) * math.radians(degrees)
+    s = torch.empty(B, device=x.device).uniform_(*scale)
+    t = (torch.rand(B, 2, device=x.device) * 2 - 1) * translate * 2  # grid coordinates span [-1, 1]
+    cos, sin = angle.cos() / s, angle.sin() / s
+    theta = torch.stack([torch.stack([cos, -sin, t[:, 0]], 1), torch.stack([sin, cos, t[:, 1]], 1)], 1)  # (B, 2, 3)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+class DigitsDataModule(L.LightningDataModule):
+    """The 1,797 real 8x8 handwritten digits bundled with scikit-learn, upsampled; no download.
+
+    A fixed, seeded, stratified train/val split; training batches get a random affine jitter."""
+
+    classes: list[str] = [str(i) for i in range(10)]
+    num_classes: int = 10
+
+    def __init__(self, img_size: int = 32, batch_size: int = 64, num_workers: int = 0, val_fraction: float = 0.2,
+                 seed: int = 0, augment: bool = True, model_name: str | None = None,
+                 mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.data_cfg = _data_cfg(model_name, img_size, mean=mean, std=std)
+
+    def _tensors(self) -> tuple[Tensor, Tensor]:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        x = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0  # (N, 1, 8, 8) in [0, 1]
+        x = F.interpolate(x, size=(self.hparams.img_size,) * 2, mode="bilinear", align_corners=False)
+        x = x.expand(-1, 3, -1, -1)  # grey -> RGB, like ImageFolder's convert("RGB")
+        mean = torch.tensor(self.data_cfg.mean).view(1, 3, 1, 1)
+        std = torch.tensor(self.data_cfg.std).view(1, 3, 1, 1)
+        return ((x - mean) / std).contiguous(), torch.tensor(digits.target, dtype=torch.long)
+
+    def setup(self, stage: str | None = None) -> None:
+        if hasattr(self, "train_set"):
+            return
+        from sklearn.model_selection import train_test_split
+
+        x, y = self._tensors()
+        idx_train, idx_val = train_test_split(torch.arange(len(y)).numpy(), test_size=self.hparams.val_fraction,
+                                              random_state=self.hparams.seed, stratify=y.numpy())
+        self.train_set = TensorDataset(x[idx_train], y[idx_train])
+        self.val_set = TensorDataset(x[idx_val], y[idx_val])
+
+    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+        if self.hparams.augment and self.trainer is not None and self.trainer.training:
+            x, y = batch
+            return random_affine(x, degrees=10, translate=0.1, scale=(0.9, 1.1)), y
+        return batch
+
+    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
+        return DataLoader(ds, batch_size=self.hparams.batch_size, shuffle=train, drop_last=train,
+                          num_workers=self.hparams.num_workers, persistent_workers=self.hparams.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, False)
+
+    test_dataloader = val_dataloader
+    predict_dataloader = val_dataloader
+
+
+def _class_dirs(split_dir: Path) -> list[str]:
+    return sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def _has_images(d: Path) -> bool:
+    return any(f.suffix.lower() in IMG_EXTENSIONS for f in d.rglob("*") if f.is_file())
+
+
+def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val") -> list[str]:
+    """Check an ImageNet-layout root before any work starts; return the class names."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"ImageFolder root {str(root)!r} does not exist or is not a folder; expected "
+                                f"{root}/{train_dir}/<class>/*.jpg and {root}/{val_dir}/<class>/*.jpg")
+    splits = {}
+    for split in (train_dir, val_dir):
+        d = root / split
+        if not d.is_dir():
+            raise FileNotFoundError(f"missing {str(d)!r}: expected {root}/{split}/<class>/<images>")
+        classes = _class_dirs(d)
+        if not classes:
+            raise ValueError(f"{str(d)!r} has no class folders: expected {d}/<class>/<images>")
+        empty = [c for c in classes if not _has_images(d / c)]
+        if empty:
+            raise ValueError(f"class folder(s) without images in {str(d)!r}: {empty} "
+                             f"(image extensions: {', '.join(IMG_EXTENSIONS)})")
+        splits[split] = classes
+    if splits[train_dir] != splits[val_dir]:
+        only_t = sorted(set(splits[train_dir]) - set(splits[val_dir]))
+        only_v = sorted(set(splits[val_dir]) - set(splits[train_dir]))
+        raise ValueError(f"train and val class folders differ in {str(root)!r}: only in {train_dir}: {only_t}; "
+                         f"only in {val_dir}: {only_v}")
+    return splits[train_dir]
+
+
+class ImageFolderDataModule(L.LightningDataModule):
+    """ImageNet layout (``root/train/<class>/*``, ``root/val/<class>/*``) with timm's transforms.
+
+    Train: RandomResizedCrop (bicubic), flip, RandAugment, random erasing. Eval: resize to
+    ``img_size / crop_pct`` and center-crop. Mean, std, crop_pct and interpolation default to the
+    preset's (``model_name``, linked from the model by the CLI)."""
+
+    def __init__(self, root: str, img_size: int = 224, batch_size: int = 128, num_workers: int = 8,
+                 model_name: str | None = None, auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+                 re_prob: float = 0.25, scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5,
+                 crop_pct: float | None = None, mean: tuple[float, ...] | None = None,
+                 std: tuple[float, ...] | None = None, interpolation: str | None = None,
+                 pin_memory: bool = True, train_dir: str = "train", val_dir: str = "val") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.root = Path(root).expanduser()
+        self.classes = scan_image_folder(self.root, train_dir, val_dir)
+        self.num_classes = len(self.classes)
+        self.data_cfg = _data_cfg(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
+                                  interpolation=interpolation)
+
+    def setup(self, stage: str | None = None) -> None:
+        from torchvision.datasets import ImageFolder
+
+        hp = self.hparams
+        self.train_set = ImageFolder(str(self.root / hp.train_dir), transform=train_transform(
+            self.data_cfg, auto_augment=hp.auto_augment, re_prob=hp.re_prob, scale=tuple(hp.scale), hflip=hp.hflip))
+        self.val_set = ImageFolder(str(self.root / hp.val_dir), transform=eval_transform(self.data_cfg))
+
+    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(ds, batch_size=hp.batch_size, shuffle=train, drop_last=train, num_workers=hp.num_workers,
+                          pin_memory=hp.pin_memory and torch.cuda.is_available(),
+                          persistent_workers=hp.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, False)
+
+    test_dataloader = val_dataloader
+    predict_dataloader = val_dataloader

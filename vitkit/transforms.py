@@ -1,0 +1,22 @@
+"""Image transforms, from timm's factory so that they match the recipes the presets were trained with."""
+
+from __future__ import annotations
+
+from timm.data import create_transform
+from torch import nn
+
+from .models.config import pair
+
+
+def eval_transform(cfg) -> nn.Module:
+    """Resize to img_size / crop_pct, center-crop img_size, to tensor, normalise with the model's mean/std."""
+    return create_transform(input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=False,
+                            interpolation=cfg.interpolation, mean=cfg.mean, std=cfg.std, crop_pct=cfg.crop_pct)
+
+
+def train_transform(cfg, *, auto_augment: str | None = "rand-m9-mstd0.5-inc1", re_prob: float = 0.25,
+                    scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5) -> nn.Module:
+    """timm's train pipeline: RandomResizedCrop, flip, RandAugment, normalise, random erasing."""
+    return create_transform(input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=True, scale=scale,
+                            hflip=hflip, auto_augment=auto_augment, interpolation="bicubic", re_prob=re_prob,
+                            re_mode="pixel", re_count=1, mean=cfg.mean, std=cfg.std)
