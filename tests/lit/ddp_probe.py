@@ -1,4 +1,4 @@
-"""A callback for the DDP test: each rank writes a hash of every training image it saw."""
+"""Callbacks for the training tests: per-rank sample records (DDP) and an interrupted run (resume)."""
 
 import hashlib
 import os
@@ -16,3 +16,14 @@ class RecordSamples(Callback):
         with open(path, "a") as f:
             for img in x:  # the test turns augmentation off, so these are the dataset's own images
                 f.write(hashlib.sha1(img.cpu().numpy().tobytes()).hexdigest() + "\n")
+
+
+class StopAfterEpoch(Callback):
+    """Stops a run after ``epoch`` epochs without touching its schedule, like an interrupted job."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.current_epoch + 1 >= self.epoch:
+            trainer.should_stop = True

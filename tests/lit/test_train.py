@@ -33,7 +33,7 @@ def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_
                     "--data.img_size", "32", "--data.batch_size", "4", "--data.num_workers", "0"])
     assert cli.model.num_classes == 3
     assert cli.model.hparams.class_names == ["class_0", "class_1", "class_2"]
-    assert cli.trainer.global_step == 2
+    assert cli.trainer.global_step == 2 // cli.trainer.accumulate_grad_batches
 
 
 def test_demo_config_fast_dev_run_on_digits(tmp_path):
@@ -46,14 +46,15 @@ def _fit(tmp_path: Path, *extra: str):
     ckpt_dir = tmp_path / "ckpt"
     return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
                      "--model.model_overrides", TINY_VIT, "--trainer.limit_train_batches", "3",
-                     "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
+                     "--trainer.limit_val_batches", "2",
                      "--trainer.callbacks.dirpath", str(ckpt_dir), "--trainer.logger.save_dir", str(tmp_path),
                      "--trainer.deterministic", "true", *extra])
 
 
 def test_resume_from_last_continues_step_schedule_and_weights(tmp_path):
     full = _fit(tmp_path / "full", "--trainer.max_epochs", "4")
-    half = _fit(tmp_path / "resumed", "--trainer.max_epochs", "2")
+    half = _fit(tmp_path / "resumed", "--trainer.max_epochs", "4", "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch",
+                "--trainer.callbacks.epoch", "2")
     assert (tmp_path / "resumed/ckpt/last.ckpt").exists()
     resumed = _fit(tmp_path / "resumed", "--trainer.max_epochs", "4", "--ckpt_path", "last")
     assert half.trainer.global_step == 6
@@ -67,7 +68,7 @@ def test_resume_from_last_continues_step_schedule_and_weights(tmp_path):
 
 def test_run_ending_by_max_steps_leaves_last_ckpt(tmp_path):
     cli = _fit(tmp_path, "--trainer.max_steps", "2", "--trainer.val_check_interval", "1")
-    assert cli.trainer.global_step == 2
+    assert cli.trainer.global_step == 2 // cli.trainer.accumulate_grad_batches
     assert (tmp_path / "ckpt/last.ckpt").exists()
     model = ImageClassifier.load_from_checkpoint(tmp_path / "ckpt/last.ckpt")  # no CLI needed
     assert model.hparams.class_names == DigitsDataModule.classes
@@ -86,7 +87,7 @@ def test_wandb_logs_offline_without_an_account(tmp_path):
 def test_ddp_two_cpu_processes_split_the_data_and_write_one_checkpoint(tmp_path):
     args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
             "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_epochs", "1",
-            "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
+            "--trainer.limit_val_batches", "2",
             "--model.model_overrides", TINY_VIT, "--data.augment", "false", "--data.batch_size", "32",
             "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), "--trainer.logger.save_dir", str(tmp_path),
             "--trainer.callbacks+=ddp_probe.RecordSamples", "--trainer.callbacks.out_dir", str(tmp_path)]
@@ -105,7 +106,7 @@ def test_ddp_two_cpu_processes_split_the_data_and_write_one_checkpoint(tmp_path)
 def test_tiny_vit_learns_digits(tmp_path):
     """The learning curve reaches the accuracy: >= 0.90 val top-1 in well under a minute of CPU."""
     cli = cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
-                    "--trainer.max_epochs", "12", "--trainer.enable_progress_bar", "false",
+                    "--trainer.max_epochs", "12",
                     "--model.model_overrides", '{"depth": 2, "embed_dim": 96, "num_heads": 3, "patch_size": 4}',
                     "--model.warmup_epochs", "1", "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
                     "--trainer.logger.save_dir", str(tmp_path)])

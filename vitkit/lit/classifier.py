@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import random
 from typing import Any
+
+import numpy as np
 
 import lightning as L
 import torch
@@ -24,6 +27,12 @@ class EMA(nn.Module):
         super().__init__()
         self.decay = decay
         self.module = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def train(self, mode: bool = True) -> EMA:
+        """The average is always evaluated as an inference model: its dropout and drop path stay off."""
+        super().train(mode)
+        self.module.eval()
+        return self
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
@@ -149,6 +158,26 @@ class ImageClassifier(L.LightningModule):
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(x).softmax(dim=-1)
+
+    # -- exact resume ---------------------------------------------------------------------------------
+    # Lightning restores weights, optimizer, schedule and loop counters; the random streams that decide
+    # shuffling, augmentation, mixup and drop path are saved here too, so a resumed run draws what the
+    # uninterrupted run would have drawn.
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        name, keys, pos, has_gauss, gauss = np.random.get_state()
+        checkpoint["rng_states"] = {  # plain tensors and ints, so weights_only loading accepts them
+            "torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # restored here, before the fit loop draws its first shuffle from the global generator
+        states = checkpoint.get("rng_states")
+        if states:
+            torch.set_rng_state(states["torch"])
+            name, keys, pos, has_gauss, gauss = states["numpy"]
+            np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+            random.setstate(states["python"])
 
     # -- optimisation ------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lightning.pytorch.callbacks import LearningRateMonitor, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from .classifier import ImageClassifier
@@ -26,7 +26,7 @@ def cli_main(args: list[str] | None = None, run: bool = True) -> VitkitCLI:
         ImageClassifier,
         datamodule_class=None,
         subclass_mode_data=True,
-        trainer_defaults={"callbacks": [LearningRateMonitor(logging_interval="step"), RichProgressBar()]},
+        trainer_defaults={"callbacks": [LearningRateMonitor(logging_interval="step")]},
         save_config_kwargs={"overwrite": True},
         args=args,
         run=run,
