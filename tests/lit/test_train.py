@@ -107,7 +107,6 @@ def test_tiny_vit_learns_digits(tmp_path):
     """The learning curve reaches the accuracy: >= 0.90 val top-1 in well under a minute of CPU."""
     cli = cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
                     "--trainer.max_epochs", "12",
-                    "--model.model_overrides", '{"depth": 2, "embed_dim": 96, "num_heads": 3, "patch_size": 4}',
                     "--model.warmup_epochs", "1", "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
                     "--trainer.logger.save_dir", str(tmp_path)])
     top1 = cli.trainer.callback_metrics["val/top1"].item()

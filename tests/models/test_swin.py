@@ -173,3 +173,19 @@ def test_compile_fullgraph_tiny_swin():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert_close(torch.compile(m, fullgraph=True)(x), m(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("H,W", [(8, 8), (12, 8), (13, 9), (3, 5)])
+def test_token_gathers_equal_reverse_then_partition(H, W):
+    from vitkit.layers.window import token_index
+
+    x = torch.randn(2, H, W, 3)
+    a, b = WindowPlan.make(H, W, (4, 4), False), WindowPlan.make(H, W, (4, 4), True)
+    flat = x.reshape(2, H * W, 3)
+    wa = flat.index_select(1, token_index(None, a, x.device)).view(2, a.num_windows, -1, 3)
+    wb = wa.flatten(1, 2).index_select(1, token_index(a, b, x.device)).view(2, b.num_windows, -1, 3)
+    back = wb.flatten(1, 2).index_select(1, token_index(b, None, x.device)).view(2, H, W, 3)
+    assert torch.equal(back, x)
+    assert torch.equal(b.reverse(wb), x) and torch.equal(a.reverse(wa), x)
+    if (H, W) == b.padded:  # no padding: the gathers are exactly the step-by-step windows
+        assert torch.equal(wa, a.partition(x)) and torch.equal(wb, b.partition(a.reverse(wa)))

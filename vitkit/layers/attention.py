@@ -7,13 +7,13 @@ cross-attention, ``rope`` tables, or a :class:`KVCache`.
 
 Shape legend
     B   batch
-    G   groups folded into the head axis (Swin windows per image); 1 for ViT and text
+    G   groups folded into the batch axis (Swin windows per image); 1 for ViT and text
     N   query tokens (Nq);  M   key/value tokens (Nk)
     C   model width;  H   query heads;  Hkv   key/value heads (GQA/MQA when < H);  D   head dim
 
-Inputs may carry extra leading group axes, ``x: (B, G, N, C)``. Groups are folded into the head axis
-(``(B, G·H, N, D)``) so that a bias or mask that differs per group but not per image (Swin's shift
-mask) broadcasts over B inside the fused kernel instead of being copied B times.
+Inputs may carry extra leading group axes, ``x: (B, G, N, C)``. Groups are folded into the batch axis
+(``(B·G, H, N, D)``): q, k and v stay views of the fused projection (no copies), and the kernel writes
+its output in the layout the output projection reads.
 
 Backends (a config field stored on the module, never an environment variable):
     ``sdpa``  F.scaled_dot_product_attention. With no float mask it can reach FlashAttention on
@@ -186,14 +186,14 @@ class Attention(nn.Module):
         is_causal: query i attends keys j <= i (aligned at the end when keys include a cache).
         rope: (cos, sin) tables for the query positions, (N, D/2) each, applied to q and k.
         cache: a KVCache to extend (self-attention) or to read/fill once (cross-attention).
-        return_attn: also return the probabilities (B, G·H, N, M); runs the `math` path.
+        return_attn: also return the probabilities (B·G, H, N, M); runs the `math` path.
         """
         *lead, N, C = x.shape
         B, G = lead[0], math.prod(lead[1:])
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         x = x.reshape(B, G * N, C)
         if self.cross:
-            q = rearrange(self.q(x), "b (g n) (h d) -> b (g h) n d", g=G, h=H)  # (B, G·H, N, D)
+            q = rearrange(self.q(x), "b (g n) (h d) -> (b g) h n d", g=G, h=H)  # (B·G, H, N, D)
             if cache is not None and cache.static and cache.k is not None:
                 k, v = cache.k, cache.v
             else:
@@ -203,14 +203,13 @@ class Attention(nn.Module):
                 if cache is not None:
                     cache.k, cache.v, cache.static = k, v, True
             if G > 1:  # the same memory for every group
-                k, v = (rearrange(t.unsqueeze(1).expand(B, G, Hkv, *t.shape[-2:]), "b g h m d -> b (g h) m d")
-                        for t in (k, v))
+                k, v = (t.unsqueeze(1).expand(B, G, *t.shape[1:]).reshape(B * G, *t.shape[1:]) for t in (k, v))
         else:
             qkv = self.qkv(x)  # (B, G·N, (H + 2·Hkv)·D)
             q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
-            q = rearrange(q, "b (g n) (h d) -> b (g h) n d", g=G, h=H)  # (B, G·H, N, D)
-            k = rearrange(k, "b (g n) (h d) -> b (g h) n d", g=G, h=Hkv)  # (B, G·Hkv, N, D)
-            v = rearrange(v, "b (g n) (h d) -> b (g h) n d", g=G, h=Hkv)
+            q = rearrange(q, "b (g n) (h d) -> (b g) h n d", g=G, h=H)  # (B·G, H, N, D), a view
+            k = rearrange(k, "b (g n) (h d) -> (b g) h n d", g=G, h=Hkv)  # (B·G, Hkv, N, D)
+            v = rearrange(v, "b (g n) (h d) -> (b g) h n d", g=G, h=Hkv)
             if rope is not None:
                 q, k = apply_rope(q, *rope), apply_rope(k, *rope)
             if cache is not None:
@@ -238,7 +237,7 @@ class Attention(nn.Module):
             if dropout_p:
                 raise ValueError("attn_backend='flex' does not support attention dropout; use 'sdpa'")
             o = self._flex(q, k, v, bias, attn_mask, key_padding_mask, is_causal, B, G)
-        o = rearrange(o, "b (g h) n d -> b (g n) (h d)", g=G)  # (B, G·N, H·D)
+        o = rearrange(o, "(b g) h n d -> b (g n) (h d)", g=G)  # (B, G·N, H·D)
         o = self.proj_drop(self.proj(o)).reshape(*lead, N, C)
         return (o, attn) if return_attn else o
 
@@ -251,14 +250,15 @@ class Attention(nn.Module):
 
     @staticmethod
     def _fold(t: Tensor, B: int, G: int, H: int, N: int, M: int) -> Tensor:
-        """(B, H, N, M)- or (B, G, H, N, M)-broadcastable -> (B|1, G·H|1, N, M); only G, H are expanded."""
+        """(B, H, N, M)- or (B, G, H, N, M)-broadcastable -> (B·G|1, H|1, N, M) for the folded batch.
+
+        Stays a broadcast view unless it varies with the group; then it is expanded to B·G rows."""
         if t.dim() <= 4:  # the usual (B, H, N, M) form, broadcast like PyTorch: add the group axis
             t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).unsqueeze(1)
         b, g, h = t.shape[:3]
-        if g == 1 and h == 1:
-            return t.reshape(b, 1, *t.shape[-2:])
-        t = t.expand(b, G, H, *t.shape[-2:])
-        return t.reshape(b, G * H, *t.shape[-2:])
+        if G == 1 or (g == 1 and b == 1):
+            return t.reshape(b, h, *t.shape[-2:])
+        return t.expand(B, G, h, *t.shape[-2:]).reshape(B * G, h, *t.shape[-2:])
 
     def _merge_masks(self, bias, attn_mask, key_padding_mask, is_causal, B, G, N, M, device) -> Tensor | None:
         """One mask for sdpa/math: float if there is a bias, else bool (True = attend); None if none.
@@ -271,7 +271,7 @@ class Attention(nn.Module):
         if key_padding_mask is not None:
             if key_padding_mask.shape != (B, M):
                 raise ValueError(f"key_padding_mask must have shape (B, M) = {(B, M)}, got {tuple(key_padding_mask.shape)}")
-            pad = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, M)
+            pad = self._fold(~key_padding_mask[:, None, None, None, :], B, G, H, N, M)  # (B·G|B, 1, 1, M)
             keep = pad if keep is None else keep & pad
         if is_causal and (keep is not None or bias is not None):
             causal = self._causal(N, M, device)
@@ -287,7 +287,7 @@ class Attention(nn.Module):
         if k.shape[1] != q.shape[1]:  # GQA: each kv head serves H / Hkv query heads
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, G·H, N, M)
+        scores = (q * self.scale) @ k.transpose(-2, -1)  # (B·G, H, N, M)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         attn = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
@@ -311,7 +311,8 @@ class Attention(nn.Module):
             mb, mh = fm.shape[0] > 1, fm.shape[1] > 1
             conds.append(lambda b, h, qi, ki: fm[b if mb else 0, h if mh else 0, qi, ki])
         if key_padding_mask is not None:
-            conds.append(lambda b, h, qi, ki: ~key_padding_mask[b, ki])
+            keep_k = self._fold(~key_padding_mask[:, None, None, None, :], B, G, H, N, M)[:, 0, 0]  # (B·G, M)
+            conds.append(lambda b, h, qi, ki: keep_k[b, ki])
         if is_causal:
             conds.append(lambda b, h, qi, ki: qi + (M - N) >= ki)
         block_mask = None
@@ -324,7 +325,7 @@ class Attention(nn.Module):
 
             per_b = key_padding_mask is not None or (attn_mask is not None and mb)
             per_h = attn_mask is not None and mh
-            block_mask = create_block_mask(mask_mod, B if per_b else None, q.shape[1] if per_h else None,
+            block_mask = create_block_mask(mask_mod, q.shape[0] if per_b else None, q.shape[1] if per_h else None,
                                            N, M, device=q.device)
         return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=self.scale,
                                 enable_gqa=k.shape[1] != q.shape[1])

@@ -112,3 +112,39 @@ class WindowPlan:
         if any(self.shift):
             x = torch.roll(x, shifts=self.shift, dims=(1, 2))
         return x[:, : self.H, : self.W]
+
+    @property
+    def num_windows(self) -> int:
+        return (self.padded[0] // self.window[0]) * (self.padded[1] // self.window[1])
+
+
+# Between two blocks, "reverse the windows of block j, then partition for block j+1" only reorders tokens
+# (pad, roll and cut are all permutations, up to padding). One precomputed gather does it in a single
+# copy instead of the four (roll, pad, partition, reverse) a straightforward block makes.
+
+
+@functools.lru_cache(maxsize=256)
+def _map_of_windows(plan: WindowPlan) -> Tensor:
+    """(nW·N,) for each windowed token of ``plan``, its index in the flattened (H·W) map; padding -> 0
+    (any real token will do: padded keys are masked and padded queries are cut off)."""
+    idx = torch.arange(plan.H * plan.W).view(1, plan.H, plan.W, 1)
+    return plan.partition(idx).flatten()  # partition pads with zeros
+
+
+@functools.lru_cache(maxsize=256)
+def _windows_of_map(plan: WindowPlan) -> Tensor:
+    """(H·W,) for each map token, its position among the windowed tokens of ``plan``."""
+    pos = torch.arange(plan.padded[0] * plan.padded[1]).view(1, plan.num_windows, -1, 1)  # (1, nW, N, 1)
+    return plan.reverse(pos).flatten()
+
+
+def token_index(src: WindowPlan | None, dst: WindowPlan | None, device: torch.device) -> Tensor:
+    """Gather index along the token axis from the ``src`` layout to the ``dst`` layout of the same map;
+    None stands for the plain row-major (H·W) map."""
+    if src is None:
+        idx = _map_of_windows(dst)
+    elif dst is None:
+        idx = _windows_of_map(src)
+    else:
+        idx = _windows_of_map(src)[_map_of_windows(dst)]
+    return idx.to(device)

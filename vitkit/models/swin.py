@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..layers import AttnBackend, Block, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
-from ..layers.window import WindowPlan
+from ..layers.window import WindowPlan, token_index
 from .config import IMAGENET, DataConfig, check_image, pair
 
 
@@ -102,14 +102,19 @@ class SwinStage(nn.Module):
         ])
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.downsample(x)  # (B, H, W, C)
-        _, H, W, _ = x.shape
-        for j, blk in enumerate(self.blocks):
-            plan = WindowPlan.make(H, W, self.window, shifted=j % 2 == 1)
+        x = self.downsample(x)
+        B, H, W, C = x.shape
+        plans = [WindowPlan.make(H, W, self.window, shifted=j % 2 == 1) for j in range(len(self.blocks))]
+        # Tokens stay in window order from block to block: each hand-over (un-shift, re-shift, re-cut)
+        # is one gather along the token axis; see WindowPlan.partition/reverse for the same in steps.
+        x = x.reshape(B, H * W, C)
+        prev = None
+        for blk, plan in zip(self.blocks, plans, strict=True):
+            x = x.index_select(1, token_index(prev, plan, x.device))  # (B, nW·N, C)
             bias = blk.attn.relative_position_bias(plan.window)[None, None]  # (1, 1, heads, N, N)
-            windows = blk(plan.partition(x), bias=bias, attn_mask=plan.mask(x.device))  # (B, nW, N, C)
-            x = plan.reverse(windows)
-        return x
+            x = blk(x.view(B, plan.num_windows, -1, C), bias=bias, attn_mask=plan.mask(x.device))
+            x, prev = x.flatten(1, 2), plan
+        return x.index_select(1, token_index(prev, None, x.device)).view(B, H, W, C)
 
 
 class PoolHead(nn.Module):
