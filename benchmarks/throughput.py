@@ -17,14 +17,13 @@ import argparse
 import contextlib
 import csv
 import json
-import math
 import platform
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -209,7 +208,7 @@ def run(args) -> list[dict]:
     for name in args.models:
         cfg = vitkit.get_config(name)
         shape = (cfg.in_chans, *pair(cfg.img_size))
-        gmacs[name] = count_gmacs_of(lambda: vitkit.create_model(name), shape)
+        gmacs[name] = count_gmacs_of(lambda n=name: vitkit.create_model(n), shape)
         for lib, factory in build_factories(name, peers, args.attn_backend):
             for mode in args.mode:
                 for bs in args.batch_sizes:

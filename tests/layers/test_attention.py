@@ -15,7 +15,8 @@ B, N, M, C, H = 2, 12, 7, 32, 4
 CASES = {
     "no_mask": (dict(), lambda: dict()),
     "bias": (dict(), lambda: dict(bias=torch.randn(1, H, N, N))),
-    "padding": (dict(), lambda: dict(key_padding_mask=torch.arange(N)[None].expand(B, N) >= torch.tensor([[N], [N - 5]]))),
+    "padding": (dict(), lambda: dict(
+        key_padding_mask=torch.arange(N)[None].expand(B, N) >= torch.tensor([[N], [N - 5]]))),
     "causal": (dict(), lambda: dict(is_causal=True)),
     "causal_padding_bias": (dict(), lambda: dict(
         is_causal=True, bias=torch.randn(B, 1, N, N),

@@ -53,8 +53,8 @@ def _fit(tmp_path: Path, *extra: str):
 
 def test_resume_from_last_continues_step_schedule_and_weights(tmp_path):
     full = _fit(tmp_path / "full", "--trainer.max_epochs", "4")
-    half = _fit(tmp_path / "resumed", "--trainer.max_epochs", "4", "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch",
-                "--trainer.callbacks.epoch", "2")
+    half = _fit(tmp_path / "resumed", "--trainer.max_epochs", "4",
+                "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch", "--trainer.callbacks.epoch", "2")
     assert (tmp_path / "resumed/ckpt/last.ckpt").exists()
     resumed = _fit(tmp_path / "resumed", "--trainer.max_epochs", "4", "--ckpt_path", "last")
     assert half.trainer.global_step == 6

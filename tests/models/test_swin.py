@@ -7,7 +7,13 @@ from torch.testing import assert_close
 
 import vitkit
 from vitkit.layers import Attention
-from vitkit.layers.window import WindowPlan, relative_position_index, shifted_window_mask, window_partition, window_reverse
+from vitkit.layers.window import (
+    WindowPlan,
+    relative_position_index,
+    shifted_window_mask,
+    window_partition,
+    window_reverse,
+)
 
 TINY = dict(embed_dim=32, depths=(2, 2, 2), num_heads=(2, 2, 4), window_size=4, img_size=64)
 

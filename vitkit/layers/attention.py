@@ -156,9 +156,10 @@ class Attention(nn.Module):
         """(H, N, N) learned bias for the token pairs of a window (<= the table's window), to pass as ``bias``."""
         from .window import relative_position_index
 
-        idx = relative_position_index(tuple(window), tuple(self.rel_pos_window)).to(self.relative_position_bias_table.device)
+        table = self.relative_position_bias_table
+        idx = relative_position_index(tuple(window), tuple(self.rel_pos_window)).to(table.device)
         N = idx.shape[0]
-        return self.relative_position_bias_table[idx.view(-1)].view(N, N, -1).permute(2, 0, 1)  # (H, N, N)
+        return table[idx.view(-1)].view(N, N, -1).permute(2, 0, 1)  # (H, N, N)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention K/V of a memory (B, M, C) -> (B, Hkv, M, D) each."""
@@ -270,7 +271,8 @@ class Attention(nn.Module):
             keep = self._fold(attn_mask, B, G, H, N, M)
         if key_padding_mask is not None:
             if key_padding_mask.shape != (B, M):
-                raise ValueError(f"key_padding_mask must have shape (B, M) = {(B, M)}, got {tuple(key_padding_mask.shape)}")
+                raise ValueError(f"key_padding_mask must have shape (B, M) = {(B, M)}, "
+                                 f"got {tuple(key_padding_mask.shape)}")
             pad = self._fold(~key_padding_mask[:, None, None, None, :], B, G, H, N, M)  # (B·G|B, 1, 1, M)
             keep = pad if keep is None else keep & pad
         if is_causal and (keep is not None or bias is not None):

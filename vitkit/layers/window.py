@@ -90,7 +90,8 @@ class WindowPlan:
 
     @property
     def padded(self) -> tuple[int, int]:
-        return (math.ceil(self.H / self.window[0]) * self.window[0], math.ceil(self.W / self.window[1]) * self.window[1])
+        (wh, ww) = self.window
+        return math.ceil(self.H / wh) * wh, math.ceil(self.W / ww) * ww
 
     def mask(self, device: torch.device) -> Tensor | None:
         """(1, nW, 1, N, N) bool for the attention core, or None."""

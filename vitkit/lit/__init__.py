@@ -5,4 +5,5 @@ from .classifier import EMA, ImageClassifier
 from .cli import VitkitCLI, cli_main
 from .data import DigitsDataModule, ImageFolderDataModule
 
-__all__ = ["EMA", "DigitsDataModule", "ImageClassifier", "ImageFolderDataModule", "ModelCheckpoint", "VitkitCLI", "cli_main"]
+__all__ = ["EMA", "DigitsDataModule", "ImageClassifier", "ImageFolderDataModule", "ModelCheckpoint", "VitkitCLI",
+           "cli_main"]

@@ -6,9 +6,8 @@ import copy
 import random
 from typing import Any
 
-import numpy as np
-
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 from timm.data import Mixup

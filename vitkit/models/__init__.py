@@ -3,7 +3,7 @@
 from .config import DataConfig
 from .registry import create_model, get_config, list_models
 from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
-from .vit import VIT_PRESETS, ViTConfig, VisionTransformer
+from .vit import VIT_PRESETS, VisionTransformer, ViTConfig
 
-__all__ = ["DataConfig", "SWIN_PRESETS", "SwinConfig", "SwinTransformer", "VIT_PRESETS", "ViTConfig", "VisionTransformer", "create_model", "get_config",
-           "list_models"]
+__all__ = ["DataConfig", "SWIN_PRESETS", "SwinConfig", "SwinTransformer", "VIT_PRESETS", "ViTConfig",
+           "VisionTransformer", "create_model", "get_config", "list_models"]

@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
-from .vit import VIT_PRESETS, ViTConfig, VisionTransformer
+from .vit import VIT_PRESETS, VisionTransformer, ViTConfig
 
 # family -> (config class, model class, presets keyed by timm's names)
 FAMILIES: dict[str, tuple[type, type[nn.Module], dict[str, dict]]] = {

@@ -1,0 +1,51 @@
+"""The benchmark script: a tiny smoke run writes every output, and FLOPs match the published counts."""
+
+import csv
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("throughput", ROOT / "benchmarks" / "throughput.py")
+throughput = importlib.util.module_from_spec(spec)
+sys.modules["throughput"] = throughput  # dataclasses look their module up by name
+spec.loader.exec_module(throughput)
+
+
+def test_smoke_run_writes_csv_json_markdown_and_chart(tmp_path):
+    out = tmp_path / "res.csv"
+    rows = throughput.main(["--models", "vit_tiny_patch16_224", "--peers", "timm", "--mode", "both",
+                            "--batch-sizes", "2", "--rounds", "2", "--iters", "1", "--warmup", "1", "--out", str(out)])
+    assert {(r["library"], r["mode"]) for r in rows} == {("vitkit", "infer"), ("vitkit", "train"),
+                                                          ("timm", "infer"), ("timm", "train")}
+    with out.open() as f:
+        table = list(csv.DictReader(f))
+    assert list(table[0]) == throughput.COLUMNS
+    for col in ["library", "model", "mode", "batch_size", "precision", "img_per_s", "img_per_s_min", "img_per_s_max",
+                "step_ms", "peak_mem_mb", "params_m", "gmacs", "mfu"]:
+        assert all(r[col] != "" for r in table), col
+    for r in table:
+        assert float(r["img_per_s_min"]) <= float(r["img_per_s"]) <= float(r["img_per_s_max"])
+        assert 0 < float(r["mfu"]) < 1.5 and float(r["peak_mem_mb"]) > 0
+    assert json.loads(out.with_suffix(".json").read_text()) == rows
+    md = out.with_suffix(".md").read_text()
+    assert md.startswith("| model |") and "vs_best_peer" in md
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name,published", [("vit_base_patch16_224", 17.58), ("swin_tiny_patch4_window7_224", 4.51)])
+def test_gmacs_match_published_counts(name, published):
+    import vitkit
+    from vitkit.flops import count_gmacs
+
+    gmacs = count_gmacs(vitkit.create_model(name))
+    assert abs(gmacs - published) / published < 0.03, gmacs
+
+
+def test_unknown_model_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--models", "vit_nope"])
+    assert "unknown vitkit preset(s) ['vit_nope']" in capsys.readouterr().err
