@@ -40,7 +40,26 @@ def random_affine(x: Tensor, degrees: float, translate: float, scale: tuple[floa
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
-class DigitsDataModule(L.LightningDataModule):
+class _TrainValLoaders(L.LightningDataModule):
+    """Loaders over ``self.train_set`` / ``self.val_set``; validation data doubles for test and predict."""
+
+    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
+        hp = self.hparams
+        return DataLoader(ds, batch_size=hp.batch_size, shuffle=train, drop_last=train, num_workers=hp.num_workers,
+                          pin_memory=hp.get("pin_memory", False) and torch.cuda.is_available(),
+                          persistent_workers=hp.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, False)
+
+    test_dataloader = val_dataloader
+    predict_dataloader = val_dataloader
+
+
+class DigitsDataModule(_TrainValLoaders):
     """The 1,797 real 8x8 handwritten digits bundled with scikit-learn, upsampled; no download.
 
     A fixed, seeded, stratified train/val split; training batches get a random affine jitter."""
@@ -83,18 +102,6 @@ class DigitsDataModule(L.LightningDataModule):
             return random_affine(x, degrees=10, translate=0.1, scale=(0.9, 1.1)), y
         return batch
 
-    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
-        return DataLoader(ds, batch_size=self.hparams.batch_size, shuffle=train, drop_last=train,
-                          num_workers=self.hparams.num_workers, persistent_workers=self.hparams.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, False)
-
-    test_dataloader = val_dataloader
-    predict_dataloader = val_dataloader
 
 
 def _class_dirs(split_dir: Path) -> list[str]:
@@ -131,7 +138,7 @@ def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val"
     return splits[train_dir]
 
 
-class ImageFolderDataModule(L.LightningDataModule):
+class ImageFolderDataModule(_TrainValLoaders):
     """ImageNet layout (``root/train/<class>/*``, ``root/val/<class>/*``) with timm's transforms.
 
     Train: RandomResizedCrop (bicubic), flip, RandAugment, random erasing. Eval: resize to
@@ -159,18 +166,3 @@ class ImageFolderDataModule(L.LightningDataModule):
         self.train_set = ImageFolder(str(self.root / hp.train_dir), transform=train_transform(
             self.data_cfg, auto_augment=hp.auto_augment, re_prob=hp.re_prob, scale=tuple(hp.scale), hflip=hp.hflip))
         self.val_set = ImageFolder(str(self.root / hp.val_dir), transform=eval_transform(self.data_cfg))
-
-    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
-        hp = self.hparams
-        return DataLoader(ds, batch_size=hp.batch_size, shuffle=train, drop_last=train, num_workers=hp.num_workers,
-                          pin_memory=hp.pin_memory and torch.cuda.is_available(),
-                          persistent_workers=hp.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, False)
-
-    test_dataloader = val_dataloader
-    predict_dataloader = val_dataloader
