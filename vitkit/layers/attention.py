@@ -40,6 +40,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from .window import relative_position_index
+
 AttnBackend = Literal["sdpa", "math", "flex"]
 ATTN_BACKENDS: tuple[str, ...] = ("sdpa", "math", "flex")
 
@@ -154,8 +156,6 @@ class Attention(nn.Module):
 
     def relative_position_bias(self, window: tuple[int, int]) -> Tensor:
         """(H, N, N) learned bias for the token pairs of a window (<= the table's window), to pass as ``bias``."""
-        from .window import relative_position_index
-
         table = self.relative_position_bias_table
         idx = relative_position_index(tuple(window), tuple(self.rel_pos_window)).to(table.device)
         N = idx.shape[0]

@@ -184,8 +184,8 @@ class ImageClassifier(L.LightningModule):
         hp = self.hparams
         opt = build_adamw(self.model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.layer_decay)
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        epochs = max(1, self.trainer.max_epochs or 1) if self.trainer.max_epochs not in (None, -1) else None
-        steps_per_epoch = total / epochs if epochs else total
+        max_epochs = self.trainer.max_epochs
+        steps_per_epoch = total / max_epochs if max_epochs and max_epochs > 0 else total
         warmup = min(total, max(1, round(hp.warmup_epochs * steps_per_epoch))) if hp.warmup_epochs > 0 else 0
         ratio = hp.min_lr / hp.lr
         fn = lambda s: warmup_cosine(s, warmup, total, ratio)  # noqa: E731

@@ -39,8 +39,8 @@ def get_config(name: str, **overrides: Any):
 
 def create_model(name: str, **overrides: Any) -> nn.Module:
     """Build preset ``name`` (timm's naming), e.g. ``create_model("vit_small_patch16_224", num_classes=10)``."""
-    cfg = get_config(name, **overrides)
-    model = FAMILIES_BY_CONFIG[type(cfg)](cfg)
+    _, model_cls, _ = _find(name)
+    model = model_cls(get_config(name, **overrides))
     model.name = name
     return model
 
@@ -50,5 +50,3 @@ def list_models(pattern: str = "*") -> list[str]:
     names = [n for _, _, presets in FAMILIES.values() for n in presets]
     return sorted(fnmatch.filter(names, pattern))
 
-
-FAMILIES_BY_CONFIG = {cfg_cls: model_cls for cfg_cls, model_cls, _ in FAMILIES.values()}
