@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from timm.data import create_transform
+from timm.data.auto_augment import AugmentOp
 from torch import nn
 
 from .models.config import pair
@@ -17,6 +18,17 @@ def eval_transform(cfg) -> nn.Module:
 def train_transform(cfg, *, auto_augment: str | None = "rand-m9-mstd0.5-inc1", re_prob: float = 0.25,
                     scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5) -> nn.Module:
     """timm's train pipeline: RandomResizedCrop, flip, RandAugment, normalise, random erasing."""
-    return create_transform(input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=True, scale=scale,
+    tf = create_transform(input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=True, scale=scale,
                             hflip=hflip, auto_augment=auto_augment, interpolation="bicubic", re_prob=re_prob,
                             re_mode="pixel", re_count=1, mean=cfg.mean, std=cfg.std)
+    for t in getattr(tf, "transforms", []):
+        for op in getattr(t, "ops", []):
+            if isinstance(op, AugmentOp) and op.name.startswith("Posterize"):
+                op.level_fn = _at_least_one_bit(op.level_fn)
+    return tf
+
+
+def _at_least_one_bit(level_fn):
+    """timm's posterize keeps 0 bits at magnitude 10 (reachable with mstd noise), which Pillow >= 11
+    rejects mid-epoch; 1 bit is the strongest posterize Pillow accepts."""
+    return lambda level, hparams: (max(1, level_fn(level, hparams)[0]),)

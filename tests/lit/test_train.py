@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
+import vitkit
 from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule
 from vitkit.lit.cli import cli_main
 
@@ -27,8 +29,13 @@ def _cpu(tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize("config", CLASSIFIER_CONFIGS, ids=lambda p: p.stem)
 def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_path):
     tiny = TINY_SWIN if "swin" in config.stem else TINY_VIT
+    extra = []
+    if "finetune" in config.stem:  # start from an export of the same (tiny) preset at another size
+        name = yaml.safe_load(config.read_text())["model"]["model_name"]
+        vitkit.save_pretrained(vitkit.create_model(name, img_size=48, **json.loads(tiny)), tmp_path / "pre")
+        extra = ["--model.checkpoint", str(tmp_path / "pre")]
     cli = cli_main(["fit", "--config", str(config), *_cpu(tmp_path), "--trainer.fast_dev_run", "2",
-                    "--model.model_overrides", tiny, "--model.compile", "false",
+                    "--model.model_overrides", tiny, "--model.compile", "false", *extra,
                     "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder),
                     "--data.img_size", "32", "--data.batch_size", "4", "--data.num_workers", "0"])
     assert cli.model.num_classes == 3
@@ -103,17 +110,56 @@ def test_ddp_two_cpu_processes_split_the_data_and_write_one_checkpoint(tmp_path)
     assert ckpts[-1] == "last.ckpt" and len(ckpts) == 2, ckpts  # one best + last, written by rank 0 only
 
 
-def test_tiny_vit_learns_digits(tmp_path):
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("digits")
+    return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                     "--trainer.max_epochs", "12",
+                     "--model.warmup_epochs", "1", "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
+                     "--trainer.logger.save_dir", str(tmp_path)])
+
+
+def test_tiny_vit_learns_digits(digits_run):
     """The learning curve reaches the accuracy: >= 0.90 val top-1 in well under a minute of CPU."""
-    cli = cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
-                    "--trainer.max_epochs", "12",
-                    "--model.warmup_epochs", "1", "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
-                    "--trainer.logger.save_dir", str(tmp_path)])
-    top1 = cli.trainer.callback_metrics["val/top1"].item()
+    top1 = digits_run.trainer.callback_metrics["val/top1"].item()
     assert top1 >= 0.90, top1
-    rows = list(csv.DictReader(open(Path(cli.trainer.logger.log_dir) / "metrics.csv")))
+    rows = list(csv.DictReader(open(Path(digits_run.trainer.logger.log_dir) / "metrics.csv")))
     losses = [float(r["train/loss_epoch"]) for r in rows if r.get("train/loss_epoch")]
     assert losses[-1] < losses[0] * 0.6
+
+
+def test_lightning_checkpoint_loads_without_lightning(digits_run):
+    ckpt = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    model = vitkit.create_model(checkpoint=ckpt).eval()  # name, overrides and classes from the hparams
+    assert model.load_report.format == "lightning" and model.class_names == DigitsDataModule.classes
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), digits_run.model.model.eval()(x))
+
+
+def test_fine_tuning_from_the_digits_checkpoint_beats_scratch(digits_run, image_folder, tmp_path):
+    """Fine-tune the digits model on a new 3-class folder of PNG/JPEG files at another resolution (so the
+    positions are resampled and the head replaced) for 10 epochs of 6 steps; from scratch it stays far behind."""
+    ckpt = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+
+    def fit(*extra):
+        cli = cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                        "--trainer.max_epochs", "10", "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
+                        "--trainer.logger.save_dir", str(tmp_path), "--model.warmup_epochs", "0",
+                        "--model.lr", "2e-3", "--model.layer_decay", "0.65", *extra,
+                        "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder),
+                        "--data.img_size", "40", "--data.batch_size", "3", "--data.num_workers", "0",
+                        "--data.auto_augment", "null", "--data.re_prob", "0", "--data.scale", "[0.8, 1.0]",
+                        "--data.hflip", "0"])
+        return cli.trainer.callback_metrics["val/top1"].item(), cli
+
+    tuned, cli = fit("--model.checkpoint", str(ckpt))
+    adapted = " ".join(cli.model.model.load_report.adapted)
+    assert "pos_embed: resampled (bicubic) from a 8x8 to a 10x10 patch grid" in adapted
+    assert "head.weight: new classifier (3, 96)" in adapted
+    scratch, _ = fit()
+    print(f"fine-tuned {tuned:.3f} vs scratch {scratch:.3f}")
+    assert tuned >= 0.7 and tuned >= scratch + 0.3, (tuned, scratch)
 
 
 def test_data_modules_give_classes_before_setup(image_folder):

@@ -36,6 +36,8 @@ class ModelCheckpoint(_LightningModelCheckpoint):
             self._refresh_last(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.fast_dev_run:  # Lightning would still write last.ckpt here; a dry run writes nothing
+            return
         super().on_train_end(trainer, pl_module)
         self._refresh_last(trainer)
 

@@ -63,6 +63,10 @@ class ImageClassifier(L.LightningModule):
         label_smoothing, mixup, cutmix, mixup_prob, mixup_switch_prob: timm's Mixup / soft-target CE.
         ema_decay: keep an EMA of the weights, validated alongside (``val/top1_ema``); None disables.
         freeze_backbone: train only the head (linear probe).
+        checkpoint: pretrained weights to start from (a file or folder of any format vitkit reads, see
+            ``vitkit.checkpoints``); positions / windows are resampled to ``img_size`` and a new head is
+            made for ``num_classes``. Read when the module is built; resuming with ``--ckpt_path`` then
+            replaces them with the run's own, and ``load_from_checkpoint(path, checkpoint=None)`` skips it.
         compile: run the model under ``torch.compile``.
     """
 
@@ -86,6 +90,7 @@ class ImageClassifier(L.LightningModule):
         mixup_switch_prob: float = 0.5,
         ema_decay: float | None = None,
         freeze_backbone: bool = False,
+        checkpoint: str | None = None,
         compile: bool = False,
     ) -> None:
         super().__init__()
@@ -95,7 +100,7 @@ class ImageClassifier(L.LightningModule):
             overrides["num_classes"] = num_classes
         if img_size is not None:
             overrides["img_size"] = img_size
-        self.model = vitkit.create_model(model_name, **overrides)
+        self.model = vitkit.create_model(model_name, checkpoint=checkpoint, **overrides)
         if freeze_backbone:
             for name, p in self.model.named_parameters():
                 p.requires_grad_(name.startswith("head"))

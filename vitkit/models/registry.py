@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import os
 from typing import Any
 
 from torch import nn
@@ -37,11 +38,39 @@ def get_config(name: str, **overrides: Any):
     return cfg_cls(**{**preset, **overrides})
 
 
-def create_model(name: str, **overrides: Any) -> nn.Module:
-    """Build preset ``name`` (timm's naming), e.g. ``create_model("vit_small_patch16_224", num_classes=10)``."""
+def create_model(name: str | None = None, *, checkpoint: str | os.PathLike | None = None, strict: bool = True,
+                 use_ema: bool = False, **overrides: Any) -> nn.Module:
+    """Build preset ``name`` (timm's naming), e.g. ``create_model("vit_small_patch16_224", num_classes=10)``.
+
+    With ``checkpoint`` (a file or folder of any format in :mod:`vitkit.checkpoints`) the weights are
+    loaded too. Settings the file records (a vitkit export, a Lightning checkpoint, a timm or transformers
+    config.json) are applied first, then ``overrides``; ``name`` may then be omitted. Without an explicit
+    ``num_classes`` the checkpoint's classifier size is kept; with another one a new head is made."""
+    ck = None
+    if checkpoint is not None:
+        from ..checkpoints import load_checkpoint, read_checkpoint  # checkpoints imports models
+
+        ck = read_checkpoint(checkpoint, use_ema)
+        name = name or ck.model_name
+        if name is None:
+            raise ValueError(f"{checkpoint} does not record which model it holds ({ck.format} format); "
+                             "pass the preset name, e.g. create_model('vit_base_patch16_224', checkpoint=...)")
+        if ck.model_name not in (None, name) and not ck.format.startswith("transformers"):
+            ck.overrides = {}  # settings recorded for another preset do not apply (a transformers config
+            # describes the whole architecture, so it applies to any preset of its family)
+        fields = {f.name for f in dataclasses.fields(_find(name)[0])}
+        recorded = {k: v for k, v in ck.overrides.items() if k in fields}
+        if "num_classes" not in recorded and ck.num_classes is not None:
+            recorded["num_classes"] = ck.num_classes
+        overrides = {**recorded, **overrides}
+    if name is None:
+        raise TypeError("create_model needs a preset name (or a checkpoint that records one)")
     _, model_cls, _ = _find(name)
     model = model_cls(get_config(name, **overrides))
     model.name = name
+    if ck is not None:
+        model.load_report = load_checkpoint(model, ck, strict=strict)
+        model.class_names = ck.class_names
     return model
 
 

@@ -1,0 +1,24 @@
+"""Train / eval transforms: timm's pipelines, and they survive every RandAugment magnitude."""
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vitkit.models import get_config
+from vitkit.transforms import eval_transform, train_transform
+
+
+def test_randaugment_at_full_magnitude_runs_with_current_pillow():
+    cfg = get_config("vit_tiny_patch16_224", img_size=32)
+    tf = train_transform(cfg, auto_augment="rand-m10-n3-inc1")  # posterize at magnitude 10 keeps 0 bits in timm
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8))
+    for _ in range(300):
+        x = tf(img)
+    assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+
+
+def test_eval_transform_resizes_crops_and_normalises():
+    cfg = get_config("vit_tiny_patch16_224", img_size=32)
+    x = eval_transform(cfg)(Image.new("RGB", (50, 40), (255, 255, 255)))
+    assert x.shape == (3, 32, 32)
+    torch.testing.assert_close(x[:, 0, 0], (1 - torch.tensor(cfg.mean)) / torch.tensor(cfg.std))

@@ -1,0 +1,119 @@
+"""Fitting pretrained weights to a model of another resolution, window, input channels or class count.
+
+Each function takes a checkpoint tensor and the shape the model wants, and returns a tensor of that
+shape; :func:`adapt` applies them to a whole state dict and says what it changed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..layers.pos_embed import resample_abs_pos_embed
+
+
+def _geometric_positions(src: int, dst: int) -> Tensor:
+    """Source offsets -(src//2)..src//2 spread out geometrically so the outermost lands near dst//2.
+
+    Near offsets keep unit spacing and far ones stretch (BEiT's scheme, which timm uses for Swin), so a
+    table trained for a small window keeps its fine detail where attention is strongest."""
+    n, target = src // 2, dst // 2
+    lo, hi = 1.01, 1.5
+    while hi - lo > 1e-6:  # bisect the ratio q of 1 + q + ... + q^(n-1) = target
+        q = (lo + hi) / 2
+        if (1 - q**n) / (1 - q) > target:
+            hi = q
+        else:
+            lo = q
+    dist = torch.tensor([sum(q**j for j in range(i + 1)) for i in range(n)], dtype=torch.float64)
+    return torch.cat([-dist.flip(0), torch.zeros(1, dtype=torch.float64), dist])
+
+
+def _linear_weights(src_pos: Tensor, dst_pos: Tensor) -> Tensor:
+    """(D, S) matrix of linear interpolation from points src_pos to dst_pos, clamped at the ends."""
+    x = dst_pos.clamp(src_pos[0], src_pos[-1])
+    right = torch.searchsorted(src_pos, x).clamp(1, len(src_pos) - 1)
+    left = right - 1
+    t = (x - src_pos[left]) / (src_pos[right] - src_pos[left])
+    w = torch.zeros(len(dst_pos), len(src_pos), dtype=torch.float64)
+    w[torch.arange(len(dst_pos)), left] = 1 - t
+    w[torch.arange(len(dst_pos)), right] += t
+    return w
+
+
+def resize_rel_pos_table(table: Tensor, new_window: tuple[int, int]) -> Tensor:
+    """Resize a Swin relative-position bias table ((2W-1)², heads) to ``new_window``.
+
+    The source window is taken as square unless the table size rules that out, as in timm's loader,
+    and the result matches timm's resized load."""
+    L, heads = table.shape
+    dst = (2 * new_window[0] - 1, 2 * new_window[1] - 1)
+    side = math.isqrt(L)
+    if side * side == L:
+        src = (side, side)
+    elif L == dst[0] * dst[1]:
+        src = dst
+    else:
+        raise ValueError(f"cannot tell the window of a relative-position table with {L} rows")
+    if src == dst:
+        return table
+    wy = _linear_weights(_geometric_positions(src[0], dst[0]),
+                         torch.arange(-(dst[0] // 2), dst[0] // 2 + 1, dtype=torch.float64))
+    wx = _linear_weights(_geometric_positions(src[1], dst[1]),
+                         torch.arange(-(dst[1] // 2), dst[1] // 2 + 1, dtype=torch.float64))
+    grid = table.double().T.reshape(heads, *src)  # (heads, src_h, src_w)
+    out = wy @ grid @ wx.T  # (heads, dst_h, dst_w); bilinear is separable
+    return out.reshape(heads, -1).T.to(table.dtype).contiguous()
+
+
+def adapt_input_conv(weight: Tensor, in_chans: int) -> Tensor:
+    """A first conv (out, 3, k, k) for ``in_chans`` inputs: summed for 1, tiled and rescaled for more."""
+    dtype, w = weight.dtype, weight.float()
+    c = w.shape[1]
+    if in_chans == 1:
+        w = w.sum(dim=1, keepdim=True)
+    else:
+        w = w.repeat(1, math.ceil(in_chans / c), 1, 1)[:, :in_chans] * (c / in_chans)
+    return w.to(dtype)
+
+
+def _head_keys(model: nn.Module) -> set[str]:
+    """The classifier's parameter names: ``head.*`` (ViT) or ``head.fc.*`` (Swin)."""
+    return {k for k in model.state_dict() if k.startswith("head.")}
+
+
+def adapt(sd: dict[str, Tensor], model: nn.Module) -> tuple[dict[str, Tensor], list[str]]:
+    """Make ``sd`` fit ``model`` where a known change of resolution, window, input channels or classes
+    explains a shape difference; returns the new state dict and one note per change made."""
+    target = model.state_dict()
+    sd, notes = dict(sd), []
+    cfg = getattr(model, "cfg", None)
+    heads = _head_keys(model)
+    for k, v in list(sd.items()):
+        want = target.get(k)
+        if want is None and k.startswith("head.") and not heads:
+            del sd[k]
+            notes.append(f"{k}: dropped, the model has no classifier (num_classes=0)")
+            continue
+        if want is None or tuple(v.shape) == tuple(want.shape):
+            continue
+        if k == "pos_embed" and v.dim() == 3 and v.shape[-1] == want.shape[-1]:
+            prefix = 0 if cfg.no_embed_class else model.num_prefix_tokens
+            sd[k] = resample_abs_pos_embed(v, cfg.grid_size, num_prefix_tokens=prefix)
+            old = math.isqrt(v.shape[1] - prefix)
+            notes.append(f"pos_embed: resampled (bicubic) from a {old}x{old} to a "
+                         f"{cfg.grid_size[0]}x{cfg.grid_size[1]} patch grid, {prefix} prefix token(s) kept")
+        elif k.endswith("relative_position_bias_table") and v.shape[-1] == want.shape[-1]:
+            window = model.get_submodule(k.rsplit(".", 1)[0]).rel_pos_window
+            sd[k] = resize_rel_pos_table(v, window)
+            notes.append(f"{k}: relative-position table resized from {tuple(v.shape)} to window {tuple(window)}")
+        elif k == "patch_embed.proj.weight" and v.shape[0] == want.shape[0] and v.shape[2:] == want.shape[2:]:
+            sd[k] = adapt_input_conv(v, want.shape[1])
+            notes.append(f"{k}: adapted from {v.shape[1]} to {want.shape[1]} input channels")
+        elif k in heads:
+            del sd[k]
+            notes.append(f"{k}: new classifier {tuple(want.shape)} (checkpoint has {tuple(v.shape)}), "
+                         "initialised fresh")
+    return sd, notes

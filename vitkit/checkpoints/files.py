@@ -1,0 +1,110 @@
+"""Reading and writing weight files safely: no pickle ever runs code, and no write is ever torn."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import pickle
+import re
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+# Plain-data classes found in training checkpoints that ``weights_only`` refuses by default; rebuilding
+# them sets attributes and nothing else (timm and DeiT save their argparse Namespace as ``args``).
+SAFE_GLOBALS = [argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath]
+
+# Weight files looked for in a folder, in order of preference (safetensors first).
+WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.pt", "model.bin")
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+
+
+class CheckpointError(ValueError):
+    """A path that does not hold a readable checkpoint (missing, truncated, corrupt or of unknown layout)."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A pickle that would import and call arbitrary objects; it was refused before anything ran."""
+
+
+def resolve(path: str | os.PathLike) -> tuple[Path, dict | None]:
+    """The weight file behind ``path`` and the ``config.json`` beside it (for a folder), if any."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    if path.is_file():
+        return path, None
+    config = None
+    if (path / "config.json").is_file():
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{path / 'config.json'} is not valid JSON: {e}") from None
+    for name in WEIGHT_NAMES:
+        if (path / name).is_file():
+            return path / name, config
+    found = sorted(p.name for p in path.iterdir() if p.suffix in WEIGHT_SUFFIXES)
+    if len(found) == 1:
+        return path / found[0], config
+    raise CheckpointError(f"folder {str(path)!r} holds no single weight file: expected one of {list(WEIGHT_NAMES)}"
+                          f"{f', found several: {found}' if found else ', found none'}")
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """Load a ``.safetensors`` file or a ``torch.save`` file of tensors and plain containers, on CPU.
+
+    Pickles go through ``torch.load(weights_only=True)``: a file that would import anything other than
+    tensors, containers and :data:`SAFE_GLOBALS` is refused, and its code never runs."""
+    if path.suffix == ".safetensors":
+        try:
+            return load_file(path, device="cpu")
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {e}") from None
+    try:
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL:? ?([\w.]+)", str(e))
+        if found:
+            raise UnsafeCheckpointError(
+                f"refused to load {path}: its pickle asks to import and call {found.group(1)}, which can run "
+                "arbitrary code; nothing from it was executed. If you trust the file, convert it to .safetensors "
+                "where you trust it, or allow that one class with torch.serialization.add_safe_globals."
+            ) from None
+        raise CheckpointError(f"{path} is not a readable checkpoint (corrupt pickle: "
+                              f"{str(e).strip().splitlines()[-1]})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError, KeyError) as e:
+        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path} holds a {type(obj).__name__}, expected a dict of tensors (a state_dict)")
+    return obj
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call ``write(tmp_path)`` and rename the result over ``path``; a crash leaves the old file intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_safetensors(state_dict: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def write_json(obj: dict, path: Path) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2) + "\n"))

@@ -1,0 +1,204 @@
+"""Loading any supported checkpoint into a vitkit model with a report, and exporting one timm can read."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+
+from .adapt import adapt
+from .files import CheckpointError, read_file, resolve, write_json, write_safetensors
+from .formats import to_vitkit, unwrap
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointMismatchError(CheckpointError):
+    """Under ``strict=True``, the checkpoint's keys or shapes do not fit the model (the message lists all)."""
+
+
+@dataclass
+class Checkpoint:
+    """A state dict in vitkit's names, and what the file says about the model that wrote it."""
+
+    path: Path
+    format: str  # vitkit, lightning, timm, torchvision-vit, transformers-swin, official-swin, ...
+    state_dict: dict[str, Tensor]
+    model_name: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)  # config fields the file records
+    class_names: list[str] | None = None
+
+    @property
+    def num_classes(self) -> int | None:
+        for k in ("head.weight", "head.fc.weight"):
+            if k in self.state_dict:
+                return self.state_dict[k].shape[0]
+        return None
+
+
+@dataclass
+class LoadReport:
+    """What a load did: the format read, the adaptations made, and every key that did not fit."""
+
+    path: Path
+    format: str
+    model: str
+    adapted: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def __str__(self) -> str:
+        def listing(title: str, items: list[str]) -> list[str]:
+            more = [f"    ... and {len(items) - 20} more"] if len(items) > 20 else []
+            return [f"  {title} ({len(items)}):"] + [f"    {i}" for i in items[:20]] + more if items else []
+
+        lines = [f"checkpoint {self.path} (format: {self.format}) -> {self.model}"]
+        lines += listing("adapted", self.adapted)
+        lines += listing("missing from the checkpoint", self.missing)
+        lines += listing("unexpected in the checkpoint", self.unexpected)
+        lines += listing("shape mismatches", [f"{k}: checkpoint {tuple(c)} vs model {tuple(m)}"
+                                              for k, c, m in self.mismatched])
+        if self.ok:
+            lines.append("  every model tensor was loaded" + (" (some adapted)" if self.adapted else ""))
+        return "\n".join(lines)
+
+
+def _from_transformers(config: dict) -> tuple[str, dict]:
+    """A vitkit preset and overrides equal to a transformers ViT / Swin config.json."""
+    kind = config.get("model_type")
+    if config.get("hidden_act", "gelu") != "gelu":
+        raise CheckpointError(f"transformers config has hidden_act={config['hidden_act']!r}; vitkit's MLP is GELU")
+    common = dict(img_size=config["image_size"], patch_size=config["patch_size"], in_chans=config["num_channels"],
+                  qkv_bias=config.get("qkv_bias", True), norm_eps=config["layer_norm_eps"])
+    if kind == "vit":
+        return "vit_base_patch16_224", dict(
+            common, embed_dim=config["hidden_size"], depth=config["num_hidden_layers"],
+            num_heads=config["num_attention_heads"], mlp_ratio=config["intermediate_size"] / config["hidden_size"])
+    if kind == "swin":
+        if config.get("use_absolute_embeddings"):
+            raise CheckpointError("transformers Swin with use_absolute_embeddings=True has no vitkit equivalent")
+        return "swin_tiny_patch4_window7_224", dict(
+            common, embed_dim=config["embed_dim"], depths=tuple(config["depths"]),
+            num_heads=tuple(config["num_heads"]), window_size=config["window_size"], mlp_ratio=config["mlp_ratio"])
+    raise CheckpointError(f"config.json has model_type={kind!r}; vitkit reads 'vit' and 'swin'")
+
+
+def _describe(config: dict | None, ckpt: dict) -> tuple[str | None, dict, list[str] | None]:
+    """(preset name, config overrides, class names) recorded beside or inside the weights, if any."""
+    if "pytorch-lightning_version" in ckpt and "hyper_parameters" in ckpt:
+        hp = ckpt["hyper_parameters"]
+        overrides = dict(hp.get("model_overrides") or {})
+        overrides.update({k: hp[k] for k in ("num_classes", "img_size") if hp.get(k) is not None})
+        return hp.get("model_name"), overrides, hp.get("class_names")
+    if not config:
+        return None, {}, None
+    if "vitkit" in config:
+        return config["architecture"], dict(config["vitkit"]["config"]), config.get("label_names")
+    if "architecture" in config:  # timm's save_for_hf / push_to_hub
+        overrides = dict(config.get("model_args") or {})  # timm's kwargs; create_model keeps the config fields
+        pcfg = config.get("pretrained_cfg", {})
+        overrides.update({k: pcfg[k] for k in ("mean", "std", "crop_pct", "interpolation") if k in pcfg})
+        overrides["num_classes"] = config.get("num_classes", pcfg.get("num_classes", 1000))
+        return config["architecture"], overrides, config.get("label_names")
+    if "model_type" in config:  # transformers' save_pretrained
+        name, overrides = _from_transformers(config)
+        labels = config.get("id2label")
+        names = [labels[str(i)] if str(i) in labels else labels[i] for i in range(len(labels))] if labels else None
+        return name, overrides, names
+    return None, {}, None
+
+
+def read_checkpoint(path: str | os.PathLike, use_ema: bool = False) -> Checkpoint:
+    """Read a file or folder of any supported format into vitkit's names (nothing is loaded into a model).
+
+    ``use_ema`` takes the EMA weights of a training checkpoint (timm's ``state_dict_ema``, vitkit's EMA)."""
+    weights, config = resolve(path)
+    raw = read_file(weights)
+    name, overrides, class_names = _describe(config, raw)
+    if "pytorch-lightning_version" in raw:
+        prefix = "ema.module." if use_ema else "model."
+        sd = {k[len(prefix):]: v for k, v in raw.get("state_dict", {}).items() if k.startswith(prefix)}
+        if not sd:
+            raise CheckpointError(f"{weights}: a Lightning checkpoint without {prefix}* weights"
+                                  + (" (was it trained with ema_decay?)" if use_ema else ""))
+        fmt = "lightning"
+    else:
+        sd, _ = unwrap(raw, use_ema)
+        sd = {k: v for k, v in sd.items() if isinstance(v, Tensor)}
+        if not sd:
+            raise CheckpointError(f"{weights} holds no tensors; its top-level keys are {sorted(raw)[:12]}")
+        sd, fmt = to_vitkit(sd)
+        if config and "vitkit" in config:
+            fmt = "vitkit"
+    return Checkpoint(Path(path), fmt, sd, name, overrides, class_names)
+
+
+def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint, strict: bool = True,
+                    use_ema: bool = False) -> LoadReport:
+    """Load weights of any supported format into ``model`` and return what happened.
+
+    Position embeddings, relative-position tables, the first conv and the classifier are adapted when
+    the model's resolution, window, input channels or class count differ (the report lists each). Any
+    other difference raises :class:`CheckpointMismatchError` under ``strict``; otherwise what fits is
+    loaded and the rest is reported."""
+    ck = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint, use_ema)
+    sd, adapted = adapt(ck.state_dict, model)
+    target = model.state_dict()
+    fresh = {k for k in ck.state_dict if k in target and k not in sd}  # classifier re-initialised by adapt
+    report = LoadReport(ck.path, ck.format, getattr(model, "name", type(model).__name__), adapted,
+                        missing=[k for k in target if k not in sd and k not in fresh],
+                        unexpected=[k for k in sd if k not in target],
+                        mismatched=[(k, tuple(v.shape), tuple(target[k].shape)) for k, v in sd.items()
+                                    if k in target and v.shape != target[k].shape])
+    if strict and not report.ok:
+        raise CheckpointMismatchError(f"the checkpoint does not fit the model (strict=True):\n{report}")
+    bad = {k for k, _, _ in report.mismatched}
+    model.load_state_dict({k: v for k, v in sd.items() if k in target and k not in bad}, strict=False)
+    log.info("%s", report)
+    return report
+
+
+def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names: list[str] | None = None) -> Path:
+    """Write ``model.safetensors`` + ``config.json`` to a folder that vitkit and timm both load.
+
+    config.json has timm's layout (architecture, num_classes, pretrained_cfg) plus a ``vitkit`` section
+    with the full config, so ``vitkit.create_model(checkpoint=DIR)`` rebuilds the exact model."""
+    name = getattr(model, "name", None)
+    if name is None:
+        raise ValueError("save_pretrained needs a model made by vitkit.create_model (it records the preset name)")
+    directory = Path(directory)
+    cfg = dataclasses.asdict(model.cfg)
+    from ..models import get_config  # a preset's defaults, to record only what differs for timm
+
+    preset = dataclasses.asdict(get_config(name))
+    model_args = {k: cfg[k] for k in ("img_size", "in_chans", "window_size", "global_pool")
+                  if k in cfg and cfg[k] != preset[k]}
+    in_size = cfg["img_size"] if isinstance(cfg["img_size"], (list, tuple)) else [cfg["img_size"]] * 2
+    config = {
+        "architecture": name,
+        "num_classes": cfg["num_classes"],
+        "num_features": model.num_features,
+        "model_args": {"num_classes": cfg["num_classes"], **model_args},
+        "pretrained_cfg": {
+            "input_size": [cfg["in_chans"], *in_size], "mean": cfg["mean"], "std": cfg["std"],
+            "crop_pct": cfg["crop_pct"], "interpolation": cfg["interpolation"], "num_classes": cfg["num_classes"],
+            "first_conv": "patch_embed.proj", "classifier": "head.fc" if hasattr(model.head, "fc") else "head",
+            "custom_load": False,
+        },
+        "vitkit": {"config": cfg},
+    }
+    if class_names:
+        config["label_names"] = list(class_names)
+    write_safetensors(model.state_dict(), directory / "model.safetensors", metadata={"format": "pt"})
+    write_json(config, directory / "config.json")
+    return directory
