@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast bench lint
+.PHONY: demo demo-ocr test test-fast bench lint
 
 .venv: pyproject.toml
 	python3 -m venv .venv
@@ -12,6 +12,10 @@ PYTEST_ARGS ?=
 
 demo: .venv
 	$(PY) -m vitkit.demo
+
+# Image-to-text on composed digit strings (about 8 minutes on 2 CPU cores).
+demo-ocr: .venv
+	$(PY) -m vitkit.demo ocr
 
 # The whole suite, heavier parity tests (marked `slow`) included.
 test: .venv

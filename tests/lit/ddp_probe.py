@@ -1,8 +1,11 @@
-"""Callbacks for the training tests: per-rank sample records (DDP) and an interrupted run (resume)."""
+"""Callbacks for the training tests: per-rank sample records (DDP), interrupted, killed, failing and
+poisoned runs."""
 
 import hashlib
 import os
+import signal
 
+import torch
 from lightning.pytorch.callbacks import Callback
 
 
@@ -27,3 +30,52 @@ class StopAfterEpoch(Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         if trainer.current_epoch + 1 >= self.epoch:
             trainer.should_stop = True
+
+
+class KillAt(Callback):
+    """SIGKILLs its own process at a batch in mid-epoch, like the OOM killer or a lost node."""
+
+    def __init__(self, epoch: int, batch: int) -> None:
+        self.epoch, self.batch = epoch, batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.current_epoch == self.epoch and batch_idx == self.batch:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RaiseOnRank(Callback):
+    """One DDP rank fails at a given step while the others carry on into the next collective."""
+
+    def __init__(self, rank: int, step: int) -> None:
+        self.rank, self.step = rank, step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            raise RuntimeError(f"rank {self.rank} fails on purpose at step {self.step}")
+
+
+class PoisonWeights(Callback):
+    """Writes NaN into the classifier at a given step, so every later loss is NaN."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                pl_module.model.head.weight.fill_(float("nan"))
+
+
+class NanLogitsOnce(Callback):
+    """The model returns NaN logits for one training step only (a transient overflow)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            forward = pl_module.model.forward
+            pl_module.model.forward = lambda x: forward(x) * float("nan")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        pl_module.model.__dict__.pop("forward", None)  # back to the class's forward

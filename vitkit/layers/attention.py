@@ -293,6 +293,8 @@ class Attention(nn.Module):
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         attn = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+        if mask is not None:  # a query with every key masked attends to nothing (zeros), as sdpa does
+            attn = attn.nan_to_num(0.0)
         return self.attn_drop(attn) @ v, attn
 
     def _flex(self, q, k, v, bias, attn_mask, key_padding_mask, is_causal, B, G) -> Tensor:

@@ -1,13 +1,20 @@
-"""Checkpointing that never loses work: last.ckpt always current, every file written atomically."""
+"""Callbacks: checkpointing that never loses work (last.ckpt always current, atomic writes), and the
+training-curves picture drawn at the end of fit."""
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 from weakref import proxy
 
 import lightning as L
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.trainer.states import TrainerFn
+
+log = logging.getLogger(__name__)
 
 
 class ModelCheckpoint(_LightningModelCheckpoint):
@@ -52,3 +59,20 @@ class ModelCheckpoint(_LightningModelCheckpoint):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
+
+
+class TrainingCurves(Callback):
+    """At the end of ``fit``, draws loss, accuracy and learning rate from the CSV log into
+    ``curves.png`` beside ``metrics.csv`` (rank 0 only; nothing without a CSVLogger)."""
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero or trainer.fast_dev_run:
+            return
+        from vitkit.plots import training_curves
+
+        for logger in trainer.loggers:
+            if isinstance(logger, CSVLogger):
+                logger.save()  # flush rows still buffered
+                metrics = Path(logger.log_dir) / "metrics.csv"
+                if metrics.exists():
+                    log.info("training curves: %s", training_curves(metrics))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+import logging
 import random
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
@@ -17,6 +18,8 @@ from torchmetrics.classification import MulticlassAccuracy
 import vitkit
 
 from .optim import build_adamw, scaled_lambda, warmup_cosine
+
+log = logging.getLogger(__name__)
 
 
 class EMA(nn.Module):
@@ -63,6 +66,9 @@ class ImageClassifier(L.LightningModule):
         label_smoothing, mixup, cutmix, mixup_prob, mixup_switch_prob: timm's Mixup / soft-target CE.
         ema_decay: keep an EMA of the weights, validated alongside (``val/top1_ema``); None disables.
         freeze_backbone: train only the head (linear probe).
+        nonfinite_loss: what a NaN/Inf training loss does: ``stop`` ends the run with an error (the last
+            good checkpoint stays as it was), ``skip`` drops that step on every rank and goes on (and
+            still stops after 10 bad steps in a row).
         checkpoint: pretrained weights to start from (a file or folder of any format vitkit reads, see
             ``vitkit.checkpoints``); positions / windows are resampled to ``img_size`` and a new head is
             made for ``num_classes``. Read when the module is built; resuming with ``--ckpt_path`` then
@@ -91,6 +97,7 @@ class ImageClassifier(L.LightningModule):
         ema_decay: float | None = None,
         freeze_backbone: bool = False,
         checkpoint: str | None = None,
+        nonfinite_loss: Literal["stop", "skip"] = "stop",
         compile: bool = False,
     ) -> None:
         super().__init__()
@@ -117,29 +124,60 @@ class ImageClassifier(L.LightningModule):
             for split in ("val", "val_ema", "test") for k, t in (("top1", 1), ("top5", k5))
         })
         self._compiled = torch.compile(self.model) if compile else None
+        if nonfinite_loss not in ("stop", "skip"):
+            raise ValueError(f"nonfinite_loss must be 'stop' or 'skip', got {nonfinite_loss!r}")
+        self.bad_steps = 0  # consecutive steps skipped for a non-finite loss
 
     def forward(self, x: Tensor) -> Tensor:
         return (self._compiled or self.model)(x)
 
     # -- steps -------------------------------------------------------------------------------------
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor, Tensor] | None, batch_idx: int) -> Tensor | None:
+        if batch is None:  # every file of the batch was unreadable (counted by the data module)
+            return None
         x, y = batch
         if self.mixup is not None:
             x, soft = self.mixup(x, y)  # soft targets already carry the label smoothing
             loss = torch.sum(-soft * F.log_softmax(self(x).float(), dim=-1), dim=-1).mean()
         else:
             loss = F.cross_entropy(self(x).float(), y, label_smoothing=self.hparams.label_smoothing)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite training loss {loss.item()} at step {self.global_step}")
+        bad = not bool(torch.isfinite(loss))
+        if self.hparams.nonfinite_loss == "skip":
+            bad = self.trainer.strategy.reduce_boolean_decision(bad, all=False)  # one rank bad: all skip
+        if bad:
+            self.bad_steps += 1
+            if self.hparams.nonfinite_loss == "stop" or self.bad_steps > 10:
+                raise FloatingPointError(
+                    f"non-finite training loss ({loss.item()}) at global step {self.global_step}"
+                    f"{f', {self.bad_steps} steps in a row' if self.bad_steps > 1 else ''}; the run stops here "
+                    "and the last checkpoint written before this step is left as it was. Lower the lr, check "
+                    "the data, or set model.nonfinite_loss=skip to drop such steps.")
+            log.warning("skipping step %d: non-finite training loss %s", self.global_step, loss.item())
+            self.log("train/skipped_steps", float(self.bad_steps), on_step=True)
+            return None
+        self.bad_steps = 0
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=x.shape[0])
         return loss
+
+    def on_train_epoch_end(self) -> None:
+        self._report_skipped("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self._report_skipped("val")
+
+    def _report_skipped(self, split: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        if hasattr(dm, "report_skipped"):
+            self.log(f"{split}/skipped_files", float(dm.report_skipped(split)))
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.ema is not None:
             self.ema.update(self.model)
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor], split: str) -> None:
+    def _evaluate(self, batch: tuple[Tensor, Tensor] | None, split: str) -> None:
+        if batch is None:
+            return
         x, y = batch
         logits = self(x)
         self.log(f"{split}/loss", F.cross_entropy(logits.float(), y), prog_bar=split == "val", sync_dist=True,

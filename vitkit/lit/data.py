@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +18,8 @@ from vitkit.models.config import IMAGENET
 from vitkit.transforms import eval_transform, train_transform
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+log = logging.getLogger(__name__)
 
 
 def _data_cfg(model_name: str | None, img_size: int, **given) -> SimpleNamespace:
@@ -160,9 +163,63 @@ class ImageFolderDataModule(_TrainValLoaders):
                                   interpolation=interpolation)
 
     def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        self.train_set = SkippingImageFolder(str(self.root / hp.train_dir), transform=train_transform(
+            self.data_cfg, auto_augment=hp.auto_augment, re_prob=hp.re_prob, scale=tuple(hp.scale), hflip=hp.hflip))
+        self.val_set = SkippingImageFolder(str(self.root / hp.val_dir), transform=eval_transform(self.data_cfg))
+        self.skipped = {"train": 0, "val": 0}
+        self.seen = {"train": 0, "val": 0}
+
+    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
+        loader = super()._loader(ds, train)
+        loader.collate_fn = collate_skipping
+        return loader
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """Count the files a batch had to skip; a batch with none left becomes None (the step is skipped)."""
+        x, y, skipped = batch
+        split = "train" if self.trainer is not None and self.trainer.training else "val"
+        self.skipped[split] += int(skipped)
+        self.seen[split] += 0 if x is None else len(x)
+        return None if x is None else (x, y)
+
+    def report_skipped(self, split: str) -> int:
+        """Log (once per epoch) how many unreadable files were skipped; raise if nothing was readable."""
+        skipped, seen = self.skipped[split], self.seen[split]
+        self.skipped[split] = self.seen[split] = 0
+        if skipped and not seen:
+            raise RuntimeError(f"no usable images in {self.root / getattr(self.hparams, split + '_dir')}: "
+                               f"all {skipped} files read this epoch were unreadable (corrupt or not images)")
+        if skipped:
+            log.warning("%s: skipped %d unreadable image file(s) this epoch (%d used); set logging to DEBUG "
+                        "for their paths", split, skipped, seen)
+        return skipped
+
+
+class SkippingImageFolder(Dataset):
+    """torchvision's ImageFolder, except that a file that cannot be decoded yields None instead of
+    raising, so one corrupt or truncated JPEG (or a non-image with an image extension) cannot end a run."""
+
+    def __init__(self, root: str, transform) -> None:
         from torchvision.datasets import ImageFolder
 
-        hp = self.hparams
-        self.train_set = ImageFolder(str(self.root / hp.train_dir), transform=train_transform(
-            self.data_cfg, auto_augment=hp.auto_augment, re_prob=hp.re_prob, scale=tuple(hp.scale), hflip=hp.hflip))
-        self.val_set = ImageFolder(str(self.root / hp.val_dir), transform=eval_transform(self.data_cfg))
+        self.folder = ImageFolder(root, transform=transform)
+        self.classes, self.samples = self.folder.classes, self.folder.samples
+
+    def __len__(self) -> int:
+        return len(self.folder)
+
+    def __getitem__(self, i: int):
+        try:
+            return self.folder[i]
+        except (OSError, SyntaxError, ValueError) as e:  # PIL: UnidentifiedImageError, truncated data
+            log.debug("skipping unreadable image %s: %s", self.samples[i][0], e)
+            return None
+
+
+def collate_skipping(items: list) -> tuple[Tensor | None, Tensor | None, int]:
+    """Stack the readable samples; also return how many were skipped (images None if all were)."""
+    good = [it for it in items if it is not None]
+    if not good:
+        return None, None, len(items)
+    return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good]), len(items) - len(good)

@@ -41,6 +41,10 @@ def check_image(x: Tensor, in_chans: int, size: tuple[int, int] | None, model: s
     if x.shape[1] != in_chans:
         raise ValueError(f"{model} expects {in_chans} input channels {expected}, got {x.shape[1]} "
                          f"channels in shape {tuple(x.shape)}")
+    if not (x.is_meta or torch.compiler.is_compiling()) and not bool(torch.isfinite(x).all()):  # one pass
+        nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+        raise ValueError(f"{model} got non-finite input: {nan} NaN and {inf} Inf value(s) in a batch of shape "
+                         f"{tuple(x.shape)}; expected finite, normalised pixel values")
     if size is not None and tuple(x.shape[-2:]) != tuple(size):
         raise ValueError(f"{model} expects images of shape {expected}, got {tuple(x.shape)}; "
                          f"create the model with img_size={tuple(x.shape[-2:])} to change it")

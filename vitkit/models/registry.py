@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import nn
 
+from .seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
 from .vit import VIT_PRESETS, VisionTransformer, ViTConfig
 
@@ -16,7 +17,17 @@ from .vit import VIT_PRESETS, VisionTransformer, ViTConfig
 FAMILIES: dict[str, tuple[type, type[nn.Module], dict[str, dict]]] = {
     "vit": (ViTConfig, VisionTransformer, VIT_PRESETS),
     "swin": (SwinConfig, SwinTransformer, SWIN_PRESETS),
+    "seq2seq": (Seq2SeqConfig, Seq2SeqTransformer, SEQ2SEQ_PRESETS),
 }
+
+
+def family(name: str) -> str:
+    """'vit', 'swin' or 'seq2seq' for a preset name."""
+    for fam, (_, _, presets) in FAMILIES.items():
+        if name in presets:
+            return fam
+    _find(name)  # raises the readable unknown-model error
+    raise AssertionError
 
 
 def _find(name: str) -> tuple[type, type[nn.Module], dict]:

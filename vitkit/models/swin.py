@@ -181,7 +181,7 @@ class SwinTransformer(nn.Module):
 
     @torch.no_grad()
     def attention_maps(self, x: Tensor, stage: int = 0, block: int = 0) -> tuple[Tensor, WindowPlan]:
-        """Per-window attention probabilities (B, nW·heads, N, N) of one block, from the `math` path."""
+        """Per-window attention probabilities (B·nW, heads, N, N) of one block, from the `math` path."""
         check_image(x, self.cfg.in_chans, None, type(self).__name__)
         x = self.patch_embed(x)
         for i, st in enumerate(self.layers):

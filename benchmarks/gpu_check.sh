@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One command for a machine with one CUDA GPU (about 5 minutes); CI never runs it.
+#   bash benchmarks/gpu_check.sh            # results in benchmarks/results/gpu_*
+# 1. backends agree in bf16, which SDPA kernel ran, flex compiled (gpu_check.py)
+# 2. ViT-B/16 and Swin-T train + infer img/s and MFU in bf16 autocast, beside timm eager and compiled
+# 3. decoding tokens/s with and without the KV cache
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python}
+OUT=benchmarks/results
+$PY benchmarks/gpu_check.py | tee $OUT/gpu_check.txt
+for model in vit_base_patch16_224 swin_tiny_patch4_window7_224; do
+  short=${model%%_patch*}
+  $PY benchmarks/throughput.py --models $model --peers timm --mode both --batch-sizes 128 --precision amp_bf16 \
+      --device cuda --rounds 3 --iters 10 --warmup 5 --out $OUT/gpu_${short}_eager.csv
+  $PY benchmarks/throughput.py --models $model --peers timm --mode both --batch-sizes 128 --precision amp_bf16 \
+      --device cuda --rounds 3 --iters 10 --warmup 5 --compile --out $OUT/gpu_${short}_compiled.csv
+done
+$PY benchmarks/decode.py --model transformer_base --batch-size 32 --new-tokens 128 --device cuda \
+    --out $OUT/gpu_transformer_base_decode.csv
+cat $OUT/gpu_*_eager.md $OUT/gpu_*_compiled.md $OUT/gpu_transformer_base_decode.md

@@ -1,0 +1,179 @@
+"""Faults during training: unreadable images are skipped and counted, a NaN loss stops or skips as
+configured, a SIGKILLed run resumes to the same end, a failing DDP rank ends the job, and config
+mistakes are named before any work starts."""
+
+import logging
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.lit.cli import cli_main
+
+from .conftest import ROOT, TINY_VIT, run_in_repo
+
+
+def _cpu(tmp_path: Path) -> list[str]:
+    return ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
+            "--trainer.precision", "32-true", "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), "--trainer.logger.save_dir", str(tmp_path)]
+
+
+def _folder_fit(root: Path, tmp_path: Path, *extra: str):
+    return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                     "--model.model_overrides", TINY_VIT, "--trainer.max_epochs", "1",
+                     "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(root), "--data.img_size", "32",
+                     "--data.batch_size", "4", "--data.num_workers", "0", *extra])
+
+
+def test_unreadable_images_are_skipped_counted_and_logged(image_folder, tmp_path, caplog):
+    root = tmp_path / "data"
+    shutil.copytree(image_folder, root)
+    good = next((root / "train/class_0").glob("*.png"))
+    (root / "train/class_0/truncated.png").write_bytes(good.read_bytes()[:60])
+    (root / "train/class_1/notes.jpg").write_text("not an image")
+    (root / "train/class_2/noise.png").write_bytes(bytes(range(256)) * 4)
+    (root / "val/class_1/empty.jpg").write_bytes(b"")
+    with caplog.at_level(logging.WARNING):
+        cli = _folder_fit(root, tmp_path)
+    assert cli.trainer.current_epoch == 1  # the epoch finished
+    assert cli.trainer.callback_metrics["train/skipped_files"] == 3
+    assert cli.trainer.callback_metrics["val/skipped_files"] == 1
+    assert "train: skipped 3 unreadable image file(s) this epoch (17 used)" in caplog.text  # 21 files, drop_last: 20
+
+
+def test_a_split_with_no_readable_image_is_an_error(image_folder, tmp_path):
+    root = tmp_path / "data"
+    shutil.copytree(image_folder, root)
+    for f in (root / "train").rglob("*.*"):
+        f.write_bytes(b"broken")
+    with pytest.raises(RuntimeError, match=r"no usable images in .*train: all \d+ files read this epoch"):
+        _folder_fit(root, tmp_path)
+
+
+def _digits_fit(tmp_path: Path, *extra: str):
+    return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                     "--model.model_overrides", TINY_VIT, "--trainer.limit_train_batches", "3",
+                     "--trainer.limit_val_batches", "1", "--trainer.max_epochs", "3", *extra])
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "lit"))
+    with pytest.raises(FloatingPointError, match=r"non-finite training loss \(nan\) at global step 4.*left as it was"):
+        _digits_fit(tmp_path, "--trainer.callbacks+=ddp_probe.PoisonWeights", "--trainer.callbacks.step", "4")
+    ckpt = torch.load(tmp_path / "ckpt/last.ckpt", weights_only=True)
+    assert ckpt["global_step"] == 3  # written at the end of epoch 0, before the poison
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+
+
+def test_nan_loss_skip_policy_drops_one_bad_step_and_finishes(tmp_path, caplog):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "lit"))
+    with caplog.at_level(logging.WARNING):
+        cli = _digits_fit(tmp_path, "--model.nonfinite_loss", "skip",
+                          "--trainer.callbacks+=ddp_probe.NanLogitsOnce", "--trainer.callbacks.step", "4")
+    assert "skipping step 4: non-finite training loss nan" in caplog.text
+    assert cli.trainer.global_step == 9 and cli.trainer.current_epoch == 3
+    assert all(torch.isfinite(p).all() for p in cli.model.parameters())
+
+
+def test_nan_loss_skip_policy_drops_steps_then_gives_up(tmp_path, caplog):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "lit"))
+    with caplog.at_level(logging.WARNING), pytest.raises(FloatingPointError, match="11 steps in a row"):
+        _digits_fit(tmp_path, "--model.nonfinite_loss", "skip", "--trainer.max_epochs", "6",
+                    "--trainer.callbacks+=ddp_probe.PoisonWeights", "--trainer.callbacks.step", "4")
+    # each skipped step leaves the weights alone (no gradients) while the step counter moves on
+    assert [f"skipping step {s}: non-finite training loss nan" in caplog.text for s in range(4, 14)] == [True] * 10
+    assert caplog.text.count("skipping step") == 10
+
+
+def test_sigkill_mid_epoch_then_resume_ends_like_an_uninterrupted_run(tmp_path):
+    def train(out: Path, *extra: str):
+        args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
+                "--model.model_overrides", TINY_VIT, "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "4",
+                "--trainer.limit_val_batches", "1", "--trainer.deterministic", "true",
+                "--trainer.callbacks.dirpath", str(out / "ckpt"), "--trainer.logger.save_dir", str(out), *extra]
+        return run_in_repo(args, env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=600)
+
+    full = train(tmp_path / "full")
+    assert full.returncode == 0, full.stderr[-2000:]
+    killed = train(tmp_path / "killed", "--trainer.callbacks+=ddp_probe.KillAt", "--trainer.callbacks.epoch", "1",
+                   "--trainer.callbacks.batch", "2")
+    assert killed.returncode == -9  # SIGKILL: no handler ran
+    assert not list((tmp_path / "killed/ckpt").glob("*.tmp"))
+    resumed = train(tmp_path / "killed", "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = torch.load(tmp_path / "full/ckpt/last.ckpt", weights_only=True)
+    b = torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=True)
+    assert (a["global_step"], a["epoch"]) == (b["global_step"], b["epoch"]) == (12, 2)
+    for k, v in a["state_dict"].items():
+        torch.testing.assert_close(b["state_dict"][k], v, atol=1e-5, rtol=1e-5, msg=k)
+
+
+def test_one_failing_ddp_rank_ends_the_whole_job(tmp_path):
+    args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
+            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_epochs", "1",
+            "--model.model_overrides", TINY_VIT, "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
+            "--trainer.logger.save_dir", str(tmp_path),
+            "--trainer.callbacks+=ddp_probe.RaiseOnRank", "--trainer.callbacks.rank", "1",
+            "--trainer.callbacks.step", "2"]
+    t = time.perf_counter()
+    out = run_in_repo(args, env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=300)
+    assert out.returncode != 0
+    assert "rank 1 fails on purpose at step 2" in out.stderr
+    assert time.perf_counter() - t < 240  # ended, not hung in the next all-reduce
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--trainer.max_epochz", "3"], "max_epochz"),
+    (["--trainer.max_epochs", "three"], "trainer.max_epochs"),
+    (["--model.lr", "fast"], "model.lr"),
+    (["--data.img_size", "[32"], "img_size"),
+])
+def test_config_mistakes_are_named_before_any_work(args, named, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path), *args])
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_unknown_key_in_a_yaml_file_is_named(tmp_path, capsys):
+    cfg = (ROOT / "configs/vit_tiny_digits.yaml").read_text().replace("  lr: 3.0e-3", "  lr: 3.0e-3\n  lr_peak: 1")
+    (tmp_path / "bad.yaml").write_text(cfg)
+    with pytest.raises(SystemExit):
+        cli_main(["fit", "--config", str(tmp_path / "bad.yaml"), *_cpu(tmp_path)])
+    assert "lr_peak" in capsys.readouterr().err
+
+
+def test_unknown_model_override_is_named_before_training(tmp_path):
+    with pytest.raises(TypeError, match=r"unknown config field\(s\) \['depht'\].*has \["):
+        cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                  "--model.model_overrides", '{"depht": 2}'])
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_image_folder_layout_errors_come_before_training(image_folder, tmp_path):
+    from vitkit.lit import ImageFolderDataModule
+
+    with pytest.raises(FileNotFoundError, match=r"'.*nowhere' does not exist or is not a folder; expected .*/train/"):
+        ImageFolderDataModule(str(tmp_path / "nowhere"))
+    root = tmp_path / "data"
+    shutil.copytree(image_folder, root)
+    shutil.rmtree(root / "val")
+    with pytest.raises(FileNotFoundError, match=r"missing '.*val': expected .*/val/<class>/<images>"):
+        ImageFolderDataModule(str(root))
+    shutil.copytree(image_folder / "val", root / "val")
+    (root / "train/class_3").mkdir()
+    (root / "train/class_3/readme.txt").write_text("no images here")
+    with pytest.raises(ValueError, match=r"class folder\(s\) without images in '.*train': \['class_3'\]"):
+        ImageFolderDataModule(str(root))
+    (root / "train/class_3/a.png").write_bytes((root / "train/class_0").glob("*.png").__next__().read_bytes())
+    with pytest.raises(ValueError, match=r"differ .*only in train: \['class_3'\]; only in val: \[\]"):
+        ImageFolderDataModule(str(root))

@@ -1,0 +1,82 @@
+"""Training the encoder-decoder: the reverse task is learned, TSV data and its tokenizer travel in the
+checkpoint, every seq2seq config runs, and bad TSV lines are named."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitkit.lit import Seq2SeqModule
+from vitkit.lit.cli import cli_main
+from vitkit.lit.text_data import Tokenizer, read_tsv
+
+from .conftest import ROOT
+
+TINY = ('{"d_model": 32, "num_encoder_layers": 1, "num_decoder_layers": 1, "num_heads": 2, "d_ff": 64, '
+        '"share_embeddings": true}')
+
+
+def _cpu(tmp_path: Path) -> list[str]:
+    return ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
+            "--trainer.precision", "32-true", "--trainer.default_root_dir", str(tmp_path),
+            "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), "--trainer.logger.save_dir", str(tmp_path)]
+
+
+def _tsv(tmp_path: Path) -> tuple[Path, Path]:
+    words = "the cat sat on a mat and dog ran to red blue".split()
+    g = torch.Generator().manual_seed(0)
+    for name, n in (("train", 64), ("val", 16)):
+        lines = []
+        for _ in range(n):
+            s = [words[i] for i in torch.randint(len(words), (int(torch.randint(2, 6, (1,), generator=g)),),
+                                                 generator=g)]
+            lines.append(f"{' '.join(s)}\t{' '.join(reversed(s))}")
+        (tmp_path / f"{name}.tsv").write_text("\n".join(lines) + "\n")
+    return tmp_path / "train.tsv", tmp_path / "val.tsv"
+
+
+def test_reverse_task_reaches_99_percent_exact_match(tmp_path):
+    cli = cli_main(["fit", "--config", str(ROOT / "configs/seq2seq_reverse.yaml"), *_cpu(tmp_path),
+                    "--data.num_train", "12000"])
+    m = cli.trainer.callback_metrics
+    assert m["val/exact_match"] >= 0.99, m
+    assert m["val/bleu"] >= 0.98 and m["val/token_acc"] >= 0.99
+    src = torch.tensor([cli.datamodule.src_tokenizer.encode("bcdjjaf")])
+    assert cli.model.translate(src, beam_size=4) == cli.model.translate(src) == ["fajjdcb"]
+
+
+def test_tsv_data_and_tokenizer_live_in_the_checkpoint(tmp_path):
+    train, val = _tsv(tmp_path)
+    cli = cli_main(["fit", "--config", str(ROOT / "configs/transformer_base_tsv.yaml"), *_cpu(tmp_path),
+                    "--model.model_overrides", TINY, "--data.train_path", str(train), "--data.val_path", str(val),
+                    "--data.batch_size", "16", "--data.num_workers", "0", "--trainer.max_steps", "3",
+                    "--trainer.val_check_interval", "3", "--model.val_beam_size", "2"])
+    assert cli.model.model.cfg.share_embeddings and cli.model.model.cfg.src_vocab_size == 4 + 12
+    model = Seq2SeqModule.load_from_checkpoint(tmp_path / "ckpt" / "last.ckpt")  # no data module needed
+    assert model.tgt_tokenizer.vocab == cli.datamodule.tgt_tokenizer.vocab
+    src = torch.tensor([cli.datamodule.src_tokenizer.encode("the cat sat")])
+    out = model.translate(src, max_len=6)
+    assert isinstance(out[0], str) and all(w in model.tgt_tokenizer.vocab for w in out[0].split())
+
+
+@pytest.mark.parametrize("name", ["ocr_digits", "seq2seq_reverse"])
+def test_fast_dev_run_seq2seq_configs(name, tmp_path):
+    cli = cli_main(["fit", "--config", str(ROOT / f"configs/{name}.yaml"), *_cpu(tmp_path),
+                    "--trainer.fast_dev_run", "2", "--data.num_train", "64", "--data.num_val", "16",
+                    "--data.batch_size", "8"])
+    assert cli.trainer.global_step == 2
+    assert isinstance(cli.model, Seq2SeqModule)
+
+
+def test_tokenizer_round_trip_and_unknowns():
+    tok = Tokenizer.build(["hello world", "hello there"], level="word")
+    ids = tok.encode("hello new world")
+    assert tok.decode(ids) == "hello <unk> world"
+    assert Tokenizer.from_dict(tok.to_dict()).vocab == tok.vocab
+    assert tok.decode([*tok.encode("hello"), 2, *tok.encode("world")]) == "hello"  # stops at EOS
+
+
+def test_bad_tsv_line_is_named(tmp_path):
+    (tmp_path / "bad.tsv").write_text("a b\tb a\nno tab here\n")
+    with pytest.raises(ValueError, match=r"bad\.tsv:2: expected 'source<TAB>target', got 1 field"):
+        read_tsv(tmp_path / "bad.tsv")

@@ -1,0 +1,117 @@
+"""The `vitkit` command: every subcommand runs on files the test writes, and the pictures are produced."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+VIT_KW = dict(img_size=32, patch_size=8, depth=2, num_classes=4)
+SWIN_KW = dict(img_size=32, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=4, num_classes=4)
+
+
+def _png(path: Path, seed: int = 0, size=(40, 48)) -> Path:
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def _is_png(path: Path) -> bool:
+    with Image.open(path) as im:
+        return im.format == "PNG" and min(im.size) > 100
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exports")
+    torch.manual_seed(0)
+    vit = vitkit.create_model("vit_tiny_patch16_224", **VIT_KW)
+    swin = vitkit.create_model("swin_tiny_patch4_window7_224", **SWIN_KW)
+    names = ["ant", "bee", "cat", "dog"]
+    return vitkit.save_pretrained(vit, root / "vit", names), vitkit.save_pretrained(swin, root / "swin", names)
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).parent / "vitkit"
+    out = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "attention-map" in out.stdout
+
+
+def test_predict_prints_topk_class_names(exports, tmp_path, capsys):
+    a, b = _png(tmp_path / "a.png"), _png(tmp_path / "b.png", seed=1)
+    (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
+    assert main(["predict", str(a), str(b), str(tmp_path / "broken.jpg"), "--checkpoint", str(exports[0]),
+                 "--topk", "2"]) == 1  # one file could not be read
+    out, err = capsys.readouterr()
+    lines = out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"{a}: ")
+    preds = [p.rsplit(" ", 1) for p in lines[0].split(": ", 1)[1].split(", ")]
+    assert len(preds) == 2 and all(n in ("ant", "bee", "cat", "dog") for n, _ in preds)
+    assert float(preds[0][1]) >= float(preds[1][1])
+    model = vitkit.create_model(checkpoint=exports[0]).eval()
+    from vitkit.transforms import eval_transform
+
+    with torch.no_grad():
+        p = model(eval_transform(model.cfg)(Image.open(a).convert("RGB"))[None]).softmax(-1)[0]
+    assert preds[0][0] == ["ant", "bee", "cat", "dog"][int(p.argmax())]
+    assert f"{p.max():.3f}" == preds[0][1]
+    assert "cannot read image" in err and "broken.jpg" in err
+
+
+def test_models_table(capsys):
+    assert main(["models", "swin_tiny*"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("swin_tiny_patch4_window7_224"))
+    assert row.split()[1:] == ["28.3", "4.49", "224x224", "swin"]
+
+
+def test_convert_torchvision_to_export_and_timm_file(tmp_path):
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    tv = VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=3, hidden_dim=192, mlp_dim=768,
+                           num_classes=4).eval()
+    torch.save(tv.state_dict(), tmp_path / "tv.pth")
+    assert main(["convert", str(tmp_path / "tv.pth"), str(tmp_path / "out"), "--model", "vit_tiny_patch16_224",
+                 "--overrides", '{"img_size": 32, "patch_size": 8, "depth": 2}']) == 0
+    assert main(["convert", str(tmp_path / "out"), str(tmp_path / "w.safetensors")]) == 0
+    import timm
+    from safetensors.torch import load_file
+
+    theirs = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=4).eval()
+    theirs.load_state_dict(load_file(tmp_path / "w.safetensors"), strict=True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), tv(x), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["vit_rollout", "swin_windows"])
+def test_attention_map_writes_a_png(which, exports, tmp_path, capsys):
+    out = tmp_path / "att.png"
+    assert main(["attention-map", str(_png(tmp_path / "x.png")), "--checkpoint", str(exports[which]),
+                 "-o", str(out)]) == 0
+    assert _is_png(out) and str(out) in capsys.readouterr().out
+
+
+def test_pos_embed_plot_writes_a_png(exports, tmp_path):
+    out = tmp_path / "pe.png"
+    assert main(["pos-embed", "--checkpoint", str(exports[0]), "-o", str(out)]) == 0
+    assert _is_png(out)
+
+
+def test_train_and_bench_pass_their_arguments_through(tmp_path):
+    main(["train", "fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), "--trainer.accelerator", "cpu",
+          "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2",
+          "--model.model_overrides", '{"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}',
+          "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), "--trainer.logger.save_dir", str(tmp_path)])
+    curves = next(tmp_path.rglob("curves.png"))  # drawn from metrics.csv at the end of fit
+    assert _is_png(curves) and (curves.parent / "metrics.csv").exists()
+    main(["bench", "--models", "vit_tiny_patch16_224", "--peers", "", "--mode", "infer", "--batch-sizes", "2",
+          "--rounds", "1", "--iters", "1", "--warmup", "1", "--no-mem", "--out", str(tmp_path / "b.csv")])
+    assert (tmp_path / "b.csv").exists() and (tmp_path / "b.png").exists()

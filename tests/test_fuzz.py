@@ -1,0 +1,94 @@
+"""Property tests (hypothesis): the attention backends agree on any shapes and masks, Swin takes any
+input size, bad inputs get named errors, and no byte string makes the checkpoint loader crash."""
+
+import io
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.testing import assert_close
+
+import vitkit
+from vitkit.checkpoints import CheckpointError
+from vitkit.layers import Attention
+
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(B=st.integers(1, 3), N=st.integers(1, 17), M=st.integers(1, 17), heads=st.sampled_from([(2, 2), (4, 2), (4, 1)]),
+       head_dim=st.sampled_from([8, 16]), cross=st.booleans(), causal=st.booleans(), use_bias=st.booleans(),
+       use_mask=st.booleans(), pad=st.booleans(), empty_rows=st.booleans(), seed=st.integers(0, 2**16))
+def test_sdpa_matches_math_on_any_shape_and_mask(B, N, M, heads, head_dim, cross, causal, use_bias, use_mask, pad,
+                                                 empty_rows, seed):
+    """With ``empty_rows`` some queries may have every key masked: both paths then give zeros."""
+    g = torch.Generator().manual_seed(seed)
+    H, Hkv = heads
+    C = H * head_dim
+    M = M if cross else N
+    attn = Attention(C, H, num_kv_heads=Hkv, cross=cross).eval()
+    x = torch.randn(B, N, C, generator=g)
+    memory = torch.randn(B, M, C, generator=g) if cross else None
+    bias = torch.randn(1, H, N, M, generator=g) if use_bias else None
+    mask = torch.rand(B, 1, N, M, generator=g) > 0.3 if use_mask else None
+    kpm = torch.rand(B, M, generator=g) > 0.7 if pad else None
+    if mask is not None and not empty_rows:  # every query may see key 0 (unpadded below)
+        mask[..., 0] = True
+    if kpm is not None and not empty_rows:
+        kpm[:, 0] = False
+    kw = dict(bias=bias, attn_mask=mask, key_padding_mask=kpm, is_causal=causal and not cross)
+    with torch.no_grad():
+        ref = attn(x, memory, **kw) if cross else attn(x, **kw)
+        attn.backend = "math"
+        out = attn(x, memory, **kw) if cross else attn(x, **kw)
+    assert torch.isfinite(ref).all()
+    assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def tiny_swin():
+    return vitkit.create_model("swin_tiny_patch4_window7_224", embed_dim=16, depths=(1, 1, 1), num_heads=(1, 2, 2),
+                               window_size=4, img_size=32, num_classes=5).eval()
+
+
+@FAST
+@given(h=st.integers(1, 70), w=st.integers(1, 70))
+def test_swin_takes_any_input_size(tiny_swin, h, w):
+    with torch.no_grad():
+        out = tiny_swin(torch.randn(1, 3, h, w))
+    assert out.shape == (1, 5) and torch.isfinite(out).all()
+
+
+@FAST
+@given(shape=st.sampled_from([(2, 1, 32, 32), (2, 3, 31, 32), (0, 3, 32, 32), (3, 32, 32)]),
+       dtype=st.sampled_from([torch.float32, torch.uint8]), poison=st.sampled_from([None, "nan", "inf"]))
+def test_bad_images_get_named_errors(shape, dtype, poison):
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1)
+    x = torch.zeros(shape, dtype=dtype)
+    if poison and dtype.is_floating_point and x.numel():
+        x.view(-1)[0] = float(poison)
+    valid = shape == (2, 3, 32, 32)  # never produced: every drawn case has at least one fault
+    with pytest.raises((ValueError, TypeError), match=r"VisionTransformer (expects|got)"):
+        model(x)
+    assert not valid
+
+
+@FAST
+@given(data=st.binary(max_size=2048), suffix=st.sampled_from([".pth", ".bin", ".safetensors", ".ckpt"]))
+def test_random_bytes_never_crash_the_loader(tmp_path_factory, data, suffix):
+    path = tmp_path_factory.mktemp("fuzz") / f"w{suffix}"
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError):
+        vitkit.read_checkpoint(path)
+
+
+@FAST
+@given(cut=st.floats(0.05, 0.95))
+def test_truncated_real_checkpoints_are_named(tmp_path_factory, cut):
+    buf = io.BytesIO()
+    torch.save(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1).state_dict(), buf)
+    path = tmp_path_factory.mktemp("cut") / "w.pth"
+    path.write_bytes(buf.getvalue()[: int(len(buf.getvalue()) * cut)])
+    with pytest.raises(CheckpointError, match="w.pth"):
+        vitkit.read_checkpoint(path)

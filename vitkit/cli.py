@@ -1,0 +1,210 @@
+"""The ``vitkit`` command: train, predict, models, bench, convert, attention-map, pos-embed.
+
+    vitkit train fit --config configs/vit_tiny_digits.yaml        # = python train.py fit ...
+    vitkit predict cat.jpg dog.png --checkpoint runs/.../best.ckpt --topk 3
+    vitkit models 'swin*'
+    vitkit bench --models vit_base_patch16_224 --peers timm       # = python benchmarks/throughput.py ...
+    vitkit convert vit_b_16.pth export/ --model vit_base_patch16_224
+    vitkit attention-map cat.jpg --checkpoint best.ckpt -o attention.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+OVERRIDES = "config fields as JSON, for files that do not record them, e.g. '{\"depth\": 6, \"img_size\": 384}'"
+
+
+def _load(args: argparse.Namespace) -> torch.nn.Module:
+    import vitkit
+
+    net = vitkit.create_model(args.model, checkpoint=args.checkpoint, **json.loads(args.overrides)).eval()
+    if vitkit.models.family(net.name) == "seq2seq":
+        raise SystemExit(f"{args.checkpoint} holds an encoder-decoder ({net.name}); this command takes classifiers")
+    return net
+
+
+def _image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """(model input (1, C, H, W) after the model's eval transform, the same crop unnormalised in [0, 1])."""
+    from PIL import Image, UnidentifiedImageError
+
+    from .transforms import eval_transform
+
+    try:
+        img = Image.open(path).convert("L" if cfg.in_chans == 1 else "RGB")
+    except (OSError, UnidentifiedImageError) as e:
+        raise SystemExit(f"cannot read image {path!r}: {e}") from None
+    x = eval_transform(cfg)(img)[None]
+    mean = torch.tensor(cfg.mean[: cfg.in_chans]).view(-1, 1, 1)
+    std = torch.tensor(cfg.std[: cfg.in_chans]).view(-1, 1, 1)
+    return x, (x[0] * std + mean).clamp(0, 1)
+
+
+def predict(args: argparse.Namespace) -> int:
+    net = _load(args)
+    names = getattr(net, "class_names", None) or [str(i) for i in range(net.cfg.num_classes)]
+    failed = 0
+    for path in args.images:
+        try:
+            x, _ = _image(path, net.cfg)
+        except SystemExit as e:
+            print(f"{path}: error: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        with torch.no_grad():
+            p = net(x).softmax(-1)[0]
+        top = p.topk(min(args.topk, len(p)))
+        print(f"{path}: " + ", ".join(f"{names[i]} {v:.3f}" for v, i in zip(top.values.tolist(), top.indices.tolist(),
+                                                                           strict=True)))
+    return 1 if failed else 0
+
+
+def models(args: argparse.Namespace) -> int:
+    import vitkit
+    from vitkit.flops import count_gmacs_of
+    from vitkit.models.config import pair
+
+    rows = []
+    for name in vitkit.list_models(args.pattern):
+        fam, cfg = vitkit.models.family(name), vitkit.get_config(name)
+        if fam == "seq2seq":
+            kw = dict(src_vocab_size=32000, tgt_vocab_size=32000)
+            cfg = vitkit.get_config(name, **kw)
+            with torch.device("meta"):
+                params = sum(p.numel() for p in vitkit.create_model(name, **kw).parameters())
+            size = "-" if cfg.vision_encoder is None else "x".join(map(str, cfg.vision_overrides["img_size"]))
+            rows.append((name, f"{params / 1e6:.1f}", "-", size, fam))
+            continue
+        with torch.device("meta"):
+            params = sum(p.numel() for p in vitkit.create_model(name).parameters())
+        shape = (cfg.in_chans, *pair(cfg.img_size))
+        gmacs = "-" if args.no_flops else f"{count_gmacs_of(lambda n=name: vitkit.create_model(n), shape):.2f}"
+        rows.append((name, f"{params / 1e6:.1f}", gmacs, "x".join(map(str, shape[1:])), fam))
+    head = ("name", "params (M)", "GMACs", "img size", "family")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for r in [head, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(c.ljust(w) if i == 0 or i == 4 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths,
+                                                                                                        strict=True))))
+    return 0
+
+
+def bench(rest: list[str]) -> int:
+    script = BENCHMARKS / "throughput.py"
+    if not script.exists():
+        raise SystemExit(f"{script} not found: `vitkit bench` runs the benchmark script of a source checkout")
+    spec = importlib.util.spec_from_file_location("throughput", script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["throughput"] = module
+    spec.loader.exec_module(module)
+    module.main(rest)
+    return 0
+
+
+def convert(args: argparse.Namespace) -> int:
+    """Any format vitkit reads -> a vitkit/timm export folder, or a timm state dict (.safetensors / .pth / .bin)."""
+    import vitkit
+    from vitkit.checkpoints.files import atomic_write, write_safetensors
+
+    net = vitkit.create_model(args.model, checkpoint=args.src, **json.loads(args.overrides))
+    dst = Path(args.dst)
+    if dst.suffix == ".safetensors":
+        write_safetensors(net.state_dict(), dst, metadata={"format": "pt"})
+    elif dst.suffix in (".pth", ".pt", ".bin"):
+        atomic_write(dst, lambda tmp: torch.save(net.state_dict(), tmp))
+    elif dst.suffix == "":
+        vitkit.save_pretrained(net, dst, class_names=getattr(net, "class_names", None))
+    else:
+        raise SystemExit(f"unknown destination {args.dst!r}: expected a folder, .safetensors, .pth, .pt or .bin")
+    print(f"{args.src} ({net.load_report.format}) -> {dst} as {net.name} in timm / vitkit names")
+    return 0
+
+
+def attention_map(args: argparse.Namespace) -> int:
+    from .plots import attention_rollout, overlay, swin_window_attention
+
+    net = _load(args)
+    x, shown = _image(args.image, net.cfg)
+    if hasattr(net, "blocks"):  # ViT: rollout over every layer
+        maps = net.attention_maps(x)
+        heat = attention_rollout(maps, net.num_prefix_tokens, net.cfg.grid_size)[0]
+        title = f"attention rollout, {len(maps)} layers"
+    else:  # Swin: attention received per position inside the windows of one block
+        attn, plan = net.attention_maps(x, stage=args.stage, block=args.block)
+        heat = swin_window_attention(attn, plan)  # attn: (nW, heads, N, N) for the one image
+        title = f"stage {args.stage} block {args.block}, windows {plan.window[0]}x{plan.window[1]}"
+    print(overlay(shown, heat, args.output, title))
+    return 0
+
+
+def pos_embed(args: argparse.Namespace) -> int:
+    import vitkit
+
+    from .plots import pos_embed_similarity
+
+    net = _load(args)
+    if not hasattr(net, "pos_embed"):
+        raise SystemExit(f"{net.name} has no absolute position embedding (Swin uses relative biases)")
+    fixed = vitkit.create_model(net.name, **{**vars(net.cfg), "pos_embed": "sincos"})
+    print(pos_embed_similarity({f"{net.name} (learned)": net, "2-D sin-cos (fixed)": fixed}, args.output))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # everything after `train` belongs to LightningCLI
+        from vitkit.lit.cli import cli_main
+
+        cli_main(argv[1:])
+        return 0
+    if argv[:1] == ["bench"]:
+        return bench(argv[1:])
+    p = argparse.ArgumentParser(prog="vitkit", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 1)[1])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("train", help="LightningCLI, the same as `python train.py ...`")
+    sub.add_parser("bench", help="benchmarks/throughput.py with the same arguments")
+    s = sub.add_parser("predict", help="top-k classes for image files")
+    s.add_argument("images", nargs="+")
+    s.add_argument("--checkpoint", required=True, help="any format vitkit reads (a .ckpt keeps the class names)")
+    s.add_argument("--model", help="preset name, for checkpoint formats that do not record it")
+    s.add_argument("--overrides", default="{}", help=OVERRIDES)
+    s.add_argument("--topk", type=int, default=5)
+    s.set_defaults(fn=predict)
+    s = sub.add_parser("models", help="table of presets: params, GMACs, image size, family")
+    s.add_argument("pattern", nargs="?", default="*")
+    s.add_argument("--no-flops", action="store_true", help="skip counting GMACs")
+    s.set_defaults(fn=models)
+    s = sub.add_parser("convert", help="any checkpoint format -> vitkit/timm folder or state-dict file")
+    s.add_argument("src")
+    s.add_argument("dst", help="a folder (model.safetensors + config.json), or a .safetensors / .pth / .bin file")
+    s.add_argument("--model", help="preset name, for formats that do not record it")
+    s.add_argument("--overrides", default="{}", help=OVERRIDES)
+    s.set_defaults(fn=convert)
+    s = sub.add_parser("attention-map", help="attention over an image: rollout (ViT) or per-window (Swin)")
+    s.add_argument("image")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--model")
+    s.add_argument("--overrides", default="{}", help=OVERRIDES)
+    s.add_argument("-o", "--output", default="attention.png")
+    s.add_argument("--stage", type=int, default=0, help="Swin: which stage")
+    s.add_argument("--block", type=int, default=1, help="Swin: which block (1 = the first shifted one)")
+    s.set_defaults(fn=attention_map)
+    s = sub.add_parser("pos-embed", help="similarity of learned position embeddings, beside fixed 2-D sin-cos")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--model")
+    s.add_argument("--overrides", default="{}", help=OVERRIDES)
+    s.add_argument("-o", "--output", default="pos_embed.png")
+    s.set_defaults(fn=pos_embed)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Pictures: attention maps over an image, training curves from a CSV log, position-embedding similarity.
+
+Each function writes one PNG with matplotlib's Agg backend (no display needed) and returns its path.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def attention_rollout(maps: list[Tensor], num_prefix: int, grid: tuple[int, int]) -> Tensor:
+    """Abnar & Zuidema (2020): average heads, add the residual (identity), renormalise, multiply through
+    the layers; the first token's row over the patches is where the class token looks. (B, gh, gw)."""
+    B, _, N, _ = maps[0].shape
+    eye = torch.eye(N, device=maps[0].device)
+    joint = eye.expand(B, N, N)
+    for a in maps:
+        a = a.float().mean(1) + eye  # (B, N, N)
+        joint = (a / a.sum(-1, keepdim=True)) @ joint
+    return joint[:, 0, num_prefix:].reshape(B, *grid)
+
+
+def swin_window_attention(attn: Tensor, plan) -> Tensor:
+    """Per-window attention of one Swin block -> how much attention each position receives (H, W).
+
+    attn is (nW, heads, N, N) for one image; heads are averaged, each key's received attention is summed
+    over the queries of its window and placed back where the window sits on the map."""
+    nW = attn.shape[0]
+    received = attn.float().mean(1).sum(1)  # (nW, N)
+    window = received.view(1, nW, plan.window[0] * plan.window[1], 1)
+    return plan.reverse(window)[0, :, :, 0]  # (H, W): shift undone, padding cropped
+
+
+def overlay(image: Tensor, heat: Tensor, path: str | Path, title: str) -> Path:
+    """image (C, H, W) in [0, 1], heat (h, w) any range -> PNG of the image and the upsampled heat map."""
+    plt = _plt()
+    heat = F.interpolate(heat[None, None].float(), size=image.shape[-2:], mode="bilinear", align_corners=False)[0, 0]
+    heat = (heat - heat.min()) / (heat.max() - heat.min() + 1e-8)
+    img = image.permute(1, 2, 0).clamp(0, 1).cpu().numpy()
+    fig, axes = plt.subplots(1, 2, figsize=(7, 3.6))
+    axes[0].imshow(img.squeeze(), cmap="gray" if img.shape[-1] == 1 else None)
+    axes[0].set_title("input", fontsize=9)
+    axes[1].imshow(img.squeeze(), cmap="gray" if img.shape[-1] == 1 else None)
+    axes[1].imshow(heat.cpu().numpy(), cmap="inferno", alpha=0.6)
+    axes[1].set_title(title, fontsize=9)
+    for ax in axes:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def training_curves(metrics_csv: str | Path, path: str | Path | None = None) -> Path:
+    """Loss, top-1 (or exact match) and learning rate against the step, from a Lightning CSVLogger file."""
+    plt = _plt()
+    metrics_csv = Path(metrics_csv)
+    rows = list(csv.DictReader(metrics_csv.open()))
+
+    def series(key: str) -> tuple[list[float], list[float]]:
+        pts = [(float(r["step"]), float(r[key])) for r in rows if r.get(key) not in (None, "")]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    keys = rows[0].keys() if rows else []
+    panels = [("loss", [k for k in ("train/loss_step", "train/loss_epoch", "val/loss") if k in keys]),
+              ("accuracy", [k for k in ("val/top1", "val/top1_ema", "val/exact_match", "val/token_acc") if k in keys]),
+              ("learning rate", sorted(k for k in keys if k.startswith("lr-"))[:1])]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    for ax, (title, ks) in zip(axes, panels, strict=True):
+        for k in ks:
+            x, y = series(k)
+            ax.plot(x, y, marker="o" if k.startswith("val") or k.endswith("epoch") else None, ms=3, lw=1.2, label=k)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        if ks:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path) if path else metrics_csv.with_name("curves.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def pos_embed_similarity(models: dict[str, nn.Module], path: str | Path, rows: int = 4) -> Path:
+    """Cosine similarity of each patch's position embedding with all others (Dosovitskiy et al., 2021,
+    Fig. 7), for ViTs side by side, e.g. a learned and a fixed 2-D sin-cos embedding. Shows ``rows`` x
+    ``rows`` evenly spaced query patches per model, each as a heat map over the patch grid."""
+    plt = _plt()
+    fig, axes = plt.subplots(rows, rows * len(models), figsize=(2.2 * rows * len(models), 2.2 * rows))
+    for m_i, (name, model) in enumerate(models.items()):
+        gh, gw = model.cfg.grid_size
+        pe = model.pos_embed.detach()[0, -gh * gw:].float()  # patches only (prefix positions dropped)
+        pe = F.normalize(pe, dim=-1)
+        sim = (pe @ pe.T).view(gh, gw, gh, gw)
+        picks = [round(i * (gh - 1) / max(rows - 1, 1)) for i in range(rows)]
+        pw = [round(j * (gw - 1) / max(rows - 1, 1)) for j in range(rows)]
+        for i, r in enumerate(picks):
+            for j, c in enumerate(pw):
+                ax = axes[i, m_i * rows + j]
+                ax.imshow(sim[r, c].numpy(), cmap="viridis", vmin=-1, vmax=1)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if i == 0 and j == 0:
+                    ax.set_title(name, fontsize=9, loc="left")
+    fig.suptitle("cosine similarity of position embeddings: one panel per query patch", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
