@@ -12,9 +12,9 @@ $PY benchmarks/gpu_check.py | tee $OUT/gpu_check.txt
 for model in vit_base_patch16_224 swin_tiny_patch4_window7_224; do
   short=${model%%_patch*}
   $PY benchmarks/throughput.py --models $model --peers timm --mode both --batch-sizes 128 --precision amp_bf16 \
-      --device cuda --rounds 3 --iters 10 --warmup 5 --out $OUT/gpu_${short}_eager.csv
+      --device cuda --rounds 2 --iters 10 --warmup 3 --out $OUT/gpu_${short}_eager.csv
   $PY benchmarks/throughput.py --models $model --peers timm --mode both --batch-sizes 128 --precision amp_bf16 \
-      --device cuda --rounds 3 --iters 10 --warmup 5 --compile --out $OUT/gpu_${short}_compiled.csv
+      --device cuda --rounds 2 --iters 10 --warmup 3 --compile --out $OUT/gpu_${short}_compiled.csv
 done
 $PY benchmarks/decode.py --model transformer_base --batch-size 32 --new-tokens 128 --device cuda \
     --out $OUT/gpu_transformer_base_decode.csv

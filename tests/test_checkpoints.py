@@ -4,6 +4,7 @@ logits; resized loads match timm's own; bad files are refused clearly; exports l
 import argparse
 import os
 import re
+from pathlib import Path
 
 import pytest
 import timm
@@ -161,6 +162,18 @@ def test_transformers_swin_folder(tmp_path):
     ours = vitkit.create_model(checkpoint=tmp_path)
     assert ours.load_report.format == "transformers-swin"
     _same_logits(ours, theirs, 64)
+
+
+@pytest.mark.parametrize("name", ["vit", "swin"])
+def test_transformers_4x_key_names(name):
+    """Folders written by transformers 4.46 (``encoder.layer.N.attention.attention.query``, ...), the
+    names most checkpoints on disk carry; made by tests/fixtures/make_transformers4.py."""
+    folder = Path(__file__).parent / "fixtures" / f"transformers4_{name}"
+    expected = torch.load(folder / "expected.pt", weights_only=True)
+    ours = vitkit.create_model(checkpoint=folder).eval()
+    assert ours.load_report.format == f"transformers-{name}" and ours.load_report.ok
+    with torch.no_grad():
+        assert_close(ours(expected["input"]), expected["logits"], atol=1e-4, rtol=0)
 
 
 # --- adaptation: timm's own resized load is the reference --------------------------------------------

@@ -106,16 +106,17 @@ def pos_embed_similarity(models: dict[str, nn.Module], path: str | Path, rows: i
         pe = model.pos_embed.detach()[0, -gh * gw:].float()  # patches only (prefix positions dropped)
         pe = F.normalize(pe, dim=-1)
         sim = (pe @ pe.T).view(gh, gw, gh, gw)
+        lo = float(sim.min())  # colours span each model's own range: sin-cos similarities stay high everywhere
         picks = [round(i * (gh - 1) / max(rows - 1, 1)) for i in range(rows)]
         pw = [round(j * (gw - 1) / max(rows - 1, 1)) for j in range(rows)]
         for i, r in enumerate(picks):
             for j, c in enumerate(pw):
                 ax = axes[i, m_i * rows + j]
-                ax.imshow(sim[r, c].numpy(), cmap="viridis", vmin=-1, vmax=1)
+                ax.imshow(sim[r, c].numpy(), cmap="viridis", vmin=lo, vmax=1)
                 ax.set_xticks([])
                 ax.set_yticks([])
                 if i == 0 and j == 0:
-                    ax.set_title(name, fontsize=9, loc="left")
+                    ax.set_title(f"{name}: cos sim {lo:.2f} .. 1", fontsize=9, loc="left")
     fig.suptitle("cosine similarity of position embeddings: one panel per query patch", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -80,3 +80,12 @@ def test_bad_tsv_line_is_named(tmp_path):
     (tmp_path / "bad.tsv").write_text("a b\tb a\nno tab here\n")
     with pytest.raises(ValueError, match=r"bad\.tsv:2: expected 'source<TAB>target', got 1 field"):
         read_tsv(tmp_path / "bad.tsv")
+
+
+def test_ocr_demo_reports_its_line(tmp_path, capsys):
+    from vitkit.demo import main
+
+    line = main(["ocr", *_cpu(tmp_path), "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
+                 "--data.num_train", "64", "--data.num_val", "8", "--data.batch_size", "8"])
+    assert line.startswith("ocr demo: val exact-sequence accuracy ") and "checkpoint: " in line
+    assert line in capsys.readouterr().out

@@ -74,9 +74,11 @@ def test_resume_from_last_continues_step_schedule_and_weights(tmp_path):
 
 
 def test_run_ending_by_max_steps_leaves_last_ckpt(tmp_path):
-    cli = _fit(tmp_path, "--trainer.max_steps", "2", "--trainer.val_check_interval", "1")
+    _fit(tmp_path, "--trainer.max_steps", "1", "--trainer.val_check_interval", "1")
+    cli = _fit(tmp_path, "--trainer.max_steps", "2", "--trainer.val_check_interval", "1")  # a second run, same folder
     assert cli.trainer.global_step == 2 // cli.trainer.accumulate_grad_batches
-    assert (tmp_path / "ckpt/last.ckpt").exists()
+    assert not list((tmp_path / "ckpt").glob("last-v*.ckpt"))  # the newer run replaced last.ckpt
+    assert torch.load(tmp_path / "ckpt/last.ckpt", weights_only=True)["global_step"] == 2
     model = ImageClassifier.load_from_checkpoint(tmp_path / "ckpt/last.ckpt")  # no CLI needed
     assert model.hparams.class_names == DigitsDataModule.classes
     assert model.model.cfg.img_size == 32

@@ -25,7 +25,13 @@ class ModelCheckpoint(_LightningModelCheckpoint):
       ``max_steps`` in mid-epoch; ``--ckpt_path last`` then resumes from the true latest state.
     * Every file is written to ``<name>.tmp`` and renamed over the target, so a process killed during a
       save leaves the previous checkpoint intact, never a torn one.
+
+    Unlike Lightning's default, a new run in the same folder replaces ``last.ckpt`` (and a best file of
+    the same name) instead of adding ``last-v1.ckpt``, so ``last.ckpt`` is always the newest run's.
     """
+
+    def __init__(self, *args, enable_version_counter: bool = False, **kwargs) -> None:
+        super().__init__(*args, enable_version_counter=enable_version_counter, **kwargs)
 
     def _refresh_last(self, trainer: L.Trainer) -> None:
         if (self.save_last and not trainer.fast_dev_run and not trainer.sanity_checking
