@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 demo: .venv
 	$(PY) -m vitkit.demo
 
-# Image-to-text on composed digit strings (about 8 minutes on 2 CPU cores).
+# Image-to-text on composed digit strings (about 10 minutes on 2 CPU cores).
 demo-ocr: .venv
 	$(PY) -m vitkit.demo ocr
 
