@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-Rules = list[tuple[str, str]]
+Rules = list[tuple[str, str | Callable[[re.Match], str]]]  # (pattern, replacement) for re.sub
 
 # Wrappers that training scripts put around the weights, in the order they are looked for.
 WRAPPERS = ("state_dict", "model", "module", "model_state_dict")
@@ -102,18 +102,18 @@ FORMATS: dict[str, tuple[Callable[[dict], bool], Rules]] = {
 }
 
 
-def unwrap(ckpt: dict, use_ema: bool = False) -> tuple[dict[str, Tensor], str | None]:
-    """The state dict inside a training checkpoint, and the wrapper key it came from (None if bare)."""
+def unwrap(ckpt: dict, use_ema: bool = False) -> dict[str, Tensor]:
+    """The state dict inside a training checkpoint (the dict itself when it is bare)."""
     if use_ema:
         for key in EMA_WRAPPERS:
             if isinstance(ckpt.get(key), dict):
-                return ckpt[key], key
+                return ckpt[key]
         raise KeyError(f"use_ema=True but the checkpoint has none of {list(EMA_WRAPPERS)}; "
                        f"its top-level keys are {sorted(ckpt)[:12]}")
     for key in WRAPPERS:
         if isinstance(ckpt.get(key), dict) and any(isinstance(v, Tensor) for v in ckpt[key].values()):
-            return ckpt[key], key
-    return ckpt, None
+            return ckpt[key]
+    return ckpt
 
 
 def strip_prefixes(sd: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ..models.registry import get_config
 from .adapt import adapt
 from .files import CheckpointError, read_file, resolve, write_json, write_safetensors
 from .formats import to_vitkit, unwrap
@@ -133,7 +134,7 @@ def read_checkpoint(path: str | os.PathLike, use_ema: bool = False) -> Checkpoin
                                   + (" (was it trained with ema_decay?)" if use_ema else ""))
         fmt = "lightning"
     else:
-        sd, _ = unwrap(raw, use_ema)
+        sd = unwrap(raw, use_ema)
         sd = {k: v for k, v in sd.items() if isinstance(v, Tensor)}
         if not sd:
             raise CheckpointError(f"{weights} holds no tensors; its top-level keys are {sorted(raw)[:12]}")
@@ -178,8 +179,6 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names:
         raise ValueError("save_pretrained needs a model made by vitkit.create_model (it records the preset name)")
     directory = Path(directory)
     cfg = dataclasses.asdict(model.cfg)
-    from ..models import get_config  # a preset's defaults, to record only what differs for timm
-
     preset = dataclasses.asdict(get_config(name))
     model_args = {k: cfg[k] for k in ("img_size", "in_chans", "window_size", "global_pool")
                   if k in cfg and cfg[k] != preset[k]}

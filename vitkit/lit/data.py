@@ -46,9 +46,13 @@ def random_affine(x: Tensor, degrees: float, translate: float, scale: tuple[floa
 class _TrainValLoaders(L.LightningDataModule):
     """Loaders over ``self.train_set`` / ``self.val_set``; validation data doubles for test and predict."""
 
+    collate_fn = None  # how samples become a batch, when they are not plain (tensor, label) pairs
+    drop_last_train = True  # image batches keep one size; text batches keep every example
+
     def _loader(self, ds: Dataset, train: bool) -> DataLoader:
         hp = self.hparams
-        return DataLoader(ds, batch_size=hp.batch_size, shuffle=train, drop_last=train, num_workers=hp.num_workers,
+        return DataLoader(ds, batch_size=hp.batch_size, shuffle=train, drop_last=train and self.drop_last_train,
+                          collate_fn=self.collate_fn, num_workers=hp.num_workers,
                           pin_memory=hp.get("pin_memory", False) and torch.cuda.is_available(),
                           persistent_workers=hp.num_workers > 0)
 
@@ -141,61 +145,6 @@ def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val"
     return splits[train_dir]
 
 
-class ImageFolderDataModule(_TrainValLoaders):
-    """ImageNet layout (``root/train/<class>/*``, ``root/val/<class>/*``) with timm's transforms.
-
-    Train: RandomResizedCrop (bicubic), flip, RandAugment, random erasing. Eval: resize to
-    ``img_size / crop_pct`` and center-crop. Mean, std, crop_pct and interpolation default to the
-    preset's (``model_name``, linked from the model by the CLI)."""
-
-    def __init__(self, root: str, img_size: int = 224, batch_size: int = 128, num_workers: int = 8,
-                 model_name: str | None = None, auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-                 re_prob: float = 0.25, scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5,
-                 crop_pct: float | None = None, mean: tuple[float, ...] | None = None,
-                 std: tuple[float, ...] | None = None, interpolation: str | None = None,
-                 pin_memory: bool = True, train_dir: str = "train", val_dir: str = "val") -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.root = Path(root).expanduser()
-        self.classes = scan_image_folder(self.root, train_dir, val_dir)
-        self.num_classes = len(self.classes)
-        self.data_cfg = _data_cfg(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
-                                  interpolation=interpolation)
-
-    def setup(self, stage: str | None = None) -> None:
-        hp = self.hparams
-        self.train_set = SkippingImageFolder(str(self.root / hp.train_dir), transform=train_transform(
-            self.data_cfg, auto_augment=hp.auto_augment, re_prob=hp.re_prob, scale=tuple(hp.scale), hflip=hp.hflip))
-        self.val_set = SkippingImageFolder(str(self.root / hp.val_dir), transform=eval_transform(self.data_cfg))
-        self.skipped = {"train": 0, "val": 0}
-        self.seen = {"train": 0, "val": 0}
-
-    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
-        loader = super()._loader(ds, train)
-        loader.collate_fn = collate_skipping
-        return loader
-
-    def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        """Count the files a batch had to skip; a batch with none left becomes None (the step is skipped)."""
-        x, y, skipped = batch
-        split = "train" if self.trainer is not None and self.trainer.training else "val"
-        self.skipped[split] += int(skipped)
-        self.seen[split] += 0 if x is None else len(x)
-        return None if x is None else (x, y)
-
-    def report_skipped(self, split: str) -> int:
-        """Log (once per epoch) how many unreadable files were skipped; raise if nothing was readable."""
-        skipped, seen = self.skipped[split], self.seen[split]
-        self.skipped[split] = self.seen[split] = 0
-        if skipped and not seen:
-            raise RuntimeError(f"no usable images in {self.root / getattr(self.hparams, split + '_dir')}: "
-                               f"all {skipped} files read this epoch were unreadable (corrupt or not images)")
-        if skipped:
-            log.warning("%s: skipped %d unreadable image file(s) this epoch (%d used); set logging to DEBUG "
-                        "for their paths", split, skipped, seen)
-        return skipped
-
-
 class SkippingImageFolder(Dataset):
     """torchvision's ImageFolder, except that a file that cannot be decoded yields None instead of
     raising, so one corrupt or truncated JPEG (or a non-image with an image extension) cannot end a run."""
@@ -223,3 +172,55 @@ def collate_skipping(items: list) -> tuple[Tensor | None, Tensor | None, int]:
     if not good:
         return None, None, len(items)
     return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good]), len(items) - len(good)
+
+
+class ImageFolderDataModule(_TrainValLoaders):
+    """ImageNet layout (``root/train/<class>/*``, ``root/val/<class>/*``) with timm's transforms.
+
+    Train: RandomResizedCrop (bicubic), flip, RandAugment, random erasing. Eval: resize to
+    ``img_size / crop_pct`` and center-crop. Mean, std, crop_pct and interpolation default to the
+    preset's (``model_name``, linked from the model by the CLI)."""
+
+    collate_fn = staticmethod(collate_skipping)  # unreadable files are skipped, and counted
+
+    def __init__(self, root: str, img_size: int = 224, batch_size: int = 128, num_workers: int = 8,
+                 model_name: str | None = None, auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+                 re_prob: float = 0.25, scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5,
+                 crop_pct: float | None = None, mean: tuple[float, ...] | None = None,
+                 std: tuple[float, ...] | None = None, interpolation: str | None = None,
+                 pin_memory: bool = True, train_dir: str = "train", val_dir: str = "val") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.root = Path(root).expanduser()
+        self.classes = scan_image_folder(self.root, train_dir, val_dir)
+        self.num_classes = len(self.classes)
+        self.data_cfg = _data_cfg(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
+                                  interpolation=interpolation)
+
+    def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        self.train_set = SkippingImageFolder(str(self.root / hp.train_dir), transform=train_transform(
+            self.data_cfg, auto_augment=hp.auto_augment, re_prob=hp.re_prob, scale=tuple(hp.scale), hflip=hp.hflip))
+        self.val_set = SkippingImageFolder(str(self.root / hp.val_dir), transform=eval_transform(self.data_cfg))
+        self.skipped = {"train": 0, "val": 0}
+        self.seen = {"train": 0, "val": 0}
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):
+        """Count the files a batch had to skip; a batch with none left becomes None (the step is skipped)."""
+        x, y, skipped = batch
+        split = "train" if self.trainer is not None and self.trainer.training else "val"
+        self.skipped[split] += int(skipped)
+        self.seen[split] += 0 if x is None else len(x)
+        return None if x is None else (x, y)
+
+    def report_skipped(self, split: str) -> int:
+        """Log (once per epoch) how many unreadable files were skipped; raise if nothing was readable."""
+        skipped, seen = self.skipped[split], self.seen[split]
+        self.skipped[split] = self.seen[split] = 0
+        if skipped and not seen:
+            raise RuntimeError(f"no usable images in {self.root / getattr(self.hparams, split + '_dir')}: "
+                               f"all {skipped} files read this epoch were unreadable (corrupt or not images)")
+        if skipped:
+            log.warning("%s: skipped %d unreadable image file(s) this epoch (%d used); set logging to DEBUG "
+                        "for their paths", split, skipped, seen)
+        return skipped

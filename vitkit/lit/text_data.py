@@ -11,12 +11,13 @@ import random
 from collections import Counter
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from .data import _TrainValLoaders
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3: the presets' pad_id, bos_id, eos_id
@@ -121,7 +122,7 @@ class _PairSet(Dataset):
         return self.items[i]
 
 
-class Seq2SeqDataModule(L.LightningDataModule):
+class Seq2SeqDataModule(_TrainValLoaders):
     """Text pairs: a built-in synthetic task (copy, reverse, sort) or TSV files.
 
     The tokenizers are built when the module is made (from the training pairs), so the vocabulary
@@ -132,6 +133,9 @@ class Seq2SeqDataModule(L.LightningDataModule):
         tokenizer: ``char`` or ``word`` (whitespace); one shared vocabulary when ``shared_vocab``.
         num_train, num_val, min_len, max_len, symbols: the synthetic task's size and alphabet.
     """
+
+    collate_fn = staticmethod(collate_text)
+    drop_last_train = False
 
     def __init__(self, task: str = "reverse", train_path: str | None = None, val_path: str | None = None,
                  tokenizer: str = "char", shared_vocab: bool = True, num_train: int = 20000, num_val: int = 500,
@@ -169,17 +173,6 @@ class Seq2SeqDataModule(L.LightningDataModule):
         self.train_set = _PairSet(self.train_pairs, self.src_tokenizer, self.tgt_tokenizer)
         self.val_set = _PairSet(self.val_pairs, self.src_tokenizer, self.tgt_tokenizer)
 
-    def _loader(self, ds, train: bool) -> DataLoader:
-        return DataLoader(ds, batch_size=self.hparams.batch_size, shuffle=train, collate_fn=collate_text,
-                          num_workers=self.hparams.num_workers, persistent_workers=self.hparams.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, False)
-
-    test_dataloader = val_dataloader
 
 
 class DigitStrings(Dataset):
@@ -218,9 +211,11 @@ class DigitStrings(Dataset):
         return (canvas[None] - 0.5) / 0.5, text  # (1, h, w) normalised to [-1, 1]
 
 
-class OcrDigitsDataModule(L.LightningDataModule):
+class OcrDigitsDataModule(_TrainValLoaders):
     """Image-to-text on composed digit strings; train and validation use disjoint digit scans, so the
     validation images are held out twice over: new compositions of digits never seen in training."""
+
+    drop_last_train = False
 
     def __init__(self, num_train: int = 20000, num_val: int = 1000, max_digits: int = 4, height: int = 16,
                  width: int = 64, batch_size: int = 64, num_workers: int = 0, val_fraction: float = 0.25,
@@ -245,18 +240,6 @@ class OcrDigitsDataModule(L.LightningDataModule):
         self.train_set = DigitStrings(d.images[tr], d.target[tr], hp.num_train, seed=hp.seed, **kw)
         self.val_set = DigitStrings(d.images[va], d.target[va], hp.num_val, seed=hp.seed + 1, **kw)
 
-    def _collate(self, items: list[tuple[Tensor, str]]) -> tuple[Tensor, Tensor, Tensor]:
+    def collate_fn(self, items: list[tuple[Tensor, str]]) -> tuple[Tensor, Tensor, Tensor]:
         _, tgt_in, tgt_out = collate_text([([0], self.tgt_tokenizer.encode(t)) for _, t in items])
         return torch.stack([img for img, _ in items]), tgt_in, tgt_out
-
-    def _loader(self, ds, train: bool) -> DataLoader:
-        return DataLoader(ds, batch_size=self.hparams.batch_size, shuffle=train, collate_fn=self._collate,
-                          num_workers=self.hparams.num_workers, persistent_workers=self.hparams.num_workers > 0)
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader(self.train_set, True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, False)
-
-    test_dataloader = val_dataloader

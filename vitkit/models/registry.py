@@ -23,11 +23,8 @@ FAMILIES: dict[str, tuple[type, type[nn.Module], dict[str, dict]]] = {
 
 def family(name: str) -> str:
     """'vit', 'swin' or 'seq2seq' for a preset name."""
-    for fam, (_, _, presets) in FAMILIES.items():
-        if name in presets:
-            return fam
-    _find(name)  # raises the readable unknown-model error
-    raise AssertionError
+    cfg_cls = _find(name)[0]  # raises the readable unknown-model error
+    return next(fam for fam, (c, _, _) in FAMILIES.items() if c is cfg_cls)
 
 
 def _find(name: str) -> tuple[type, type[nn.Module], dict]:
@@ -66,11 +63,11 @@ def create_model(name: str | None = None, *, checkpoint: str | os.PathLike | Non
         if name is None:
             raise ValueError(f"{checkpoint} does not record which model it holds ({ck.format} format); "
                              "pass the preset name, e.g. create_model('vit_base_patch16_224', checkpoint=...)")
-        if ck.model_name not in (None, name) and not ck.format.startswith("transformers"):
-            ck.overrides = {}  # settings recorded for another preset do not apply (a transformers config
-            # describes the whole architecture, so it applies to any preset of its family)
+        # settings recorded for another preset do not apply, except a transformers config: it describes
+        # the whole architecture, so it fits any preset of its family
+        applies = ck.model_name in (None, name) or ck.format.startswith("transformers")
         fields = {f.name for f in dataclasses.fields(_find(name)[0])}
-        recorded = {k: v for k, v in ck.overrides.items() if k in fields}
+        recorded = {k: v for k, v in ck.overrides.items() if k in fields} if applies else {}
         if "num_classes" not in recorded and ck.num_classes is not None:
             recorded["num_classes"] = ck.num_classes
         overrides = {**recorded, **overrides}

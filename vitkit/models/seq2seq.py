@@ -187,7 +187,7 @@ class Seq2SeqTransformer(nn.Module):
                 nn.init.normal_(p, std=self.cfg.d_model**-0.5)
                 with torch.no_grad():
                     p[self.cfg.pad_id].zero_()
-            elif p.dim() > 1 and not name.startswith("tgt_pos.table") and not name.startswith("src_pos.table"):
+            elif p.dim() > 1 and not name.endswith("pos.table"):  # learned positions keep their N(0, 0.02)
                 nn.init.xavier_uniform_(p)
 
     def set_attn_backend(self, backend: AttnBackend) -> None:
