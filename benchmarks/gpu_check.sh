@@ -4,6 +4,7 @@
 # 1. backends agree in bf16, which SDPA kernel ran, flex compiled (gpu_check.py)
 # 2. ViT-B/16 and Swin-T train + infer img/s and MFU in bf16 autocast, beside timm eager and compiled
 # 3. decoding tokens/s with and without the KV cache
+# 4. the tests marked `gpu` (no host sync in a training step)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -18,4 +19,5 @@ for model in vit_base_patch16_224 swin_tiny_patch4_window7_224; do
 done
 $PY benchmarks/decode.py --model transformer_base --batch-size 32 --new-tokens 128 --device cuda \
     --out $OUT/gpu_transformer_base_decode.csv
+$PY -m pytest -q -m gpu tests | tee $OUT/gpu_tests.txt
 cat $OUT/gpu_*_eager.md $OUT/gpu_*_compiled.md $OUT/gpu_transformer_base_decode.md

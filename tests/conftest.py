@@ -1,5 +1,22 @@
+import os
+
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+
+# Property tests: a few dozen examples each, the same ones on every run in CI (derandomized), many more on
+# demand with `pytest -m fuzz` (or `make fuzz`); `--hypothesis-seed N` draws another set locally.
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.register_profile("dev", max_examples=25, **_COMMON)
+settings.register_profile("ci", max_examples=25, derandomize=True, **_COMMON)
+settings.register_profile("fuzz", max_examples=2000, **_COMMON)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("hypothesis_profile", None):  # --hypothesis-profile NAME wins
+        return
+    fuzz = "fuzz" in (config.option.markexpr or "") and "not fuzz" not in config.option.markexpr
+    settings.load_profile("fuzz" if fuzz else "ci" if os.environ.get("CI") else "dev")
 
 
 @pytest.fixture(autouse=True)

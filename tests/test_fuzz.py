@@ -1,11 +1,14 @@
 """Property tests (hypothesis): the attention backends agree on any shapes and masks, Swin takes any
-input size, bad inputs get named errors, and no byte string makes the checkpoint loader crash."""
+input size, bad inputs get named errors, and no byte string makes the checkpoint loader crash.
+
+How many examples each draws comes from the hypothesis profile (tests/conftest.py): 25, derandomized in
+CI; `pytest -m fuzz` draws 2,000 each."""
 
 import io
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from torch.testing import assert_close
 
@@ -13,10 +16,9 @@ import vitkit
 from vitkit.checkpoints import CheckpointError
 from vitkit.layers import Attention
 
-FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+pytestmark = pytest.mark.fuzz
 
 
-@FAST
 @given(B=st.integers(1, 3), N=st.integers(1, 17), M=st.integers(1, 17), heads=st.sampled_from([(2, 2), (4, 2), (4, 1)]),
        head_dim=st.sampled_from([8, 16]), cross=st.booleans(), causal=st.booleans(), use_bias=st.booleans(),
        use_mask=st.booleans(), pad=st.booleans(), empty_rows=st.booleans(), seed=st.integers(0, 2**16))
@@ -52,7 +54,6 @@ def tiny_swin():
                                window_size=4, img_size=32, num_classes=5).eval()
 
 
-@FAST
 @given(h=st.integers(1, 70), w=st.integers(1, 70))
 def test_swin_takes_any_input_size(tiny_swin, h, w):
     with torch.no_grad():
@@ -60,7 +61,6 @@ def test_swin_takes_any_input_size(tiny_swin, h, w):
     assert out.shape == (1, 5) and torch.isfinite(out).all()
 
 
-@FAST
 @given(shape=st.sampled_from([(2, 1, 32, 32), (2, 3, 31, 32), (0, 3, 32, 32), (3, 32, 32)]),
        dtype=st.sampled_from([torch.float32, torch.uint8]), poison=st.sampled_from([None, "nan", "inf"]))
 def test_bad_images_get_named_errors(shape, dtype, poison):
@@ -68,22 +68,27 @@ def test_bad_images_get_named_errors(shape, dtype, poison):
     x = torch.zeros(shape, dtype=dtype)
     if poison and dtype.is_floating_point and x.numel():
         x.view(-1)[0] = float(poison)
-    valid = shape == (2, 3, 32, 32)  # never produced: every drawn case has at least one fault
     with pytest.raises((ValueError, TypeError), match=r"VisionTransformer (expects|got)"):
         model(x)
-    assert not valid
 
 
-@FAST
+def test_a_good_image_batch_passes_the_same_checks():
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 3)
+
+
 @given(data=st.binary(max_size=2048), suffix=st.sampled_from([".pth", ".bin", ".safetensors", ".ckpt"]))
+@example(data=b"M", suffix=".pth")  # struct.error inside torch's unpickler
+@example(data=b"", suffix=".pth")
+@example(data=b"", suffix=".safetensors")
+@example(data=b"\x80\x02}q\x00(K\x01K\x02X\x01\x00\x00\x00aq\x01K\x03u.", suffix=".bin")  # {1: 2, "a": 3}
 def test_random_bytes_never_crash_the_loader(tmp_path_factory, data, suffix):
     path = tmp_path_factory.mktemp("fuzz") / f"w{suffix}"
     path.write_bytes(data)
-    with pytest.raises(CheckpointError):
+    with pytest.raises(CheckpointError, match=r"w\.(pth|bin|safetensors|ckpt)"):
         vitkit.read_checkpoint(path)
 
 
-@FAST
 @given(cut=st.floats(0.05, 0.95))
 def test_truncated_real_checkpoints_are_named(tmp_path_factory, cut):
     buf = io.BytesIO()

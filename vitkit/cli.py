@@ -3,7 +3,7 @@
     vitkit train fit --config configs/vit_tiny_digits.yaml        # = python train.py fit ...
     vitkit predict cat.jpg dog.png --checkpoint runs/.../best.ckpt --topk 3
     vitkit models 'swin*'
-    vitkit bench --models vit_base_patch16_224 --peers timm       # = python benchmarks/throughput.py ...
+    vitkit bench --models vit_base_patch16_224 --peers timm       # throughput beside timm (vitkit/bench.py)
     vitkit convert vit_b_16.pth export/ --model vit_base_patch16_224
     vitkit attention-map cat.jpg --checkpoint best.ckpt -o attention.png
 """
@@ -11,14 +11,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 OVERRIDES = "config fields as JSON, for files that do not record them, e.g. '{\"depth\": 6, \"img_size\": 384}'"
 
 
@@ -96,14 +94,9 @@ def models(args: argparse.Namespace) -> int:
 
 
 def bench(rest: list[str]) -> int:
-    script = BENCHMARKS / "throughput.py"
-    if not script.exists():
-        raise SystemExit(f"{script} not found: `vitkit bench` runs the benchmark script of a source checkout")
-    spec = importlib.util.spec_from_file_location("throughput", script)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["throughput"] = module
-    spec.loader.exec_module(module)
-    module.main(rest)
+    from vitkit.bench import main as bench_main
+
+    bench_main(rest)
     return 0
 
 
@@ -157,11 +150,16 @@ def pos_embed(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # everything after `train` belongs to LightningCLI
         from vitkit.lit.cli import cli_main
 
-        cli_main(argv[1:])
+        if from_shell:  # LightningCLI reads sys.argv itself, and names the program `vitkit train` in --help
+            sys.argv = [f"{Path(sys.argv[0]).name} train", *argv[1:]]
+            cli_main()
+        else:
+            cli_main(argv[1:])
         return 0
     if argv[:1] == ["bench"]:
         return bench(argv[1:])
@@ -169,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="LightningCLI, the same as `python train.py ...`")
-    sub.add_parser("bench", help="benchmarks/throughput.py with the same arguments")
+    sub.add_parser("bench", help="img/s, GMACs, MFU and memory beside timm and torchvision (see `vitkit bench --help`)")
     s = sub.add_parser("predict", help="top-k classes for image files")
     s.add_argument("images", nargs="+")
     s.add_argument("--checkpoint", required=True, help="any format vitkit reads (a .ckpt keeps the class names)")

@@ -6,6 +6,7 @@ decoder reading strings of 1-4 of those digits from composed images.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,14 +24,16 @@ def main(argv: list[str] | None = None) -> str:
     argv = list(sys.argv[1:] if argv is None else argv)
     demo = argv.pop(0) if argv and argv[0] in DEMOS else "digits"
     config, metric = DEMOS[demo]
+    # each demo run gets a folder of its own (a later --trainer.default_root_dir in argv wins)
+    root = os.path.join("runs", f"{demo}_demo", time.strftime("%Y%m%d-%H%M%S"))
     t0 = time.perf_counter()
-    cli = cli_main(["fit", "--config", str(CONFIGS / config), *argv])
+    cli = cli_main(["fit", "--config", str(CONFIGS / config), "--trainer.default_root_dir", root, *argv])
     seconds = time.perf_counter() - t0
     trainer = cli.trainer
     ckpt = trainer.checkpoint_callback
     best = float(ckpt.best_model_score) if ckpt.best_model_score is not None else float("nan")
     line = (f"{demo} demo: {metric} {best:.3f} in {seconds:.0f} s; checkpoint: {ckpt.best_model_path}; "
-            f"logs: {trainer.logger.log_dir}")
+            f"run folder: {trainer.default_root_dir}")
     print(line)
     return line
 

@@ -1,18 +1,11 @@
 """The benchmark script: a tiny smoke run writes every output, and FLOPs match the published counts."""
 
 import csv
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("throughput", ROOT / "benchmarks" / "throughput.py")
-throughput = importlib.util.module_from_spec(spec)
-sys.modules["throughput"] = throughput  # dataclasses look their module up by name
-spec.loader.exec_module(throughput)
+from vitkit import bench as throughput
 
 
 def test_smoke_run_writes_csv_json_markdown_and_chart(tmp_path):

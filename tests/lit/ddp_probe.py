@@ -79,3 +79,64 @@ class NanLogitsOnce(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         pl_module.model.__dict__.pop("forward", None)  # back to the class's forward
+
+
+class RecordRng(Callback):
+    """Per rank and step, a digest of the global torch generator's state: what drop path, mixup and
+    augmentation will draw next."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        digest = hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()
+        with open(os.path.join(self.out_dir, f"rng{trainer.global_rank}.txt"), "a") as f:
+            f.write(f"{trainer.global_step} {digest}\n")
+
+
+class UnreadableBatchOnRank(Callback):
+    """On one rank, one training batch comes out of the ImageFolder collate as if every file in it was
+    unreadable (no images, all counted as skipped)."""
+
+    def __init__(self, rank: int, batch: int) -> None:
+        self.rank, self.batch = rank, batch
+
+    def setup(self, trainer, pl_module, stage):
+        dm = trainer.datamodule
+        transfer = dm.on_after_batch_transfer
+
+        seen = []
+
+        def on_after_batch_transfer(batch, dataloader_idx):
+            if trainer.training:
+                seen.append(1)
+                if trainer.global_rank == self.rank and len(seen) == self.batch + 1:
+                    batch = (None, None, len(batch[1]))
+            return transfer(batch, dataloader_idx)
+
+        dm.on_after_batch_transfer = on_after_batch_transfer
+
+
+class KillDuringSave(Callback):
+    """SIGKILLs its own process halfway through writing the checkpoint at a given step: the bytes written
+    so far reach the disk, the rest never does."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        if trainer.global_step != self.step:
+            return
+        save = torch.save
+
+        def torn_save(obj, f, *args, **kwargs):
+            import io
+
+            buf = io.BytesIO()
+            save(obj, buf, *args, **kwargs)
+            f.write(buf.getvalue()[: len(buf.getvalue()) // 2])
+            f.flush()
+            os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        torch.save = torn_save

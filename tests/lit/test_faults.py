@@ -4,7 +4,6 @@ mistakes are named before any work starts."""
 
 import logging
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,7 @@ from .conftest import ROOT, TINY_VIT, run_in_repo
 
 def _cpu(tmp_path: Path) -> list[str]:
     return ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
-            "--trainer.precision", "32-true", "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), "--trainer.logger.save_dir", str(tmp_path)]
+            "--trainer.precision", "32-true", "--trainer.default_root_dir", str(tmp_path)]
 
 
 def _folder_fit(root: Path, tmp_path: Path, *extra: str):
@@ -65,7 +63,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     sys.path.insert(0, str(ROOT / "tests" / "lit"))
     with pytest.raises(FloatingPointError, match=r"non-finite training loss \(nan\) at global step 4.*left as it was"):
         _digits_fit(tmp_path, "--trainer.callbacks+=ddp_probe.PoisonWeights", "--trainer.callbacks.step", "4")
-    ckpt = torch.load(tmp_path / "ckpt/last.ckpt", weights_only=True)
+    ckpt = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
     assert ckpt["global_step"] == 3  # written at the end of epoch 0, before the poison
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
 
@@ -99,7 +97,7 @@ def test_sigkill_mid_epoch_then_resume_ends_like_an_uninterrupted_run(tmp_path):
         args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
                 "--model.model_overrides", TINY_VIT, "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "4",
                 "--trainer.limit_val_batches", "1", "--trainer.deterministic", "true",
-                "--trainer.callbacks.dirpath", str(out / "ckpt"), "--trainer.logger.save_dir", str(out), *extra]
+                "--trainer.default_root_dir", str(out), *extra]
         return run_in_repo(args, env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=600)
 
     full = train(tmp_path / "full")
@@ -107,45 +105,63 @@ def test_sigkill_mid_epoch_then_resume_ends_like_an_uninterrupted_run(tmp_path):
     killed = train(tmp_path / "killed", "--trainer.callbacks+=ddp_probe.KillAt", "--trainer.callbacks.epoch", "1",
                    "--trainer.callbacks.batch", "2")
     assert killed.returncode == -9  # SIGKILL: no handler ran
-    assert not list((tmp_path / "killed/ckpt").glob("*.tmp"))
+    assert not list((tmp_path / "killed/checkpoints").glob("*.tmp"))
     resumed = train(tmp_path / "killed", "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    a = torch.load(tmp_path / "full/ckpt/last.ckpt", weights_only=True)
-    b = torch.load(tmp_path / "killed/ckpt/last.ckpt", weights_only=True)
+    a = torch.load(tmp_path / "full/checkpoints/last.ckpt", weights_only=True)
+    b = torch.load(tmp_path / "killed/checkpoints/last.ckpt", weights_only=True)
     assert (a["global_step"], a["epoch"]) == (b["global_step"], b["epoch"]) == (12, 2)
     for k, v in a["state_dict"].items():
         torch.testing.assert_close(b["state_dict"][k], v, atol=1e-5, rtol=1e-5, msg=k)
 
 
+def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint_whole(tmp_path):
+    args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
+            "--model.model_overrides", TINY_VIT, "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "2",
+            "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(tmp_path)]
+    env = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
+    killed = run_in_repo([*args, "--trainer.callbacks+=ddp_probe.KillDuringSave", "--trainer.callbacks.step", "4"],
+                         env=env, timeout=300)
+    assert killed.returncode == -9
+    last = tmp_path / "checkpoints/last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 2  # the checkpoint of epoch 0, whole
+    torn = tmp_path / "checkpoints/last.ckpt.tmp"
+    assert torn.exists() and torn.stat().st_size > 0  # the write that was cut short never replaced it
+    with pytest.raises(Exception):  # noqa: B017 (whatever torch raises on half a file)
+        torch.load(torn, weights_only=True)
+    resumed = run_in_repo([*args, "--ckpt_path", "last"], env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert torch.load(last, weights_only=True)["global_step"] == 6 and not torn.exists()
+
+
 def test_one_failing_ddp_rank_ends_the_whole_job(tmp_path):
     args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
             "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_epochs", "1",
-            "--model.model_overrides", TINY_VIT, "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
-            "--trainer.logger.save_dir", str(tmp_path),
+            "--model.model_overrides", TINY_VIT, "--trainer.default_root_dir", str(tmp_path),
             "--trainer.callbacks+=ddp_probe.RaiseOnRank", "--trainer.callbacks.rank", "1",
             "--trainer.callbacks.step", "2"]
-    t = time.perf_counter()
+    # a hang in the next all-reduce would run into the timeout (subprocess.TimeoutExpired fails the test)
     out = run_in_repo(args, env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=300)
     assert out.returncode != 0
     assert "rank 1 fails on purpose at step 2" in out.stderr
-    assert time.perf_counter() - t < 240  # ended, not hung in the next all-reduce
 
 
 @pytest.mark.parametrize("args, named", [
     (["--trainer.max_epochz", "3"], "max_epochz"),
     (["--trainer.max_epochs", "three"], "trainer.max_epochs"),
-    (["--model.lr", "fast"], "model.lr"),
+    (["--model.lr", "fast"], 'Parser key "lr":\n          Expected a <class \'float\'>. Got value: fast'),
     (["--data.img_size", "[32"], "img_size"),
 ])
 def test_config_mistakes_are_named_before_any_work(args, named, tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path), *args])
     assert named in capsys.readouterr().err
-    assert not (tmp_path / "ckpt").exists()
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_unknown_key_in_a_yaml_file_is_named(tmp_path, capsys):
-    cfg = (ROOT / "configs/vit_tiny_digits.yaml").read_text().replace("  lr: 3.0e-3", "  lr: 3.0e-3\n  lr_peak: 1")
+    cfg = (ROOT / "configs/vit_tiny_digits.yaml").read_text()
+    cfg = cfg.replace("    lr: 3.0e-3", "    lr: 3.0e-3\n    lr_peak: 1")
     (tmp_path / "bad.yaml").write_text(cfg)
     with pytest.raises(SystemExit):
         cli_main(["fit", "--config", str(tmp_path / "bad.yaml"), *_cpu(tmp_path)])
@@ -153,10 +169,10 @@ def test_unknown_key_in_a_yaml_file_is_named(tmp_path, capsys):
 
 
 def test_unknown_model_override_is_named_before_training(tmp_path):
-    with pytest.raises(TypeError, match=r"unknown config field\(s\) \['depht'\].*has \["):
+    with pytest.raises((TypeError, ValueError), match=r"unknown config field\(s\) \['depht'\].*has \["):
         cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
                   "--model.model_overrides", '{"depht": 2}'])
-    assert not (tmp_path / "ckpt").exists()
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_image_folder_layout_errors_come_before_training(image_folder, tmp_path):

@@ -18,8 +18,7 @@ TINY = ('{"d_model": 32, "num_encoder_layers": 1, "num_decoder_layers": 1, "num_
 
 def _cpu(tmp_path: Path) -> list[str]:
     return ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
-            "--trainer.precision", "32-true", "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), "--trainer.logger.save_dir", str(tmp_path)]
+            "--trainer.precision", "32-true", "--trainer.default_root_dir", str(tmp_path)]
 
 
 def _tsv(tmp_path: Path) -> tuple[Path, Path]:
@@ -52,11 +51,25 @@ def test_tsv_data_and_tokenizer_live_in_the_checkpoint(tmp_path):
                     "--data.batch_size", "16", "--data.num_workers", "0", "--trainer.max_steps", "3",
                     "--trainer.val_check_interval", "3", "--model.val_beam_size", "2"])
     assert cli.model.model.cfg.share_embeddings and cli.model.model.cfg.src_vocab_size == 4 + 12
-    model = Seq2SeqModule.load_from_checkpoint(tmp_path / "ckpt" / "last.ckpt")  # no data module needed
+    model = Seq2SeqModule.load_from_checkpoint(tmp_path / "checkpoints" / "last.ckpt")  # no data module needed
     assert model.tgt_tokenizer.vocab == cli.datamodule.tgt_tokenizer.vocab
     src = torch.tensor([cli.datamodule.src_tokenizer.encode("the cat sat")])
     out = model.translate(src, max_len=6)
     assert isinstance(out[0], str) and all(w in model.tgt_tokenizer.vocab for w in out[0].split())
+
+
+def test_seq2seq_test_and_predict(tmp_path):
+    """`test` reports the decoding metrics under test/, `predict` returns the decoded text."""
+    train, val = _tsv(tmp_path)
+    args = ["--config", str(ROOT / "configs/transformer_base_tsv.yaml"), *_cpu(tmp_path), "--model.model_overrides",
+            TINY, "--data.train_path", str(train), "--data.val_path", str(val), "--data.batch_size", "16"]
+    cli_main(["fit", *args, "--trainer.max_steps", "2", "--trainer.val_check_interval", "2"])
+    cli = cli_main(["test", *args, "--ckpt_path", "last"])
+    assert {"test/loss", "test/token_acc", "test/exact_match", "test/bleu"} <= set(cli.trainer.callback_metrics)
+    cli = cli_main(["predict", *args, "--ckpt_path", "last"])
+    texts = [t for batch in cli.trainer.predict_loop.predictions for t in batch]
+    assert len(texts) == 16 and all(isinstance(t, str) for t in texts)
+    assert all(w in cli.model.tgt_tokenizer.vocab for t in texts for w in t.split())
 
 
 @pytest.mark.parametrize("name", ["ocr_digits", "seq2seq_reverse"])
@@ -87,5 +100,10 @@ def test_ocr_demo_reports_its_line(tmp_path, capsys):
 
     line = main(["ocr", *_cpu(tmp_path), "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
                  "--data.num_train", "64", "--data.num_val", "8", "--data.batch_size", "8"])
-    assert line.startswith("ocr demo: val exact-sequence accuracy ") and "checkpoint: " in line
     assert line in capsys.readouterr().out
+    accuracy = line.split("val exact-sequence accuracy ")[1].split()[0]
+    best = Path(line.split("checkpoint: ")[1].split(";")[0])
+    assert best.parent == tmp_path / "checkpoints" and best.exists()
+    ckpt = torch.load(best, weights_only=True)
+    score = next(v["best_model_score"] for k, v in ckpt["callbacks"].items() if k.startswith("ModelCheckpoint"))
+    assert accuracy == f"{float(score):.3f}"  # the line reports what the checkpoint holds

@@ -5,6 +5,7 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -31,7 +32,7 @@ def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_
     tiny = TINY_SWIN if "swin" in config.stem else TINY_VIT
     extra = []
     if "finetune" in config.stem:  # start from an export of the same (tiny) preset at another size
-        name = yaml.safe_load(config.read_text())["model"]["model_name"]
+        name = yaml.safe_load(config.read_text())["model"]["init_args"]["model_name"]
         vitkit.save_pretrained(vitkit.create_model(name, img_size=48, **json.loads(tiny)), tmp_path / "pre")
         extra = ["--model.checkpoint", str(tmp_path / "pre")]
     cli = cli_main(["fit", "--config", str(config), *_cpu(tmp_path), "--trainer.fast_dev_run", "2",
@@ -50,11 +51,9 @@ def test_demo_config_fast_dev_run_on_digits(tmp_path):
 
 
 def _fit(tmp_path: Path, *extra: str):
-    ckpt_dir = tmp_path / "ckpt"
     return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
                      "--model.model_overrides", TINY_VIT, "--trainer.limit_train_batches", "3",
                      "--trainer.limit_val_batches", "2",
-                     "--trainer.callbacks.dirpath", str(ckpt_dir), "--trainer.logger.save_dir", str(tmp_path),
                      "--trainer.deterministic", "true", *extra])
 
 
@@ -62,7 +61,7 @@ def test_resume_from_last_continues_step_schedule_and_weights(tmp_path):
     full = _fit(tmp_path / "full", "--trainer.max_epochs", "4")
     half = _fit(tmp_path / "resumed", "--trainer.max_epochs", "4",
                 "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch", "--trainer.callbacks.epoch", "2")
-    assert (tmp_path / "resumed/ckpt/last.ckpt").exists()
+    assert (tmp_path / "resumed/checkpoints/last.ckpt").exists()
     resumed = _fit(tmp_path / "resumed", "--trainer.max_epochs", "4", "--ckpt_path", "last")
     assert half.trainer.global_step == 6
     assert resumed.trainer.global_step == full.trainer.global_step == 12
@@ -73,32 +72,86 @@ def test_resume_from_last_continues_step_schedule_and_weights(tmp_path):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_run_ending_by_max_steps_leaves_last_ckpt(tmp_path):
-    _fit(tmp_path, "--trainer.max_steps", "1", "--trainer.val_check_interval", "1")
-    cli = _fit(tmp_path, "--trainer.max_steps", "2", "--trainer.val_check_interval", "1")  # a second run, same folder
-    assert cli.trainer.global_step == 2 // cli.trainer.accumulate_grad_batches
-    assert not list((tmp_path / "ckpt").glob("last-v*.ckpt"))  # the newer run replaced last.ckpt
-    assert torch.load(tmp_path / "ckpt/last.ckpt", weights_only=True)["global_step"] == 2
-    model = ImageClassifier.load_from_checkpoint(tmp_path / "ckpt/last.ckpt")  # no CLI needed
+def test_run_ending_by_max_steps_leaves_last_ckpt_and_a_second_run_cannot_replace_it(tmp_path):
+    cli = _fit(tmp_path, "--trainer.max_steps", "2", "--trainer.val_check_interval", "1")
+    assert cli.trainer.global_step == 2
+    last = tmp_path / "checkpoints/last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 2
+    before = last.read_bytes()
+    with pytest.raises(FileExistsError, match=r"last\.ckpt belongs to an earlier run.*--ckpt_path last"):
+        _fit(tmp_path, "--trainer.max_steps", "3")  # a new run into the same root
+    assert last.read_bytes() == before and not list(tmp_path.glob("checkpoints/last-v*"))
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["version_0"]  # refused before writing
+    resumed = _fit(tmp_path, "--trainer.max_steps", "3", "--ckpt_path", "last")  # resuming is the way in
+    assert resumed.trainer.global_step == 3
+    model = ImageClassifier.load_from_checkpoint(last)  # no CLI needed
     assert model.hparams.class_names == DigitsDataModule.classes
     assert model.model.cfg.img_size == 32
+    assert "src_vocab_size" not in model.hparams  # what the CLI links for other modules is not kept
+
+
+def test_every_output_lives_under_default_root_dir_from_any_cwd(tmp_path, monkeypatch):
+    """Two runs with different roots, started from an unrelated directory, with the config's own settings:
+    each writes checkpoints, CSV log, curves and config under its root and nothing anywhere else."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    for name in ("a", "b"):
+        cli_main(["fit", f"--config={ROOT / 'configs/vit_tiny_digits.yaml'}", "--trainer.accelerator=cpu",
+                  f"--trainer.default_root_dir={tmp_path / name}", "--trainer.max_steps=2",
+                  "--trainer.val_check_interval=2", "--trainer.limit_val_batches=1",
+                  f"--model.model_overrides={TINY_VIT}"])
+    assert not list(cwd.iterdir())
+    for name in ("a", "b"):
+        files = sorted(str(p.relative_to(tmp_path / name)) for p in (tmp_path / name).rglob("*") if p.is_file())
+        assert "checkpoints/last.ckpt" in files and any(f.startswith("checkpoints/best-") for f in files), files
+        for f in ("metrics.csv", "curves.png", "config.yaml", "hparams.yaml"):
+            assert f"logs/version_0/{f}" in files, files
+
+
+def test_default_root_is_runs_slash_config_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cli = cli_main(["-c", str(ROOT / "configs/vit_tiny_digits.yaml"), "--trainer.accelerator", "cpu",
+                    "--trainer.max_steps", "1", "--model.model_overrides", TINY_VIT], run=False)
+    assert cli.trainer.default_root_dir == "runs/vit_tiny_digits"
+    assert cli.trainer.checkpoint_callback.dirpath == "runs/vit_tiny_digits/checkpoints"
+    assert cli.trainer.logger.log_dir == "runs/vit_tiny_digits/logs/version_0"
+
+
+def test_training_without_a_logger(tmp_path):
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    cli = _fit(tmp_path, "--trainer.max_steps", "2", "--trainer.logger", "false")
+    assert not cli.trainer.loggers and not any(isinstance(c, LearningRateMonitor) for c in cli.trainer.callbacks)
+    assert (tmp_path / "checkpoints/last.ckpt").exists()
+
+
+def test_several_loggers_at_once(tmp_path):
+    from lightning.pytorch.callbacks import LearningRateMonitor
+
+    cli = _fit(tmp_path, "--trainer.max_steps", "2", "--trainer.log_every_n_steps", "1",
+               "--trainer.logger+=lightning.pytorch.loggers.CSVLogger",
+               "--trainer.logger.save_dir", str(tmp_path / "second"))
+    assert [type(lg).__name__ for lg in cli.trainer.loggers] == ["CSVLogger", "CSVLogger"]
+    assert sum(isinstance(c, LearningRateMonitor) for c in cli.trainer.callbacks) == 1
+    rows = list(csv.DictReader(open(tmp_path / "logs/version_0/metrics.csv")))
+    assert any(v for r in rows for k, v in r.items() if k.startswith("lr-"))
+    assert (tmp_path / "second/lightning_logs/version_0/metrics.csv").exists()
 
 
 def test_wandb_logs_offline_without_an_account(tmp_path):
     _fit(tmp_path, "--trainer.max_steps", "1",
          "--trainer.logger+=lightning.pytorch.loggers.WandbLogger",
-         "--trainer.logger.offline", "true", "--trainer.logger.save_dir", str(tmp_path / "wb"),
-         "--trainer.logger.project", "vitkit-test")
-    runs = list((tmp_path / "wb" / "wandb").glob("offline-run-*"))
-    assert runs, list((tmp_path / "wb").rglob("*"))[:20]
+         "--trainer.logger.offline", "true", "--trainer.logger.project", "vitkit-test")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))  # under the run's root, like everything else
+    assert runs, list(tmp_path.rglob("*"))[:20]
 
 
 def test_ddp_two_cpu_processes_split_the_data_and_write_one_checkpoint(tmp_path):
     args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
             "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_epochs", "1",
-            "--trainer.limit_val_batches", "2",
+            "--trainer.limit_val_batches", "2", "--trainer.default_root_dir", str(tmp_path),
             "--model.model_overrides", TINY_VIT, "--data.augment", "false", "--data.batch_size", "32",
-            "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"), "--trainer.logger.save_dir", str(tmp_path),
             "--trainer.callbacks+=ddp_probe.RecordSamples", "--trainer.callbacks.out_dir", str(tmp_path)]
     out = run_in_repo(args, env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -108,7 +161,7 @@ def test_ddp_two_cpu_processes_split_the_data_and_write_one_checkpoint(tmp_path)
     dm = DigitsDataModule()
     dm.setup()
     assert len(seen[0]) + len(seen[1]) <= len(dm.train_set)
-    ckpts = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert ckpts[-1] == "last.ckpt" and len(ckpts) == 2, ckpts  # one best + last, written by rank 0 only
 
 
@@ -117,8 +170,7 @@ def digits_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("digits")
     return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
                      "--trainer.max_epochs", "12",
-                     "--model.warmup_epochs", "1", "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
-                     "--trainer.logger.save_dir", str(tmp_path)])
+                     "--model.warmup_epochs", "1"])
 
 
 def test_tiny_vit_learns_digits(digits_run):
@@ -139,29 +191,47 @@ def test_lightning_checkpoint_loads_without_lightning(digits_run):
         torch.testing.assert_close(model(x), digits_run.model.model.eval()(x))
 
 
-def test_fine_tuning_from_the_digits_checkpoint_beats_scratch(digits_run, image_folder, tmp_path):
-    """Fine-tune the digits model on a new 3-class folder of PNG/JPEG files at another resolution (so the
-    positions are resampled and the head replaced) for 10 epochs of 6 steps; from scratch it stays far behind."""
+@pytest.fixture(scope="module")
+def few_shot_folder(tmp_path_factory) -> Path:
+    """8 training and 40 validation images per class (digits 0-2, as PNG), so that a fine-tuned and a
+    scratch model are told apart by more than a handful of validation images."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    root = tmp_path_factory.mktemp("few_shot")
+    digits = load_digits()
+    for split, start, n in (("train", 0, 8), ("val", 900, 40)):
+        for cls in (0, 1, 2):
+            d = root / split / f"class_{cls}"
+            d.mkdir(parents=True)
+            idx = np.flatnonzero(digits.target == cls)
+            for i in idx[idx >= start][:n]:
+                Image.fromarray((digits.images[i] * 15).astype(np.uint8)).resize((40, 40)).convert("RGB").save(
+                    d / f"{i}.png")
+    return root
+
+
+def fine_tune_args(root: Path, data: Path, *extra: str) -> list[str]:
+    return ["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(root), "--trainer.max_epochs", "10",
+            "--model.warmup_epochs", "0", "--model.lr", "2e-3", "--model.layer_decay", "0.65", *extra,
+            "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(data), "--data.img_size", "40",
+            "--data.batch_size", "3", "--data.num_workers", "0", "--data.auto_augment", "null", "--data.re_prob", "0",
+            "--data.scale", "[0.8, 1.0]", "--data.hflip", "0"]
+
+
+def test_fine_tuning_from_the_digits_checkpoint_beats_scratch(digits_run, few_shot_folder, tmp_path):
+    """Fine-tune the digits model on a new 3-class folder at another resolution (so the positions are
+    resampled and the head replaced) with 8 images per class; from scratch the same run stays far behind.
+    Over 5 seeds and two CPU kernel paths the gap was at least GAP_SEEN (see the closing note of issue 14)."""
     ckpt = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
-
-    def fit(*extra):
-        cli = cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
-                        "--trainer.max_epochs", "10", "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
-                        "--trainer.logger.save_dir", str(tmp_path), "--model.warmup_epochs", "0",
-                        "--model.lr", "2e-3", "--model.layer_decay", "0.65", *extra,
-                        "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder),
-                        "--data.img_size", "40", "--data.batch_size", "3", "--data.num_workers", "0",
-                        "--data.auto_augment", "null", "--data.re_prob", "0", "--data.scale", "[0.8, 1.0]",
-                        "--data.hflip", "0"])
-        return cli.trainer.callback_metrics["val/top1"].item(), cli
-
-    tuned, cli = fit("--model.checkpoint", str(ckpt))
+    cli = cli_main(fine_tune_args(tmp_path / "tuned", few_shot_folder, "--model.checkpoint", str(ckpt)))
+    tuned = cli.trainer.callback_metrics["val/top1"].item()
     adapted = " ".join(cli.model.model.load_report.adapted)
     assert "pos_embed: resampled (bicubic) from a 8x8 to a 10x10 patch grid" in adapted
     assert "head.weight: new classifier (3, 96)" in adapted
-    scratch, _ = fit()
-    print(f"fine-tuned {tuned:.3f} vs scratch {scratch:.3f}")
-    assert tuned >= 0.7 and tuned >= scratch + 0.3, (tuned, scratch)
+    scratch = cli_main(fine_tune_args(tmp_path / "scratch", few_shot_folder)).trainer.callback_metrics["val/top1"]
+    print(f"fine-tuned {tuned:.3f} vs scratch {scratch.item():.3f}")
+    assert tuned >= scratch.item() + 0.2, (tuned, scratch.item())
 
 
 def test_data_modules_give_classes_before_setup(image_folder):
@@ -172,3 +242,87 @@ def test_data_modules_give_classes_before_setup(image_folder):
     x, y = dm.train_set[0]
     assert x.shape == (3, 32, 32) and y == 0
     assert json.dumps(dm.hparams["scale"]) == "[0.08, 1.0]"
+
+
+@pytest.mark.parametrize("form", ["--config=", "-c", "two"])
+def test_the_config_picks_the_module_in_every_argument_form(form, tmp_path):
+    """--config=x, -c x and several --config files: the module comes from the config's class path."""
+    seq2seq = ROOT / "configs/seq2seq_reverse.yaml"
+    if form == "two":  # a later file overrides an earlier one, the model's class path included
+        small = tmp_path / "small.yaml"
+        small.write_text("data:\n  init_args: {num_train: 64, num_val: 16, batch_size: 8}\n")
+        args = ["--config", str(ROOT / "configs/vit_tiny_digits.yaml"), "--config", str(seq2seq),
+                "--config", str(small)]
+    else:
+        args = [f"--config={seq2seq}"] if form == "--config=" else ["-c", str(seq2seq)]
+        args += ["--data.num_train", "64", "--data.num_val", "16", "--data.batch_size", "8"]
+    cli = cli_main(["fit", *args, *_cpu(tmp_path), "--trainer.fast_dev_run", "1"])
+    assert type(cli.model).__name__ == "Seq2SeqModule" and cli.trainer.global_step == 1
+
+
+def test_an_encoder_decoder_preset_in_the_classifier_is_named(tmp_path):
+    with pytest.raises(ValueError, match="'transformer_tiny' is an encoder-decoder preset; .*Seq2SeqModule"):
+        ImageClassifier(model_name="transformer_tiny")
+
+
+def test_ema_updates_once_per_optimizer_step_and_never_for_a_skipped_one(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "lit"))
+    cli = _fit(tmp_path / "accumulate", "--model.ema_decay", "0.9", "--trainer.accumulate_grad_batches", "2",
+               "--trainer.max_epochs", "2")  # 3 batches per epoch: 2 optimizer steps each
+    assert cli.trainer.global_step == 4 and int(cli.model.ema.updates) == 4
+    cli = _fit(tmp_path / "skip", "--model.ema_decay", "0.9", "--model.nonfinite_loss", "skip",
+               "--trainer.max_epochs", "2", "--trainer.callbacks+=ddp_probe.NanLogitsOnce",
+               "--trainer.callbacks.step", "2")
+    assert cli.trainer.global_step == 6 and int(cli.model.ema.updates) == 5
+    assert all(torch.isfinite(p).all() for p in cli.model.ema.parameters())
+
+
+@pytest.mark.slow
+def test_compiled_training_checkpoints_plain_parameter_names(tmp_path):
+    cli = _fit(tmp_path, "--model.compile", "true", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0")
+    assert cli.model.model._compiled_call_impl is not None  # trained compiled
+    last = tmp_path / "checkpoints/last.ckpt"
+    keys = list(torch.load(last, weights_only=True)["state_dict"])
+    assert keys and all(k.startswith("model.") and "_orig_mod" not in k for k in keys), keys[:5]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = cli.model.model.eval()(x)
+        torch.testing.assert_close(vitkit.create_model(checkpoint=last).eval()(x), ref)
+        torch.testing.assert_close(ImageClassifier.load_from_checkpoint(last).model.eval()(x), ref)
+
+
+def test_test_evaluates_a_held_out_split_and_says_which(tmp_path, caplog):
+    import logging
+
+    fit = _fit(tmp_path, "--trainer.max_steps", "3", "--data.test_fraction", "0.1")
+    dm = fit.datamodule
+    assert (len(dm.test_set), len(dm.val_set), len(dm.train_set)) == (180, 324, 1293)  # 1,797 digits, held apart
+    with caplog.at_level(logging.INFO):
+        cli = cli_main(["test", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                        "--model.model_overrides", TINY_VIT, "--data.test_fraction", "0.1", "--ckpt_path", "last"])
+    assert "test: evaluating the test split of DigitsDataModule" in caplog.text
+    assert "test/top1" in cli.trainer.callback_metrics
+
+
+def test_image_folder_test_split(image_folder, tmp_path, caplog):
+    import logging
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(image_folder, root)
+    dm = ImageFolderDataModule(str(root), img_size=32)
+    dm.setup()
+    assert dm.test_set is None  # no test/ folder: test runs on val, and says so
+    with caplog.at_level(logging.INFO):
+        dm.test_dataloader()
+    assert "has no test split; evaluating its val split" in caplog.text
+    shutil.copytree(root / "val", root / "test")
+    (root / "test/class_2").rename(root / "test/class_9")
+    with pytest.raises(ValueError, match="test class folders differ from train"):
+        ImageFolderDataModule(str(root))
+    (root / "test/class_9").rename(root / "test/class_2")
+    dm = ImageFolderDataModule(str(root), img_size=32)
+    dm.setup()
+    assert len(dm.test_set) == len(dm.val_set) and dm.test_set.folder.root.endswith("test")

@@ -9,12 +9,10 @@ import pathlib
 import pickle
 import re
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 # Plain-data classes found in training checkpoints that ``weights_only`` refuses by default; rebuilding
@@ -65,8 +63,9 @@ def read_file(path: Path) -> dict[str, Any]:
     if path.suffix == ".safetensors":
         try:
             return load_file(path, device="cpu")
-        except (SafetensorError, OSError) as e:
-            raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {e}") from None
+        except Exception as e:  # whatever the parser raises on bad bytes, the user gets one named error
+            raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
+                                  f"{_first_line(e)}") from None
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             obj = torch.load(path, map_location="cpu", weights_only=True)
@@ -79,13 +78,18 @@ def read_file(path: Path) -> dict[str, Any]:
                 "where you trust it, or allow that one class with torch.serialization.add_safe_globals."
             ) from None
         raise CheckpointError(f"{path} is not a readable checkpoint (corrupt pickle: "
-                              f"{str(e).strip().splitlines()[-1]})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError, KeyError) as e:
+                              f"{str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__})") from None
+    except Exception as e:  # torch, zipfile, pickle and struct each raise their own types on bad bytes
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): "
-                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                              f"{_first_line(e)}") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, expected a dict of tensors (a state_dict)")
     return obj
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def atomic_write(path: Path, write) -> None:

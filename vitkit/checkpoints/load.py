@@ -125,6 +125,16 @@ def read_checkpoint(path: str | os.PathLike, use_ema: bool = False) -> Checkpoin
     ``use_ema`` takes the EMA weights of a training checkpoint (timm's ``state_dict_ema``, vitkit's EMA)."""
     weights, config = resolve(path)
     raw = read_file(weights)
+    try:
+        return _interpret(path, weights, config, raw, use_ema)
+    except CheckpointError:
+        raise
+    except Exception as e:  # a readable pickle of an unexpected shape (a dict of odd keys, a non-dict state_dict)
+        raise CheckpointError(f"{weights} has no checkpoint layout vitkit knows "
+                              f"({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _interpret(path: str | os.PathLike, weights: Path, config: dict | None, raw: dict, use_ema: bool) -> Checkpoint:
     name, overrides, class_names = _describe(config, raw)
     if "pytorch-lightning_version" in raw:
         prefix = "ema.module." if use_ema else "model."
@@ -137,7 +147,7 @@ def read_checkpoint(path: str | os.PathLike, use_ema: bool = False) -> Checkpoin
         sd = unwrap(raw, use_ema)
         sd = {k: v for k, v in sd.items() if isinstance(v, Tensor)}
         if not sd:
-            raise CheckpointError(f"{weights} holds no tensors; its top-level keys are {sorted(raw)[:12]}")
+            raise CheckpointError(f"{weights} holds no tensors; its top-level keys are {sorted(map(str, raw))[:12]}")
         sd, fmt = to_vitkit(sd)
         if config and "vitkit" in config:
             fmt = "vitkit"

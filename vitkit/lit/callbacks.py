@@ -1,70 +1,141 @@
-"""Callbacks: checkpointing that never loses work (last.ckpt always current, atomic writes), and the
-training-curves picture drawn at the end of fit."""
+"""Checkpoints that never lose work, and the training-curves picture drawn at the end of fit.
+
+* :class:`AtomicCheckpointIO` is the checkpoint writer (a Lightning ``CheckpointIO`` plugin): every
+  file is written beside its target and renamed over it, so a process killed during a save leaves the
+  previous checkpoint whole.
+* :class:`ModelCheckpoint` is Lightning's, with its files under the run's ``default_root_dir``,
+  ``last.ckpt`` refreshed after every validation and at the end of fit, and a refusal to start a new
+  run over another run's ``last.ckpt``.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 from pathlib import Path
-from weakref import proxy
+from typing import Any
 
 import lightning as L
+import torch
+from fsspec.implementations.local import LocalFileSystem
+from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 
 log = logging.getLogger(__name__)
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """``torch.save`` into ``<file>.tmp`` in the same folder, flushed to disk, then renamed over ``<file>``.
+
+    The rename is atomic on POSIX file systems: a reader (or a resumed run) sees the old checkpoint or
+    the new one, never a torn file. Remote paths (``s3://`` ...) go through Lightning's writer unchanged,
+    since object stores replace whole objects anyway."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if not isinstance(get_filesystem(path), LocalFileSystem):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
 class ModelCheckpoint(_LightningModelCheckpoint):
-    """Lightning's ModelCheckpoint with two guarantees added.
+    """Lightning's ModelCheckpoint, keeping one resumable run per ``default_root_dir``.
 
-    * ``last.ckpt`` follows every validation and the end of fit, also when the monitored metric did
-      not improve (Lightning only refreshes it when a top-k file was written) and when a run stops by
+    * ``dirpath`` defaults to ``<trainer.default_root_dir>/checkpoints`` (Lightning's default moves into a
+      new logger version folder each run, where ``--ckpt_path last`` could never find it).
+    * ``last.ckpt`` follows every validation and the end of fit, also when the monitored metric did not
+      improve (Lightning only refreshes it when a top-k file was written) and when a run stops by
       ``max_steps`` in mid-epoch; ``--ckpt_path last`` then resumes from the true latest state.
-    * Every file is written to ``<name>.tmp`` and renamed over the target, so a process killed during a
-      save leaves the previous checkpoint intact, never a torn one.
+    * A new ``fit`` into a folder that already holds a ``last.ckpt`` is refused before the first step,
+      unless it resumes (``ckpt_path``): another run's resumable state is never replaced by accident.
+    * No ``-v1`` version counter: the best and last files keep their names.
 
-    Unlike Lightning's default, a new run in the same folder replaces ``last.ckpt`` (and a best file of
-    the same name) instead of adding ``last-v1.ckpt``, so ``last.ckpt`` is always the newest run's.
+    Atomic writes come from the trainer's checkpoint writer: the vitkit CLI installs
+    :class:`AtomicCheckpointIO` (pass it in ``Trainer(plugins=[...])`` when you build a Trainer yourself).
     """
 
-    def __init__(self, *args, enable_version_counter: bool = False, **kwargs) -> None:
-        super().__init__(*args, enable_version_counter=enable_version_counter, **kwargs)
+    def __init__(self, dirpath: str | os.PathLike | None = None, *args, save_last: bool = True,
+                 enable_version_counter: bool = False, **kwargs) -> None:
+        super().__init__(dirpath, *args, save_last=False, enable_version_counter=enable_version_counter, **kwargs)
+        self.keep_last = save_last  # written here, in the public hooks below, instead of by Lightning
+        self._last_written_step = -1
 
-    def _refresh_last(self, trainer: L.Trainer) -> None:
-        if (self.save_last and not trainer.fast_dev_run and not trainer.sanity_checking
-                and trainer.state.fn == TrainerFn.FITTING and self._last_global_step_saved != trainer.global_step):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+    @property
+    def last_path(self) -> str:
+        return os.path.join(self.dirpath, f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
+
+    def resolve_dirpath(self, trainer: L.Trainer) -> None:
+        """Fix ``dirpath`` to ``<default_root_dir>/checkpoints`` unless one was given."""
+        if self.dirpath is None:
+            self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.resolve_dirpath(trainer)
+        super().setup(trainer, pl_module, stage)
+
+    def check_fresh(self, trainer: L.Trainer, ckpt_path: str | None) -> None:
+        """Refuse a new fit (``ckpt_path`` None) into a folder that already holds another run's last.ckpt."""
+        self.resolve_dirpath(trainer)
+        if self.keep_last and not trainer.fast_dev_run and ckpt_path is None and os.path.isfile(self.last_path):
+            raise FileExistsError(
+                f"{self.last_path} belongs to an earlier run in {trainer.default_root_dir!r}; a new run there "
+                "would replace it. Resume that run with --ckpt_path last, or start this one elsewhere with "
+                "--trainer.default_root_dir DIR (or delete the folder).")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # here, not in setup: Lightning records the checkpoint it resumes from only after setup (the CLI
+        # checks earlier still, before anything is written)
+        self.check_fresh(trainer, trainer.ckpt_path)
+        super().on_train_start(trainer, pl_module)
+
+    def _write_last(self, trainer: L.Trainer) -> None:
+        if (not self.keep_last or trainer.fast_dev_run or trainer.sanity_checking
+                or trainer.state.fn != TrainerFn.FITTING or self._last_written_step == trainer.global_step):
+            return
+        trainer.save_checkpoint(self.last_path, self.save_weights_only)  # every rank: it ends in a barrier
+        self._last_written_step = trainer.global_step
+        self.last_model_path = self.last_path
+
+    # last.ckpt is written where Lightning writes its own checkpoints: after the epoch when validation ends
+    # the epoch (so a resumed run starts the next epoch), after validation when it runs mid-epoch.
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
         if not self._should_save_on_train_epoch_end(trainer):
-            self._refresh_last(trainer)
+            self._write_last(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
         if self._should_save_on_train_epoch_end(trainer):
-            self._refresh_last(trainer)
+            self._write_last(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.fast_dev_run:  # Lightning would still write last.ckpt here; a dry run writes nothing
-            return
         super().on_train_end(trainer, pl_module)
-        self._refresh_last(trainer)
+        self._write_last(trainer)
 
-    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
-        tmp = f"{filepath}.tmp"
-        trainer.save_checkpoint(tmp, self.save_weights_only)
-        if trainer.is_global_zero:
-            os.replace(tmp, filepath)  # atomic on POSIX: readers see the old file or the new one
-        trainer.strategy.barrier("vitkit_checkpoint_rename")
-        self._last_global_step_saved = trainer.global_step
-        self._last_checkpoint_saved = filepath
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.after_save_checkpoint(proxy(self))
+
+class CSVLogger(_LightningCSVLogger):
+    """Lightning's CSVLogger whose ``save_dir`` may be left out: the vitkit CLI then puts the log under the
+    run's ``default_root_dir`` (``<root>/logs/version_N/metrics.csv``), so a config names no paths."""
+
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "logs", **kwargs) -> None:
+        super().__init__(os.getcwd() if save_dir is None else save_dir, name=name, **kwargs)
 
 
 class TrainingCurves(Callback):
@@ -77,7 +148,7 @@ class TrainingCurves(Callback):
         from vitkit.plots import training_curves
 
         for logger in trainer.loggers:
-            if isinstance(logger, CSVLogger):
+            if isinstance(logger, _LightningCSVLogger):
                 logger.save()  # flush rows still buffered
                 metrics = Path(logger.log_dir) / "metrics.csv"
                 if metrics.exists():

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import copy
 import logging
-import random
 from typing import Any, Literal
 
 import lightning as L
-import numpy as np
 import torch
 import torch.nn.functional as F
 from timm.data import Mixup
@@ -17,6 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 import vitkit
 
+from .hparams import gather_rng_states, keep_own_hparams, restore_rng_states, seed_rank
 from .optim import build_adamw, scaled_lambda, warmup_cosine
 
 log = logging.getLogger(__name__)
@@ -29,6 +28,7 @@ class EMA(nn.Module):
         super().__init__()
         self.decay = decay
         self.module = copy.deepcopy(model).eval().requires_grad_(False)
+        self.register_buffer("updates", torch.zeros((), dtype=torch.long))  # optimizer steps averaged in
 
     def train(self, mode: bool = True) -> EMA:
         """The average is always evaluated as an inference model: its dropout and drop path stay off."""
@@ -42,6 +42,7 @@ class EMA(nn.Module):
         live = list(model.state_dict().values())
         floats = [(e, m) for e, m in zip(ema, live, strict=True) if e.is_floating_point()]
         torch._foreach_lerp_([e for e, _ in floats], [m.detach() for _, m in floats], 1.0 - self.decay)
+        self.updates += 1
 
     def forward(self, x: Tensor) -> Tensor:
         return self.module(x)
@@ -73,7 +74,8 @@ class ImageClassifier(L.LightningModule):
             ``vitkit.checkpoints``); positions / windows are resampled to ``img_size`` and a new head is
             made for ``num_classes``. Read when the module is built; resuming with ``--ckpt_path`` then
             replaces them with the run's own, and ``load_from_checkpoint(path, checkpoint=None)`` skips it.
-        compile: run the model under ``torch.compile``.
+        compile: run the model under ``torch.compile`` (compiled in place in ``configure_model``, so the
+            state_dict and checkpoints keep the plain parameter names).
     """
 
     def __init__(
@@ -102,6 +104,10 @@ class ImageClassifier(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        keep_own_hparams(self)
+        if vitkit.models.family(model_name) == "seq2seq":
+            raise ValueError(f"{model_name!r} is an encoder-decoder preset; train it with "
+                             "--model vitkit.lit.Seq2SeqModule (class_path: vitkit.lit.Seq2SeqModule in a config)")
         overrides = dict(model_overrides or {})
         if num_classes is not None:
             overrides["num_classes"] = num_classes
@@ -123,42 +129,74 @@ class ImageClassifier(L.LightningModule):
             f"{split}_{k}": MulticlassAccuracy(self.num_classes, top_k=t, average="micro")
             for split in ("val", "val_ema", "test") for k, t in (("top1", 1), ("top5", k5))
         })
-        self._compiled = torch.compile(self.model) if compile else None
         if nonfinite_loss not in ("stop", "skip"):
             raise ValueError(f"nonfinite_loss must be 'stop' or 'skip', got {nonfinite_loss!r}")
         self.bad_steps = 0  # consecutive steps skipped for a non-finite loss
+        self._stepped = False  # whether a micro-batch of the coming optimizer step had a loss
+
+    def configure_model(self) -> None:
+        if self.hparams.compile and not getattr(self.model, "_compiled_call_impl", None):
+            self.model.compile()  # in place: parameter names stay those of the plain model
+
+    def setup(self, stage: str) -> None:
+        seed_rank(self.trainer)  # before a resumed run restores every rank's own stream
 
     def forward(self, x: Tensor) -> Tensor:
-        return (self._compiled or self.model)(x)
+        return self.model(x)
 
     # -- steps -------------------------------------------------------------------------------------
 
-    def training_step(self, batch: tuple[Tensor, Tensor] | None, batch_idx: int) -> Tensor | None:
-        if batch is None:  # every file of the batch was unreadable (counted by the data module)
-            return None
-        x, y = batch
-        if self.mixup is not None:
-            x, soft = self.mixup(x, y)  # soft targets already carry the label smoothing
-            loss = torch.sum(-soft * F.log_softmax(self(x).float(), dim=-1), dim=-1).mean()
-        else:
-            loss = F.cross_entropy(self(x).float(), y, label_smoothing=self.hparams.label_smoothing)
-        bad = not bool(torch.isfinite(loss))
-        if self.hparams.nonfinite_loss == "skip":
-            bad = self.trainer.strategy.reduce_boolean_decision(bad, all=False)  # one rank bad: all skip
-        if bad:
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        # A batch whose every file was unreadable arrives empty (counted by the data module). Skipping is
+        # decided on all ranks together: a rank that skipped its backward alone would leave the others
+        # waiting in the gradient all-reduce. One small all-reduce per step, only when a skip can happen.
+        loss = None if len(batch[1]) == 0 else self._loss(*batch)
+        empty, nonfinite = loss is None, loss is not None and not bool(torch.isfinite(loss))
+        if self.trainer.world_size > 1 and self._may_skip:
+            flags = torch.tensor([empty, nonfinite], dtype=torch.float32, device=self.device)
+            empty, nonfinite = (self.trainer.strategy.reduce(flags, reduce_op="sum") > 0).tolist()
+        if nonfinite:
+            value = "nan/inf on another rank" if loss is None or torch.isfinite(loss) else loss.item()
             self.bad_steps += 1
             if self.hparams.nonfinite_loss == "stop" or self.bad_steps > 10:
                 raise FloatingPointError(
-                    f"non-finite training loss ({loss.item()}) at global step {self.global_step}"
+                    f"non-finite training loss ({value}) at global step {self.global_step}"
                     f"{f', {self.bad_steps} steps in a row' if self.bad_steps > 1 else ''}; the run stops here "
                     "and the last checkpoint written before this step is left as it was. Lower the lr, check "
                     "the data, or set model.nonfinite_loss=skip to drop such steps.")
-            log.warning("skipping step %d: non-finite training loss %s", self.global_step, loss.item())
+            log.warning("skipping step %d: non-finite training loss %s", self.global_step, value)
             self.log("train/skipped_steps", float(self.bad_steps), on_step=True)
-            return None
+            return self._no_update_loss()
+        if empty:
+            log.warning("skipping step %d: a batch with no readable image (on this or another rank)",
+                        self.global_step)
+            return self._no_update_loss()
         self.bad_steps = 0
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=x.shape[0])
+        self._stepped = True
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(batch[1]))
         return loss
+
+    def _no_update_loss(self) -> Tensor:
+        """A zero loss over every trainable weight, for a skipped step. Lightning cannot skip a step under DDP
+        (returning None there is an error), so the backward runs on every rank, DDP's gradient all-reduce
+        with it, and ``on_before_optimizer_step`` then drops the update."""
+        return sum(p.sum() for p in self.parameters() if p.requires_grad) * 0.0
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._stepped:  # no micro-batch of this step had a loss: no gradient, so AdamW leaves every weight
+            optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def _may_skip(self) -> bool:
+        """Whether any rank could skip a step: its data can yield empty batches, or NaN steps are skipped."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        return self.hparams.nonfinite_loss == "skip" or getattr(datamodule, "may_yield_empty", False)
+
+    def _loss(self, x: Tensor, y: Tensor) -> Tensor:
+        if self.mixup is not None:
+            x, soft = self.mixup(x, y)  # soft targets already carry the label smoothing
+            return torch.sum(-soft * F.log_softmax(self(x).float(), dim=-1), dim=-1).mean()
+        return F.cross_entropy(self(x).float(), y, label_smoothing=self.hparams.label_smoothing)
 
     def on_train_epoch_end(self) -> None:
         self._report_skipped("train")
@@ -166,19 +204,24 @@ class ImageClassifier(L.LightningModule):
     def on_validation_epoch_end(self) -> None:
         self._report_skipped("val")
 
+    def on_test_epoch_end(self) -> None:
+        self._report_skipped("test")
+
     def _report_skipped(self, split: str) -> None:
         dm = getattr(self.trainer, "datamodule", None)
         if hasattr(dm, "report_skipped"):
             self.log(f"{split}/skipped_files", float(dm.report_skipped(split)))
 
-    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.ema is not None:
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        if self.ema is not None and self._stepped:  # once per optimizer step, never for a skipped one
             self.ema.update(self.model)
+        self._stepped = False
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor] | None, split: str) -> None:
-        if batch is None:
-            return
+    def _evaluate(self, batch: tuple[Tensor, Tensor], split: str) -> None:
         x, y = batch
+        if len(y) == 0:  # every file of the batch was unreadable
+            return
         logits = self(x)
         self.log(f"{split}/loss", F.cross_entropy(logits.float(), y), prog_bar=split == "val", sync_dist=True,
                  batch_size=x.shape[0])
@@ -203,23 +246,21 @@ class ImageClassifier(L.LightningModule):
 
     # -- exact resume ---------------------------------------------------------------------------------
     # Lightning restores weights, optimizer, schedule and loop counters; the random streams that decide
-    # shuffling, augmentation, mixup and drop path are saved here too, so a resumed run draws what the
-    # uninterrupted run would have drawn.
+    # shuffling, augmentation, mixup and drop path are saved here too, one per rank, so a resumed run
+    # draws what the uninterrupted run would have drawn.
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        name, keys, pos, has_gauss, gauss = np.random.get_state()
-        checkpoint["rng_states"] = {  # plain tensors and ints, so weights_only loading accepts them
-            "torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)}
+        checkpoint["rng_states"] = gather_rng_states(self.trainer)  # every rank calls this hook
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # restored here, before the fit loop draws its first shuffle from the global generator
-        states = checkpoint.get("rng_states")
-        if states:
-            torch.set_rng_state(states["torch"])
-            name, keys, pos, has_gauss, gauss = states["numpy"]
-            np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
-            random.setstate(states["python"])
+        # restored here, before the fit loop draws its first shuffle from the global generator; not when the
+        # module is only loaded (load_from_checkpoint), which must leave the caller's generators alone
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # not attached to a Trainer
+            return
+        if checkpoint.get("rng_states"):
+            restore_rng_states(trainer, checkpoint["rng_states"])
 
     # -- optimisation ------------------------------------------------------------------------------
 

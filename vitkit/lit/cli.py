@@ -1,76 +1,95 @@
-"""The LightningCLI behind ``train.py`` (fit / validate / test / predict), callable from tests.
+"""The LightningCLI behind ``train.py`` and ``vitkit train`` (fit / validate / test / predict), callable from tests.
 
-The model's preset picks the module: image classifiers train as :class:`ImageClassifier`, the
-encoder-decoder presets (``transformer_*``, ``ocr_*``) as :class:`Seq2SeqModule`.
+The config picks the LightningModule by its class path (``model.class_path``: :class:`ImageClassifier`
+by default, :class:`Seq2SeqModule` for the encoder-decoder presets) and the data module likewise.
+
+Every output of a run lives under ``trainer.default_root_dir``, by default ``runs/<config name>``:
+
+    <root>/checkpoints/best-*.ckpt, last.ckpt     (vitkit.lit.ModelCheckpoint)
+    <root>/logs/version_N/metrics.csv, curves.png, hparams.yaml, config.yaml
+    <root>/wandb/                                 (WandbLogger, offline or not)
+
+A config therefore names no paths, and ``--ckpt_path last`` finds the run's own ``last.ckpt``.
 """
 
 from __future__ import annotations
 
-import sys
+import os
+from pathlib import Path
+from typing import Any
 
-import yaml
+import lightning as L
+from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from vitkit.models import family
-
-from .callbacks import TrainingCurves
+from .callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves
 from .classifier import ImageClassifier
-from .data import DigitsDataModule  # noqa: F401  (the default data class path)
-from .seq2seq import Seq2SeqModule
+
+# What a module takes from its data module once the data is built: image classes, or vocabularies.
+DATA_TO_MODEL = {"num_classes": "num_classes", "classes": "class_names", "src_vocab_size": "src_vocab_size",
+                 "tgt_vocab_size": "tgt_vocab_size", "tokenizers": "tokenizers"}
+
+
+def _attribute(name: str):
+    return lambda datamodule: getattr(datamodule, name, None)
 
 
 class VitkitCLI(LightningCLI):
-    """Links what the data decides (classes, image size) into the model, and the preset's normalisation
-    into the data, so a config names each fact once."""
+    """LightningCLI with the module and data chosen by class path, facts linked between them (image size,
+    classes, vocabularies, normalisation), and every output under the run's root folder."""
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        super().__init__(L.LightningModule, None, subclass_mode_model=True, subclass_mode_data=True,
+                         trainer_defaults={"callbacks": [TrainingCurves()]}, args=args, run=run, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.link_arguments("data.init_args.img_size", "model.img_size")
-        parser.link_arguments("model.model_name", "data.init_args.model_name")
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
-        parser.link_arguments("data.classes", "model.class_names", apply_on="instantiate")
+        parser.set_defaults({"model": {"class_path": f"{ImageClassifier.__module__}.{ImageClassifier.__name__}"}})
+        parser.link_arguments("data.init_args.img_size", "model.init_args.img_size")
+        parser.link_arguments("model.init_args.model_name", "data.init_args.model_name")
+        for source, target in DATA_TO_MODEL.items():  # a module takes those of its own arguments only
+            parser.link_arguments("data", f"model.init_args.{target}", compute_fn=_attribute(source),
+                                  apply_on="instantiate")
 
+    # -- one folder per run ------------------------------------------------------------------------------
 
-class Seq2SeqCLI(LightningCLI):
-    """Links the data's vocabularies and tokenizers into the encoder-decoder."""
+    def _section(self) -> Namespace:
+        return self.config[self.subcommand] if self.subcommand else self.config
 
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        for key in ("src_vocab_size", "tgt_vocab_size", "tokenizers"):
-            parser.link_arguments(f"data.{key}", f"model.{key}", apply_on="instantiate")
+    def before_instantiate_classes(self) -> None:
+        cfg = self._section()
+        if cfg.trainer.default_root_dir is None:
+            configs = cfg.get("config") or []
+            name = Path(str(configs[-1])).stem if configs else cfg.model.init_args.get("model_name", "run")
+            cfg.trainer.default_root_dir = os.path.join("runs", name)
+        loggers = cfg.trainer.logger
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            init = getattr(logger, "init_args", None)  # a logger given by class path (not True / False / None)
+            if init is not None and init.get("save_dir") in (None, "."):  # unset, or WandbLogger's default
+                init.save_dir = cfg.trainer.default_root_dir
+            if init is not None and "name" in init and init.name is None:  # WandbLogger: the run's name
+                init.name = Path(cfg.trainer.default_root_dir).name
 
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        cfg = self._section().trainer
+        if not cfg.get("plugins"):
+            kwargs.setdefault("plugins", [AtomicCheckpointIO()])
+        trainer = super().instantiate_trainer(**kwargs)
+        for cb in trainer.checkpoint_callbacks:  # known before fit, so that --ckpt_path last finds last.ckpt
+            if isinstance(cb, _LightningModelCheckpoint) and cb.dirpath is None:
+                cb.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
+        if trainer.loggers and not any(isinstance(cb, LearningRateMonitor) for cb in trainer.callbacks):
+            trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))  # it needs a logger
+        return trainer
 
-def _model_name(argv: list[str]) -> str | None:
-    """The preset named by the last --config file or --model.model_name flag (as LightningCLI reads them)."""
-    name = None
-    for i, a in enumerate(argv[:-1]):
-        if a in ("--config", "-c"):
-            try:
-                cfg = yaml.safe_load(open(argv[i + 1])) or {}
-            except OSError:
-                continue  # LightningCLI reports the missing file itself
-            name = (cfg.get("model") or {}).get("model_name", name)
-        elif a == "--model.model_name":
-            name = argv[i + 1]
-    for a in argv:
-        if a.startswith("--model.model_name="):
-            name = a.split("=", 1)[1]
-    return name
+    def before_fit(self) -> None:
+        for cb in self.trainer.checkpoint_callbacks:
+            if isinstance(cb, ModelCheckpoint):  # refuse to replace another run's last.ckpt, before any write
+                cb.check_fresh(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     """``python train.py fit --config configs/vit_tiny_digits.yaml``; ``args`` replaces sys.argv[1:]."""
-    name = _model_name(sys.argv[1:] if args is None else args)
-    try:
-        seq2seq = name is not None and family(name) == "seq2seq"
-    except ValueError:
-        seq2seq = False  # an unknown name: the classifier's CLI reports it
-    cli_cls, model_cls = (Seq2SeqCLI, Seq2SeqModule) if seq2seq else (VitkitCLI, ImageClassifier)
-    return cli_cls(
-        model_cls,
-        datamodule_class=None,
-        subclass_mode_data=True,
-        trainer_defaults={"callbacks": [LearningRateMonitor(logging_interval="step"), TrainingCurves()]},
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-    )
+    return VitkitCLI(args=args, run=run)

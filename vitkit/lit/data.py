@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
@@ -44,10 +45,15 @@ def random_affine(x: Tensor, degrees: float, translate: float, scale: tuple[floa
 
 
 class _TrainValLoaders(L.LightningDataModule):
-    """Loaders over ``self.train_set`` / ``self.val_set``; validation data doubles for test and predict."""
+    """Loaders over ``self.train_set`` / ``self.val_set`` and, when the data has one, ``self.test_set``.
+
+    ``test`` evaluates the test split if there is one and the validation split otherwise, and says which;
+    ``predict`` runs over the validation split."""
 
     collate_fn = None  # how samples become a batch, when they are not plain (tensor, label) pairs
     drop_last_train = True  # image batches keep one size; text batches keep every example
+    may_yield_empty = False  # whether a batch can arrive as None (every file in it unreadable)
+    test_set: Dataset | None = None
 
     def _loader(self, ds: Dataset, train: bool) -> DataLoader:
         hp = self.hparams
@@ -62,20 +68,30 @@ class _TrainValLoaders(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, False)
 
-    test_dataloader = val_dataloader
+    def test_dataloader(self) -> DataLoader:
+        if self.test_set is not None:
+            rank_zero_info(f"test: evaluating the test split of {self.describe()}")
+        else:
+            rank_zero_info(f"test: {self.describe()} has no test split; evaluating its val split")
+        return self._loader(self.val_set if self.test_set is None else self.test_set, False)
+
+    def describe(self) -> str:
+        return type(self).__name__
+
     predict_dataloader = val_dataloader
 
 
 class DigitsDataModule(_TrainValLoaders):
     """The 1,797 real 8x8 handwritten digits bundled with scikit-learn, upsampled; no download.
 
-    A fixed, seeded, stratified train/val split; training batches get a random affine jitter."""
+    A fixed, seeded, stratified train/val split (and a test split when ``test_fraction`` > 0, held out
+    before the others); training batches get a random affine jitter."""
 
     classes: list[str] = [str(i) for i in range(10)]
     num_classes: int = 10
 
     def __init__(self, img_size: int = 32, batch_size: int = 64, num_workers: int = 0, val_fraction: float = 0.2,
-                 seed: int = 0, augment: bool = True, model_name: str | None = None,
+                 seed: int = 0, augment: bool = True, model_name: str | None = None, test_fraction: float = 0.0,
                  mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -97,9 +113,15 @@ class DigitsDataModule(_TrainValLoaders):
             return
         from sklearn.model_selection import train_test_split
 
+        hp = self.hparams
         x, y = self._tensors()
-        idx_train, idx_val = train_test_split(torch.arange(len(y)).numpy(), test_size=self.hparams.val_fraction,
-                                              random_state=self.hparams.seed, stratify=y.numpy())
+        idx = torch.arange(len(y)).numpy()
+        if hp.test_fraction > 0:  # held out first, so the train/val split of the rest stays stratified
+            idx, idx_test = train_test_split(idx, test_size=hp.test_fraction, random_state=hp.seed,
+                                             stratify=y.numpy())
+            self.test_set = TensorDataset(x[idx_test], y[idx_test])
+        idx_train, idx_val = train_test_split(idx, test_size=hp.val_fraction, random_state=hp.seed,
+                                              stratify=y[idx].numpy())
         self.train_set = TensorDataset(x[idx_train], y[idx_train])
         self.val_set = TensorDataset(x[idx_val], y[idx_val])
 
@@ -119,13 +141,17 @@ def _has_images(d: Path) -> bool:
     return any(f.suffix.lower() in IMG_EXTENSIONS for f in d.rglob("*") if f.is_file())
 
 
-def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val") -> list[str]:
-    """Check an ImageNet-layout root before any work starts; return the class names."""
+def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val",
+                      test_dir: str | None = None) -> list[str]:
+    """Check an ImageNet-layout root before any work starts; return the class names.
+
+    ``test_dir`` is checked like the others when that folder exists; it is optional."""
     if not root.is_dir():
         raise FileNotFoundError(f"ImageFolder root {str(root)!r} does not exist or is not a folder; expected "
                                 f"{root}/{train_dir}/<class>/*.jpg and {root}/{val_dir}/<class>/*.jpg")
     splits = {}
-    for split in (train_dir, val_dir):
+    optional = [test_dir] if test_dir and (root / test_dir).is_dir() else []
+    for split in (train_dir, val_dir, *optional):
         d = root / split
         if not d.is_dir():
             raise FileNotFoundError(f"missing {str(d)!r}: expected {root}/{split}/<class>/<images>")
@@ -142,6 +168,10 @@ def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val"
         only_v = sorted(set(splits[val_dir]) - set(splits[train_dir]))
         raise ValueError(f"train and val class folders differ in {str(root)!r}: only in {train_dir}: {only_t}; "
                          f"only in {val_dir}: {only_v}")
+    for split in optional:
+        if splits[split] != splits[train_dir]:
+            raise ValueError(f"{split} class folders differ from {train_dir} in {str(root)!r}: "
+                             f"{splits[split]} vs {splits[train_dir]}")
     return splits[train_dir]
 
 
@@ -175,24 +205,27 @@ def collate_skipping(items: list) -> tuple[Tensor | None, Tensor | None, int]:
 
 
 class ImageFolderDataModule(_TrainValLoaders):
-    """ImageNet layout (``root/train/<class>/*``, ``root/val/<class>/*``) with timm's transforms.
+    """ImageNet layout (``root/train/<class>/*``, ``root/val/<class>/*``, optionally ``root/test/<class>/*``)
+    with timm's transforms. ``test`` evaluates ``test_dir`` when it exists, else the val split (and says so).
 
     Train: RandomResizedCrop (bicubic), flip, RandAugment, random erasing. Eval: resize to
     ``img_size / crop_pct`` and center-crop. Mean, std, crop_pct and interpolation default to the
     preset's (``model_name``, linked from the model by the CLI)."""
 
     collate_fn = staticmethod(collate_skipping)  # unreadable files are skipped, and counted
+    may_yield_empty = True
 
     def __init__(self, root: str, img_size: int = 224, batch_size: int = 128, num_workers: int = 8,
                  model_name: str | None = None, auto_augment: str | None = "rand-m9-mstd0.5-inc1",
                  re_prob: float = 0.25, scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5,
                  crop_pct: float | None = None, mean: tuple[float, ...] | None = None,
                  std: tuple[float, ...] | None = None, interpolation: str | None = None,
-                 pin_memory: bool = True, train_dir: str = "train", val_dir: str = "val") -> None:
+                 pin_memory: bool = True, train_dir: str = "train", val_dir: str = "val",
+                 test_dir: str | None = "test") -> None:
         super().__init__()
         self.save_hyperparameters()
         self.root = Path(root).expanduser()
-        self.classes = scan_image_folder(self.root, train_dir, val_dir)
+        self.classes = scan_image_folder(self.root, train_dir, val_dir, test_dir)
         self.num_classes = len(self.classes)
         self.data_cfg = _data_cfg(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
                                   interpolation=interpolation)
@@ -202,16 +235,27 @@ class ImageFolderDataModule(_TrainValLoaders):
         self.train_set = SkippingImageFolder(str(self.root / hp.train_dir), transform=train_transform(
             self.data_cfg, auto_augment=hp.auto_augment, re_prob=hp.re_prob, scale=tuple(hp.scale), hflip=hp.hflip))
         self.val_set = SkippingImageFolder(str(self.root / hp.val_dir), transform=eval_transform(self.data_cfg))
-        self.skipped = {"train": 0, "val": 0}
-        self.seen = {"train": 0, "val": 0}
+        if hp.test_dir and (self.root / hp.test_dir).is_dir():
+            self.test_set = SkippingImageFolder(str(self.root / hp.test_dir), transform=eval_transform(self.data_cfg))
+        self.skipped = {"train": 0, "val": 0, "test": 0}
+        self.seen = {"train": 0, "val": 0, "test": 0}
+
+    def describe(self) -> str:
+        return str(self.root)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
-        """Count the files a batch had to skip; a batch with none left becomes None (the step is skipped)."""
+        """Count the files a batch had to skip. A batch with none left becomes an empty batch, never None:
+        Lightning would drop a None batch on that rank alone, and under DDP the other ranks would then wait
+        for it in the next collective; the module skips an empty batch on every rank together."""
         x, y, skipped = batch
-        split = "train" if self.trainer is not None and self.trainer.training else "val"
+        trainer = self.trainer
+        split = "train" if trainer and trainer.training else "test" if trainer and trainer.testing else "val"
         self.skipped[split] += int(skipped)
         self.seen[split] += 0 if x is None else len(x)
-        return None if x is None else (x, y)
+        if x is None:
+            x = torch.empty(0, self.data_cfg.in_chans, self.data_cfg.img_size, self.data_cfg.img_size)
+            y = torch.empty(0, dtype=torch.long)
+        return x, y
 
     def report_skipped(self, split: str) -> int:
         """Log (once per epoch) how many unreadable files were skipped; raise if nothing was readable."""

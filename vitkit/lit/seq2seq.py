@@ -1,8 +1,8 @@
 """Training the encoder-decoder with Lightning: the recipe of Vaswani et al. (2017).
 
 Label-smoothed cross-entropy (0.1) that ignores pads, Adam (0.9, 0.98, eps 1e-9) and the paper's
-schedule: linear warmup, then decay with 1/sqrt(step). Validation reports token accuracy, exact match
-of greedily decoded sequences and BLEU on the decoded text.
+schedule: linear warmup, then decay with 1/sqrt(step). Validation and test report token accuracy, exact
+match of greedily decoded sequences and BLEU on the decoded text; predict returns the decoded text.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torchmetrics.text import BLEUScore
 
 import vitkit
 
+from .hparams import keep_own_hparams
 from .optim import inverse_sqrt
 from .text_data import Tokenizer
 
@@ -54,10 +55,11 @@ class Seq2SeqModule(L.LightningModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        keep_own_hparams(self)
         self.model = vitkit.create_model(model_name, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
                                          **(model_overrides or {}))
         self.tgt_tokenizer = Tokenizer.from_dict(tokenizers["tgt"]) if tokenizers else None
-        self.bleu = BLEUScore(n_gram=4, smooth=True)
+        self.bleu = torch.nn.ModuleDict({split: BLEUScore(n_gram=4, smooth=True) for split in ("val", "test")})
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.model(src, tgt_in)
@@ -82,22 +84,33 @@ class Seq2SeqModule(L.LightningModule):
         return [t if words else " ".join(t) for t in map(self.tgt_tokenizer.decode, ids)]
 
     def validation_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def predict_step(self, batch: Tensor | tuple[Tensor, ...], batch_idx: int) -> list[str]:
+        """The decoded text of each source (a batch of sources, or (src, tgt_in, tgt_out) from the data)."""
+        src = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self.translate(src, beam_size=self.hparams.val_beam_size)
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor, Tensor], split: str) -> None:
         src, tgt_in, tgt_out = batch
         B, pad, eos = src.shape[0], self.model.cfg.pad_id, self.model.cfg.eos_id
         logits = self(src, tgt_in)
         real = tgt_out != pad
-        self.log("val/loss", self._loss(logits, tgt_out), prog_bar=True, batch_size=B)
-        self.log("val/token_acc", ((logits.argmax(-1) == tgt_out) & real).sum() / real.sum(), batch_size=B)
+        self.log(f"{split}/loss", self._loss(logits, tgt_out), prog_bar=True, batch_size=B)
+        self.log(f"{split}/token_acc", ((logits.argmax(-1) == tgt_out) & real).sum() / real.sum(), batch_size=B)
         out = self.model.generate(src, max_len=min(self.hparams.val_max_len, tgt_out.shape[1] + 8),
                                   beam_size=self.hparams.val_beam_size)
         T = max(out.shape[1], tgt_out.shape[1])
         out, ref = F.pad(out, (0, T - out.shape[1]), value=pad), F.pad(tgt_out, (0, T - tgt_out.shape[1]), value=pad)
         ends = (out == eos).cumsum(1) - (out == eos).int()  # > 0 after the first EOS
         out = out.masked_fill(ends > 0, pad)
-        self.log("val/exact_match", (out == ref).all(1).float().mean(), prog_bar=True, batch_size=B)
+        self.log(f"{split}/exact_match", (out == ref).all(1).float().mean(), prog_bar=True, batch_size=B)
         hyps, refs = self._texts(out), self._texts(ref)
-        self.bleu.update(hyps, [[r] for r in refs])
-        self.log("val/bleu", self.bleu, batch_size=B)
+        self.bleu[split].update(hyps, [[r] for r in refs])
+        self.log(f"{split}/bleu", self.bleu[split], batch_size=B)
 
     def configure_optimizers(self) -> dict:
         hp = self.hparams

@@ -1,0 +1,54 @@
+"""Two CPU processes under DDP: each rank draws its own random masks, a resumed run draws on every rank
+what the uninterrupted run drew, and a batch with no readable image on one rank is skipped by all."""
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, TINY_VIT, run_in_repo
+
+PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
+
+
+def _ddp(root: Path, *extra: str):
+    args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
+            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.limit_train_batches", "3",
+            "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(root),
+            "--model.model_overrides", TINY_VIT, *extra]
+    out = run_in_repo(args, env=PROBES, timeout=240)  # a hang fails here
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def _draws(folder: Path, rank: int) -> dict[int, str]:
+    """global step -> digest of the rank's generator state at the start of that step."""
+    return dict(line.split() for line in (folder / f"rng{rank}.txt").read_text().splitlines())
+
+
+@pytest.mark.timeout(600)
+def test_ranks_draw_their_own_masks_and_a_resumed_run_draws_the_same(tmp_path):
+    record = lambda d: ["--trainer.callbacks+=ddp_probe.RecordRng", "--trainer.callbacks.out_dir", str(d)]  # noqa: E731
+    for d in ("full", "half", "resumed"):
+        (tmp_path / d).mkdir()
+    _ddp(tmp_path / "full", "--trainer.max_epochs", "2", *record(tmp_path / "full"))
+    _ddp(tmp_path / "run", "--trainer.max_epochs", "2", *record(tmp_path / "half"),
+         "--trainer.callbacks+=ddp_probe.StopAfterEpoch", "--trainer.callbacks.epoch", "1")
+    _ddp(tmp_path / "run", "--trainer.max_epochs", "2", "--ckpt_path", "last", *record(tmp_path / "resumed"))
+    full = [_draws(tmp_path / "full", r) for r in (0, 1)]
+    resumed = [_draws(tmp_path / "resumed", r) for r in (0, 1)]
+    assert sorted(resumed[0]) == ["3", "4", "5"]  # the second epoch only
+    for r in (0, 1):
+        assert resumed[r] == {s: full[r][s] for s in resumed[r]}, f"rank {r} draws differently after the resume"
+    assert all(full[0][s] != full[1][s] for s in full[0]), "both ranks drew the same masks"
+
+
+@pytest.mark.timeout(600)
+def test_a_batch_with_no_readable_image_on_one_rank_is_skipped_by_every_rank(image_folder, tmp_path):
+    out = _ddp(tmp_path, "--trainer.max_epochs", "1", "--data", "vitkit.lit.ImageFolderDataModule",
+               "--data.root", str(image_folder), "--data.img_size", "32", "--data.batch_size", "4",
+               "--data.num_workers", "0",
+               "--trainer.callbacks+=ddp_probe.UnreadableBatchOnRank", "--trainer.callbacks.rank", "1",
+               "--trainer.callbacks.batch", "1")
+    assert out.stderr.count("a batch with no readable image (on this or another rank)") == 2  # once per rank
+    assert "train/skipped_files" in (tmp_path / "logs/version_0/metrics.csv").read_text()
+    assert (tmp_path / "checkpoints/last.ckpt").exists()  # the run finished, no hang

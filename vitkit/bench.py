@@ -1,0 +1,347 @@
+"""Throughput of vitkit presets side by side with timm and torchvision, measured in one process.
+
+Each round runs every entry (library x model x mode x batch size) for a few timed steps in turn, so
+that clock and load drift hit all of them alike; img/s is the median over the timed steps after
+warm-up (CUDA-synchronised on GPU), with min and max. GMACs come from torch.utils.flop_counter on the
+meta device; MFU compares achieved FLOP/s with a matmul probe on the same device and dtype.
+
+    vitkit bench --models vit_base_patch16_224 --peers timm,torchvision \
+        --mode infer --batch-sizes 16 --precision fp32 --out benchmarks/results/vit_b16_cpu.csv
+
+(``python benchmarks/throughput.py ...`` in a source checkout is the same program.)
+
+Writes the CSV and, beside it, the same rows as JSON, a markdown table and a PNG chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import vitkit
+from vitkit.flops import count_gmacs_of, count_params
+from vitkit.models.config import pair
+
+# vitkit preset -> torchvision builder name, for the architectures torchvision has
+TORCHVISION = {
+    "vit_base_patch16_224": "vit_b_16", "vit_base_patch32_224": "vit_b_32", "vit_large_patch16_224": "vit_l_16",
+    "vit_large_patch32_224": "vit_l_32", "vit_huge_patch14_224": "vit_h_14",
+    "swin_tiny_patch4_window7_224": "swin_t", "swin_small_patch4_window7_224": "swin_s",
+    "swin_base_patch4_window7_224": "swin_b",
+}
+PRECISIONS = ("fp32", "bf16", "amp_bf16", "fp16")
+COLUMNS = ["library", "model", "mode", "batch_size", "precision", "attn_backend", "compile", "channels_last",
+           "img_per_s", "img_per_s_min", "img_per_s_max", "step_ms", "peak_mem_mb", "params_m", "gmacs",
+           "mfu", "peak_tflops", "oom_backoff", "device", "torch"]
+
+
+@dataclass
+class Entry:
+    library: str
+    model: str
+    mode: str
+    batch_size: int
+    factory: Callable[[], nn.Module] = field(repr=False)
+    input_shape: tuple[int, int, int] = (3, 224, 224)
+    net: nn.Module | None = field(default=None, repr=False)
+    step: Callable[[], None] | None = field(default=None, repr=False)
+    times: list[float] = field(default_factory=list)
+    oom_backoff: int = 0  # how many times the batch was halved
+
+
+def build_factories(name: str, peers: list[str], attn_backend: str) -> list[tuple[str, Callable[[], nn.Module]]]:
+    out = [("vitkit", lambda: vitkit.create_model(name, attn_backend=attn_backend))]
+    if "timm" in peers:
+        import timm
+
+        if name in timm.list_models():
+            out.append(("timm", lambda: timm.create_model(name, pretrained=False)))
+    if "torchvision" in peers and name in TORCHVISION:
+        import torchvision
+
+        out.append(("torchvision", lambda: getattr(torchvision.models, TORCHVISION[name])()))
+    return out
+
+
+def autocast_ctx(precision: str, device: torch.device):
+    if precision == "amp_bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if precision == "fp16":
+        return torch.autocast(device.type, dtype=torch.float16)
+    return contextlib.nullcontext()
+
+
+def prepare(e: Entry, args, device: torch.device) -> None:
+    """Build the model and a closure that runs one inference or training step."""
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
+    net = e.factory().to(device=device, dtype=dtype)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    net = net.to(memory_format=memory_format)
+    x = torch.randn(e.batch_size, *e.input_shape, device=device, dtype=dtype).to(memory_format=memory_format)
+    run = torch.compile(net) if args.compile else net
+    ctx = lambda: autocast_ctx(args.precision, device)  # noqa: E731
+    if e.mode == "infer":
+        net.eval()
+
+        def step() -> None:
+            with torch.no_grad(), ctx():
+                run(x)
+    else:
+        net.train()
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+        target = torch.randint(0, 1000, (e.batch_size,), device=device)
+
+        def step() -> None:
+            with ctx():
+                loss = nn.functional.cross_entropy(run(x).float(), target)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    e.net, e.step = net, step
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+
+
+def warm_up(e: Entry, args, device: torch.device) -> None:
+    """Build and run the warm-up steps, halving the batch on OOM."""
+    while True:
+        try:
+            prepare(e, args, device)
+            for _ in range(args.warmup):
+                e.step()
+            sync(device)
+            return
+        except (RuntimeError, torch.OutOfMemoryError) as err:
+            if not is_oom(err) or e.batch_size == 1:
+                raise
+            e.net = e.step = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            e.batch_size //= 2
+            e.oom_backoff += 1
+            print(f"  OOM: {e.library} {e.model} {e.mode}: batch halved to {e.batch_size}", file=sys.stderr)
+
+
+def matmul_peak_tflops(device: torch.device, precision: str) -> float:
+    """Peak FLOP/s of the linear layers this device and dtype can reach: the best of a few large
+    ``F.linear`` shapes like a transformer's (the MFU denominator). ``F.linear`` rather than ``a @ b``:
+    on CPUs without native bf16 the latter takes a path ~50x slower than the one models use."""
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16 if "bf16" in precision else torch.float16
+    shapes = [(8192, 8192, 8192)] if device.type == "cuda" else [(4096, 1024, 1024), (3152, 768, 3072),
+                                                                   (2048, 2048, 2048)]
+    best = 0.0
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        w = torch.randn(n, k, device=device, dtype=dtype)
+        for _ in range(4):
+            sync(device)
+            t0 = time.perf_counter()
+            nn.functional.linear(a, w)
+            sync(device)
+            best = max(best, 2 * m * k * n / (time.perf_counter() - t0))
+    return best / 1e12
+
+
+def peak_mem_mb(e: Entry, args, device: torch.device) -> float:
+    """Peak memory of a step, weights and optimizer state included: CUDA's allocator peak on GPU; on
+    CPU the resident-set high-water mark of a fresh child process that builds the model and runs two
+    steps (in a shared process the other entries' memory would blur it)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        e.step()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    cmd = [sys.executable, "-m", "vitkit.bench", "--_mem-probe", e.library, "--models", e.model, "--mode", e.mode,
+           "--batch-sizes", str(e.batch_size), "--precision", args.precision, "--attn-backend", args.attn_backend,
+           "--peers", e.library]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    try:
+        return float(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return float("nan")
+
+
+def _proc_status_kib(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+def mem_probe(args) -> None:
+    """Child process: resident memory added by building the model and running two steps (MiB)."""
+    device = torch.device("cpu")
+    factory = dict(build_factories(args.models[0], [args._mem_probe], args.attn_backend))[args._mem_probe]
+    e = Entry(args._mem_probe, args.models[0], args.mode[0], args.batch_sizes[0], factory)
+    Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark (VmHWM) to the current RSS
+    before = _proc_status_kib("VmRSS")
+    prepare(e, args, device)
+    e.step()
+    e.step()
+    print((_proc_status_kib("VmHWM") - before) / 1024)
+
+
+def run(args) -> list[dict]:
+    device = torch.device(args.device)
+    peers = [p for p in args.peers.split(",") if p]
+    entries: list[Entry] = []
+    gmacs: dict[str, float] = {}
+    params: dict[tuple[str, str], float] = {}
+    for name in args.models:
+        cfg = vitkit.get_config(name)
+        shape = (cfg.in_chans, *pair(cfg.img_size))
+        gmacs[name] = count_gmacs_of(lambda n=name: vitkit.create_model(n), shape)
+        for lib, factory in build_factories(name, peers, args.attn_backend):
+            for mode in args.mode:
+                for bs in args.batch_sizes:
+                    entries.append(Entry(lib, name, mode, bs, factory, shape))
+    for e in entries:
+        print(f"warm-up: {e.library:<12} {e.model} {e.mode} b{e.batch_size}", file=sys.stderr)
+        warm_up(e, args, device)
+        params[(e.library, e.model)] = count_params(e.net) / 1e6
+    peak = matmul_peak_tflops(device, args.precision)
+    for r in range(args.rounds):  # interleaved: every entry once per round
+        for e in entries:
+            for _ in range(args.iters):
+                sync(device)
+                t0 = time.perf_counter()
+                e.step()
+                sync(device)
+                e.times.append(time.perf_counter() - t0)
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    rows = []
+    for e in entries:
+        med = statistics.median(e.times)
+        ips = e.batch_size / med
+        flops_per_img = gmacs[e.model] * 2e9 * (3 if e.mode == "train" else 1)  # backward ~ 2x forward
+        rows.append(dict(
+            library=e.library, model=e.model, mode=e.mode, batch_size=e.batch_size, precision=args.precision,
+            attn_backend=args.attn_backend if e.library == "vitkit" else "", compile=args.compile,
+            channels_last=args.channels_last, img_per_s=round(ips, 3),
+            img_per_s_min=round(e.batch_size / max(e.times), 3), img_per_s_max=round(e.batch_size / min(e.times), 3),
+            step_ms=round(med * 1e3, 2), peak_mem_mb=round(peak_mem_mb(e, args, device), 1) if args.mem else "",
+            params_m=round(params[(e.library, e.model)], 2), gmacs=round(gmacs[e.model], 3),
+            mfu=round(ips * flops_per_img / (peak * 1e12), 4), peak_tflops=round(peak, 3),
+            oom_backoff=e.oom_backoff, device=device_name(device), torch=torch.__version__))
+        e.net = e.step = None
+    return rows
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
+
+
+def write_outputs(rows: list[dict], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+    out.with_suffix(".md").write_text(markdown_table(rows))
+    chart(rows, out.with_suffix(".png"))
+
+
+def markdown_table(rows: list[dict]) -> str:
+    cols = ["model", "mode", "batch_size", "precision", "library", "img_per_s", "vs_best_peer", "step_ms",
+            "peak_mem_mb", "gmacs", "mfu"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        peers = [p["img_per_s"] for p in rows if p["library"] != "vitkit" and
+                 (p["model"], p["mode"], p["batch_size"]) == (r["model"], r["mode"], r["batch_size"])]
+        rel = f"{r['img_per_s'] / max(peers):.2f}x" if peers and r["library"] == "vitkit" else ""
+        lines.append("| " + " | ".join(str(rel if c == "vs_best_peer" else r[c]) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["model"], r["mode"], r["batch_size"]) for r in rows}, key=str)
+    libs = sorted({r["library"] for r in rows}, key=lambda s: (s != "vitkit", s))
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4))
+    width = 0.8 / len(libs)
+    for i, lib in enumerate(libs):
+        vals = [next((r["img_per_s"] for r in rows if r["library"] == lib and (r["model"], r["mode"],
+                      r["batch_size"]) == g), 0) for g in groups]
+        bars = ax.bar([j + i * width for j in range(len(groups))], vals, width, label=lib)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+    ax.set_xticks([j + width * (len(libs) - 1) / 2 for j in range(len(groups))])
+    ax.set_xticklabels([f"{m}\n{mode} b{b}" for m, mode, b in groups], fontsize=7)
+    ax.set_ylabel("images / s (median)")
+    ax.set_title(f"{rows[0]['precision']} on {rows[0]['device']}", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="vitkit bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", type=lambda s: s.split(","), default=["vit_base_patch16_224"])
+    p.add_argument("--peers", default="timm,torchvision", help="comma-separated: timm, torchvision, or ''")
+    p.add_argument("--mode", choices=["infer", "train", "both"], default="infer")
+    p.add_argument("--batch-sizes", type=lambda s: [int(b) for b in s.split(",")], default=[16])
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--attn-backend", choices=["sdpa", "math", "flex"], default="sdpa")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    p.add_argument("--iters", type=int, default=3, help="timed steps per entry per round")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--no-mem", dest="mem", action="store_false", help="skip the peak-memory measurement")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads on CPU")
+    p.add_argument("--out", type=Path, default=Path("bench/throughput.csv"),
+                   help="CSV path; the JSON, markdown and PNG are written beside it")
+    p.add_argument("--_mem-probe", dest="_mem_probe", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.mode = ["infer", "train"] if args.mode == "both" else [args.mode]
+    unknown = [m for m in args.models if m not in vitkit.list_models()]
+    if unknown:
+        p.error(f"unknown vitkit preset(s) {unknown}; see vitkit.list_models()")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args._mem_probe:
+        mem_probe(args)
+        return []
+    torch.manual_seed(0)
+    rows = run(args)
+    write_outputs(rows, args.out)
+    print(markdown_table(rows))
+    print(f"wrote {args.out} (+ .json, .md, .png)")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

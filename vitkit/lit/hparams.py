@@ -1,0 +1,64 @@
+"""What every vitkit LightningModule does with its hyper-parameters."""
+
+from __future__ import annotations
+
+import inspect
+import random
+
+import lightning as L
+import numpy as np
+import torch
+
+
+def keep_own_hparams(module: L.LightningModule) -> None:
+    """Drop hyper-parameters that are not arguments of the module's ``__init__``.
+
+    The CLI links what any data module offers (classes, vocabularies) into whichever module the config
+    names; a module keeps only what it takes, so its checkpoint records nothing foreign."""
+    own = inspect.signature(type(module).__init__).parameters
+    module.remove_ignored_hparams([k for k in module.hparams if k not in own and not k.startswith("_")])
+
+
+# -- random streams per rank -------------------------------------------------------------------------
+# Shuffling, augmentation, mixup and drop path draw from the global generators. Each rank gets its own
+# stream (seed + rank, as timm's train script does), and a checkpoint keeps every rank's state, so a
+# resumed run draws what the uninterrupted run would have drawn, on every rank.
+
+
+def seed_rank(trainer: L.Trainer) -> None:
+    """Offset the global generators by the rank (rank 0 keeps the seed it had)."""
+    if trainer.world_size > 1 and trainer.global_rank > 0:
+        seed = torch.initial_seed() + trainer.global_rank
+        torch.manual_seed(seed)
+        np.random.seed(seed % 2**32)
+        random.seed(seed)
+
+
+def rng_state() -> dict:
+    """The global generators' state as plain tensors and ints, so ``weights_only`` loading accepts it."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    random.setstate(state["python"])
+
+
+def gather_rng_states(trainer: L.Trainer) -> list[dict]:
+    """Every rank's state, in rank order (a collective: every rank calls it while saving)."""
+    state = rng_state()
+    if trainer.world_size == 1 or not torch.distributed.is_initialized():
+        return [state]
+    states = [None] * trainer.world_size
+    torch.distributed.all_gather_object(states, state)
+    return states
+
+
+def restore_rng_states(trainer: L.Trainer, states: list[dict] | dict) -> None:
+    """This rank's state; a run resumed on a different number of ranks reuses them in turn."""
+    states = [states] if isinstance(states, dict) else states  # checkpoints before per-rank states
+    set_rng_state(states[trainer.global_rank % len(states)])
