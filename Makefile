@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-ocr test test-fast bench lint
+.PHONY: demo demo-ocr test test-fast fuzz bench lint
 
 .venv: pyproject.toml
 	python3 -m venv .venv
@@ -24,8 +24,12 @@ test: .venv
 test-fast: .venv
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
+# The property tests alone, with 2,000 examples each instead of 25 (a few minutes).
+fuzz: .venv
+	$(PY) -m pytest -q -m fuzz $(PYTEST_ARGS)
+
 bench: .venv
-	$(PY) benchmarks/throughput.py
+	$(PY) -m vitkit.bench
 
 lint: .venv
 	$(PY) -m ruff check vitkit tests benchmarks train.py

@@ -133,10 +133,12 @@ class ImageClassifier(L.LightningModule):
             raise ValueError(f"nonfinite_loss must be 'stop' or 'skip', got {nonfinite_loss!r}")
         self.bad_steps = 0  # consecutive steps skipped for a non-finite loss
         self._stepped = False  # whether a micro-batch of the coming optimizer step had a loss
+        self._compiled = False
 
     def configure_model(self) -> None:
-        if self.hparams.compile and not getattr(self.model, "_compiled_call_impl", None):
+        if self.hparams.compile and not self._compiled:  # called again by every trainer.fit / test
             self.model.compile()  # in place: parameter names stay those of the plain model
+            self._compiled = True
 
     def setup(self, stage: str) -> None:
         seed_rank(self.trainer)  # before a resumed run restores every rank's own stream
