@@ -67,13 +67,13 @@ class PoisonWeights(Callback):
 
 
 class NanLogitsOnce(Callback):
-    """The model returns NaN logits for one training step only (a transient overflow)."""
+    """The model returns NaN logits for one training step only (a transient overflow), on every rank or one."""
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, rank: int | None = None) -> None:
+        self.step, self.rank = step, rank
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             forward = pl_module.model.forward
             pl_module.model.forward = lambda x: forward(x) * float("nan")
 

@@ -1,6 +1,8 @@
 """Two CPU processes under DDP: each rank draws its own random masks, a resumed run draws on every rank
-what the uninterrupted run drew, and a batch with no readable image on one rank is skipped by all."""
+what the uninterrupted run drew, and a step skipped on one rank (no readable image, a NaN loss) is skipped
+by all."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -43,12 +45,19 @@ def test_ranks_draw_their_own_masks_and_a_resumed_run_draws_the_same(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_a_batch_with_no_readable_image_on_one_rank_is_skipped_by_every_rank(image_folder, tmp_path):
-    out = _ddp(tmp_path, "--trainer.max_epochs", "1", "--data", "vitkit.lit.ImageFolderDataModule",
-               "--data.root", str(image_folder), "--data.img_size", "32", "--data.batch_size", "4",
-               "--data.num_workers", "0",
+def test_skips_on_one_rank_are_taken_by_every_rank(image_folder, tmp_path):
+    """Rank 1 gets a batch whose files were all unreadable at step 0, rank 0 a NaN loss at step 1: both steps
+    are skipped on both ranks (one all-reduce decides), and the run
+    ends instead of hanging in DDP's gradient all-reduce."""
+    out = _ddp(tmp_path, "--trainer.max_epochs", "1", "--model.nonfinite_loss", "skip",
+               "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder), "--data.img_size", "32",
+               "--data.batch_size", "4", "--data.num_workers", "0",
                "--trainer.callbacks+=ddp_probe.UnreadableBatchOnRank", "--trainer.callbacks.rank", "1",
-               "--trainer.callbacks.batch", "1")
-    assert out.stderr.count("a batch with no readable image (on this or another rank)") == 2  # once per rank
+               "--trainer.callbacks.batch", "0",
+               "--trainer.callbacks+=ddp_probe.NanLogitsOnce", "--trainer.callbacks.step", "1",
+               "--trainer.callbacks.rank", "0")
+    assert out.stderr.count("skipping step 0: a batch with no readable image (on this or another rank)") == 2
+    assert len(re.findall(r"skipping step 1: non-finite training loss nan$", out.stderr, re.M)) == 1  # rank 0
+    assert out.stderr.count("skipping step 1: non-finite training loss nan/inf on another rank") == 1
     assert "train/skipped_files" in (tmp_path / "logs/version_0/metrics.csv").read_text()
     assert (tmp_path / "checkpoints/last.ckpt").exists()  # the run finished, no hang
