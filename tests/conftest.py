@@ -1,6 +1,14 @@
 import os
+import tempfile
 
-import pytest
+# torch.compile's on-disk cache is not keyed on ATEN_CPU_CAPABILITY: kernels cached by a run on another
+# kernel path were reused, and flex attention then disagreed with the reference by up to 0.8. A run that
+# sets the variable (to reproduce another CPU) gets a cache of its own.
+if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{os.getuid()}_{os.environ['ATEN_CPU_CAPABILITY']}")
+
+import pytest  # noqa: E402
 import torch
 from hypothesis import HealthCheck, settings
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from tests.backends import needs_flex
 from vitkit.layers import Attention, Block, KVCache
 
 B, N, M, C, H = 2, 12, 7, 32, 4
@@ -64,6 +65,7 @@ def test_sdpa_matches_math_forward_and_backward(case):
         assert_close(g_sdpa, g_math, atol=1e-4, rtol=1e-4)
 
 
+@needs_flex
 @pytest.mark.parametrize("case", CASES)
 def test_flex_matches_math_forward(case):
     attn, x, kw = _setup(case)
@@ -73,6 +75,23 @@ def test_flex_matches_math_forward(case):
     assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_flex_on_a_cpu_it_cannot_be_compiled_for_falls_back_to_sdpa_with_a_log(caplog, monkeypatch):
+    from vitkit.layers import attention
+
+    monkeypatch.setattr(attention, "flex_runs_on_cpu", lambda: False)  # as on a CPU without AVX2
+    attention._warn_flex_unsupported.cache_clear()
+    attn = Attention(C, H, backend="flex").eval()
+    x = torch.randn(B, N, C)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="vitkit.layers.attention"):
+        out = attn(x, is_causal=True)
+        attn(x, is_causal=True)
+        attn.backend = "sdpa"
+        ref = attn(x, is_causal=True)
+    assert caplog.text.count("attn_backend='flex' cannot be compiled for this CPU (it needs AVX2") == 1
+    assert_close(out, ref)
+
+
+@needs_flex
 def test_flex_training_on_cpu_falls_back_to_sdpa_with_a_log(caplog):
     from vitkit.layers.attention import _warn_flex_fallback
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import vitkit
+from tests.backends import BACKENDS
 from vitkit.lit.text_data import collate_text
 from vitkit.models.seq2seq import alibi_slopes
 
@@ -132,7 +133,7 @@ def test_backends_agree(pos):
     src[1, 5:] = 0
     with torch.no_grad():
         ref = m(src, tgt)
-        for backend in ("math", "flex"):
+        for backend in BACKENDS[1:]:
             m.set_attn_backend(backend)
             assert_close(m(src, tgt), ref, atol=1e-4, rtol=0)
 

@@ -6,6 +6,7 @@ import torch
 from torch.testing import assert_close
 
 import vitkit
+from tests.backends import BACKENDS
 from vitkit.layers import Attention
 from vitkit.layers.window import (
     WindowPlan,
@@ -42,7 +43,7 @@ def _check(ours, theirs, backends=("sdpa", "math"), batch=2, atol=1e-4):
     dict(embed_dim=24, depths=(1, 2), num_heads=(1, 2), window_size=3, img_size=48, patch_size=2),
 ], ids=["tiny", "per_stage_window", "shrinking_window", "odd_window"])
 def test_tiny_configs_match_timm_on_every_backend(kw):
-    _check(*_pair("swin_tiny_patch4_window7_224", **kw), backends=("sdpa", "math", "flex"))
+    _check(*_pair("swin_tiny_patch4_window7_224", **kw), backends=BACKENDS)
 
 
 def test_swin_tiny_224_matches_timm():

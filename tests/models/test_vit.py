@@ -9,6 +9,7 @@ import torch
 from torch.testing import assert_close
 
 import vitkit
+from tests.backends import needs_flex
 from vitkit.layers import resample_abs_pos_embed, sincos_2d
 from vitkit.models import VIT_PRESETS
 
@@ -59,6 +60,7 @@ def test_small_presets_match_timm(name):
     _check_logits(*_pair(name))
 
 
+@needs_flex
 def test_flex_backend_matches_timm():
     ours, theirs = _pair("vit_tiny_patch16_224", depth=4)
     _check_logits(ours, theirs, backends=("flex",))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,6 +63,18 @@ def _compiled_flex():
 @functools.cache
 def _warn_flex_fallback() -> None:
     log.warning("attn_backend='flex' has no backward on CPU; using 'sdpa' for forwards that need gradients")
+
+
+def flex_runs_on_cpu() -> bool:
+    """Whether torch.compile can build flex attention for this CPU: it needs AVX2 or better (the kernels
+    ATen dispatches to, which ``ATEN_CPU_CAPABILITY`` may lower) and is not built on macOS."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX") and sys.platform != "darwin"
+
+
+@functools.cache
+def _warn_flex_unsupported() -> None:
+    log.warning("attn_backend='flex' cannot be compiled for this CPU (it needs AVX2; capability %s); using 'sdpa'",
+                torch.backends.cpu.get_cpu_capability())
 
 
 def check_backend(backend: str) -> str:
@@ -221,6 +234,9 @@ class Attention(nn.Module):
         backend = "math" if return_attn else self.backend
         if backend == "flex" and x.device.type == "cpu" and torch.is_grad_enabled() and x.requires_grad:
             _warn_flex_fallback()
+            backend = "sdpa"
+        elif backend == "flex" and x.device.type == "cpu" and not flex_runs_on_cpu():
+            _warn_flex_unsupported()
             backend = "sdpa"
         dropout_p = self.attn_drop.p if self.training else 0.0
         attn = None

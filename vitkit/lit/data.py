@@ -52,7 +52,7 @@ class _TrainValLoaders(L.LightningDataModule):
 
     collate_fn = None  # how samples become a batch, when they are not plain (tensor, label) pairs
     drop_last_train = True  # image batches keep one size; text batches keep every example
-    may_yield_empty = False  # whether a batch can arrive as None (every file in it unreadable)
+    may_yield_empty = False  # whether a batch can arrive empty (every file in it unreadable)
     test_set: Dataset | None = None
 
     def _loader(self, ds: Dataset, train: bool) -> DataLoader:
