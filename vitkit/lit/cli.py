@@ -87,7 +87,10 @@ class VitkitCLI(LightningCLI):
     def before_fit(self) -> None:
         for cb in self.trainer.checkpoint_callbacks:
             if isinstance(cb, ModelCheckpoint):  # refuse to replace another run's last.ckpt, before any write
-                cb.check_fresh(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
+                try:
+                    cb.check_fresh(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
+                except FileExistsError as e:
+                    raise SystemExit(f"error: {e}") from None  # a message, not a traceback
 
 
 def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
