@@ -1,4 +1,4 @@
-"""What every vitkit LightningModule does with its hyper-parameters."""
+"""What a vitkit LightningModule carries through a checkpoint: its own hyper-parameters, every rank's random streams."""
 
 from __future__ import annotations
 
