@@ -13,8 +13,6 @@ Writes the CSV and, beside it, the same rows as JSON and a markdown table.
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import platform
 import statistics
 import time
@@ -23,6 +21,7 @@ from pathlib import Path
 import torch
 
 import vitkit
+from vitkit.bench import write_rows
 
 COLUMNS = ["model", "batch_size", "src_len", "new_tokens", "beam_size", "cache", "tokens_per_s", "tokens_per_s_min",
            "tokens_per_s_max", "ms_per_token", "speedup_vs_uncached", "device", "torch"]
@@ -76,12 +75,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          device=torch.cuda.get_device_name() if a.device.startswith("cuda") else platform.processor()
                          or platform.machine(), torch=torch.__version__))
     out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+    write_rows(rows, out, COLUMNS)
     head = ["model", "batch_size", "new_tokens", "beam_size", "cache", "tokens_per_s", "ms_per_token",
             "speedup_vs_uncached"]
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -253,13 +253,18 @@ def device_name(device: torch.device) -> str:
     return f"{platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
 
 
-def write_outputs(rows: list[dict], out: Path) -> None:
+def write_rows(rows: list[dict], out: Path, columns: list[str]) -> None:
+    """The rows as CSV at ``out`` and as JSON beside it (the decoding benchmark writes its rows the same way)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         w.writerows(rows)
     out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
+
+
+def write_outputs(rows: list[dict], out: Path) -> None:
+    write_rows(rows, out, COLUMNS)
     out.with_suffix(".md").write_text(markdown_table(rows))
     chart(rows, out.with_suffix(".png"))
 
