@@ -24,7 +24,7 @@ Backends (a config field stored on the module, never an environment variable):
     ``flex``  torch.nn.attention.flex_attention, compiled; the bias becomes a ``score_mod`` and the
               boolean masks a ``mask_mod`` / block mask that skips fully masked blocks. PyTorch has
               no flex backward on CPU, so a CPU forward that needs gradients falls back to ``sdpa``
-              (logged once).
+              (logged once); so does any CPU forward where torch.compile cannot build flex (no AVX2).
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def _warn_flex_fallback() -> None:
     log.warning("attn_backend='flex' has no backward on CPU; using 'sdpa' for forwards that need gradients")
 
 
+@functools.cache
 def flex_runs_on_cpu() -> bool:
     """Whether torch.compile can build flex attention for this CPU: it needs AVX2 or better (the kernels
     ATen dispatches to, which ``ATEN_CPU_CAPABILITY`` may lower) and is not built on macOS."""

@@ -54,6 +54,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
 
 
+def checkpoints_dir(trainer: L.Trainer) -> str:
+    """Where a run's checkpoints go unless a callback names its own ``dirpath``."""
+    return os.path.join(trainer.default_root_dir, "checkpoints")
+
+
 class ModelCheckpoint(_LightningModelCheckpoint):
     """Lightning's ModelCheckpoint, keeping one resumable run per ``default_root_dir``.
 
@@ -83,7 +88,7 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     def resolve_dirpath(self, trainer: L.Trainer) -> None:
         """Fix ``dirpath`` to ``<default_root_dir>/checkpoints`` unless one was given."""
         if self.dirpath is None:
-            self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
+            self.dirpath = checkpoints_dir(trainer)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.resolve_dirpath(trainer)

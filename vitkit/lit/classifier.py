@@ -28,7 +28,8 @@ class EMA(nn.Module):
         super().__init__()
         self.decay = decay
         self.module = copy.deepcopy(model).eval().requires_grad_(False)
-        self.register_buffer("updates", torch.zeros((), dtype=torch.long))  # optimizer steps averaged in
+        # optimizer steps averaged in; not saved, so checkpoints keep the keys they always had
+        self.register_buffer("updates", torch.zeros((), dtype=torch.long), persistent=False)
 
     def train(self, mode: bool = True) -> EMA:
         """The average is always evaluated as an inference model: its dropout and drop path stay off."""
@@ -134,6 +135,7 @@ class ImageClassifier(L.LightningModule):
         self.bad_steps = 0  # consecutive steps skipped for a non-finite loss
         self._stepped = False  # whether a micro-batch of the coming optimizer step had a loss
         self._compiled = False
+        self._rank_seeded = False
 
     def configure_model(self) -> None:
         if self.hparams.compile and not self._compiled:  # called again by every trainer.fit / test
@@ -141,7 +143,9 @@ class ImageClassifier(L.LightningModule):
             self._compiled = True
 
     def setup(self, stage: str) -> None:
-        seed_rank(self.trainer)  # before a resumed run restores every rank's own stream
+        if not self._rank_seeded:  # once: a later fit or test in the same process must not add it again
+            seed_rank(self.trainer)  # before a resumed run restores every rank's own stream
+            self._rank_seeded = True
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)

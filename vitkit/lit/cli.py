@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from .callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves
+from .callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
 from .classifier import ImageClassifier
 
 # What a module takes from its data module once the data is built: image classes, or vocabularies.
@@ -79,7 +79,7 @@ class VitkitCLI(LightningCLI):
         trainer = super().instantiate_trainer(**kwargs)
         for cb in trainer.checkpoint_callbacks:  # known before fit, so that --ckpt_path last finds last.ckpt
             if isinstance(cb, _LightningModelCheckpoint) and cb.dirpath is None:
-                cb.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
+                cb.dirpath = checkpoints_dir(trainer)
         if trainer.loggers and not any(isinstance(cb, LearningRateMonitor) for cb in trainer.callbacks):
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))  # it needs a logger
         return trainer
