@@ -5,7 +5,7 @@ import torch
 
 import vitkit
 from vitkit.lit import EMA
-from vitkit.lit.optim import build_adamw, inverse_sqrt, layer_id, param_groups, warmup_cosine
+from vitkit.lit.optim import build_adamw, inverse_sqrt, layer_ids, param_groups, warmup_cosine
 
 
 def test_no_weight_decay_on_norms_biases_positions_and_tokens():
@@ -27,8 +27,14 @@ def test_layer_decay_scales_lr_from_head_to_embeddings():
     assert scale["blocks.3.mlp.fc1.weight"] == 0.5
     assert scale["blocks.0.attn.qkv.weight"] == 0.5**4
     assert scale["patch_embed.proj.weight"] == scale["pos_embed"] == 0.5**5
-    assert layer_id("layers.2.blocks.1.attn.qkv.weight", [2, 2, 6, 2]) == 6
-    assert layer_id("layers.2.downsample.reduction.weight", [2, 2, 6, 2]) == 4
+    assert scale["norm.weight"] == scale["blocks.3.mlp.fc1.weight"]  # the final norm goes with the last block
+    s = vitkit.create_model("swin_tiny_patch4_window7_224", embed_dim=24)
+    ids = layer_ids(s)
+    assert ids["patch_embed.proj.weight"] == 0 and ids["layers.0.blocks.0.attn.qkv.weight"] == 1
+    assert ids["layers.2.blocks.1.attn.qkv.weight"] == 6
+    # patch merging goes with the first block of its stage (timm's group_matcher)
+    assert ids["layers.2.downsample.reduction.weight"] == ids["layers.2.blocks.0.attn.qkv.weight"] == 5
+    assert ids["head.fc.weight"] == 13 and ids["norm.weight"] == 12
     opt = build_adamw(m, lr=1e-3, weight_decay=0.05, betas=(0.9, 0.999), layer_decay=0.5)
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(m.parameters()))
 

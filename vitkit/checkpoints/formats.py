@@ -16,7 +16,7 @@ from torch import Tensor
 Rules = list[tuple[str, str | Callable[[re.Match], str]]]  # (pattern, replacement) for re.sub
 
 # Wrappers that training scripts put around the weights, in the order they are looked for.
-WRAPPERS = ("state_dict", "model", "module", "model_state_dict")
+WRAPPERS = ("state_dict", "model", "module", "model_state_dict", "encoder")  # encoder: I-JEPA
 EMA_WRAPPERS = ("state_dict_ema", "model_ema", "ema")
 PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
 DROPPED = ("relative_position_index", "attn_mask")  # buffers other libraries persist; vitkit rebuilds them

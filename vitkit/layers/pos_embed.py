@@ -61,3 +61,60 @@ def resample_abs_pos_embed(
     grid = F.interpolate(grid, size=tuple(new_size), mode=interpolation, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, C).to(dtype)  # (1, h'·w', C)
     return torch.cat([prefix, grid], dim=1)
+
+
+def _geometric_positions(src: int, dst: int) -> Tensor:
+    """Source offsets -(src//2)..src//2 spread out geometrically so the outermost lands near dst//2.
+
+    Near offsets keep unit spacing and far ones stretch (BEiT's scheme, which timm uses for Swin), so a
+    table trained for a small window keeps its fine detail where attention is strongest."""
+    n, target = src // 2, dst // 2
+    lo, hi = 1.01, 1.5
+    while hi - lo > 1e-6:  # bisect the ratio q of 1 + q + ... + q^(n-1) = target
+        q = (lo + hi) / 2
+        if (1 - q**n) / (1 - q) > target:
+            hi = q
+        else:
+            lo = q
+    dist = torch.tensor([sum(q**j for j in range(i + 1)) for i in range(n)], dtype=torch.float64)
+    return torch.cat([-dist.flip(0), torch.zeros(1, dtype=torch.float64), dist])
+
+
+def _linear_weights(src_pos: Tensor, dst_pos: Tensor) -> Tensor:
+    """(D, S) matrix of linear interpolation from points src_pos to dst_pos, clamped at the ends."""
+    x = dst_pos.clamp(src_pos[0], src_pos[-1])
+    right = torch.searchsorted(src_pos, x).clamp(1, len(src_pos) - 1)
+    left = right - 1
+    t = (x - src_pos[left]) / (src_pos[right] - src_pos[left])
+    w = torch.zeros(len(dst_pos), len(src_pos), dtype=torch.float64)
+    w[torch.arange(len(dst_pos)), left] = 1 - t
+    w[torch.arange(len(dst_pos)), right] += t
+    return w
+
+
+def resize_rel_pos_table(table: Tensor, new_window: tuple[int, int],
+                         old_window: tuple[int, int] | None = None) -> Tensor:
+    """Resize a Swin relative-position bias table ((2W-1)², heads) to ``new_window``.
+
+    Without ``old_window`` the source window is taken as square unless the table size rules that out,
+    as in timm's loader, and the result matches timm's resized load."""
+    L, heads = table.shape
+    dst = (2 * new_window[0] - 1, 2 * new_window[1] - 1)
+    side = math.isqrt(L)
+    if old_window is not None:
+        src = (2 * old_window[0] - 1, 2 * old_window[1] - 1)
+    elif side * side == L:
+        src = (side, side)
+    elif L == dst[0] * dst[1]:
+        src = dst
+    else:
+        raise ValueError(f"cannot tell the window of a relative-position table with {L} rows")
+    if src == dst:
+        return table
+    wy = _linear_weights(_geometric_positions(src[0], dst[0]),
+                         torch.arange(-(dst[0] // 2), dst[0] // 2 + 1, dtype=torch.float64))
+    wx = _linear_weights(_geometric_positions(src[1], dst[1]),
+                         torch.arange(-(dst[1] // 2), dst[1] // 2 + 1, dtype=torch.float64))
+    grid = table.double().T.reshape(heads, *src)  # (heads, src_h, src_w)
+    out = wy @ grid @ wx.T  # (heads, dst_h, dst_w); bilinear is separable
+    return out.reshape(heads, -1).T.to(table.dtype).contiguous()

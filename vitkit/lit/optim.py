@@ -9,49 +9,48 @@ import re
 import torch
 from torch import nn
 
-_BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")  # ViT: blocks.{i}.
-_STAGE_BLOCK = re.compile(r"(?:^|\.)layers\.(\d+)\.blocks\.(\d+)\.")  # Swin: layers.{s}.blocks.{j}.
-_STAGE = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # Swin patch merging: layers.{s}.downsample
+MERGE_WITH_PREVIOUS = 99999.0  # a group_matcher suffix: join the group before (the final norm, timm's convention)
 
 
-def _depths(model: nn.Module) -> list[int]:
-    """Blocks per stage: [depth] for ViT, the stage depths for hierarchical models."""
-    cfg = getattr(model, "cfg", None)
-    depths = getattr(cfg, "depths", None) or [getattr(cfg, "depth", 0)]
-    return list(depths)
+def layer_ids(model: nn.Module) -> dict[str, int]:
+    """Depth of each parameter by the model's ``group_matcher()`` (timm's convention): 0 for the stem,
+    then one per block in order; names no pattern matches (the head) get the largest id."""
+    rules = []
+    for ordinal, spec in enumerate(model.group_matcher(coarse=False).values()):
+        for pattern, suffix in spec if isinstance(spec, (list, tuple)) else [(spec, None)]:
+            rules.append((re.compile(pattern), (float(ordinal),), suffix))
 
+    def key(name: str) -> tuple[float, ...]:
+        for pattern, prefix, suffix in rules:
+            m = pattern.match(name)
+            if m:
+                return prefix + tuple(float(g) for g in m.groups() if g is not None) + tuple(map(float, suffix or ()))
+        return (math.inf,)
 
-def layer_id(name: str, depths: list[int]) -> int:
-    """0 for the embeddings, 1..L for the blocks in order, L+1 for the final norm and head."""
-    m = _STAGE_BLOCK.search(name)
-    if m:
-        s, j = int(m.group(1)), int(m.group(2))
-        return sum(depths[:s]) + j + 1
-    m = _BLOCK.search(name)
-    if m:
-        return int(m.group(1)) + 1
-    m = _STAGE.search(name)
-    if m:  # downsampling at the start of stage s belongs with the block before it
-        return sum(depths[: int(m.group(1))])
-    if any(k in name for k in ("patch_embed", "cls_token", "reg_token", "pos_embed", "absolute_pos_embed")):
-        return 0
-    return sum(depths) + 1
+    keys = {name: key(name) for name, _ in model.named_parameters()}
+    ids, lid = {}, -1
+    for k in sorted(set(keys.values())):
+        if lid < 0 or k[-1] != MERGE_WITH_PREVIOUS:
+            lid += 1
+        ids[k] = lid
+    return {name: ids[k] for name, k in keys.items()}
 
 
 def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
     """AdamW groups: no weight decay on 1-D params (norms, biases) and the model's ``no_weight_decay()``
     names (positions, class token, relative-position tables); with ``layer_decay`` each layer's LR is
-    scaled by ``layer_decay ** (L + 1 - layer_id)`` (BEiT/MAE fine-tuning)."""
+    scaled by ``layer_decay ** (L - layer_id)`` with layers from ``group_matcher()`` (BEiT/MAE fine-tuning,
+    the same groups as timm's ``param_groups_layer_decay``)."""
     skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
-    depths = _depths(model)
-    num_layers = sum(depths) + 1
+    ids = layer_ids(model) if layer_decay is not None else {}
+    top = max(ids.values(), default=0)
     groups: dict[tuple[int, bool], dict] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         no_decay = p.ndim <= 1 or name in skip or name.split(".")[-1] in skip
-        lid = layer_id(name, depths) if layer_decay is not None else num_layers
-        scale = layer_decay ** (num_layers - lid) if layer_decay is not None else 1.0
+        lid = ids.get(name, top)
+        scale = layer_decay ** (top - lid) if layer_decay is not None else 1.0
         g = groups.setdefault((lid, no_decay), {"params": [], "weight_decay": 0.0 if no_decay else weight_decay,
                                                  "lr_scale": scale, "names": []})
         g["params"].append(p)

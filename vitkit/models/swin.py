@@ -8,16 +8,23 @@ position bias and the shift mask broadcast over the batch inside the fused kerne
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..layers import AttnBackend, Block, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
+from ..layers.pos_embed import resize_rel_pos_table
 from ..layers.window import WindowPlan, token_index
 from .config import IMAGENET, DataConfig, check_image, pair
+from .features import new_head, resize_patch_conv, take_indices
+
+POOLS = ("avg", "max", "avgmax", "")  # "": no pooling, the head sees the (B, H, W, C) map
 
 
 @dataclass
@@ -31,7 +38,7 @@ class SwinConfig(DataConfig):
     embed_dim: int = 96  # doubles at every stage
     depths: tuple[int, ...] = (2, 2, 6, 2)
     num_heads: tuple[int, ...] = (3, 6, 12, 24)
-    window_size: int | tuple[int, ...] = 7  # one for all stages, or one per stage
+    window_size: int | tuple = 7  # one for all stages, or one per stage (an int or an (h, w) pair each)
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     norm_eps: float = 1e-5
@@ -40,6 +47,7 @@ class SwinConfig(DataConfig):
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.1
     attn_backend: AttnBackend = "sdpa"
+    global_pool: Literal["avg", "max", "avgmax", ""] = "avg"
     crop_pct: float = 0.9
 
     def __post_init__(self) -> None:
@@ -47,13 +55,16 @@ class SwinConfig(DataConfig):
         self.depths, self.num_heads = tuple(self.depths), tuple(self.num_heads)
         if len(self.depths) != len(self.num_heads):
             raise ValueError(f"depths {self.depths} and num_heads {self.num_heads} need one entry per stage")
-        if len(self.stage_windows) != len(self.depths):
+        if not isinstance(self.window_size, int) and len(self.window_size) != len(self.depths):
             raise ValueError(f"window_size {self.window_size} needs one entry per stage ({len(self.depths)})")
+        if self.global_pool not in POOLS:
+            raise ValueError(f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
 
     @property
-    def stage_windows(self) -> tuple[int, ...]:
+    def stage_windows(self) -> tuple[tuple[int, int], ...]:
+        """The (h, w) window of each stage, before it shrinks to a smaller map."""
         ws = self.window_size
-        return (ws,) * len(self.depths) if isinstance(ws, int) else tuple(ws)
+        return ((ws, ws),) * len(self.depths) if isinstance(ws, int) else tuple(pair(w) for w in ws)
 
     @property
     def stage_sizes(self) -> list[tuple[int, int]]:
@@ -92,7 +103,8 @@ class SwinStage(nn.Module):
         super().__init__()
         H, W = cfg.stage_sizes[i]
         w = cfg.stage_windows[i]
-        self.window = (min(w, H), min(w, W))  # a window larger than the map shrinks to it
+        self.window = (min(w[0], H), min(w[1], W))  # a window larger than the map shrinks to it
+        self.grad_checkpointing = False
         self.downsample = PatchMerging(dim, out_dim, cfg.norm_eps) if i else nn.Identity()
         self.blocks = nn.Sequential(*[
             Block(out_dim, cfg.num_heads[i], mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.proj_drop_rate,
@@ -100,6 +112,17 @@ class SwinStage(nn.Module):
                   attn_backend=cfg.attn_backend)
             for dp in drop_path
         ])
+
+    def set_window(self, window: tuple[int, int]) -> None:
+        """Use another window; each block's relative-position table is resized to it."""
+        for blk in self.blocks:
+            attn = blk.attn
+            if tuple(attn.rel_pos_window) != tuple(window):
+                table = resize_rel_pos_table(attn.relative_position_bias_table, window, attn.rel_pos_window)
+                attn.relative_position_bias_table = nn.Parameter(
+                    table, requires_grad=attn.relative_position_bias_table.requires_grad)
+                attn.rel_pos_window = tuple(window)
+        self.window = tuple(window)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.downsample(x)
@@ -112,21 +135,32 @@ class SwinStage(nn.Module):
         for blk, plan in zip(self.blocks, plans, strict=True):
             x = x.index_select(1, token_index(prev, plan, x.device))  # (B, nW·N, C)
             bias = blk.attn.relative_position_bias(plan.window)[None, None]  # (1, 1, heads, N, N)
-            x = blk(x.view(B, plan.num_windows, -1, C), bias=bias, attn_mask=plan.mask(x.device))
+            x = x.view(B, plan.num_windows, -1, C)  # (B, nW, N, C)
+            if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
+                x = checkpoint(blk, x, bias=bias, attn_mask=plan.mask(x.device), use_reentrant=False)
+            else:
+                x = blk(x, bias=bias, attn_mask=plan.mask(x.device))
             x, prev = x.flatten(1, 2), plan
         return x.index_select(1, token_index(prev, None, x.device)).view(B, H, W, C)
 
 
 class PoolHead(nn.Module):
-    """Global average pool over the map, dropout, linear classifier (``head.fc`` as in timm)."""
+    """Global pool over the map (average by default), dropout, linear classifier (``head.fc`` as in timm)."""
 
-    def __init__(self, dim: int, num_classes: int, drop: float) -> None:
+    def __init__(self, dim: int, num_classes: int, drop: float, pool: str = "avg") -> None:
         super().__init__()
+        self.pool = pool
         self.drop = nn.Dropout(drop)
         self.fc = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def forward(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        x = self.drop(x.mean(dim=(1, 2)))  # (B, C)
+        if self.pool == "avg":
+            x = x.mean(dim=(1, 2))  # (B, C)
+        elif self.pool == "max":
+            x = x.amax(dim=(1, 2))
+        elif self.pool == "avgmax":
+            x = 0.5 * (x.mean(dim=(1, 2)) + x.amax(dim=(1, 2)))
+        x = self.drop(x)
         return x if pre_logits else self.fc(x)
 
 
@@ -147,7 +181,11 @@ class SwinTransformer(nn.Module):
             for i, d in enumerate(cfg.depths)
         ])
         self.norm = nn.LayerNorm(self.num_features, eps=cfg.norm_eps)
-        self.head = PoolHead(self.num_features, cfg.num_classes, cfg.drop_rate)
+        self.head = PoolHead(self.num_features, cfg.num_classes, cfg.drop_rate, cfg.global_pool)
+        self.feature_info = [dict(num_chs=d, reduction=cfg.patch_size * 2**i, module=f"layers.{i}")
+                             for i, d in enumerate(dims)]
+        self.output_fmts = ("NHWC", "NCHW")  # what forward_intermediates can return; NHWC for features_only
+        self._ref_windows, self._ref_grid = cfg.stage_windows, self._grid()  # set_input_size scales from these
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -163,21 +201,129 @@ class SwinTransformer(nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {"relative_position_bias_table"}
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images (B, C_in, H, W) of any size -> final map (B, H/32, W/32, C); sizes that are not a
-        multiple of the patch are zero-padded, as the official detection backbone does."""
+    def _embed(self, x: Tensor) -> Tensor:
+        """Images (B, C_in, H, W) of any size -> patch map (B, H/p, W/p, C); sizes that are not a multiple
+        of the patch are zero-padded, as the official detection backbone does."""
         check_image(x, self.cfg.in_chans, None, type(self).__name__)
         p = self.cfg.patch_size
         if x.shape[-2] % p or x.shape[-1] % p:
             x = F.pad(x, (0, -x.shape[-1] % p, 0, -x.shape[-2] % p))
-        x = self.layers(self.patch_embed(x))
-        return self.norm(x)
+        return self.patch_embed(x)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images (B, C_in, H, W) of any size -> final map (B, H/32, W/32, C)."""
+        return self.norm(self.layers(self._embed(x)))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         return self.head(x, pre_logits=pre_logits)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
+
+    # -- timm's model interface: fine-tuning and backbones --------------------------------------------
+
+    @property
+    def num_classes(self) -> int:
+        return self.cfg.num_classes
+
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new, freshly initialised head for ``num_classes`` (0: none, forward returns pooled features)."""
+        if global_pool is not None:
+            if global_pool not in POOLS:
+                raise ValueError(f"global_pool must be one of {POOLS}, got {global_pool!r}")
+            self.cfg.global_pool = self.head.pool = global_pool
+        self.cfg.num_classes = num_classes
+        self.head.fc = new_head(self.num_features, num_classes, self.patch_embed.proj.weight)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them (less memory)."""
+        for stage in self.layers:
+            stage.grad_checkpointing = enable
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """Parameter groups by depth (timm's), for layer-wise LR decay: the stem, each block (patch merging
+        with the first block of its stage), the final norm; ``coarse``: one group per stage."""
+        return dict(stem=r"^patch_embed", blocks=r"^layers\.(\d+)" if coarse else [
+            (r"^layers\.(\d+).downsample", (0,)), (r"^layers\.(\d+)\.\w+\.(\d+)", None), (r"^norm", (99999,))])
+
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, norm: bool = False,
+                              stop_early: bool = False, output_fmt: str = "NCHW", intermediates_only: bool = False):
+        """(final normed map (B, h, w, C), [stage outputs]) or, with ``intermediates_only``, the list alone.
+
+        ``indices``: the last n stages for an int, the listed ones for a sequence, all for None. Stage
+        outputs are (B, C, h, w) for ``NCHW`` and (B, h, w, C) for ``NHWC``; ``norm`` applies the final
+        norm to the last stage's (the only one it is sized for)."""
+        if output_fmt not in self.output_fmts:
+            raise ValueError(f"output_fmt must be one of {self.output_fmts}, got {output_fmt!r}")
+        taken, last = take_indices(len(self.layers), indices)
+        x = self._embed(x)
+        out, final = [], len(self.layers) - 1
+        for i, stage in enumerate(self.layers[: last + 1] if stop_early else self.layers):
+            x = stage(x)  # (B, h, w, C)
+            if i in taken:
+                y = self.norm(x) if norm and i == final else x
+                out.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)
+        if intermediates_only:
+            return out
+        return (self.norm(x) if i == final else x), out
+
+    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """Drop the stages after the last of ``indices`` (and the final norm / head); returns the indices."""
+        taken, last = take_indices(len(self.layers), indices)
+        cut = last < len(self.layers) - 1
+        if prune_norm or cut:
+            self.norm = nn.Identity()  # sized for the last stage only
+        self.layers = self.layers[: last + 1]
+        cfg = self.cfg
+        windows = cfg.window_size if isinstance(cfg.window_size, int) else tuple(cfg.window_size[: last + 1])
+        cfg.depths, cfg.num_heads, cfg.window_size = cfg.depths[: last + 1], cfg.num_heads[: last + 1], windows
+        self._ref_windows, self.feature_info = self._ref_windows[: last + 1], self.feature_info[: last + 1]
+        if cut:
+            self.num_features = self.feature_info[last]["num_chs"]
+        if prune_head or cut:
+            self.reset_classifier(0, "")
+        return taken
+
+    def _grid(self) -> tuple[int, int]:
+        return tuple(s // self.cfg.patch_size for s in pair(self.cfg.img_size))
+
+    @torch.no_grad()
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None,
+                       window_size: int | Sequence | None = None, window_ratio: int | Sequence[int] | None = None,
+                       ) -> None:
+        """Plan the windows for another input size, as timm does: each stage's window scales with the patch
+        grid (224 -> 384 takes window 7 to 12), unless ``window_size`` (an int or (h, w) for all stages, or
+        one per stage) or ``window_ratio`` (grid // ratio) sets it. Relative-position tables are resized."""
+        n = len(self.layers)
+        if window_size is not None:
+            windows = _per_stage(window_size, n)
+        elif window_ratio is not None:
+            ratios = (window_ratio,) * n if isinstance(window_ratio, int) else tuple(window_ratio)
+            if len(ratios) != n:
+                raise ValueError(f"window_ratio {window_ratio} needs one entry per stage ({n})")
+        if patch_size is not None and patch_size != self.cfg.patch_size:
+            resize_patch_conv(self.patch_embed, patch_size)
+            self.cfg.patch_size = patch_size
+            for i, info in enumerate(self.feature_info):
+                info["reduction"] = patch_size * 2**i
+        if img_size is not None:
+            self.cfg.img_size = img_size
+        grid = self._grid()
+        if window_ratio is not None and window_size is None:
+            windows = tuple((max(1, grid[0] // r), max(1, grid[1] // r)) for r in ratios)
+        elif window_size is None:
+            ref = self._ref_grid
+            windows = tuple((max(1, w[0] * grid[0] // ref[0]), max(1, w[1] * grid[1] // ref[1]))
+                            for w in self._ref_windows)
+        if window_size is not None or window_ratio is not None:  # the new reference for later resizes
+            self._ref_windows, self._ref_grid = windows, grid
+        self.cfg.window_size = tuple(w[0] if w[0] == w[1] else w for w in windows)
+        for stage, (H, W), w in zip(self.layers, self.cfg.stage_sizes, windows, strict=True):
+            stage.set_window((min(w[0], H), min(w[1], W)))
 
     @torch.no_grad()
     def attention_maps(self, x: Tensor, stage: int = 0, block: int = 0) -> tuple[Tensor, WindowPlan]:
@@ -197,6 +343,18 @@ class SwinTransformer(nn.Module):
                     return attn, plan
                 x = plan.reverse(blk(windows, bias=bias, attn_mask=plan.mask(x.device)))
         raise IndexError(f"no block {block} in stage {stage}")
+
+
+def _per_stage(window: int | Sequence, n: int) -> tuple[tuple[int, int], ...]:
+    """An int or (h, w) for every stage, or one entry per stage -> n (h, w) pairs."""
+    if isinstance(window, int):
+        return ((window, window),) * n
+    window = tuple(window)
+    if len(window) == 2 and n != 2 and all(isinstance(w, int) for w in window):
+        return (window,) * n
+    if len(window) != n:
+        raise ValueError(f"window_size {window}: expected an int, an (h, w) pair or one entry per stage ({n})")
+    return tuple(pair(w) for w in window)
 
 
 def _row(embed_dim: int, depths: tuple[int, ...], heads: tuple[int, ...], window: int, img: int) -> dict:

@@ -6,15 +6,21 @@ loads with ``strict=True`` and no conversion.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..layers import AttnBackend, Block, PatchEmbed, drop_path_rates, sincos_2d
 from ..layers.attention import check_backend
+from ..layers.pos_embed import resample_abs_pos_embed
 from .config import IMAGENET, INCEPTION, RAW, DataConfig, check_image, pair
+from .features import new_head, resize_patch_conv, take_indices
+
+POOLS = ("token", "avg", "max", "avgmax", "")  # "": no pooling, the head sees every token
 
 
 @dataclass
@@ -33,7 +39,7 @@ class ViTConfig(DataConfig):
     qkv_bias: bool = True
     class_token: bool = True
     reg_tokens: int = 0  # register tokens (Darcet et al., 2024), after the class token
-    global_pool: Literal["token", "avg"] = "token"
+    global_pool: Literal["token", "avg", "max", "avgmax", ""] = "token"
     fc_norm: bool | None = None  # norm after pooling instead of before; None = only for avg pooling
     no_embed_class: bool = False  # positions cover patches only (DeiT III, big_vision)
     pos_embed: Literal["learn", "sincos"] = "learn"
@@ -49,8 +55,8 @@ class ViTConfig(DataConfig):
 
     def __post_init__(self) -> None:
         check_backend(self.attn_backend)
-        if self.global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be 'token' or 'avg', got {self.global_pool!r}")
+        if self.global_pool not in POOLS:
+            raise ValueError(f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs class_token=True")
         if self.pos_embed not in ("learn", "sincos"):
@@ -98,6 +104,9 @@ class VisionTransformer(nn.Module):
         self.fc_norm = nn.LayerNorm(C, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(C, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        self.grad_checkpointing = False
+        self.feature_info = [dict(num_chs=C, reduction=cfg.patch_size, module=f"blocks.{i}") for i in range(cfg.depth)]
+        self.output_fmts = ("NCHW", "NLC")  # what forward_intermediates returns, the default first
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -131,20 +140,127 @@ class VisionTransformer(nn.Module):
             x = torch.cat([*prefix, x], dim=1) + self.pos_embed
         return self.pos_drop(x)
 
+    def _embed(self, x: Tensor) -> Tensor:
+        check_image(x, self.cfg.in_chans, pair(self.cfg.img_size), type(self).__name__)
+        return self.norm_pre(self._pos_embed(self.patch_embed(x)))  # (B, prefix + N, C)
+
+    def _block(self, blk: nn.Module, x: Tensor) -> Tensor:
+        if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
+            return checkpoint(blk, x, use_reentrant=False)
+        return blk(x)
+
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) -> normed tokens (B, prefix + N, C)."""
-        check_image(x, self.cfg.in_chans, pair(self.cfg.img_size), type(self).__name__)
-        x = self._pos_embed(self.patch_embed(x))  # (B, prefix + N, C)
-        x = self.blocks(self.norm_pre(x))
+        x = self._embed(x)
+        for blk in self.blocks:
+            x = self._block(blk, x)
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        if self.cfg.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens:].mean(dim=1)
-        else:
+        pool, patches = self.cfg.global_pool, x[:, self.num_prefix_tokens:]
+        if pool == "token":
             x = x[:, 0]
+        elif pool == "avg":
+            x = patches.mean(dim=1)
+        elif pool == "max":
+            x = patches.amax(dim=1)
+        elif pool == "avgmax":
+            x = 0.5 * (patches.mean(dim=1) + patches.amax(dim=1))
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
+
+    # -- timm's model interface: fine-tuning and backbones --------------------------------------------
+
+    @property
+    def num_classes(self) -> int:
+        return self.cfg.num_classes
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new, freshly initialised head for ``num_classes`` (0: none, forward returns pooled features)."""
+        if global_pool is not None:
+            if global_pool not in POOLS or (global_pool == "token" and self.cls_token is None):
+                raise ValueError(f"global_pool must be one of {POOLS} ('token' needs the class token), "
+                                 f"got {global_pool!r}")
+            self.cfg.fc_norm = not isinstance(self.fc_norm, nn.Identity)  # the norms stay where they are
+            self.cfg.global_pool = global_pool
+        self.cfg.num_classes = num_classes
+        self.head = new_head(self.num_features, num_classes, self.patch_embed.proj.weight)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them (less memory)."""
+        self.grad_checkpointing = enable
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """Parameter groups by depth (timm's), for layer-wise LR decay: the stem, each block, the final norm."""
+        return dict(stem=r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre",
+                    blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
+
+    def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None,
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False):
+        """(final normed tokens, [block outputs]) or, with ``intermediates_only``, the list alone.
+
+        ``indices``: the last n blocks for an int, the listed ones for a sequence, all for None. Outputs
+        are maps (B, C, h, w) for ``NCHW`` or patch tokens (B, N, C) for ``NLC``; ``return_prefix_tokens``
+        pairs each with its class/register tokens (B, prefix, C); ``norm`` applies the final norm to each."""
+        if output_fmt not in self.output_fmts:
+            raise ValueError(f"output_fmt must be one of {self.output_fmts}, got {output_fmt!r}")
+        taken, last = take_indices(len(self.blocks), indices)
+        B, _, H, W = x.shape
+        x = self._embed(x)
+        out = []
+        for i, blk in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
+            x = self._block(blk, x)
+            if i in taken:
+                out.append(self.norm(x) if norm else x)
+        p = self.num_prefix_tokens
+        prefix, out = [y[:, :p] for y in out], [y[:, p:] for y in out]
+        if output_fmt == "NCHW":
+            gh, gw = H // self.cfg.patch_size, W // self.cfg.patch_size
+            out = [y.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous() for y in out]  # (B, C, h, w)
+        if return_prefix_tokens and p:
+            out = list(zip(out, prefix, strict=True))
+        return out if intermediates_only else (self.norm(x), out)
+
+    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """Drop the blocks after the last of ``indices`` (and the final norm / head); returns the indices."""
+        taken, last = take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: last + 1]
+        self.cfg.depth = last + 1
+        self.feature_info = self.feature_info[: last + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0, "")
+        return taken
+
+    @torch.no_grad()
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
+        """Take another input resolution and/or patch size: the learned positions are resampled (bicubic)
+        to the new patch grid and the patch kernel is pseudo-inverse resized, as timm does."""
+        old_grid = self.cfg.grid_size
+        if patch_size is not None and patch_size != self.cfg.patch_size:
+            resize_patch_conv(self.patch_embed, patch_size)
+            self.cfg.patch_size = patch_size
+            for info in self.feature_info:
+                info["reduction"] = patch_size
+        if img_size is not None:
+            self.cfg.img_size = img_size
+        grid = self.cfg.grid_size
+        if grid == old_grid:
+            return
+        prefix = 0 if self.cfg.no_embed_class else self.num_prefix_tokens
+        if isinstance(self.pos_embed, nn.Parameter):
+            self.pos_embed = nn.Parameter(resample_abs_pos_embed(self.pos_embed, grid, old_grid, prefix),
+                                          requires_grad=self.pos_embed.requires_grad)
+        else:
+            pe = sincos_2d(grid, self.num_features).to(self.pos_embed)
+            self.pos_embed = torch.cat([pe.new_zeros(prefix, pe.shape[-1]), pe])[None]
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
@@ -152,8 +268,7 @@ class VisionTransformer(nn.Module):
     @torch.no_grad()
     def attention_maps(self, x: Tensor) -> list[Tensor]:
         """Per-layer attention probabilities (B, H, N, N), from the `math` reference path."""
-        check_image(x, self.cfg.in_chans, pair(self.cfg.img_size), type(self).__name__)
-        x = self.norm_pre(self._pos_embed(self.patch_embed(x)))
+        x = self._embed(x)
         maps = []
         for blk in self.blocks:
             _, attn = blk.attn(blk.norm1(x), return_attn=True)
