@@ -1,7 +1,9 @@
-"""The ``vitkit`` command: train, predict, models, bench, convert, attention-map, pos-embed.
+"""The ``vitkit`` command: train, predict, download, models, bench, convert, attention-map, pos-embed.
 
     vitkit train fit --config configs/vit_tiny_digits.yaml        # = python train.py fit ...
     vitkit predict cat.jpg dog.png --checkpoint runs/.../best.ckpt --topk 3
+    vitkit predict cat.jpg --model vit_base_patch16_224.augreg2_in21k_ft_in1k   # pretrained, by timm's tag
+    vitkit download vit_base_patch16_224.augreg2_in21k_ft_in1k Swin_T_Weights.IMAGENET1K_V1
     vitkit models 'swin*'
     vitkit bench --models vit_base_patch16_224 --peers timm       # throughput beside timm (vitkit/bench.py)
     vitkit convert vit_b_16.pth export/ --model vit_base_patch16_224
@@ -22,8 +24,16 @@ OVERRIDES = "config fields as JSON, for files that do not record them, e.g. '{\"
 
 def _load(args: argparse.Namespace) -> torch.nn.Module:
     import vitkit
+    from vitkit.checkpoints.hub import MissingWeightsError
 
-    net = vitkit.create_model(args.model, checkpoint=args.checkpoint, **json.loads(args.overrides)).eval()
+    if args.checkpoint is None and args.model is None:
+        raise SystemExit("error: give --checkpoint FILE, or --model NAME for pretrained weights by name "
+                         "(a timm tag such as vit_base_patch16_224.augreg2_in21k_ft_in1k, or torchvision weights)")
+    try:
+        net = vitkit.create_model(args.model, checkpoint=args.checkpoint, pretrained=args.checkpoint is None,
+                                  **json.loads(args.overrides)).eval()
+    except MissingWeightsError as e:
+        raise SystemExit(f"error: {e}") from None
     if vitkit.models.family(net.name) == "seq2seq":
         raise SystemExit(f"{args.checkpoint} holds an encoder-decoder ({net.name}); this command takes classifiers")
     return net
@@ -61,6 +71,26 @@ def predict(args: argparse.Namespace) -> int:
         top = p.topk(min(args.topk, len(p)))
         print(f"{path}: " + ", ".join(f"{names[i]} {v:.3f}" for v, i in zip(top.values.tolist(), top.indices.tolist(),
                                                                            strict=True)))
+    return 1 if failed else 0
+
+
+def download(args: argparse.Namespace) -> int:
+    """Fetch pretrained weights into their cache (the Hugging Face cache, or torch hub's), for offline use."""
+    from vitkit.checkpoints.hub import MissingWeightsError, resolve
+
+    failed = 0
+    for name in args.names:
+        try:
+            source = resolve(name)
+            path = source.cached()
+            state = "already cached"
+            if path is None:
+                path, state = source.download(), "downloaded"
+        except (MissingWeightsError, ValueError) as e:
+            print(f"{name}: error: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{source.name}: {state}: {path}")
     return 1 if failed else 0
 
 
@@ -170,11 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="img/s, GMACs, MFU and memory beside timm and torchvision (see `vitkit bench --help`)")
     s = sub.add_parser("predict", help="top-k classes for image files")
     s.add_argument("images", nargs="+")
-    s.add_argument("--checkpoint", required=True, help="any format vitkit reads (a .ckpt keeps the class names)")
-    s.add_argument("--model", help="preset name, for checkpoint formats that do not record it")
+    s.add_argument("--checkpoint", help="any format vitkit reads (a .ckpt keeps the class names)")
+    s.add_argument("--model", help="without --checkpoint: pretrained weights by name (a timm tag or torchvision "
+                                   "weights); with it: the preset, for formats that do not record it")
     s.add_argument("--overrides", default="{}", help=OVERRIDES)
     s.add_argument("--topk", type=int, default=5)
     s.set_defaults(fn=predict)
+    s = sub.add_parser("download", help="fetch pretrained weights by name into their cache, for offline use")
+    s.add_argument("names", nargs="+", help="timm tags (vit_small_patch16_224.augreg_in21k_ft_in1k), torchvision "
+                                            "weights (Swin_T_Weights.IMAGENET1K_V1) or hf-hub:REPO")
+    s.set_defaults(fn=download)
     s = sub.add_parser("models", help="table of presets: params, GMACs, image size, family")
     s.add_argument("pattern", nargs="?", default="*")
     s.add_argument("--no-flops", action="store_true", help="skip counting GMACs")
@@ -187,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(fn=convert)
     s = sub.add_parser("attention-map", help="attention over an image: rollout (ViT) or per-window (Swin)")
     s.add_argument("image")
-    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--checkpoint", help="any format vitkit reads; without it, --model names pretrained weights")
     s.add_argument("--model")
     s.add_argument("--overrides", default="{}", help=OVERRIDES)
     s.add_argument("-o", "--output", default="attention.png")
@@ -195,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--block", type=int, default=1, help="Swin: which block (1 = the first shifted one)")
     s.set_defaults(fn=attention_map)
     s = sub.add_parser("pos-embed", help="similarity of learned position embeddings, beside fixed 2-D sin-cos")
-    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--checkpoint", help="any format vitkit reads; without it, --model names pretrained weights")
     s.add_argument("--model")
     s.add_argument("--overrides", default="{}", help=OVERRIDES)
     s.add_argument("-o", "--output", default="pos_embed.png")

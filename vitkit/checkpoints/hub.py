@@ -14,6 +14,7 @@ one is downloaded unless ``HF_HUB_OFFLINE`` is set or the host cannot be reached
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -149,15 +150,11 @@ def _url_filename(url: str) -> str:
 def _why_offline(hf: bool, url: str | None) -> str | None:
     """Why a download cannot start, or None. Checked up front, so that no network fails fast instead of
     waiting out the hub client's retries."""
-    if hf:
-        from huggingface_hub import constants
+    from huggingface_hub import constants
 
-        if constants.HF_HUB_OFFLINE:
-            return "HF_HUB_OFFLINE is set"
-        endpoint = constants.ENDPOINT
-    else:
-        endpoint = url
-    return _unreachable(endpoint)
+    if constants.is_offline_mode():  # timm users' offline switch; it holds for torch hub downloads too
+        return "HF_HUB_OFFLINE is set"
+    return _unreachable(constants.ENDPOINT if hf else url)
 
 
 def _unreachable(url: str, timeout: float = 5.0) -> str | None:
@@ -213,7 +210,10 @@ def _timm(name: str) -> Pretrained:
     preset, tag = split_tag(name)
     _find(preset)  # a readable error for an unknown preset
     known = timm.list_pretrained(f"{preset}.*")
-    cfg = get_pretrained_cfg(name)
+    try:
+        cfg = get_pretrained_cfg(name)
+    except RuntimeError:  # timm: an invalid tag for the architecture
+        cfg = None
     if cfg is None or (tag is None and not known):
         tags = ", ".join(k.split(".", 1)[1] for k in known) or "none"
         raise ValueError(f"timm knows no pretrained weights {name!r}; the tags of {preset} are: {tags}")
@@ -235,13 +235,18 @@ def _timm_labels(pcfg: dict) -> list[str] | None:
     """Class names of a timm tag: its own, else those of the ImageNet subset it was trained on."""
     if pcfg.get("label_names"):
         return list(pcfg["label_names"])
-    from timm.data import ImageNetInfo, infer_imagenet_subset
+    from timm.data import infer_imagenet_subset
 
     subset = infer_imagenet_subset(pcfg)
-    if not subset:
-        return None
-    info = ImageNetInfo(subset)
-    return list(info.label_descriptions()) if info.num_classes() == pcfg["num_classes"] else None
+    labels = _imagenet_labels(subset) if subset else None
+    return list(labels) if labels and len(labels) == pcfg["num_classes"] else None
+
+
+@functools.lru_cache(maxsize=8)
+def _imagenet_labels(subset: str) -> tuple[str, ...]:
+    from timm.data import ImageNetInfo
+
+    return tuple(ImageNetInfo(subset).label_descriptions())
 
 
 def _torchvision(name: str) -> Pretrained:
@@ -259,7 +264,7 @@ def _torchvision(name: str) -> Pretrained:
     t = weights.transforms()
     crop, resize = t.crop_size[0], t.resize_size[0]
     config = dict(fields, img_size=(crop, crop), num_classes=len(weights.meta["categories"]), mean=tuple(t.mean),
-                  std=tuple(t.std), crop_pct=round(crop / resize, 4), interpolation=t.interpolation.value)
+                  std=tuple(t.std), crop_pct=crop / resize, interpolation=t.interpolation.value)
     full = f"{type(weights).__name__}.{weights.name}"  # DEFAULT -> the weights it stands for
     pcfg = {"url": weights.url, "architecture": preset, "tag": full, "input_size": (3, crop, crop),
             **{k: config[k] for k in ("mean", "std", "crop_pct", "interpolation", "num_classes")}}

@@ -1,0 +1,262 @@
+"""Pretrained weights by name, offline-first: a real Hugging Face cache and a real torch hub cache are
+written in a temporary folder from randomly initialised timm / torchvision models; vitkit and the library
+that wrote them read the same cache and must give the same logits, with no network call."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import torchvision
+from huggingface_hub import constants
+from safetensors.torch import save_file
+from torch.testing import assert_close
+
+import vitkit
+from vitkit.checkpoints import hub
+from vitkit.checkpoints.formats import to_vitkit
+from vitkit.checkpoints.hub import MissingWeightsError
+from vitkit.models.config import pair
+
+VIT_TAG = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+SWIN_TAG = "swin_tiny_patch4_window7_224.ms_in1k"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_hub_repo(cache: Path, repo_id: str, files: dict[str, Path]) -> Path:
+    """The Hugging Face cache layout: models--org--name/refs/main and snapshots/<commit>/<files>."""
+    folder = cache / f"models--{repo_id.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    (folder / "refs" / "main").write_text(COMMIT)
+    snap = folder / "snapshots" / COMMIT
+    snap.mkdir(parents=True, exist_ok=True)
+    for name, src in files.items():
+        (snap / name).write_bytes(src.read_bytes())
+    return snap
+
+
+def _random(model: torch.nn.Module) -> torch.nn.Module:
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    return model.eval()
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """An empty Hugging Face cache, offline (for timm too: both read huggingface_hub's settings)."""
+    cache = tmp_path / "hf"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a connection fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a network call was made: {args}")
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+def _cache_timm_weights(cache: Path, tag: str, tmp_path: Path) -> torch.nn.Module:
+    model = _random(timm.create_model(tag.split(".")[0], pretrained=False, num_classes=timm.models.get_pretrained_cfg(
+        tag).num_classes))
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+    write_hub_repo(cache, f"timm/{tag}", {"model.safetensors": path})
+    return model
+
+
+@pytest.mark.parametrize("tag", [VIT_TAG, SWIN_TAG])
+def test_timm_tag_from_the_hub_cache_gives_timms_logits_with_no_network_call(tag, hf_cache, tmp_path, monkeypatch,
+                                                                             no_network):
+    _cache_timm_weights(hf_cache, tag, tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # offline-first: a cached file needs no network
+    ours = vitkit.create_model(tag, pretrained=True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    theirs = timm.create_model(tag, pretrained=True).eval()
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert_close(ours.eval()(x), theirs(x), atol=1e-4, rtol=0)
+    assert ours.load_report.ok
+    cfg = theirs.pretrained_cfg
+    for k in ("mean", "std", "crop_pct", "interpolation", "num_classes", "input_size", "hf_hub_id"):
+        assert tuple(ours.pretrained_cfg[k]) == tuple(cfg[k]) if isinstance(cfg[k], tuple) else \
+            ours.pretrained_cfg[k] == cfg[k], k
+    assert (ours.cfg.mean, ours.cfg.crop_pct) == (tuple(cfg["mean"]), cfg["crop_pct"])
+    assert len(ours.class_names) == 1000 and ours.class_names[0].startswith("tench")
+
+
+def test_fine_tune_from_a_tag_matches_timm_at_a_new_size_and_head(hf_cache, tmp_path):
+    _cache_timm_weights(hf_cache, VIT_TAG, tmp_path)
+    ours = vitkit.create_model(VIT_TAG, pretrained=True, num_classes=10, img_size=96).eval()
+    theirs = timm.create_model(VIT_TAG, pretrained=True, num_classes=10, img_size=96).eval()
+    x = torch.randn(2, 3, 96, 96, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert_close(ours.forward_features(x), theirs.forward_features(x), atol=1e-4, rtol=0)
+    assert ours(x).shape == (2, 10) and ours.class_names is None  # a new head: the 1000 labels do not apply
+    assert ours.cfg.mean == (0.5, 0.5, 0.5)  # the tag's preprocessing is kept
+
+
+def test_torchvision_weights_from_torch_hub_cache_give_torchvisions_logits(tmp_path, monkeypatch, hf_cache,
+                                                                           no_network):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    weights = torchvision.models.Swin_T_Weights.IMAGENET1K_V1
+    model = _random(torchvision.models.swin_t())
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(weights.url)
+    cached.parent.mkdir(parents=True)
+    torch.save(model.state_dict(), cached)
+    ours = vitkit.create_model("Swin_T_Weights.IMAGENET1K_V1", pretrained=True).eval()
+    theirs = torchvision.models.swin_t(weights=weights).eval()  # reads the same cached file
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert_close(ours(x), theirs(x), atol=1e-4, rtol=0)
+    assert ours.class_names == weights.meta["categories"]
+    assert ours.cfg.crop_pct == pytest.approx(224 / 232) and ours.cfg.interpolation == "bicubic"
+    assert vitkit.create_model("Swin_T_Weights.DEFAULT", pretrained=True).pretrained_cfg["tag"] == \
+        "Swin_T_Weights.IMAGENET1K_V1"
+
+
+@pytest.mark.parametrize("builder", sorted(hub.TORCHVISION_MODELS))
+def test_every_torchvision_weights_fits_its_vitkit_preset(builder):
+    """For every weights enum of every mapped torchvision model, the file torchvision would write (its
+    state dict shapes, on the meta device) loads into the vitkit model the weights name builds."""
+    for weights in torchvision.models.get_model_weights(builder):
+        name = f"{type(weights).__name__}.{weights.name}"
+        cfg = vitkit.get_config(name)
+        with torch.device("meta"):
+            kw = {"image_size": pair(cfg.img_size)[0]} if builder.startswith("vit") else {}
+            theirs = torchvision.models.get_model(builder, **kw)
+            ours = vitkit.create_model(name)
+        sd, fmt = to_vitkit(theirs.state_dict())
+        assert fmt.startswith("torchvision"), name
+        want = {k: tuple(v.shape) for k, v in ours.state_dict().items()}
+        assert {k: tuple(v.shape) for k, v in sd.items()} == want, name
+        assert ours.cfg.num_classes == len(weights.meta["categories"]) == 1000
+
+
+def _every_tag() -> list[str]:
+    presets = [n for n in vitkit.list_models() if vitkit.models.family(n) != "seq2seq"]
+    return [t for n in presets for t in timm.list_pretrained(f"{n}.*") if t.split(".")[0] == n]
+
+
+@pytest.mark.slow
+def test_every_timm_tag_of_every_preset_builds_the_shapes_of_timms_model():
+    """Every pretrained tag timm knows for vitkit's presets resolves (repo or url, config, labels) and
+    builds a model whose state dict has the keys and shapes of timm's model of that tag, so its weights load.
+    Tags that share an architecture, class count and input size are compared with one timm model."""
+    tags = _every_tag()
+    assert len(tags) > 150
+    timm_shapes = {}
+    for tag in tags:
+        src = hub.resolve(tag)
+        assert src.repo_id == f"timm/{tag}" or (src.url and not src.repo_id), tag
+        pcfg = timm.models.get_pretrained_cfg(tag)
+        key = (src.preset, pcfg.num_classes, tuple(pcfg.input_size))
+        if key not in timm_shapes:
+            with torch.device("meta"):
+                theirs = timm.create_model(tag, pretrained=False)
+            timm_shapes[key] = {k: tuple(v.shape) for k, v in theirs.state_dict().items()
+                                if "relative_position_index" not in k}
+        with torch.device("meta"):
+            ours = vitkit.create_model(tag)
+        assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == timm_shapes[key], tag
+        assert ours.pretrained_cfg["input_size"] == tuple(pcfg.input_size), tag
+        assert (ours.cfg.mean, ours.cfg.crop_pct) == (tuple(pcfg.mean), pcfg.crop_pct), tag
+
+
+def test_missing_weights_offline_name_the_repo_the_cache_and_the_command(hf_cache, no_network):
+    with pytest.raises(MissingWeightsError) as e:
+        vitkit.create_model(VIT_TAG, pretrained=True)
+    msg = str(e.value)
+    assert f"timm/{VIT_TAG}" in msg and str(hf_cache) in msg and f"vitkit download {VIT_TAG}" in msg
+    assert "HF_HUB_OFFLINE" in msg
+
+
+def test_missing_weights_without_a_network_fail_fast_and_clearly(hf_cache, monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with socket.socket() as s:  # a port nobody listens on: the connection is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(MissingWeightsError, match=f"cannot reach 127.0.0.1:{port}") as e:
+        vitkit.create_model(SWIN_TAG, pretrained=True)
+    assert f"vitkit download {SWIN_TAG}" in str(e.value)
+
+
+def test_missing_torchvision_weights_name_the_url_and_torch_home(tmp_path, monkeypatch, hf_cache, no_network):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    with pytest.raises(MissingWeightsError) as e:
+        vitkit.create_model("ViT_B_16_Weights.IMAGENET1K_V1", pretrained=True)
+    msg = str(e.value)
+    assert "vit_b_16-c867db91.pth" in msg and str(tmp_path / "torch") in msg and "TORCH_HOME" in msg
+
+
+def test_unknown_tags_and_weights_are_named_with_what_exists():
+    with pytest.raises(ValueError, match="augreg_in21k_ft_in1k"):
+        vitkit.create_model("vit_tiny_patch16_224.no_such_tag", pretrained=True)
+    with pytest.raises(ValueError, match="vit_b_16"):
+        vitkit.create_model("MaxVit_T_Weights.IMAGENET1K_V1", pretrained=True)
+    with pytest.raises(ValueError, match="unknown model"):
+        vitkit.create_model("vit_tiny_patch99_224.augreg_in1k", pretrained=True)
+
+
+def test_local_dir_plain_path_and_hf_hub_repo(tmp_path, hf_cache, no_network):
+    net = _random(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=3))
+    folder = vitkit.save_pretrained(net, tmp_path / "export", class_names=["a", "b", "c"])
+    x = torch.randn(1, 3, 32, 32)
+    snap = write_hub_repo(hf_cache, "someone/tiny-vit", {"config.json": folder / "config.json",
+                                                          "model.safetensors": folder / "model.safetensors"})
+    for name in (f"local-dir:{folder}", str(folder), "hf-hub:someone/tiny-vit"):
+        got = vitkit.create_model(name, pretrained=True).eval()
+        with torch.no_grad():
+            assert_close(got(x), net(x)), name
+        assert got.class_names == ["a", "b", "c"], name
+    assert snap.is_dir()
+    fresh = vitkit.create_model(f"local-dir:{folder}")  # timm's semantics: the config, random weights
+    assert fresh.cfg.img_size == 32 and not torch.equal(fresh.head.weight, net.head.weight)
+    path_form = vitkit.create_model("vit_tiny_patch16_224", pretrained=str(folder / "model.safetensors"),
+                                    img_size=32, patch_size=8, depth=2, num_classes=3).eval()
+    with torch.no_grad():
+        assert_close(path_form(x), net(x))
+
+
+def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vitkit.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, cwd=env.get("CWD", str(REPO)), timeout=240)
+
+
+def test_cli_predict_by_tag_prints_label_names_and_download_reports_the_cache(tmp_path):
+    """From a shell, as a user would: HF_HUB_CACHE and HF_HUB_OFFLINE=1 in the environment."""
+    from PIL import Image
+
+    cache = tmp_path / "hf"
+    _cache_timm_weights(cache, VIT_TAG, tmp_path)
+    img = tmp_path / "img.png"
+    Image.new("RGB", (256, 200), (200, 120, 40)).save(img)
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "CWD": str(tmp_path)}
+    out = _cli("predict", str(img), "--model", VIT_TAG, "--topk", "3", env=env)
+    assert out.returncode == 0, out.stderr
+    names = vitkit.create_model(VIT_TAG).class_names
+    assert out.stdout.startswith(f"{img}: ") and sum(n in out.stdout for n in names) >= 3
+    out = _cli("download", VIT_TAG, SWIN_TAG, env=env)
+    assert out.returncode == 1 and "already cached" in out.stdout and str(cache) in out.stdout
+    assert f"timm/{SWIN_TAG}" in out.stderr and "HF_HUB_OFFLINE" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_predict_without_the_weights_says_how_to_get_them(hf_cache, tmp_path, no_network):
+    from vitkit.cli import main
+
+    with pytest.raises(SystemExit, match=f"vitkit download {SWIN_TAG}"):
+        main(["predict", str(tmp_path / "img.png"), "--model", SWIN_TAG])
+    with pytest.raises(SystemExit, match="give --checkpoint FILE, or --model NAME"):
+        main(["predict", str(tmp_path / "img.png")])
