@@ -14,6 +14,7 @@ import vitkit
 from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule
 from vitkit.lit.cli import cli_main
 
+from ..hub_cache import cache_weights, use_offline_cache
 from .conftest import ROOT, TINY_VIT, run_in_repo
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -28,20 +29,27 @@ def _cpu(tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("config", CLASSIFIER_CONFIGS, ids=lambda p: p.stem)
-def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_path):
+def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_path, monkeypatch):
     tiny = TINY_SWIN if "swin" in config.stem else TINY_VIT
-    extra = []
-    if "finetune" in config.stem:  # start from an export of the same (tiny) preset at another size
-        name = yaml.safe_load(config.read_text())["model"]["init_args"]["model_name"]
-        vitkit.save_pretrained(vitkit.create_model(name, img_size=48, **json.loads(tiny)), tmp_path / "pre")
-        extra = ["--model.checkpoint", str(tmp_path / "pre")]
+    name = yaml.safe_load(config.read_text())["model"]["init_args"]["model_name"]
+    if "finetune" in config.stem:  # the config's timm tag as it stands, from a hub cache of tiny weights at 48 px
+        use_offline_cache(monkeypatch, tmp_path / "hf")
+        cache_weights(tmp_path / "hf", name, vitkit.create_model(name, img_size=48, **json.loads(tiny)), tmp_path)
     cli = cli_main(["fit", "--config", str(config), *_cpu(tmp_path), "--trainer.fast_dev_run", "2",
-                    "--model.model_overrides", tiny, "--model.compile", "false", *extra,
+                    "--model.model_overrides", tiny, "--model.compile", "false",
                     "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder),
                     "--data.img_size", "32", "--data.batch_size", "4", "--data.num_workers", "0"])
     assert cli.model.num_classes == 3
     assert cli.model.hparams.class_names == ["class_0", "class_1", "class_2"]
     assert cli.trainer.global_step == 2 // cli.trainer.accumulate_grad_batches
+    # the data is prepared as the weights were: mean, std, crop and interpolation of the preset or tag
+    weights = vitkit.get_config(name)
+    data = cli.datamodule.data_cfg
+    assert (data.mean, data.std, data.crop_pct, data.interpolation) == \
+        (weights.mean, weights.std, weights.crop_pct, weights.interpolation)
+    if "finetune" in config.stem:
+        report = cli.model.model.load_report  # the tag's weights, with a new head for the folder's 3 classes
+        assert report.ok and any("new classifier" in a for a in report.adapted), report
 
 
 def test_demo_config_fast_dev_run_on_digits(tmp_path):

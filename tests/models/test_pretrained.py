@@ -13,7 +13,6 @@ import timm
 import torch
 import torchvision
 from huggingface_hub import constants
-from safetensors.torch import save_file
 from torch.testing import assert_close
 
 import vitkit
@@ -22,22 +21,11 @@ from vitkit.checkpoints.formats import to_vitkit
 from vitkit.checkpoints.hub import MissingWeightsError
 from vitkit.models.config import pair
 
+from ..hub_cache import cache_weights, use_offline_cache, write_hub_repo
+
 VIT_TAG = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 SWIN_TAG = "swin_tiny_patch4_window7_224.ms_in1k"
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def write_hub_repo(cache: Path, repo_id: str, files: dict[str, Path]) -> Path:
-    """The Hugging Face cache layout: models--org--name/refs/main and snapshots/<commit>/<files>."""
-    folder = cache / f"models--{repo_id.replace('/', '--')}"
-    (folder / "refs").mkdir(parents=True, exist_ok=True)
-    (folder / "refs" / "main").write_text(COMMIT)
-    snap = folder / "snapshots" / COMMIT
-    snap.mkdir(parents=True, exist_ok=True)
-    for name, src in files.items():
-        (snap / name).write_bytes(src.read_bytes())
-    return snap
 
 
 def _random(model: torch.nn.Module) -> torch.nn.Module:
@@ -53,8 +41,7 @@ def hf_cache(tmp_path, monkeypatch):
     """An empty Hugging Face cache, offline (for timm too: both read huggingface_hub's settings)."""
     cache = tmp_path / "hf"
     cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    use_offline_cache(monkeypatch, cache)
     return cache
 
 
@@ -70,9 +57,7 @@ def no_network(monkeypatch):
 def _cache_timm_weights(cache: Path, tag: str, tmp_path: Path) -> torch.nn.Module:
     model = _random(timm.create_model(tag.split(".")[0], pretrained=False, num_classes=timm.models.get_pretrained_cfg(
         tag).num_classes))
-    path = tmp_path / "model.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
-    write_hub_repo(cache, f"timm/{tag}", {"model.safetensors": path})
+    cache_weights(cache, tag, model, tmp_path)
     return model
 
 

@@ -56,7 +56,11 @@ class ImageClassifier(L.LightningModule):
     with or without the CLI.
 
     Args:
-        model_name: a preset from ``vitkit.list_models()``.
+        model_name: a preset from ``vitkit.list_models()``, or a pretrained name: a timm tag
+            (``vit_base_patch16_224.augreg2_in21k_ft_in1k``) or torchvision weights
+            (``ViT_B_16_Weights.IMAGENET1K_V1``), whose mean, std, crop and interpolation the data follows.
+        pretrained: load that name's weights (from the Hugging Face or torch hub cache, downloaded only when
+            missing); positions / windows are resampled to ``img_size`` and a new head is made for ``num_classes``.
         num_classes: classes of the data (linked from the data module by the CLI).
         img_size: input resolution (linked from the data module by the CLI); None keeps the preset's.
         model_overrides: any other config field of the preset, e.g. ``{"depth": 6, "drop_path_rate": 0.1}``.
@@ -72,9 +76,10 @@ class ImageClassifier(L.LightningModule):
             good checkpoint stays as it was), ``skip`` drops that step on every rank and goes on (and
             still stops after 10 bad steps in a row).
         checkpoint: pretrained weights to start from (a file or folder of any format vitkit reads, see
-            ``vitkit.checkpoints``); positions / windows are resampled to ``img_size`` and a new head is
-            made for ``num_classes``. Read when the module is built; resuming with ``--ckpt_path`` then
-            replaces them with the run's own, and ``load_from_checkpoint(path, checkpoint=None)`` skips it.
+            ``vitkit.checkpoints``), adapted as with ``pretrained``. Read when the module is built; resuming
+            with ``--ckpt_path`` then replaces them with the run's own. A checkpoint this module writes holds
+            every weight, so it records ``pretrained: false`` and no ``checkpoint``: ``load_from_checkpoint``
+            reads nothing else.
         compile: run the model under ``torch.compile`` (compiled in place in ``configure_model``, so the
             state_dict and checkpoints keep the plain parameter names).
     """
@@ -82,6 +87,7 @@ class ImageClassifier(L.LightningModule):
     def __init__(
         self,
         model_name: str = "vit_tiny_patch16_224",
+        pretrained: bool = False,
         num_classes: int | None = None,
         img_size: int | None = None,
         model_overrides: dict[str, Any] | None = None,
@@ -114,7 +120,7 @@ class ImageClassifier(L.LightningModule):
             overrides["num_classes"] = num_classes
         if img_size is not None:
             overrides["img_size"] = img_size
-        self.model = vitkit.create_model(model_name, checkpoint=checkpoint, **overrides)
+        self.model = vitkit.create_model(model_name, pretrained=pretrained, checkpoint=checkpoint, **overrides)
         if freeze_backbone:
             for name, p in self.model.named_parameters():
                 p.requires_grad_(name.startswith("head"))
@@ -257,6 +263,9 @@ class ImageClassifier(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rng_states"] = gather_rng_states(self.trainer)  # every rank calls this hook
+        hp = checkpoint.get("hyper_parameters")
+        if hp is not None:  # the state dict holds every weight: rebuilding the module needs no other file
+            hp.update(pretrained=False, checkpoint=None)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # restored here, before the fit loop draws its first shuffle from the global generator; not when the

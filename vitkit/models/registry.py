@@ -128,7 +128,7 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
             preset = _find(name)[2]
             overrides = {**_weights_config(source.name, preset), **overrides}
             label_names = source.label_names
-            if pretrained:
+            if pretrained and checkpoint is None:  # an explicit checkpoint replaces the tag's weights
                 checkpoint = source.fetch()
     ck = None
     if checkpoint is not None:
