@@ -32,3 +32,57 @@ def use_offline_cache(monkeypatch, cache: Path) -> None:
     """Point huggingface_hub (and so timm and vitkit) at ``cache``, offline."""
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+class FakeHub:
+    """A local HTTP server that answers as the Hugging Face hub does for file downloads
+    (``HEAD``/``GET /<repo>/resolve/<revision>/<file>``), so that a download can be tested with no network."""
+
+    def __init__(self, files: dict[tuple[str, str], bytes]) -> None:
+        import hashlib
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[str] = []
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self, body: bool) -> None:
+                hub.requests.append(f"{self.command} {self.path}")
+                repo, sep, rest = self.path.lstrip("/").partition("/resolve/")
+                filename = rest.partition("/")[2]
+                data = files.get((repo, filename)) if sep else None
+                if data is None:
+                    self.send_response(404)
+                    self.send_header("X-Error-Code", "EntryNotFound")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(200)
+                self.send_header("X-Repo-Commit", COMMIT)
+                self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if body:
+                    self.wfile.write(data)
+
+            def do_HEAD(self) -> None:  # noqa: N802 (http.server's naming)
+                self._answer(body=False)
+
+            def do_GET(self) -> None:  # noqa: N802
+                self._answer(body=True)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FakeHub":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()

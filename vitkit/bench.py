@@ -32,18 +32,15 @@ import torch
 from torch import nn
 
 import vitkit
+from vitkit.checkpoints.hub import TORCHVISION_MODELS
 from vitkit.flops import count_gmacs_of, count_params
 from vitkit.models.config import pair
 
 # vitkit preset -> torchvision builder name, for the architectures torchvision has
-TORCHVISION = {
-    "vit_base_patch16_224": "vit_b_16", "vit_base_patch32_224": "vit_b_32", "vit_large_patch16_224": "vit_l_16",
-    "vit_large_patch32_224": "vit_l_32", "vit_huge_patch14_224": "vit_h_14",
-    "swin_tiny_patch4_window7_224": "swin_t", "swin_small_patch4_window7_224": "swin_s",
-    "swin_base_patch4_window7_224": "swin_b",
-}
+TORCHVISION = {preset: builder for builder, preset in TORCHVISION_MODELS.items()}
 PRECISIONS = ("fp32", "bf16", "amp_bf16", "fp16")
 COLUMNS = ["library", "model", "mode", "batch_size", "precision", "attn_backend", "compile", "channels_last",
+           "grad_checkpointing",
            "img_per_s", "img_per_s_min", "img_per_s_max", "step_ms", "peak_mem_mb", "params_m", "gmacs",
            "mfu", "peak_tflops", "oom_backoff", "device", "torch"]
 
@@ -90,6 +87,10 @@ def prepare(e: Entry, args, device: torch.device) -> None:
     net = e.factory().to(device=device, dtype=dtype)
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     net = net.to(memory_format=memory_format)
+    if args.grad_checkpointing:
+        if not hasattr(net, "set_grad_checkpointing"):
+            raise SystemExit(f"--grad-checkpointing: {e.library}'s {e.model} has no set_grad_checkpointing()")
+        net.set_grad_checkpointing(True)
     x = torch.randn(e.batch_size, *e.input_shape, device=device, dtype=dtype).to(memory_format=memory_format)
     run = torch.compile(net) if args.compile else net
     ctx = lambda: autocast_ctx(args.precision, device)  # noqa: E731
@@ -173,7 +174,7 @@ def peak_mem_mb(e: Entry, args, device: torch.device) -> float:
         return torch.cuda.max_memory_allocated(device) / 2**20
     cmd = [sys.executable, "-m", "vitkit.bench", "--_mem-probe", e.library, "--models", e.model, "--mode", e.mode,
            "--batch-sizes", str(e.batch_size), "--precision", args.precision, "--attn-backend", args.attn_backend,
-           "--peers", e.library]
+           "--peers", e.library] + (["--grad-checkpointing"] if args.grad_checkpointing else [])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     try:
         return float(out.stdout.strip().splitlines()[-1])
@@ -237,7 +238,7 @@ def run(args) -> list[dict]:
         rows.append(dict(
             library=e.library, model=e.model, mode=e.mode, batch_size=e.batch_size, precision=args.precision,
             attn_backend=args.attn_backend if e.library == "vitkit" else "", compile=args.compile,
-            channels_last=args.channels_last, img_per_s=round(ips, 3),
+            channels_last=args.channels_last, grad_checkpointing=args.grad_checkpointing, img_per_s=round(ips, 3),
             img_per_s_min=round(e.batch_size / max(e.times), 3), img_per_s_max=round(e.batch_size / min(e.times), 3),
             step_ms=round(med * 1e3, 2), peak_mem_mb=round(peak_mem_mb(e, args, device), 1) if args.mem else "",
             params_m=round(params[(e.library, e.model)], 2), gmacs=round(gmacs[e.model], 3),
@@ -316,6 +317,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--attn-backend", choices=["sdpa", "math", "flex"], default="sdpa")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="set_grad_checkpointing(True) on every model (vitkit, timm): training memory for time")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--iters", type=int, default=3, help="timed steps per entry per round")

@@ -13,6 +13,7 @@ import timm
 import torch
 import torchvision
 from huggingface_hub import constants
+from safetensors.torch import save_file
 from torch.testing import assert_close
 
 import vitkit
@@ -21,19 +22,12 @@ from vitkit.checkpoints.formats import to_vitkit
 from vitkit.checkpoints.hub import MissingWeightsError
 from vitkit.models.config import pair
 
-from ..hub_cache import cache_weights, use_offline_cache, write_hub_repo
+from ..hub_cache import FakeHub, cache_weights, use_offline_cache, write_hub_repo
+from ..test_checkpoints import _randomize
 
 VIT_TAG = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 SWIN_TAG = "swin_tiny_patch4_window7_224.ms_in1k"
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _random(model: torch.nn.Module) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.02)
-    return model.eval()
 
 
 @pytest.fixture
@@ -55,8 +49,8 @@ def no_network(monkeypatch):
 
 
 def _cache_timm_weights(cache: Path, tag: str, tmp_path: Path) -> torch.nn.Module:
-    model = _random(timm.create_model(tag.split(".")[0], pretrained=False, num_classes=timm.models.get_pretrained_cfg(
-        tag).num_classes))
+    classes = timm.models.get_pretrained_cfg(tag).num_classes
+    model = _randomize(timm.create_model(tag.split(".")[0], pretrained=False, num_classes=classes))
     cache_weights(cache, tag, model, tmp_path)
     return model
 
@@ -96,7 +90,7 @@ def test_torchvision_weights_from_torch_hub_cache_give_torchvisions_logits(tmp_p
                                                                            no_network):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     weights = torchvision.models.Swin_T_Weights.IMAGENET1K_V1
-    model = _random(torchvision.models.swin_t())
+    model = _randomize(torchvision.models.swin_t())
     cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(weights.url)
     cached.parent.mkdir(parents=True)
     torch.save(model.state_dict(), cached)
@@ -196,7 +190,7 @@ def test_unknown_tags_and_weights_are_named_with_what_exists():
 
 
 def test_local_dir_plain_path_and_hf_hub_repo(tmp_path, hf_cache, no_network):
-    net = _random(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=3))
+    net = _randomize(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=3))
     folder = vitkit.save_pretrained(net, tmp_path / "export", class_names=["a", "b", "c"])
     x = torch.randn(1, 3, 32, 32)
     snap = write_hub_repo(hf_cache, "someone/tiny-vit", {"config.json": folder / "config.json",
@@ -245,3 +239,29 @@ def test_cli_predict_without_the_weights_says_how_to_get_them(hf_cache, tmp_path
         main(["predict", str(tmp_path / "img.png"), "--model", SWIN_TAG])
     with pytest.raises(SystemExit, match="give --checkpoint FILE, or --model NAME"):
         main(["predict", str(tmp_path / "img.png")])
+
+
+def test_download_fills_the_cache_then_loading_needs_no_network(hf_cache, tmp_path, monkeypatch):
+    """`vitkit download`, from a shell, against a local server that answers as the hub does (HF_ENDPOINT, as
+    for a hub mirror): the weights land in the standard cache layout, and then load with the server gone
+    and the network refused. A repo with only pytorch_model.bin is fetched after model.safetensors is not found."""
+    vit = _randomize(timm.create_model("vit_tiny_patch16_224"))
+    swin = _randomize(timm.create_model("swin_tiny_patch4_window7_224"))
+    save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, tmp_path / "vit.safetensors")
+    torch.save(swin.state_dict(), tmp_path / "swin.bin")
+    files = {(f"timm/{VIT_TAG}", "model.safetensors"): (tmp_path / "vit.safetensors").read_bytes(),
+             (f"timm/{SWIN_TAG}", "pytorch_model.bin"): (tmp_path / "swin.bin").read_bytes()}
+    with FakeHub(files) as server:
+        env = {"HF_ENDPOINT": server.url, "HF_HUB_CACHE": str(hf_cache), "HF_HUB_OFFLINE": "0", "CWD": str(tmp_path)}
+        out = _cli("download", VIT_TAG, SWIN_TAG, env=env)
+        assert out.returncode == 0, (out.stderr[-2000:], server.requests)
+        assert out.stdout.count(": downloaded: ") == 2 and str(hf_cache) in out.stdout
+        fetched = [r for r in server.requests if "/resolve/" in r]
+        out = _cli("download", VIT_TAG, env=env)  # a second time: found in the cache, no request
+        assert out.returncode == 0 and "already cached" in out.stdout
+        assert [r for r in server.requests if "/resolve/" in r] == fetched
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("network call"))
+    x = torch.randn(1, 3, 224, 224)
+    for tag, ref in ((VIT_TAG, vit), (SWIN_TAG, swin)):
+        with torch.no_grad():
+            assert_close(vitkit.create_model(tag, pretrained=True).eval()(x), ref(x), atol=1e-4, rtol=0)

@@ -20,7 +20,7 @@ import os
 import re
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -30,16 +30,12 @@ log = logging.getLogger(__name__)
 HF_FILES = ("model.safetensors", "pytorch_model.bin")  # what a timm hub repo holds, safest first
 TV_WEIGHTS = re.compile(r"^(\w+)_Weights\.(\w+)$")  # ViT_B_16_Weights.IMAGENET1K_V1
 
-# torchvision builder -> (vitkit preset, config fields that differ from the preset)
-TORCHVISION_MODELS: dict[str, tuple[str, dict]] = {
-    "vit_b_16": ("vit_base_patch16_224", {}),
-    "vit_b_32": ("vit_base_patch32_224", {}),
-    "vit_l_16": ("vit_large_patch16_224", {}),
-    "vit_l_32": ("vit_large_patch32_224", {}),
-    "vit_h_14": ("vit_huge_patch14_224", {}),
-    "swin_t": ("swin_tiny_patch4_window7_224", {}),
-    "swin_s": ("swin_small_patch4_window7_224", {}),
-    "swin_b": ("swin_base_patch4_window7_224", {}),
+# torchvision builder -> the vitkit preset of the same architecture
+TORCHVISION_MODELS: dict[str, str] = {
+    "vit_b_16": "vit_base_patch16_224", "vit_b_32": "vit_base_patch32_224", "vit_l_16": "vit_large_patch16_224",
+    "vit_l_32": "vit_large_patch32_224", "vit_h_14": "vit_huge_patch14_224",
+    "swin_t": "swin_tiny_patch4_window7_224", "swin_s": "swin_small_patch4_window7_224",
+    "swin_b": "swin_base_patch4_window7_224",
 }
 
 
@@ -61,10 +57,6 @@ class Pretrained:
     filenames: tuple[str, ...] = HF_FILES  # tried in order; a folder-like repo also gets config.json
     url: str | None = None  # torch hub cache (torchvision, and timm tags hosted elsewhere)
     with_config: bool = False  # hf-hub: repos whose config.json describes the model
-    source: str = field(init=False, default="")
-
-    def __post_init__(self) -> None:
-        self.source = f"hub repo {self.repo_id}" if self.repo_id else f"url {self.url}"
 
     # -- where the cache keeps it ---------------------------------------------------------------------
 
@@ -113,18 +105,26 @@ class Pretrained:
             raise self.missing(why)
         if self.repo_id:
             from huggingface_hub import hf_hub_download
-            from huggingface_hub.errors import EntryNotFoundError
+            from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
-            if self.with_config:
-                hf_hub_download(self.repo_id, "config.json", revision=self.revision, cache_dir=self.cache_dir())
-            for filename in self.filenames:
-                try:
-                    path = Path(hf_hub_download(self.repo_id, filename, revision=self.revision,
-                                                cache_dir=self.cache_dir()))
-                except EntryNotFoundError:
-                    continue
-                return path.parent if self.with_config else path
-            raise MissingWeightsError(f"hub repo {self.repo_id} has none of {list(self.filenames)}")
+            def get(filename: str) -> Path:
+                return Path(hf_hub_download(self.repo_id, filename, revision=self.revision, cache_dir=self.cache_dir()))
+
+            try:
+                if self.with_config:
+                    get("config.json")
+                for filename in self.filenames:
+                    try:
+                        path = get(filename)
+                    except EntryNotFoundError as e:
+                        if isinstance(e, LocalEntryNotFoundError):  # the download failed, not a missing file
+                            raise
+                        continue  # the repo has no such file: try the next name
+                    return path.parent if self.with_config else path
+            except OSError as e:  # the hub client's HTTP, connection and not-found errors
+                raise self.missing(f"the download failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})") \
+                    from None
+            raise self.missing(f"hub repo {self.repo_id} has none of {list(self.filenames)}")
         import torch.hub
 
         dst = self.cache_dir() / _url_filename(self.url)
@@ -177,11 +177,6 @@ def _unreachable(url: str, timeout: float = 5.0) -> str | None:
 
 
 # -- names -> sources ---------------------------------------------------------------------------------
-
-def is_pretrained_name(name: str) -> bool:
-    """Whether ``name`` names weights (a timm tag, torchvision weights or a hub repo), not only a preset."""
-    return name.startswith("hf-hub:") or bool(TV_WEIGHTS.match(name)) or "." in name
-
 
 def split_tag(name: str) -> tuple[str, str | None]:
     """'vit_base_patch16_224.augreg_in1k' -> ('vit_base_patch16_224', 'augreg_in1k')."""
@@ -260,10 +255,10 @@ def _torchvision(name: str) -> Pretrained:
     if builder not in TORCHVISION_MODELS:
         raise ValueError(f"{name}: vitkit has no counterpart of torchvision's {builder}; it reads the weights of "
                          f"{', '.join(TORCHVISION_MODELS)}")
-    preset, fields = TORCHVISION_MODELS[builder]
+    preset = TORCHVISION_MODELS[builder]
     t = weights.transforms()
     crop, resize = t.crop_size[0], t.resize_size[0]
-    config = dict(fields, img_size=(crop, crop), num_classes=len(weights.meta["categories"]), mean=tuple(t.mean),
+    config = dict(img_size=(crop, crop), num_classes=len(weights.meta["categories"]), mean=tuple(t.mean),
                   std=tuple(t.std), crop_pct=crop / resize, interpolation=t.interpolation.value)
     full = f"{type(weights).__name__}.{weights.name}"  # DEFAULT -> the weights it stands for
     pcfg = {"url": weights.url, "architecture": preset, "tag": full, "input_size": (3, crop, crop),

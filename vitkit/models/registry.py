@@ -107,29 +107,37 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
     ``features_only=True`` returns a :class:`~vitkit.models.features.FeatureNet` of the stages (Swin) or
     blocks (ViT) in ``out_indices``, as timm does: NHWC maps for Swin by default, NCHW for ViT."""
     source, label_names = None, None
-    if name is not None and (name.startswith("local-dir:") or (os.sep in name and os.path.exists(name))):
+    if name is not None and name.startswith("hf-hub:"):  # a hub repo with timm's config.json: a cached folder
+        from ..checkpoints import hub
+
+        source = hub.resolve(name)
+        name = f"local-dir:{source.fetch()}"
+    if name is not None and (name.startswith("local-dir:") or _is_path(name)):
         folder, name = name.removeprefix("local-dir:"), None
         checkpoint = folder if pretrained else checkpoint
         if not pretrained:  # the folder's config, random weights (timm's semantics)
             from ..checkpoints import read_checkpoint
 
             ck = read_checkpoint(folder)
-            name, overrides = ck.model_name, {**ck.overrides, "num_classes": ck.num_classes, **overrides}
+            if ck.model_name is None:
+                raise ValueError(f"{folder} does not record which model it holds ({ck.format} format)")
+            fields = {f.name for f in dataclasses.fields(_find(ck.model_name)[0])}
+            recorded = {k: v for k, v in ck.overrides.items() if k in fields}
+            if ck.num_classes is not None:
+                recorded["num_classes"] = ck.num_classes
+            name, overrides = ck.model_name, {**recorded, **overrides}
     elif isinstance(pretrained, (str, os.PathLike)):
         checkpoint = pretrained
-    elif name is not None and (pretrained or "." in name or name.startswith("hf-hub:")):
+    elif name is not None and (pretrained or "." in name):
         from ..checkpoints import hub
 
         source = hub.resolve(name)
-        if source.with_config:  # hf-hub: the repo's config.json names the model
-            checkpoint, name = source.fetch(), None
-        else:
-            name = source.preset
-            preset = _find(name)[2]
-            overrides = {**_weights_config(source.name, preset), **overrides}
-            label_names = source.label_names
-            if pretrained and checkpoint is None:  # an explicit checkpoint replaces the tag's weights
-                checkpoint = source.fetch()
+        name = source.preset
+        preset = _find(name)[2]
+        overrides = {**_weights_config(source.name, preset), **overrides}
+        label_names = source.label_names
+        if pretrained and checkpoint is None:  # an explicit checkpoint replaces the tag's weights
+            checkpoint = source.fetch()
     ck = None
     if checkpoint is not None:
         from ..checkpoints import load_checkpoint, read_checkpoint  # checkpoints imports models
@@ -165,6 +173,13 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
 
         return FeatureNet(model, out_indices, output_fmt)
     return model
+
+
+def _is_path(name: str) -> bool:
+    """A name that is a file or folder on disk (a path, or a file name with a weights suffix), not a preset."""
+    from ..checkpoints.files import WEIGHT_SUFFIXES
+
+    return (os.sep in name or name.endswith(WEIGHT_SUFFIXES)) and os.path.exists(name)
 
 
 def _pretrained_cfg(model: nn.Module, source) -> dict[str, Any]:
