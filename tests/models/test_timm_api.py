@@ -205,7 +205,7 @@ def test_vit_set_input_size_matches_timm(kw):
 
 
 @pytest.mark.parametrize("kw", [dict(img_size=96), dict(img_size=128), dict(img_size=96, window_size=6),
-                                dict(img_size=128, window_ratio=8), dict(img_size=(64, 96))])
+                                dict(img_size=128, window_ratio=8), dict(img_size=(64, 96)), dict(patch_size=2)])
 def test_swin_set_input_size_matches_timm(kw):
     ours, theirs = _pair("swin")
     ours.set_input_size(**kw)
