@@ -9,7 +9,7 @@ import torch
 from torch.testing import assert_close
 
 import vitkit
-from tests.backends import needs_flex
+from tests.backends import compiled_training_step_matches_eager, needs_flex
 from vitkit.layers import resample_abs_pos_embed, sincos_2d
 from vitkit.models import VIT_PRESETS
 
@@ -135,12 +135,15 @@ def test_resample_abs_pos_embed_matches_timm(prefix, old, new):
     assert_close(ours[:, :prefix], pe[:, :prefix])
 
 
-def test_compile_fullgraph_tiny_vit():
+def test_compile_fullgraph_tiny_vit(monkeypatch):
     m = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=5).eval()
     x = torch.randn(2, 3, 32, 32)
     compiled = torch.compile(m, fullgraph=True)
     with torch.no_grad():
         assert_close(compiled(x), m(x), atol=1e-5, rtol=1e-5)
+    m = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, num_classes=5,
+                            drop_path_rate=0.2)
+    compiled_training_step_matches_eager(m, x, monkeypatch)
 
 
 def test_model_code_does_not_import_lightning():

@@ -16,6 +16,19 @@ from einops import rearrange
 from torch import Tensor
 
 
+def eager_cache(fn):
+    """Memoise ``fn`` (of hashable arguments: sizes, plans, devices) in eager mode. Under torch.compile it is
+    called plainly: the compiler folds what it builds into constants, and an lru_cache would make it warn."""
+    cached = functools.lru_cache(maxsize=512)(fn)
+
+    @functools.wraps(fn)
+    def call(*args):
+        return fn(*args) if torch.compiler.is_compiling() else cached(*args)
+
+    call.cache_clear = cached.cache_clear
+    return call
+
+
 def window_partition(x: Tensor, window: tuple[int, int]) -> Tensor:
     """(B, H, W, C) -> (B, nW, wh·ww, C); H and W must be multiples of the window."""
     wh, ww = window
@@ -28,7 +41,7 @@ def window_reverse(windows: Tensor, window: tuple[int, int], H: int, W: int) -> 
     return rearrange(windows, "b (nh nw) (wh ww) c -> b (nh wh) (nw ww) c", nh=H // wh, wh=wh)
 
 
-@functools.lru_cache(maxsize=64)
+@eager_cache
 def relative_position_index(window: tuple[int, int], table_window: tuple[int, int]) -> Tensor:
     """(N, N) indices into a ((2·Th−1)·(2·Tw−1)) relative-position table for a ``window`` <= ``table_window``.
 
@@ -50,7 +63,7 @@ def _region_ids(size: int, window: int, shift: int) -> Tensor:
     return ids
 
 
-@functools.lru_cache(maxsize=64)
+@eager_cache
 def shifted_window_mask(padded: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
                         valid: tuple[int, int]) -> Tensor | None:
     """(nW, N, N) bool, True = may attend; None when every token may attend every token of its window.
@@ -94,9 +107,12 @@ class WindowPlan:
         return math.ceil(self.H / wh) * wh, math.ceil(self.W / ww) * ww
 
     def mask(self, device: torch.device) -> Tensor | None:
-        """(1, nW, 1, N, N) bool for the attention core, or None."""
-        m = shifted_window_mask(self.padded, self.window, self.shift, (self.H, self.W))
-        return None if m is None else m.to(device)[None, :, None]
+        """(1, nW, 1, N, N) bool for the attention core, or None; built once per plan and device."""
+        return _plan_mask(self.key, torch.device(device))
+
+    @property
+    def key(self) -> PlanKey:
+        return (self.H, self.W, tuple(self.window), tuple(self.shift))
 
     def partition(self, x: Tensor) -> Tensor:
         """(B, H, W, C) -> (B, nW, N, C): pad to whole windows, shift, cut into windows."""
@@ -124,7 +140,7 @@ class WindowPlan:
 # copy instead of the four (roll, pad, partition, reverse) a straightforward block makes.
 
 
-@functools.lru_cache(maxsize=256)
+@eager_cache
 def _map_of_windows(plan: WindowPlan) -> Tensor:
     """(nW·N,) for each windowed token of ``plan``, its index in the flattened (H·W) map; padding -> 0
     (any real token will do: padded keys are masked and padded queries are cut off)."""
@@ -132,20 +148,44 @@ def _map_of_windows(plan: WindowPlan) -> Tensor:
     return plan.partition(idx).flatten()  # partition pads with zeros
 
 
-@functools.lru_cache(maxsize=256)
+@eager_cache
 def _windows_of_map(plan: WindowPlan) -> Tensor:
     """(H·W,) for each map token, its position among the windowed tokens of ``plan``."""
     pos = torch.arange(plan.padded[0] * plan.padded[1]).view(1, plan.num_windows, -1, 1)  # (1, nW, N, 1)
     return plan.reverse(pos).flatten()
 
 
+# The tensors below depend only on a plan and a device, so each is built once per plan and device, on that
+# device: no host-to-device copy per forward.
+
+PlanKey = tuple[int, int, tuple[int, int], tuple[int, int]]  # (H, W, window, shift)
+
+
+@eager_cache
+def _plan_mask(key: PlanKey, device: torch.device) -> Tensor | None:
+    plan = WindowPlan(*key)
+    m = shifted_window_mask(plan.padded, plan.window, plan.shift, (plan.H, plan.W))
+    return None if m is None else m.to(device)[None, :, None]
+
+
+@eager_cache
+def _token_index(src: PlanKey | None, dst: PlanKey | None, device: torch.device) -> Tensor:
+    if src is None:
+        idx = _map_of_windows(WindowPlan(*dst))
+    elif dst is None:
+        idx = _windows_of_map(WindowPlan(*src))
+    else:
+        idx = _windows_of_map(WindowPlan(*src))[_map_of_windows(WindowPlan(*dst))]
+    return idx.to(device)
+
+
 def token_index(src: WindowPlan | None, dst: WindowPlan | None, device: torch.device) -> Tensor:
     """Gather index along the token axis from the ``src`` layout to the ``dst`` layout of the same map;
     None stands for the plain row-major (H·W) map."""
-    if src is None:
-        idx = _map_of_windows(dst)
-    elif dst is None:
-        idx = _windows_of_map(src)
-    else:
-        idx = _windows_of_map(src)[_map_of_windows(dst)]
-    return idx.to(device)
+    return _token_index(None if src is None else src.key, None if dst is None else dst.key, torch.device(device))
+
+
+@eager_cache
+def relative_position_index_on(window: tuple[int, int], table_window: tuple[int, int], device: torch.device) -> Tensor:
+    """:func:`relative_position_index` on ``device``, flattened."""
+    return relative_position_index(window, table_window).view(-1).to(device)
