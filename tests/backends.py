@@ -11,23 +11,23 @@ needs_flex = pytest.mark.skipif(not FLEX, reason="torch.compile builds flex atte
 BACKENDS = ("sdpa", "math", "flex") if FLEX else ("sdpa", "math")
 
 
-def compiled_training_step_matches_eager(model, x, monkeypatch) -> None:
+def compiled_training_step_matches_eager(model, x) -> None:
     """``torch.compile(model, fullgraph=True)`` (a graph break is an error) trains like the eager model: a
     training step (train mode, drop path on, cross-entropy, backward) gives the eager loss and gradients."""
     import torch
     from torch.testing import assert_close
 
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)  # the eager RNG: same drop-path draws
     y = torch.arange(len(x)) % model.num_classes
     compiled = torch.compile(model, fullgraph=True)
     grads, losses = [], []
-    for net in (model, compiled):
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(0)
-        loss = torch.nn.functional.cross_entropy(net.train()(x), y)
-        loss.backward()
-        losses.append(loss.detach())
-        grads.append({n: p.grad for n, p in model.named_parameters()})
+    with torch._inductor.config.patch(fallback_random=True):  # the eager RNG: the same drop-path draws
+        for net in (model, compiled):
+            model.zero_grad(set_to_none=True)
+            torch.manual_seed(0)
+            loss = torch.nn.functional.cross_entropy(net.train()(x), y)
+            loss.backward()
+            losses.append(loss.detach())
+            grads.append({n: p.grad for n, p in model.named_parameters()})
     assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5)
     for n, g in grads[0].items():
         assert_close(grads[1][n], g, atol=1e-5, rtol=1e-4, msg=n)

@@ -174,14 +174,14 @@ def test_backward_math_matches_sdpa():
         assert_close(g1, g2, atol=1e-5, rtol=1e-4)
 
 
-def test_compile_fullgraph_tiny_swin(monkeypatch):
+def test_compile_fullgraph_tiny_swin():
     tiny = dict(TINY, depths=(2, 2), num_heads=(2, 2), img_size=32)  # regular and shifted blocks, patch merging
     m = vitkit.create_model("swin_tiny_patch4_window7_224", **tiny, num_classes=3).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert_close(torch.compile(m, fullgraph=True)(x), m(x), atol=1e-5, rtol=1e-5)
     m = vitkit.create_model("swin_tiny_patch4_window7_224", **tiny, num_classes=3, drop_path_rate=0.2)
-    compiled_training_step_matches_eager(m, x, monkeypatch)
+    compiled_training_step_matches_eager(m, x)
 
 
 @pytest.mark.parametrize("H,W", [(8, 8), (12, 8), (13, 9), (3, 5)])
