@@ -75,6 +75,9 @@ def test_bad_images_get_named_errors(shape, dtype, poison):
 def test_a_good_image_batch_passes_the_same_checks():
     model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 3)
+    # finite values whose sum overflows float32 are still finite input (the check sums first, then counts)
+    huge = torch.full((2, 3, 32, 32), 3e38)
+    assert not torch.isfinite(huge.sum()) and model(huge).shape == (2, 3)
 
 
 @given(data=st.binary(max_size=2048), suffix=st.sampled_from([".pth", ".bin", ".safetensors", ".ckpt"]))

@@ -42,11 +42,13 @@ def check_image(x: Tensor, in_chans: int, size: tuple[int, int] | None, model: s
         raise ValueError(f"{model} expects {in_chans} input channels {expected}, got {x.shape[1]} "
                          f"channels in shape {tuple(x.shape)}")
     # The finiteness check reads a value back to the host: free on CPU, a sync on every step on a GPU, so it
-    # runs on CPU only (on a GPU a NaN input shows up as a non-finite loss, which training reports).
-    if x.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(torch.isfinite(x).all()):
+    # runs on CPU only (on a GPU a NaN input shows up as a non-finite loss, which training reports). One sum
+    # is the cheap test (a NaN or Inf anywhere makes it non-finite); only then are they counted.
+    if x.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(torch.isfinite(x.sum())):
         nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-        raise ValueError(f"{model} got non-finite input: {nan} NaN and {inf} Inf value(s) in a batch of shape "
-                         f"{tuple(x.shape)}; expected finite, normalised pixel values")
+        if nan or inf:  # else finite values whose sum overflowed
+            raise ValueError(f"{model} got non-finite input: {nan} NaN and {inf} Inf value(s) in a batch of shape "
+                             f"{tuple(x.shape)}; expected finite, normalised pixel values")
     if size is not None and tuple(x.shape[-2:]) != tuple(size):
         raise ValueError(f"{model} expects images of shape {expected}, got {tuple(x.shape)}; "
                          f"create the model with img_size={tuple(x.shape[-2:])} to change it")
