@@ -183,3 +183,27 @@ def test_bad_arguments_are_named():
         Attention(C, H, num_kv_heads=3)
     with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, M\)"):
         Attention(C, H)(torch.randn(B, N, C), key_padding_mask=torch.zeros(B, N + 1, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_bf16_on_cpu_matches_float32_with_either_kernel(native_bf16, monkeypatch):
+    """bf16 attention on CPU runs the explicit path where bf16 matmuls are native and the sdpa kernel
+    elsewhere; both give the float32 result to bf16 accuracy, with a bias, a per-group mask that leaves
+    some queries no key (zeros out), and gradients."""
+    from vitkit.layers import attention
+
+    monkeypatch.setattr(attention, "cpu_has_bf16_matmul", lambda: native_bf16)
+    torch.manual_seed(0)
+    attn = Attention(32, 4, rel_pos_window=(4, 4))
+    x = torch.randn(2, 3, 16, 32)  # (B, G, N, C)
+    bias = attn.relative_position_bias((4, 4))[None, None]  # (1, 1, H, N, N)
+    mask = torch.rand(1, 3, 1, 16, 16) > 0.3
+    mask[0, 1, 0, 5] = False  # query 5 of group 1 may attend to nothing
+    ref = attn(x, bias=bias, attn_mask=mask)
+    lo = attn.to(torch.bfloat16)
+    xb = x.bfloat16().requires_grad_()
+    out = lo(xb, bias=lo.relative_position_bias((4, 4))[None, None], attn_mask=mask)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    assert_close(out.float(), ref, atol=5e-2, rtol=5e-2)
+    out.float().sum().backward()
+    assert torch.isfinite(xb.grad).all()

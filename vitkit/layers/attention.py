@@ -20,8 +20,9 @@ Backends (a config field stored on the module, never an environment variable):
               GPU; a float mask (bias, or merged masks) rules flash out, and the memory-efficient
               and cuDNN kernels remain. On CPU it runs the fused flash-style CPU kernel, except for
               bf16 inputs on a CPU with native bf16 matmuls (AVX512-BF16, AMX): there the explicit
-              path below (bf16 matmuls, float32 softmax) measured 1.5-2x faster forward and 2-5x
-              faster forward + backward than that kernel, which works in float32 inside.
+              path below (bf16 matmuls and probabilities, softmax accumulated in float32) measured
+              1.5-2x faster forward and 2-5x faster forward + backward than that kernel, which works
+              in float32 inside.
     ``math``  explicit softmax(q·kᵀ/√d + mask)·v: the reference that tests compare against, and
               the only path that can return the attention probabilities.
     ``flex``  torch.nn.attention.flex_attention, compiled; the bias becomes a ``score_mod`` and the
@@ -77,15 +78,20 @@ def flex_runs_on_cpu() -> bool:
 
 
 @functools.cache
-def cpu_has_bf16_matmul() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX) and oneDNN may use it
-    (``ONEDNN_MAX_CPU_ISA`` can cap it below that); without it bf16 GEMMs are emulated and slow."""
+def _detect_bf16_matmul() -> bool:
     cpu = torch.cpu
     native = getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or \
         getattr(cpu, "_is_amx_tile_supported", lambda: False)()
     capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() in (
         "SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
     return native and not capped
+
+
+@torch.compiler.assume_constant_result  # a fact of the machine: torch.compile takes it as a constant
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX) and oneDNN may use it
+    (``ONEDNN_MAX_CPU_ISA`` can cap it below that); without it bf16 GEMMs are emulated and slow."""
+    return _detect_bf16_matmul()
 
 
 @functools.cache
@@ -249,9 +255,8 @@ class Attention(nn.Module):
         mask, keep = self._merge_masks(bias, attn_mask, key_padding_mask, is_causal, B, N, M, x.device)
 
         backend = "math" if return_attn else self.backend
-        if (backend == "sdpa" and q.dtype == torch.bfloat16 and q.device.type == "cpu"
-                and not torch.compiler.is_compiling() and cpu_has_bf16_matmul()):
-            backend = "math"  # eager only: faster there than the CPU sdpa kernel (see the module docstring)
+        if backend == "sdpa" and q.dtype == torch.bfloat16 and q.device.type == "cpu" and cpu_has_bf16_matmul():
+            backend = "math"  # faster there than the CPU sdpa kernel, eager and compiled (see the module docstring)
         if backend == "flex" and x.device.type == "cpu" and torch.is_grad_enabled() and x.requires_grad:
             _warn_flex_fallback()
             backend = "sdpa"
@@ -270,9 +275,11 @@ class Attention(nn.Module):
         elif backend == "math":
             if is_causal and mask is None:
                 mask = self._causal(N, M, x.device)
-            # a query whose every key is masked gets NaN from softmax; only then is the fix-up paid for
-            dead_rows = keep is not None and (torch.compiler.is_compiling() or not bool(keep.any(dim=-1).all()))
-            o, attn = self._math(q, k, v, mask, B, dead_rows)
+            # queries whose every key is masked (softmax would give NaN); looked for only when there is a mask
+            dead = None
+            if keep is not None and (torch.compiler.is_compiling() or not bool(keep.any(dim=-1).all())):
+                dead = ~keep.any(dim=-1, keepdim=True)  # (B|1, G|1, H|1, N, 1)
+            o, attn = self._math(q, k, v, mask, B, dead)
         else:
             if dropout_p:
                 raise ValueError("attn_backend='flex' does not support attention dropout; use 'sdpa'")
@@ -329,9 +336,11 @@ class Attention(nn.Module):
     # -- backends ----------------------------------------------------------------------------------
 
     def _math(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, B: int,
-              dead_rows: bool) -> tuple[Tensor, Tensor]:
+              dead: Tensor | None) -> tuple[Tensor, Tensor]:
         """mask: broadcastable to (B, G, H, N, M) (or (N, M)); it is applied with the group axis apart, so a
-        per-window mask broadcasts over the batch instead of being copied B times."""
+        per-window mask broadcasts over the batch instead of being copied B times. ``dead``: the queries
+        with no key to attend, broadcastable to (B, G, H, N, 1); they attend to nothing (zeros, as sdpa
+        gives), with finite gradients."""
         if k.shape[1] != q.shape[1]:  # GQA: each kv head serves H / Hkv query heads
             rep = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -339,10 +348,12 @@ class Attention(nn.Module):
         if mask is not None:
             s = scores.view(B, -1, *scores.shape[1:])  # (B, G, H, N, M)
             s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask  # float if a bias
-            scores = s.flatten(0, 1)
-        attn = scores.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
-        if dead_rows:  # a query with every key masked attends to nothing (zeros), as sdpa does
-            attn = attn.nan_to_num(0.0)
+            scores = (s if dead is None else s.masked_fill(dead, 0.0)).flatten(0, 1)
+        # bf16/fp16 logits go into softmax as they are (it accumulates in float32 inside) and the probabilities
+        # come out in that dtype: autograd then keeps one half-precision (B·G, H, N, M) tensor, not a float32 one
+        attn = scores.to(q.dtype).softmax(dim=-1)
+        if dead is not None:
+            attn = attn.view(B, -1, *attn.shape[1:]).masked_fill(dead, 0.0).flatten(0, 1)
         return self.attn_drop(attn) @ v, attn
 
     def _flex(self, q, k, v, bias, attn_mask, key_padding_mask, is_causal, B, G) -> Tensor:
