@@ -21,8 +21,8 @@ Backends (a config field stored on the module, never an environment variable):
               and cuDNN kernels remain. On CPU it runs the fused flash-style CPU kernel, except for
               bf16 inputs on a CPU with native bf16 matmuls (AVX512-BF16, AMX): there the explicit
               path below (bf16 matmuls and probabilities, softmax accumulated in float32) measured
-              1.5-2x faster forward and 2-5x faster forward + backward than that kernel, which works
-              in float32 inside.
+              1.3-1.9x faster forward and 2-6x faster forward + backward than that kernel, which works
+              in float32 inside (benchmarks/README.md).
     ``math``  explicit softmax(q·kᵀ/√d + mask)·v: the reference that tests compare against, and
               the only path that can return the attention probabilities.
     ``flex``  torch.nn.attention.flex_attention, compiled; the bias becomes a ``score_mod`` and the
