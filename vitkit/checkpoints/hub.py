@@ -92,14 +92,10 @@ class Pretrained:
     def fetch(self) -> Path:
         """The cached file if there is one, else a download; never a network call for a cached file."""
         path = self.cached()
-        if path is not None:
-            return path
-        why = _why_offline(self.repo_id is not None, self.url)
-        if why:
-            raise self.missing(why)
-        return self.download()
+        return path if path is not None else self.download()
 
     def download(self) -> Path:
+        """Fetch into the cache (after a quick check that a download can start at all)."""
         why = _why_offline(self.repo_id is not None, self.url)
         if why:
             raise self.missing(why)
@@ -130,7 +126,11 @@ class Pretrained:
         dst = self.cache_dir() / _url_filename(self.url)
         dst.parent.mkdir(parents=True, exist_ok=True)
         digest = torch.hub.HASH_REGEX.search(dst.name)  # torchvision names carry a sha256 prefix
-        torch.hub.download_url_to_file(self.url, str(dst), digest.group(1) if digest else None, progress=True)
+        try:
+            torch.hub.download_url_to_file(self.url, str(dst), digest.group(1) if digest else None, progress=True)
+        except (OSError, RuntimeError) as e:  # urllib's errors; a hash mismatch (the partial file is removed)
+            raise self.missing(f"the download failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})") \
+                from None
         return dst
 
     def missing(self, why: str) -> MissingWeightsError:
