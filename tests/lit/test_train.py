@@ -134,6 +134,16 @@ def test_training_without_a_logger(tmp_path):
     assert (tmp_path / "checkpoints/last.ckpt").exists()
 
 
+def test_progress_bar_off_although_the_config_names_one(tmp_path):
+    """The configs list a RichProgressBar; --trainer.enable_progress_bar=false drops it instead of failing."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    cli = _fit(tmp_path, "--trainer.max_steps", "2", "--trainer.enable_progress_bar=false")
+    assert cli.trainer.progress_bar_callback is None
+    assert not any(isinstance(c, ProgressBar) for c in cli.trainer.callbacks)
+    assert (tmp_path / "checkpoints/last.ckpt").exists()
+
+
 def test_several_loggers_at_once(tmp_path):
     from lightning.pytorch.callbacks import LearningRateMonitor
 

@@ -64,6 +64,10 @@ class VitkitCLI(LightningCLI):
             configs = cfg.get("config") or []
             name = Path(str(configs[-1])).stem if configs else cfg.model.init_args.get("model_name", "run")
             cfg.trainer.default_root_dir = os.path.join("runs", name)
+        if cfg.trainer.get("enable_progress_bar") is False and cfg.trainer.get("callbacks"):
+            # the configs name a progress bar; with the bar turned off Lightning would refuse to start
+            cfg.trainer.callbacks = [cb for cb in cfg.trainer.callbacks
+                                     if not str(getattr(cb, "class_path", "")).endswith("ProgressBar")]
         loggers = cfg.trainer.logger
         for logger in loggers if isinstance(loggers, list) else [loggers]:
             init = getattr(logger, "init_args", None)  # a logger given by class path (not True / False / None)
