@@ -137,6 +137,10 @@ def test_vit_features_only_matches_timm(tmp_path):
         assert_close(u, v, atol=1e-5, rtol=0)
     feat, _ = _features("vit", tmp_path, (0,))
     assert len(feat.model.blocks) == 1  # the blocks after the last one asked for are dropped
+    deep = {**CASES["vit"][1], "depth": 5}
+    default = vitkit.create_model(CASES["vit"][0], features_only=True, **deep)
+    theirs = timm.create_model(CASES["vit"][0], features_only=True, **deep)
+    assert default.out_indices == [2, 3, 4] and len(default(_x())) == len(theirs(_x())) == 3  # timm: the last 3
 
 
 def test_features_only_refuses_a_format_it_cannot_give():

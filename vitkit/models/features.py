@@ -63,8 +63,8 @@ class FeatureNet(nn.Module):
         if self.output_fmt not in fmts:
             raise ValueError(f"{model.name}: output_fmt must be one of {fmts}, got {output_fmt!r}")
         num = len(model.feature_info)
-        if out_indices is None:  # timm: every stage of Swin, the last block of ViT
-            out_indices = tuple(range(num)) if model.output_fmts[0] == "NHWC" else (num - 1,)
+        if out_indices is None:  # timm's defaults: every stage of Swin, the last 3 blocks of ViT
+            out_indices = tuple(range(num)) if model.output_fmts[0] == "NHWC" else min(3, num)
         self.out_indices = model.prune_intermediate_layers(out_indices, prune_norm=not norm)
         self.feature_info = FeatureInfo(model.feature_info[i] for i in self.out_indices)
         self.norm = norm
