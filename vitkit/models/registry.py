@@ -33,7 +33,7 @@ def _preset(name: str) -> str:
     from ..checkpoints import hub  # checkpoints imports models
 
     if name.startswith("hf-hub:") or hub.TV_WEIGHTS.match(name):
-        return hub.resolve(name).preset or _hub_architecture(name)
+        return _hub(name).preset or _hub_architecture(name)
     return hub.split_tag(name)[0]
 
 
@@ -71,13 +71,13 @@ def get_config(name: str, **overrides: Any):
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise TypeError(f"{name}: unknown config field(s) {unknown}; {cfg_cls.__name__} has {sorted(fields)}")
-    weights = _weights_config(name, preset) if "." in name and not name.startswith("hf-hub:") else {}
+    weights = _weights_config(_hub(name).config, preset) if "." in name and not name.startswith("hf-hub:") else {}
     return cfg_cls(**{**preset, **weights, **overrides})
 
 
-def _weights_config(name: str, preset: dict) -> dict:
+def _weights_config(config: dict, preset: dict) -> dict:
     """Config fields of a timm tag or torchvision weights, as overrides of the preset (no download)."""
-    config = dict(_hub(name).config)
+    config = dict(config)
     if pair(config["img_size"]) == pair(preset.get("img_size", 224)):
         del config["img_size"]  # the preset's own, as it wrote it
     return config
@@ -134,7 +134,7 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
         source = hub.resolve(name)
         name = source.preset
         preset = _find(name)[2]
-        overrides = {**_weights_config(source.name, preset), **overrides}
+        overrides = {**_weights_config(source.config, preset), **overrides}
         label_names = source.label_names
         if pretrained and checkpoint is None:  # an explicit checkpoint replaces the tag's weights
             checkpoint = source.fetch()

@@ -298,10 +298,10 @@ class SwinTransformer(nn.Module):
         """Plan the windows for another input size, as timm does: each stage's window scales with the patch
         grid (224 -> 384 takes window 7 to 12), unless ``window_size`` (an int or (h, w) for all stages, or
         one per stage) or ``window_ratio`` (grid // ratio) sets it. Relative-position tables are resized."""
-        n = len(self.layers)
-        if window_size is not None:
-            windows = _per_stage(window_size, n)
-        elif window_ratio is not None:
+        n = len(self.layers)  # the window arguments are checked before anything changes
+        chosen = _per_stage(window_size, n) if window_size is not None else None
+        ratios = None
+        if chosen is None and window_ratio is not None:
             ratios = (window_ratio,) * n if isinstance(window_ratio, int) else tuple(window_ratio)
             if len(ratios) != n:
                 raise ValueError(f"window_ratio {window_ratio} needs one entry per stage ({n})")
@@ -313,14 +313,14 @@ class SwinTransformer(nn.Module):
         if img_size is not None:
             self.cfg.img_size = img_size
         grid = self._grid()
-        if window_ratio is not None and window_size is None:
-            windows = tuple((max(1, grid[0] // r), max(1, grid[1] // r)) for r in ratios)
-        elif window_size is None:
+        if ratios is not None:
+            chosen = tuple((max(1, grid[0] // r), max(1, grid[1] // r)) for r in ratios)
+        if chosen is not None:  # set explicitly: the new reference for later resizes
+            windows, self._ref_windows, self._ref_grid = chosen, chosen, grid
+        else:  # scaled with the grid from the reference
             ref = self._ref_grid
             windows = tuple((max(1, w[0] * grid[0] // ref[0]), max(1, w[1] * grid[1] // ref[1]))
                             for w in self._ref_windows)
-        if window_size is not None or window_ratio is not None:  # the new reference for later resizes
-            self._ref_windows, self._ref_grid = windows, grid
         self.cfg.window_size = tuple(w[0] if w[0] == w[1] else w for w in windows)
         for stage, (H, W), w in zip(self.layers, self.cfg.stage_sizes, windows, strict=True):
             stage.set_window((min(w[0], H), min(w[1], W)))
