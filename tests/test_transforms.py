@@ -22,3 +22,14 @@ def test_eval_transform_resizes_crops_and_normalises():
     x = eval_transform(cfg)(Image.new("RGB", (50, 40), (255, 255, 255)))
     assert x.shape == (3, 32, 32)
     torch.testing.assert_close(x[:, 0, 0], (1 - torch.tensor(cfg.mean)) / torch.tensor(cfg.std))
+
+
+def test_train_transform_pickles_for_spawned_loader_workers():
+    """DataLoader workers started with spawn (macOS; litdata's optimize switches a process to it) pickle the
+    dataset and its transform."""
+    import pickle
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(img_size=32, in_chans=3, mean=(0.5,) * 3, std=(0.5,) * 3)
+    tf = pickle.loads(pickle.dumps(train_transform(cfg)))
+    assert tf(Image.new("RGB", (40, 40), (10, 20, 30))).shape == (3, 32, 32)

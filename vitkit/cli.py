@@ -1,10 +1,11 @@
-"""The ``vitkit`` command: train, predict, download, models, bench, convert, attention-map, pos-embed.
+"""The ``vitkit`` command: train, predict, download, models, prepare-data, bench, convert, attention-map, pos-embed.
 
     vitkit train fit --config configs/vit_tiny_digits.yaml        # = python train.py fit ...
     vitkit predict cat.jpg dog.png --checkpoint runs/.../best.ckpt --topk 3
     vitkit predict cat.jpg --model vit_base_patch16_224.augreg2_in21k_ft_in1k   # pretrained, by timm's tag
     vitkit download vit_base_patch16_224.augreg2_in21k_ft_in1k Swin_T_Weights.IMAGENET1K_V1
     vitkit models 'swin*'
+    vitkit prepare-data ~/data/imagenet ~/data/imagenet-shards   # ImageNet folders -> litdata shards
     vitkit bench --models vit_base_patch16_224 --peers timm       # throughput beside timm (vitkit/bench.py)
     vitkit convert vit_b_16.pth export/ --model vit_base_patch16_224
     vitkit attention-map cat.jpg --checkpoint best.ckpt -o attention.png
@@ -179,6 +180,23 @@ def pos_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def prepare_data(args: argparse.Namespace) -> int:
+    import logging
+
+    from .shards import MARKER, prepare_data
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        summary = prepare_data(args.root, args.out, workers=args.workers, chunk_bytes=args.chunk_bytes,
+                               overwrite=args.overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    for split, n in summary["splits"].items():
+        print(f"{split}: {n['samples']} samples, {n['skipped']} unreadable file(s) left out")
+    print(f"{len(summary['classes'])} classes; {Path(args.out) / MARKER} written: the dataset is complete")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -214,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("pattern", nargs="?", default="*")
     s.add_argument("--no-flops", action="store_true", help="skip counting GMACs")
     s.set_defaults(fn=models)
+    s = sub.add_parser("prepare-data", help="ImageNet-layout folders -> litdata shards for StreamingImageDataModule")
+    s.add_argument("root", help="a folder with train/<class>/<images>, val/<class>/<images> and optionally test/")
+    s.add_argument("out", help="the output folder; run again on it to resume an interrupted conversion")
+    s.add_argument("--workers", type=int, default=None, help="parallel workers (default: every CPU)")
+    s.add_argument("--chunk-bytes", default="64MB", help="size of a shard file (default: 64MB)")
+    s.add_argument("--overwrite", action="store_true", help="delete OUT and convert from the start")
+    s.set_defaults(fn=prepare_data)
     s = sub.add_parser("convert", help="any checkpoint format -> vitkit/timm folder or state-dict file")
     s.add_argument("src")
     s.add_argument("dst", help="a folder (model.safetensors + config.json), or a .safetensors / .pth / .bin file")

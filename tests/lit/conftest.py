@@ -34,6 +34,16 @@ def image_folder(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def image_shards(image_folder, tmp_path_factory) -> Path:
+    """``image_folder`` converted by ``vitkit prepare-data``."""
+    from vitkit.shards import prepare_data
+
+    out = tmp_path_factory.mktemp("shards") / "out"
+    prepare_data(image_folder, out, workers=2)
+    return out
+
+
 def run_in_repo(args, **kw):
     import subprocess
     import sys

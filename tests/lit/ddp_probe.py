@@ -140,3 +140,31 @@ class KillDuringSave(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
         torch.save = torn_save
+
+
+class RecordUpdates(Callback):
+    """Per rank, one line per optimizer step: the global step, and whether the step changes the weights."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        with open(os.path.join(self.out_dir, f"updates{trainer.global_rank}.txt"), "a") as f:
+            f.write(f"{trainer.global_step} {int(pl_module._stepped)}\n")
+
+
+class RecordIds(Callback):
+    """Per rank, one line per training sample: the epoch and the sample's id, read back from its colour (the
+    streaming tests write solid images whose red and green levels encode the id, 4 levels apart)."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        x, _ = batch
+        cfg = trainer.datamodule.data_cfg
+        mean, std = torch.tensor(cfg.mean).view(1, 3), torch.tensor(cfg.std).view(1, 3)
+        rgb = ((x[:, :, 0, 0].cpu() * std + mean) * 255).round().long()  # (B, 3)
+        ids = (rgb[:, 0] // 4 + 64 * (rgb[:, 1] // 4)).tolist()
+        with open(os.path.join(self.out_dir, f"ids{trainer.global_rank}.txt"), "a") as f:
+            f.writelines(f"{trainer.current_epoch} {batch_idx} {i}\n" for i in ids)

@@ -1,6 +1,6 @@
 """Two CPU processes under DDP: each rank draws its own random masks, a resumed run draws on every rank
-what the uninterrupted run drew, and a step skipped on one rank (no readable image, a NaN loss) is skipped
-by all."""
+what the uninterrupted run drew, a NaN loss on one rank is skipped by all, and a rank with no readable image
+in its batch adds no gradient while the others make the step."""
 
 import re
 from pathlib import Path
@@ -47,18 +47,21 @@ def test_ranks_draw_their_own_masks_and_a_resumed_run_draws_the_same(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_skips_on_one_rank_are_taken_by_every_rank(image_folder, tmp_path):
-    """Rank 1 gets a batch whose files were all unreadable at step 0, rank 0 a NaN loss at step 1: both steps
-    are skipped on both ranks (one all-reduce decides), and the run
-    ends instead of hanging in DDP's gradient all-reduce."""
+def test_a_nan_on_one_rank_is_skipped_by_all_and_an_empty_batch_adds_no_gradient(image_folder, tmp_path):
+    """Rank 1 gets a batch whose files were all unreadable at step 0, rank 0 a NaN loss at step 1. Step 0 is made
+    from rank 0's images alone; step 1 is skipped on both ranks (one all-reduce decides both), and the run ends
+    instead of hanging in DDP's gradient all-reduce."""
     out = _ddp(tmp_path, "--trainer.max_epochs", "1", "--model.nonfinite_loss", "skip",
                "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder), "--data.img_size", "32",
                "--data.batch_size", "4", "--data.num_workers", "0",
                "--trainer.callbacks+=ddp_probe.UnreadableBatchOnRank", "--trainer.callbacks.rank", "1",
                "--trainer.callbacks.batch", "0",
                "--trainer.callbacks+=ddp_probe.NanLogitsOnce", "--trainer.callbacks.step", "1",
-               "--trainer.callbacks.rank", "0")
-    assert out.stderr.count("skipping step 0: a batch with no readable image (on this or another rank)") == 2
+               "--trainer.callbacks.rank", "0",
+               "--trainer.callbacks+=ddp_probe.RecordUpdates", "--trainer.callbacks.out_dir", str(tmp_path))
+    assert "skipping step 0" not in out.stderr
+    for rank in (0, 1):  # step 0 changes the weights on both ranks alike, step 1 on neither
+        assert (tmp_path / f"updates{rank}.txt").read_text().split("\n")[:2] == ["0 1", "1 0"]
     assert len(re.findall(r"skipping step 1: non-finite training loss nan$", out.stderr, re.M)) == 1  # rank 0
     assert out.stderr.count("skipping step 1: non-finite training loss nan/inf on another rank") == 1
     assert "train/skipped_files" in (tmp_path / "logs/version_0/metrics.csv").read_text()

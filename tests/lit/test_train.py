@@ -29,16 +29,20 @@ def _cpu(tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("config", CLASSIFIER_CONFIGS, ids=lambda p: p.stem)
-def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_path, monkeypatch):
+def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_path, monkeypatch, request):
     tiny = TINY_SWIN if "swin" in config.stem else TINY_VIT
-    name = yaml.safe_load(config.read_text())["model"]["init_args"]["model_name"]
+    cfg = yaml.safe_load(config.read_text())
+    name = cfg["model"]["init_args"]["model_name"]
+    if cfg["data"]["class_path"].endswith("StreamingImageDataModule"):  # the same images, as shards
+        data = ["--data.root", str(request.getfixturevalue("image_shards"))]
+    else:
+        data = ["--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder)]
     if "finetune" in config.stem:  # the config's timm tag as it stands, from a hub cache of tiny weights at 48 px
         use_offline_cache(monkeypatch, tmp_path / "hf")
         cache_weights(tmp_path / "hf", name, vitkit.create_model(name, img_size=48, **json.loads(tiny)), tmp_path)
     cli = cli_main(["fit", "--config", str(config), *_cpu(tmp_path), "--trainer.fast_dev_run", "2",
                     "--model.model_overrides", tiny, "--model.compile", "false",
-                    "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder),
-                    "--data.img_size", "32", "--data.batch_size", "4", "--data.num_workers", "0"])
+                    *data, "--data.img_size", "32", "--data.batch_size", "4", "--data.num_workers", "0"])
     assert cli.model.num_classes == 3
     assert cli.model.hparams.class_names == ["class_0", "class_1", "class_2"]
     assert cli.trainer.global_step == 2 // cli.trainer.accumulate_grad_batches
@@ -347,3 +351,22 @@ def test_image_folder_test_split(image_folder, tmp_path, caplog):
     dm = ImageFolderDataModule(str(root), img_size=32)
     dm.setup()
     assert len(dm.test_set) == len(dm.val_set) and dm.test_set.folder.root.endswith("test")
+
+
+def test_mixup_takes_an_odd_batch():
+    """timm's Mixup takes even batches only; an odd last batch is mixed but for its last image, which keeps its
+    own smoothed target, and the even part is mixed exactly as timm mixes it."""
+    from timm.data.mixup import mixup_target
+
+    m = ImageClassifier(model_overrides=json.loads(TINY_VIT), num_classes=3, img_size=16, mixup=0.8, cutmix=1.0,
+                        label_smoothing=0.1)
+    x, y = torch.randn(5, 3, 16, 16), torch.tensor([0, 1, 2, 0, 1])
+    np.random.seed(0)  # timm's Mixup draws from NumPy
+    mixed, soft = x.clone(), m._mix(x_ := x.clone(), y)
+    np.random.seed(0)
+    want_x, want_soft = m.mixup(x[:4].clone(), y[:4])
+    torch.testing.assert_close(x_[:4], want_x)
+    torch.testing.assert_close(soft[:4], want_soft)
+    torch.testing.assert_close(x_[4], mixed[4])  # the odd one out is not mixed
+    torch.testing.assert_close(soft[4], mixup_target(y[4:], 3, smoothing=0.1)[0])
+    assert torch.isfinite(m._loss(torch.randn(1, 3, 16, 16), torch.tensor([2])))  # a batch of one

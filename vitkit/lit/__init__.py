@@ -9,4 +9,12 @@ from .text_data import OcrDigitsDataModule, Seq2SeqDataModule, Tokenizer
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DigitsDataModule", "ImageClassifier", "ImageFolderDataModule",
            "ModelCheckpoint", "OcrDigitsDataModule", "Seq2SeqDataModule", "Seq2SeqModule", "Tokenizer",
-           "TrainingCurves", "VitkitCLI", "cli_main"]
+           "StreamingImageDataModule", "TrainingCurves", "VitkitCLI", "cli_main"]
+
+
+def __getattr__(name: str):
+    if name == "StreamingImageDataModule":  # imports litdata, which runs without it need not load
+        from .streaming import StreamingImageDataModule
+
+        return StreamingImageDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

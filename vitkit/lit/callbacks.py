@@ -69,6 +69,9 @@ class ModelCheckpoint(_LightningModelCheckpoint):
       ``max_steps`` in mid-epoch; ``--ckpt_path last`` then resumes from the true latest state.
     * A new ``fit`` into a folder that already holds a ``last.ckpt`` is refused before the first step,
       unless it resumes (``ckpt_path``): another run's resumable state is never replaced by accident.
+    * ``last_every_n_train_steps`` refreshes ``last.ckpt`` (and nothing else) every N optimizer steps, so a long
+      epoch can be resumed from mid-epoch: with a streaming data module, at the very next batch. Lightning's
+      ``every_n_train_steps`` refreshes it too, as Lightning's own ``save_last`` does.
     * No ``-v1`` version counter: the best and last files keep their names.
 
     Atomic writes come from the trainer's checkpoint writer: the vitkit CLI installs
@@ -76,9 +79,10 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     """
 
     def __init__(self, dirpath: str | os.PathLike | None = None, *args, save_last: bool = True,
-                 enable_version_counter: bool = False, **kwargs) -> None:
+                 enable_version_counter: bool = False, last_every_n_train_steps: int = 0, **kwargs) -> None:
         super().__init__(dirpath, *args, save_last=False, enable_version_counter=enable_version_counter, **kwargs)
         self.keep_last = save_last  # written here, in the public hooks below, instead of by Lightning
+        self.last_every = [n for n in (last_every_n_train_steps, kwargs.get("every_n_train_steps")) if n and n > 0]
         self._last_written_step = -1
 
     @property
@@ -123,6 +127,12 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
         if not self._should_save_on_train_epoch_end(trainer):
+            self._write_last(trainer)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
+                           batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if any(trainer.global_step % n == 0 for n in self.last_every):
             self._write_last(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -10,6 +10,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from timm.data import Mixup
+from timm.data.mixup import mixup_target
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -159,14 +160,18 @@ class ImageClassifier(L.LightningModule):
     # -- steps -------------------------------------------------------------------------------------
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        # A batch whose every file was unreadable arrives empty (counted by the data module). Skipping is
-        # decided on all ranks together: a rank that skipped its backward alone would leave the others
-        # waiting in the gradient all-reduce. One small all-reduce per step, only when a skip can happen.
+        # A batch with no sample arrives empty: every file of it was unreadable (counted by the data module), or
+        # a streaming rank had no batch left in the epoch. Such a rank adds no gradient; the step is skipped
+        # only when no rank has a sample. Decided on all ranks together: a rank that skipped its backward
+        # alone would leave the others waiting in the gradient all-reduce. One small all-reduce per step,
+        # only when a skip can happen.
         loss = None if len(batch[1]) == 0 else self._loss(*batch)
         empty, nonfinite = loss is None, loss is not None and not bool(torch.isfinite(loss))
+        all_empty = empty
         if self.trainer.world_size > 1 and self._may_skip:
             flags = torch.tensor([empty, nonfinite], dtype=torch.float32, device=self.device)
-            empty, nonfinite = (self.trainer.strategy.reduce(flags, reduce_op="sum") > 0).tolist()
+            n_empty, n_nonfinite = self.trainer.strategy.reduce(flags, reduce_op="sum").tolist()
+            all_empty, nonfinite = n_empty == self.trainer.world_size, n_nonfinite > 0
         if nonfinite:
             value = "nan/inf on another rank" if loss is None or torch.isfinite(loss) else loss.item()
             self.bad_steps += 1
@@ -179,12 +184,15 @@ class ImageClassifier(L.LightningModule):
             log.warning("skipping step %d: non-finite training loss %s", self.global_step, value)
             self.log("train/skipped_steps", float(self.bad_steps), on_step=True)
             return self._no_update_loss()
-        if empty:
-            log.warning("skipping step %d: a batch with no readable image (on this or another rank)",
-                        self.global_step)
+        if all_empty:
+            log.warning("skipping step %d: no rank has a readable image in its batch", self.global_step)
             return self._no_update_loss()
         self.bad_steps = 0
-        self._stepped = True
+        self._stepped = True  # on every rank, so that each applies the same all-reduced gradient
+        if empty:
+            log.debug("step %d: no sample in this rank's batch; the other ranks' samples make the step",
+                      self.global_step)
+            return self._no_update_loss()
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(batch[1]))
         return loss
 
@@ -206,9 +214,19 @@ class ImageClassifier(L.LightningModule):
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
         if self.mixup is not None:
-            x, soft = self.mixup(x, y)  # soft targets already carry the label smoothing
+            soft = self._mix(x, y)  # soft targets already carry the label smoothing; x is mixed in place
             return torch.sum(-soft * F.log_softmax(self(x).float(), dim=-1), dim=-1).mean()
         return F.cross_entropy(self(x).float(), y, label_smoothing=self.hparams.label_smoothing)
+
+    def _mix(self, x: Tensor, y: Tensor) -> Tensor:
+        """timm's Mixup/CutMix, which mixes a batch with its reverse and so takes even batches only. An odd batch
+        (the last of an epoch, or one that lost an unreadable file) is mixed but for its last image, which keeps
+        its own label-smoothed target."""
+        n = len(x) - len(x) % 2
+        soft = mixup_target(y, self.mixup.num_classes, smoothing=self.mixup.label_smoothing)
+        if n:
+            x[:n], soft[:n] = self.mixup(x[:n], y[:n])
+        return soft
 
     def on_train_epoch_end(self) -> None:
         self._report_skipped("train")

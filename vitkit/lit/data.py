@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,9 +17,8 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import vitkit
 from vitkit.models.config import IMAGENET
-from vitkit.transforms import eval_transform, train_transform
-
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+from vitkit.shards import Decoder, decode, scan_image_folder
+from vitkit.transforms import TRAIN_AUGMENT, eval_transform, train_transform
 
 log = logging.getLogger(__name__)
 
@@ -133,56 +133,14 @@ class DigitsDataModule(_TrainValLoaders):
 
 
 
-def _class_dirs(split_dir: Path) -> list[str]:
-    return sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
-
-
-def _has_images(d: Path) -> bool:
-    return any(f.suffix.lower() in IMG_EXTENSIONS for f in d.rglob("*") if f.is_file())
-
-
-def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val",
-                      test_dir: str | None = None) -> list[str]:
-    """Check an ImageNet-layout root before any work starts; return the class names.
-
-    ``test_dir`` is checked like the others when that folder exists; it is optional."""
-    if not root.is_dir():
-        raise FileNotFoundError(f"ImageFolder root {str(root)!r} does not exist or is not a folder; expected "
-                                f"{root}/{train_dir}/<class>/*.jpg and {root}/{val_dir}/<class>/*.jpg")
-    splits = {}
-    optional = [test_dir] if test_dir and (root / test_dir).is_dir() else []
-    for split in (train_dir, val_dir, *optional):
-        d = root / split
-        if not d.is_dir():
-            raise FileNotFoundError(f"missing {str(d)!r}: expected {root}/{split}/<class>/<images>")
-        classes = _class_dirs(d)
-        if not classes:
-            raise ValueError(f"{str(d)!r} has no class folders: expected {d}/<class>/<images>")
-        empty = [c for c in classes if not _has_images(d / c)]
-        if empty:
-            raise ValueError(f"class folder(s) without images in {str(d)!r}: {empty} "
-                             f"(image extensions: {', '.join(IMG_EXTENSIONS)})")
-        splits[split] = classes
-    if splits[train_dir] != splits[val_dir]:
-        only_t = sorted(set(splits[train_dir]) - set(splits[val_dir]))
-        only_v = sorted(set(splits[val_dir]) - set(splits[train_dir]))
-        raise ValueError(f"train and val class folders differ in {str(root)!r}: only in {train_dir}: {only_t}; "
-                         f"only in {val_dir}: {only_v}")
-    for split in optional:
-        if splits[split] != splits[train_dir]:
-            raise ValueError(f"{split} class folders differ from {train_dir} in {str(root)!r}: "
-                             f"{splits[split]} vs {splits[train_dir]}")
-    return splits[train_dir]
-
-
 class SkippingImageFolder(Dataset):
     """torchvision's ImageFolder, except that a file that cannot be decoded yields None instead of
     raising, so one corrupt or truncated JPEG (or a non-image with an image extension) cannot end a run."""
 
-    def __init__(self, root: str, transform) -> None:
+    def __init__(self, root: str, transform, decoder: Decoder = "pil") -> None:
         from torchvision.datasets import ImageFolder
 
-        self.folder = ImageFolder(root, transform=transform)
+        self.folder = ImageFolder(root, transform=transform, loader=partial(_read_image, decoder=decoder))
         self.classes, self.samples = self.folder.classes, self.folder.samples
 
     def __len__(self) -> int:
@@ -196,6 +154,11 @@ class SkippingImageFolder(Dataset):
             return None
 
 
+def _read_image(path: str, decoder: Decoder):
+    with open(path, "rb") as f:
+        return decode(f.read(), decoder)
+
+
 def collate_skipping(items: list) -> tuple[Tensor | None, Tensor | None, int]:
     """Stack the readable samples; also return how many were skipped (images None if all were)."""
     good = [it for it in items if it is not None]
@@ -204,44 +167,19 @@ def collate_skipping(items: list) -> tuple[Tensor | None, Tensor | None, int]:
     return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good]), len(items) - len(good)
 
 
-class ImageFolderDataModule(_TrainValLoaders):
-    """ImageNet layout (``root/train/<class>/*``, ``root/val/<class>/*``, optionally ``root/test/<class>/*``)
-    with timm's transforms. ``test`` evaluates ``test_dir`` when it exists, else the val split (and says so).
+class _SkippingImages(_TrainValLoaders):
+    """Image data whose unreadable files are skipped and counted, batch by batch and epoch by epoch."""
 
-    Train: RandomResizedCrop (bicubic), flip, RandAugment, random erasing. Eval: resize to
-    ``img_size / crop_pct`` and center-crop. Mean, std, crop_pct and interpolation default to the
-    preset's (``model_name``, linked from the model by the CLI)."""
-
-    collate_fn = staticmethod(collate_skipping)  # unreadable files are skipped, and counted
+    collate_fn = staticmethod(collate_skipping)
     may_yield_empty = True
+    data_cfg: SimpleNamespace
 
-    def __init__(self, root: str, img_size: int = 224, batch_size: int = 128, num_workers: int = 8,
-                 model_name: str | None = None, auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-                 re_prob: float = 0.25, scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5,
-                 crop_pct: float | None = None, mean: tuple[float, ...] | None = None,
-                 std: tuple[float, ...] | None = None, interpolation: str | None = None,
-                 pin_memory: bool = True, train_dir: str = "train", val_dir: str = "val",
-                 test_dir: str | None = "test") -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.root = Path(root).expanduser()
-        self.classes = scan_image_folder(self.root, train_dir, val_dir, test_dir)
-        self.num_classes = len(self.classes)
-        self.data_cfg = _data_cfg(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
-                                  interpolation=interpolation)
-
-    def setup(self, stage: str | None = None) -> None:
-        hp = self.hparams
-        self.train_set = SkippingImageFolder(str(self.root / hp.train_dir), transform=train_transform(
-            self.data_cfg, auto_augment=hp.auto_augment, re_prob=hp.re_prob, scale=tuple(hp.scale), hflip=hp.hflip))
-        self.val_set = SkippingImageFolder(str(self.root / hp.val_dir), transform=eval_transform(self.data_cfg))
-        if hp.test_dir and (self.root / hp.test_dir).is_dir():
-            self.test_set = SkippingImageFolder(str(self.root / hp.test_dir), transform=eval_transform(self.data_cfg))
+    def reset_counts(self) -> None:
         self.skipped = {"train": 0, "val": 0, "test": 0}
         self.seen = {"train": 0, "val": 0, "test": 0}
 
-    def describe(self) -> str:
-        return str(self.root)
+    def split_location(self, split: str) -> str:
+        raise NotImplementedError
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Count the files a batch had to skip. A batch with none left becomes an empty batch, never None:
@@ -262,9 +200,50 @@ class ImageFolderDataModule(_TrainValLoaders):
         skipped, seen = self.skipped[split], self.seen[split]
         self.skipped[split] = self.seen[split] = 0
         if skipped and not seen:
-            raise RuntimeError(f"no usable images in {self.root / getattr(self.hparams, split + '_dir')}: "
+            raise RuntimeError(f"no usable images in {self.split_location(split)}: "
                                f"all {skipped} files read this epoch were unreadable (corrupt or not images)")
         if skipped:
             log.warning("%s: skipped %d unreadable image file(s) this epoch (%d used); set logging to DEBUG "
                         "for their paths", split, skipped, seen)
         return skipped
+
+
+class ImageFolderDataModule(_SkippingImages):
+    """ImageNet layout (``root/train/<class>/*``, ``root/val/<class>/*``, optionally ``root/test/<class>/*``)
+    with timm's transforms. ``test`` evaluates ``test_dir`` when it exists, else the val split (and says so).
+
+    Train: RandomResizedCrop (bicubic), flip, RandAugment (colour jitter instead when ``auto_augment`` is None;
+    ``color_jitter=None`` turns that off too), random erasing. Eval: resize to
+    ``img_size / crop_pct`` and center-crop. Mean, std, crop_pct and interpolation default to the
+    preset's (``model_name``, linked from the model by the CLI)."""
+
+    def __init__(self, root: str, img_size: int = 224, batch_size: int = 128, num_workers: int = 8,
+                 model_name: str | None = None, auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+                 re_prob: float = 0.25, scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5,
+                 color_jitter: float | None = 0.4,
+                 crop_pct: float | None = None, mean: tuple[float, ...] | None = None,
+                 std: tuple[float, ...] | None = None, interpolation: str | None = None,
+                 pin_memory: bool = True, train_dir: str = "train", val_dir: str = "val",
+                 test_dir: str | None = "test", decoder: Decoder = "pil") -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.root = Path(root).expanduser()
+        self.classes = scan_image_folder(self.root, train_dir, val_dir, test_dir)
+        self.num_classes = len(self.classes)
+        self.data_cfg = _data_cfg(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
+                                  interpolation=interpolation)
+
+    def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        self.train_set = SkippingImageFolder(str(self.root / hp.train_dir), train_transform(
+            self.data_cfg, **{k: hp[k] for k in TRAIN_AUGMENT}), hp.decoder)
+        self.val_set = SkippingImageFolder(str(self.root / hp.val_dir), eval_transform(self.data_cfg), hp.decoder)
+        if hp.test_dir and (self.root / hp.test_dir).is_dir():
+            self.test_set = SkippingImageFolder(str(self.root / hp.test_dir), eval_transform(self.data_cfg), hp.decoder)
+        self.reset_counts()
+
+    def describe(self) -> str:
+        return str(self.root)
+
+    def split_location(self, split: str) -> str:
+        return str(self.root / getattr(self.hparams, split + "_dir"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import random
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -48,14 +49,18 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def gather_rng_states(trainer: L.Trainer) -> list[dict]:
-    """Every rank's state, in rank order (a collective: every rank calls it while saving)."""
-    state = rng_state()
+def gather_from_ranks(trainer: L.Trainer, obj: Any) -> list:
+    """Every rank's ``obj``, in rank order (a collective: every rank calls it, e.g. while saving)."""
     if trainer.world_size == 1 or not torch.distributed.is_initialized():
-        return [state]
-    states = [None] * trainer.world_size
-    torch.distributed.all_gather_object(states, state)
-    return states
+        return [obj]
+    objs = [None] * trainer.world_size
+    torch.distributed.all_gather_object(objs, obj)
+    return objs
+
+
+def gather_rng_states(trainer: L.Trainer) -> list[dict]:
+    """Every rank's generator states, in rank order (a collective: every rank calls it while saving)."""
+    return gather_from_ranks(trainer, rng_state())
 
 
 def restore_rng_states(trainer: L.Trainer, states: list[dict] | dict) -> None:

@@ -1,0 +1,265 @@
+"""ImageNet-layout folders as litdata shards: the conversion (``vitkit prepare-data``) and the streaming dataset.
+
+A converted dataset is a folder with one litdata dataset per split (``OUT/train``, ``OUT/val``, optionally
+``OUT/test``) and ``OUT/vitkit_dataset.json``, written last: a folder without it is an unfinished
+conversion, which readers refuse and ``prepare-data`` resumes. Each sample keeps the file's original
+encoded bytes (nothing is re-encoded), its class index (``label``), class name and path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import random
+import re
+import shutil
+from contextlib import contextmanager
+from functools import partial
+from io import BytesIO
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+MARKER = "vitkit_dataset.json"  # written last; its presence means every split is complete
+INPUTS = ".vitkit_inputs.json"  # the file list a conversion started from, to resume only that one
+FORMAT = 1
+Decoder = Literal["pil", "torchvision"]
+
+log = logging.getLogger(__name__)
+
+
+# -- the folder being converted ------------------------------------------------------------------------
+
+def _class_dirs(split_dir: Path) -> list[str]:
+    return sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
+
+
+def _image_files(d: Path) -> list[Path]:
+    return sorted(f for f in d.rglob("*") if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS)
+
+
+def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val",
+                      test_dir: str | None = None) -> list[str]:
+    """Check an ImageNet-layout root before any work starts; return the class names.
+
+    ``test_dir`` is checked like the others when that folder exists; it is optional."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"ImageFolder root {str(root)!r} does not exist or is not a folder; expected "
+                                f"{root}/{train_dir}/<class>/*.jpg and {root}/{val_dir}/<class>/*.jpg")
+    splits = {}
+    optional = [test_dir] if test_dir and (root / test_dir).is_dir() else []
+    for split in (train_dir, val_dir, *optional):
+        d = root / split
+        if not d.is_dir():
+            raise FileNotFoundError(f"missing {str(d)!r}: expected {root}/{split}/<class>/<images>")
+        classes = _class_dirs(d)
+        if not classes:
+            raise ValueError(f"{str(d)!r} has no class folders: expected {d}/<class>/<images>")
+        empty = [c for c in classes if not any(f.suffix.lower() in IMG_EXTENSIONS
+                                               for f in (d / c).rglob("*") if f.is_file())]
+        if empty:
+            raise ValueError(f"class folder(s) without images in {str(d)!r}: {empty} "
+                             f"(image extensions: {', '.join(IMG_EXTENSIONS)})")
+        splits[split] = classes
+    if splits[train_dir] != splits[val_dir]:
+        only_t = sorted(set(splits[train_dir]) - set(splits[val_dir]))
+        only_v = sorted(set(splits[val_dir]) - set(splits[train_dir]))
+        raise ValueError(f"train and val class folders differ in {str(root)!r}: only in {train_dir}: {only_t}; "
+                         f"only in {val_dir}: {only_v}")
+    for split in optional:
+        if splits[split] != splits[train_dir]:
+            raise ValueError(f"{split} class folders differ from {train_dir} in {str(root)!r}: "
+                             f"{splits[split]} vs {splits[train_dir]}")
+    return splits[train_dir]
+
+
+# -- decoding --------------------------------------------------------------------------------------------
+
+def decode(data: bytes, decoder: Decoder = "pil"):
+    """Encoded image bytes -> an RGB PIL image (what timm's transforms take).
+
+    ``torchvision`` decodes JPEG with libjpeg-turbo through ``torchvision.io.decode_jpeg`` and everything
+    else with PIL; ``pil`` decodes everything with PIL. Raises OSError (or another PIL error) on data that is
+    not a readable image."""
+    from PIL import Image
+
+    if decoder == "torchvision" and data[:3] == b"\xff\xd8\xff":  # the JPEG start-of-image marker
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        try:
+            x = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        except RuntimeError as e:  # as PIL fails on a damaged file: OSError
+            raise OSError(f"cannot decode JPEG data: {e}") from e
+        return Image.fromarray(x.permute(1, 2, 0).numpy())  # (H, W, 3) uint8
+    img = Image.open(BytesIO(data))
+    img.load()  # decode now: a truncated file raises here, not later inside a transform
+    return img.convert("RGB")
+
+
+# -- conversion ------------------------------------------------------------------------------------------
+
+def _convert_one(item: list, root: str, skipped_log: str) -> dict | None:
+    """One file -> one sample; an unreadable file gives None (litdata writes nothing for it) and a line in
+    the split's list of skipped files."""
+    rel, label, name = item
+    try:
+        data = (Path(root) / rel).read_bytes()
+        decode(data)  # the whole file decodes, so the shards hold only readable images
+    except Exception as e:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...
+        with open(skipped_log, "a") as f:  # one short line per write: appends from workers do not interleave
+            why = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(e).splitlines()[0] if str(e) else "")
+            f.write(f"{rel}\t{type(e).__name__}: {why}\n")
+        return None
+    return {"image": data, "label": label, "class_name": name, "path": rel}
+
+
+def _split_inputs(root: Path, split: str, classes: list[str]) -> list[list]:
+    """[relative path, class index, class name] per file (lists: litdata compares them with its JSON checkpoint)."""
+    return [[str(f.relative_to(root)), i, c] for i, c in enumerate(classes) for f in _image_files(root / split / c)]
+
+
+def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = None, chunk_bytes: str = "64MB",
+                 overwrite: bool = False, splits: tuple[str, ...] = ("train", "val", "test")) -> dict[str, Any]:
+    """Convert ``root/{train,val[,test]}/<class>/<images>`` into litdata shards under ``out``.
+
+    Re-running on the same ``out`` resumes: complete splits are kept, an interrupted split continues from
+    litdata's checkpoints. A finished ``out`` (or one started from other files) is refused unless
+    ``overwrite``. Returns what ``vitkit_dataset.json`` records."""
+    import litdata
+
+    root, out = Path(root).expanduser().resolve(), Path(out).expanduser().resolve()
+    present = [s for s in splits if (root / s).is_dir()]
+    classes = scan_image_folder(root, "train", "val", "test" if "test" in present else None)
+    inputs = {s: _split_inputs(root, s, classes) for s in present}
+    started = {"format": FORMAT, "root": str(root), "classes": classes,
+               "files": {s: [rel for rel, _, _ in items] for s, items in inputs.items()}}
+    if overwrite and out.exists():
+        shutil.rmtree(out)
+    if (out / MARKER).exists():
+        raise FileExistsError(f"{out} already holds a complete converted dataset ({MARKER}); pass --overwrite to "
+                              "convert again, or choose another output folder")
+    if out.exists() and any(out.iterdir()):
+        if not (out / INPUTS).exists():
+            raise FileExistsError(f"{out} is not empty and was not started by prepare-data; choose an empty or new "
+                                  "folder, or pass --overwrite to delete what is there")
+        if {k: v for k, v in json.loads((out / INPUTS).read_text()).items() if k != "workers"} != started:
+            raise FileExistsError(f"{out} holds an unfinished conversion of other files (another root, classes or "
+                                  "file list); pass --overwrite to start again, or choose another output folder")
+        recorded = json.loads((out / INPUTS).read_text()).get("workers")
+        if workers not in (None, recorded):
+            log.warning("resuming with the %d workers the conversion started with (litdata's checkpoints are per "
+                        "worker), not %d", recorded, workers)
+        workers = recorded
+        log.info("resuming the unfinished conversion in %s", out)
+    workers = workers or os.cpu_count() or 1
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / INPUTS, {**started, "workers": workers})
+
+    summary: dict[str, Any] = {"format": FORMAT, "root": str(root), "classes": classes, "splits": {}}
+    for split, items in inputs.items():
+        dest, skipped_log = out / split, out / f"{split}.skipped.tsv"
+        if not (dest / "index.json").exists():  # not finished: (re)start it, from litdata's checkpoints if any
+            if not (dest / ".checkpoints").exists():
+                skipped_log.unlink(missing_ok=True)
+            skipped_log.touch()
+            log.info("%s: converting %d files with %d workers", split, len(items), workers)
+            start_method = multiprocessing.get_start_method()
+            try:
+                litdata.optimize(fn=partial(_convert_one, root=str(root), skipped_log=str(skipped_log)),
+                                 inputs=items, output_dir=str(dest), chunk_bytes=chunk_bytes, num_workers=workers,
+                                 use_checkpoint=True, verbose=True)
+            finally:  # litdata switches the whole process to spawn; data loaders started later expect the default
+                multiprocessing.set_start_method(start_method, force=True)
+        skipped = _read_skipped(skipped_log)
+        n = json_samples(dest)
+        if n + len(skipped) != len(items):
+            raise RuntimeError(f"{split}: {n} samples written and {len(skipped)} skipped, but {len(items)} files were "
+                               f"listed; the conversion in {dest} is inconsistent, run again with --overwrite")
+        summary["splits"][split] = {"samples": n, "skipped": len(skipped)}
+        for rel, why in skipped[:20]:
+            log.warning("%s: skipped unreadable %s (%s)", split, rel, why)
+        if skipped:
+            log.warning("%s: %d unreadable file(s) left out; the full list is in %s", split, len(skipped), skipped_log)
+    _write_json(out / MARKER, summary)  # last: from here on the dataset is complete
+    return summary
+
+
+def _read_skipped(path: Path) -> list[tuple[str, str]]:
+    if not path.exists():
+        return []
+    rows = [line.split("\t", 1) for line in path.read_text().splitlines() if line]
+    return sorted({(r[0], r[1] if len(r) > 1 else "") for r in rows})  # a resumed worker may retry a file
+
+
+def json_samples(split_dir: Path) -> int:
+    """Number of samples in a finished litdata dataset, from its index.json."""
+    index = json.loads((split_dir / "index.json").read_text())
+    return sum(c["chunk_size"] for c in index["chunks"])
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def read_dataset_info(location: str) -> dict[str, Any]:
+    """``vitkit_dataset.json`` of a converted dataset: a local folder, or an object-store URL read by litdata."""
+    if "://" not in location:
+        path = Path(location).expanduser() / MARKER
+        if not path.exists():
+            folder = path.parent
+            if (folder / INPUTS).exists():
+                raise FileNotFoundError(f"{folder} is an unfinished conversion (no {MARKER}); run the same "
+                                        f"`vitkit prepare-data IMAGE_ROOT {folder}` again to finish it")
+            hint = (f"; it looks like an image folder: convert it with `vitkit prepare-data {folder} OUT`, or read "
+                    "it as it is with ImageFolderDataModule") if (folder / "train").is_dir() else ""
+            raise FileNotFoundError(f"{folder} is not a converted dataset (no {MARKER}); write one with "
+                                    f"`vitkit prepare-data IMAGE_ROOT OUT`{hint}")
+        return json.loads(path.read_text())
+    import tempfile
+
+    from litdata.streaming.fs_provider import _get_fs_provider
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = os.path.join(tmp, MARKER)
+        try:
+            _get_fs_provider(location).download_file(location.rstrip("/") + "/" + MARKER, local)
+        except Exception as e:
+            raise FileNotFoundError(f"cannot read {location.rstrip('/')}/{MARKER} ({type(e).__name__}: {e}); a "
+                                    "dataset written by `vitkit prepare-data` and uploaded whole has it") from e
+        with open(local) as f:
+            return json.load(f)
+
+
+# -- reading ---------------------------------------------------------------------------------------------
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The random stream of one sample's augmentation: a function of the seed, the epoch and the sample only,
+    so it does not depend on which rank or worker reads the sample, or on where a run was resumed."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, np.uint32)[0])
+
+
+@contextmanager
+def seeded(seed: int):
+    """Python's, NumPy's and torch's global generators set to ``seed`` inside, and restored after, except in a
+    loader worker, whose generators serve the samples alone (saving NumPy's state costs more than seeding it)."""
+    from torch.utils.data import get_worker_info
+
+    cpu = torch.default_generator  # not torch.manual_seed: it also queues a CUDA seed, with a stack trace each time
+    states = None if get_worker_info() is not None else (random.getstate(), np.random.get_state(), cpu.get_state())
+    random.seed(seed)
+    np.random.seed(seed)
+    cpu.manual_seed(seed)
+    try:
+        yield
+    finally:
+        if states is not None:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+            cpu.set_state(states[2])
