@@ -70,7 +70,28 @@ def build_factories(name: str, peers: list[str], attn_backend: str) -> list[tupl
         import torchvision
 
         out.append(("torchvision", lambda: getattr(torchvision.models, TORCHVISION[name])()))
+    if "onnxruntime" in peers:
+        out.append(("onnxruntime", lambda: OnnxRuntimeModule(name)))
     return out
+
+
+class OnnxRuntimeModule(nn.Module):
+    """vitkit's model exported to ONNX (fixed size, dynamic batch) and run by onnxruntime on the CPU, with the
+    threads torch has; inference in float32 only."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        import tempfile
+
+        from vitkit.export import OnnxModel, export_onnx
+
+        self._dir = tempfile.TemporaryDirectory()
+        path = Path(self._dir.name) / f"{name}.onnx"
+        export_onnx(vitkit.create_model(name).eval(), path, dynamic_size=False)
+        self.session = OnnxModel(path, threads=torch.get_num_threads())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(self.session(x.numpy()))
 
 
 def autocast_ctx(precision: str, device: torch.device):
@@ -214,6 +235,11 @@ def run(args) -> list[dict]:
         gmacs[name] = count_gmacs_of(lambda n=name: vitkit.create_model(n), shape)
         for lib, factory in build_factories(name, peers, args.attn_backend):
             for mode in args.mode:
+                if lib == "onnxruntime" and (mode == "train" or args.precision != "fp32" or device.type != "cpu"
+                                             or args.compile or args.channels_last):
+                    print(f"onnxruntime: {mode} {args.precision}{' compiled' if args.compile else ''} on "
+                          f"{device.type} is not measured (it runs float32 inference on the CPU)", file=sys.stderr)
+                    continue
                 for bs in args.batch_sizes:
                     entries.append(Entry(lib, name, mode, bs, factory, shape))
     for e in entries:
@@ -310,7 +336,9 @@ def chart(rows: list[dict], path: Path) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="vitkit bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=lambda s: s.split(","), default=["vit_base_patch16_224"])
-    p.add_argument("--peers", default="timm,torchvision", help="comma-separated: timm, torchvision, or ''")
+    p.add_argument("--peers", default="timm,torchvision",
+                   help="comma-separated: timm, torchvision, onnxruntime (vitkit's ONNX export; float32 inference on "
+                        "the CPU), or ''")
     p.add_argument("--mode", choices=["infer", "train", "both"], default="infer")
     p.add_argument("--batch-sizes", type=lambda s: [int(b) for b in s.split(",")], default=[16])
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")

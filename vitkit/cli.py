@@ -1,4 +1,4 @@
-"""The ``vitkit`` command: train, predict, download, models, prepare-data, bench, convert, attention-map, pos-embed.
+"""The ``vitkit`` command: train, predict, export, prepare-data, download, models, bench, convert, and plots.
 
     vitkit train fit --config configs/vit_tiny_digits.yaml        # = python train.py fit ...
     vitkit predict cat.jpg dog.png --checkpoint runs/.../best.ckpt --topk 3
@@ -8,6 +8,8 @@
     vitkit prepare-data ~/data/imagenet ~/data/imagenet-shards   # ImageNet folders -> litdata shards
     vitkit bench --models vit_base_patch16_224 --peers timm       # throughput beside timm (vitkit/bench.py)
     vitkit convert vit_b_16.pth export/ --model vit_base_patch16_224
+    vitkit export runs/.../best.ckpt -o model.onnx                # ONNX, checked in onnxruntime
+    vitkit predict cat.jpg --onnx model.onnx
     vitkit attention-map cat.jpg --checkpoint best.ckpt -o attention.png
 """
 
@@ -56,23 +58,97 @@ def _image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     return x, (x[0] * std + mean).clamp(0, 1)
 
 
+def _onnx_classifier(path: str):
+    """(names, image path -> probabilities) of an exported ONNX model, run by onnxruntime."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        from vitkit.export import OnnxModel
+        model = OnnxModel(path)
+    except ImportError as e:
+        raise SystemExit(f"error: --onnx needs onnxruntime ({e}); pip install 'vitkit[export]'") from None
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors for a missing or damaged file
+        raise SystemExit(f"error: cannot load {path!r} in onnxruntime: {e}") from None
+    n = model.session.get_outputs()[0].shape[-1]
+    names = model.labels or [str(i) for i in range(n if isinstance(n, int) else 0)]
+
+    def probabilities(image: str) -> torch.Tensor:
+        try:
+            img = Image.open(image)
+        except (OSError, UnidentifiedImageError) as e:
+            raise SystemExit(f"cannot read image {image!r}: {e}") from None
+        return torch.from_numpy(model(model.preprocess(img))).softmax(-1)[0]
+
+    return names, probabilities
+
+
 def predict(args: argparse.Namespace) -> int:
-    net = _load(args)
-    names = getattr(net, "class_names", None) or [str(i) for i in range(net.cfg.num_classes)]
+    if args.onnx:
+        names, probabilities = _onnx_classifier(args.onnx)
+    else:
+        net = _load(args)
+        names = getattr(net, "class_names", None) or [str(i) for i in range(net.cfg.num_classes)]
+
+        def probabilities(image: str) -> torch.Tensor:
+            x, _ = _image(image, net.cfg)
+            with torch.no_grad():
+                return net(x).softmax(-1)[0]
+
     failed = 0
     for path in args.images:
         try:
-            x, _ = _image(path, net.cfg)
+            p = probabilities(path)
         except SystemExit as e:
             print(f"{path}: error: {e}", file=sys.stderr)
             failed += 1
             continue
-        with torch.no_grad():
-            p = net(x).softmax(-1)[0]
+        if len(names) < len(p):
+            names = [str(i) for i in range(len(p))]
         top = p.topk(min(args.topk, len(p)))
         print(f"{path}: " + ", ".join(f"{names[i]} {v:.3f}" for v, i in zip(top.values.tolist(), top.indices.tolist(),
                                                                            strict=True)))
     return 1 if failed else 0
+
+
+def export(args: argparse.Namespace) -> int:
+    """A preset, a tag or any checkpoint -> ONNX (checked in onnxruntime) or a torch.export program."""
+    import vitkit
+    from vitkit.export import ExportError, export_onnx, export_program
+
+    overrides = json.loads(args.overrides)
+    if args.img_size:
+        overrides["img_size"] = args.img_size[0] if len(args.img_size) == 1 else tuple(args.img_size)
+    if Path(args.src).exists():
+        args.checkpoint, args.overrides = args.src, json.dumps(overrides)
+        net = _load(args)
+    else:  # a preset (random weights, for trying the export) or pretrained weights by tag
+        name = args.src
+        tagged = "." in name or name.startswith("hf-hub:")
+        from vitkit.checkpoints.hub import MissingWeightsError
+
+        try:
+            net = vitkit.create_model(name, pretrained=tagged, **overrides).eval()
+        except MissingWeightsError as e:
+            raise SystemExit(f"error: {e}") from None
+        except (KeyError, ValueError) as e:
+            raise SystemExit(f"error: {args.src!r} is neither a file nor a model vitkit knows: {e}") from None
+        if not tagged:
+            print(f"{name}: no weights given, so the export holds a random initialisation (give a checkpoint file "
+                  "or a tag such as vit_base_patch16_224.augreg2_in21k_ft_in1k for trained weights)", file=sys.stderr)
+    out = args.output or f"{net.name}.{'onnx' if args.format == 'onnx' else 'pt2'}"
+    dynamic = False if args.fixed_size else None
+    try:
+        if args.format == "onnx":
+            report = export_onnx(net, out, dynamic_size=dynamic, opset=args.opset, atol=args.atol)
+        else:
+            report = export_program(net, out, dynamic_size=dynamic, atol=args.atol)
+    except ExportError as e:
+        raise SystemExit(f"error: {e}") from None
+    except ImportError as e:
+        raise SystemExit(f"error: ONNX export needs onnx, onnxscript and onnxruntime ({e}); "
+                         "pip install 'vitkit[export]'") from None
+    print(report)
+    return 0
 
 
 def download(args: argparse.Namespace) -> int:
@@ -223,7 +299,20 @@ def main(argv: list[str] | None = None) -> int:
                                    "weights); with it: the preset, for formats that do not record it")
     s.add_argument("--overrides", default="{}", help=OVERRIDES)
     s.add_argument("--topk", type=int, default=5)
+    s.add_argument("--onnx", help="an exported model.onnx, run by onnxruntime with the preprocessing in its metadata")
     s.set_defaults(fn=predict)
+    s = sub.add_parser("export", help="a model or checkpoint -> ONNX (checked in onnxruntime) or torch.export .pt2")
+    s.add_argument("src", help="a checkpoint in any format vitkit reads, a preset name, or a timm tag")
+    s.add_argument("-o", "--output", help="output file (default: <model>.onnx or <model>.pt2)")
+    s.add_argument("--format", choices=["onnx", "torch-export"], default="onnx")
+    s.add_argument("--model", help="the preset, for checkpoint formats that do not record it")
+    s.add_argument("--overrides", default="{}", help=OVERRIDES)
+    s.add_argument("--img-size", type=int, nargs="+", help="export at this size (H [W]); positions and windows are "
+                                                           "resized as on load")
+    s.add_argument("--fixed-size", action="store_true", help="ViT: export height and width fixed (default dynamic)")
+    s.add_argument("--opset", type=int, default=18, help="ONNX opset, 18 or newer")
+    s.add_argument("--atol", type=float, default=1e-4, help="largest difference to PyTorch the check accepts")
+    s.set_defaults(fn=export)
     s = sub.add_parser("download", help="fetch pretrained weights by name into their cache, for offline use")
     s.add_argument("names", nargs="+", help="timm tags (vit_small_patch16_224.augreg_in21k_ft_in1k), torchvision "
                                             "weights (Swin_T_Weights.IMAGENET1K_V1) or hf-hub:REPO")

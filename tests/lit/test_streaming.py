@@ -18,37 +18,9 @@ from PIL import Image
 
 from vitkit.shards import MARKER, prepare_data, read_dataset_info
 
-from .conftest import ROOT, TINY_VIT, run_in_repo
+from .conftest import N_TRAIN, N_VAL, ROOT, TINY_VIT, run_in_repo
 
-N_TRAIN, N_VAL = 75, 12
 PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
-
-
-def _solid(i: int, size: int = 16) -> Image.Image:
-    """A solid image whose colour encodes ``i`` (red and green levels 4 apart, robust to resampling)."""
-    return Image.new("RGB", (size, size), (4 * (i % 64) + 2, 4 * (i // 64) + 2, 128))
-
-
-@pytest.fixture(scope="module")
-def id_folder(tmp_path_factory) -> Path:
-    """ImageNet layout, 3 classes, PNG and JPEG files, and two broken files in train."""
-    root = tmp_path_factory.mktemp("ids")
-    for split, ids in (("train", range(N_TRAIN)), ("val", range(100, 100 + N_VAL))):
-        for i in ids:
-            d = root / split / f"class_{i % 3}"
-            d.mkdir(parents=True, exist_ok=True)
-            _solid(i).save(d / f"{i}.png")
-    _solid(63, size=40).save(root / "val/class_0/photo.jpg", quality=95)  # one JPEG too
-    (root / "train/class_0/broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
-    (root / "train/class_1/truncated.png").write_bytes((root / "train/class_1/1.png").read_bytes()[:60])
-    return root
-
-
-@pytest.fixture(scope="module")
-def shards(id_folder, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("shards") / "out"
-    prepare_data(id_folder, out, workers=2, chunk_bytes="4KB")
-    return out
 
 
 def test_conversion_keeps_the_original_bytes_labels_and_names_and_leaves_out_bad_files(id_folder, shards):

@@ -34,7 +34,7 @@ def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_
     cfg = yaml.safe_load(config.read_text())
     name = cfg["model"]["init_args"]["model_name"]
     if cfg["data"]["class_path"].endswith("StreamingImageDataModule"):  # the same images, as shards
-        data = ["--data.root", str(request.getfixturevalue("image_shards"))]
+        data = ["--data.root", str(request.getfixturevalue("shards"))]
     else:
         data = ["--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder)]
     if "finetune" in config.stem:  # the config's timm tag as it stands, from a hub cache of tiny weights at 48 px

@@ -53,7 +53,8 @@ def resample_abs_pos_embed(
         old_size = (side, side)
     if old_size[0] * old_size[1] != n:
         raise ValueError(f"old_size {old_size} does not match {n} position tokens")
-    if tuple(old_size) == tuple(new_size):
+    symbolic = any(isinstance(s, torch.SymInt) for s in new_size)  # traced for export: comparing would pin the size
+    if not symbolic and tuple(old_size) == tuple(new_size):
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     C, dtype = grid.shape[-1], grid.dtype

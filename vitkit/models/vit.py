@@ -52,6 +52,7 @@ class ViTConfig(DataConfig):
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
     attn_backend: AttnBackend = "sdpa"
+    dynamic_img_size: bool = False  # any H, W: positions resampled to each input's patch grid (timm's flag)
 
     def __post_init__(self) -> None:
         check_backend(self.attn_backend)
@@ -131,18 +132,27 @@ class VisionTransformer(nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token", "reg_token"}
 
-    def _pos_embed(self, x: Tensor) -> Tensor:
+    def _pos_embed(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         B = x.shape[0]
         prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        pos = self.pos_embed
+        if self.cfg.dynamic_img_size:  # timm's dynamic_img_size: bicubic (antialiased) to this input's grid
+            pos = resample_abs_pos_embed(pos, grid, self.cfg.grid_size,
+                                         num_prefix_tokens=0 if self.cfg.no_embed_class else self.num_prefix_tokens)
         if self.cfg.no_embed_class:  # positions cover patches only: add, then prepend
-            x = torch.cat([*prefix, x + self.pos_embed], dim=1)
+            x = torch.cat([*prefix, x + pos], dim=1)
         else:  # positions cover the prefix too: prepend, then add
-            x = torch.cat([*prefix, x], dim=1) + self.pos_embed
+            x = torch.cat([*prefix, x], dim=1) + pos
         return self.pos_drop(x)
 
     def _embed(self, x: Tensor) -> Tensor:
-        check_image(x, self.cfg.in_chans, pair(self.cfg.img_size), type(self).__name__)
-        return self.norm_pre(self._pos_embed(self.patch_embed(x)))  # (B, prefix + N, C)
+        size, p = None if self.cfg.dynamic_img_size else pair(self.cfg.img_size), self.cfg.patch_size
+        check_image(x, self.cfg.in_chans, size, type(self).__name__)
+        if size is None and (x.shape[-2] % p or x.shape[-1] % p):
+            raise ValueError(f"{type(self).__name__} with dynamic_img_size takes any height and width that are "
+                             f"multiples of the patch size {p}, got {tuple(x.shape)}")
+        grid = (x.shape[-2] // p, x.shape[-1] // p)
+        return self.norm_pre(self._pos_embed(self.patch_embed(x), grid))  # (B, prefix + N, C)
 
     def _block(self, blk: nn.Module, x: Tensor) -> Tensor:
         if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward

@@ -1,0 +1,143 @@
+"""ONNX and torch.export: onnxruntime against PyTorch on tiny ViT and Swin configs (two batch sizes, non-square
+sizes, every distinct ViT variant among the presets), the metadata round trip, the .pt2 round trip, clear
+errors, and the command line (export, then predict --onnx prints what the PyTorch path prints)."""
+
+from dataclasses import fields
+
+import numpy as np
+import pytest
+import torch
+
+import vitkit
+from vitkit.export import ExportError, OnnxModel, export_onnx, export_program
+from vitkit.models import family
+
+pytest.importorskip("onnxruntime")
+
+TINY_VIT = dict(depth=1, embed_dim=32, num_heads=2, patch_size=8)
+TINY_SWIN = dict(embed_dim=16, depths=[1, 1], num_heads=[1, 2], window_size=2, patch_size=2)
+SIZES = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "num_classes", "drop_path_rate",
+         "mean", "std", "crop_pct", "interpolation")
+
+
+def _variants() -> list[str]:
+    """One ViT preset per distinct architecture (class/register tokens, pooling, fc_norm, position scheme,
+    pre-norm, LayerScale, ...): presets that differ only in sizes export alike."""
+    seen, out = set(), []
+    for name in vitkit.list_models():
+        if family(name) != "vit":
+            continue
+        cfg = vitkit.get_config(name)
+        key = tuple((f.name, getattr(cfg, f.name) is not None if f.name == "init_values" else getattr(cfg, f.name))
+                    for f in fields(cfg) if f.name not in SIZES)
+        if key not in seen:
+            seen.add(key)
+            out.append(name)
+    return out
+
+
+@pytest.mark.parametrize("name", _variants())
+def test_every_vit_variant_exports_with_dynamic_batch_and_size(name, tmp_path):
+    m = vitkit.create_model(name, img_size=(32, 48), num_classes=7, **TINY_VIT).eval()
+    report = export_onnx(m, tmp_path / "m.onnx")
+    assert report.dynamic == ["batch", "height", "width"] and report.max_abs_diff <= 1e-4
+    m.cfg.dynamic_img_size = True  # the exported graph resamples positions per input, as timm's flag does
+    session = OnnxModel(tmp_path / "m.onnx")
+    with torch.no_grad():
+        for shape in [(4, 3, 32, 48), (2, 3, 56, 24)]:
+            x = torch.randn(shape)
+            np.testing.assert_allclose(session(x.numpy()), m(x).numpy(), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("img_size", [(32, 48), (30, 46)], ids=["window-multiple", "padded"])
+def test_swin_exports_at_any_size_with_dynamic_batch(img_size, tmp_path):
+    m = vitkit.create_model("swin_tiny_patch4_window7_224", img_size=img_size, num_classes=5, **TINY_SWIN).eval()
+    report = export_onnx(m, tmp_path / "m.onnx")
+    assert report.dynamic == ["batch"] and report.max_abs_diff <= 1e-4
+    session = OnnxModel(tmp_path / "m.onnx")
+    with torch.no_grad():
+        for b in (1, 4):
+            x = torch.randn(b, 3, *img_size)
+            np.testing.assert_allclose(session(x.numpy()), m(x).numpy(), atol=1e-4, rtol=0)
+    with pytest.raises(ExportError, match="Swin exports at a fixed image size"):
+        export_onnx(m, tmp_path / "d.onnx", dynamic_size=True)
+
+
+def test_metadata_carries_preprocessing_and_labels(tmp_path):
+    m = vitkit.create_model("deit_tiny_patch16_224", img_size=32, num_classes=3, **TINY_VIT).eval()
+    m.class_names = ["cat", "dog", "owl"]
+    export_onnx(m, tmp_path / "m.onnx", dynamic_size=False)
+    o = OnnxModel(tmp_path / "m.onnx")
+    cfg = m.cfg
+    assert o.name == "deit_tiny_patch16_224" and o.labels == ["cat", "dog", "owl"]
+    assert o.meta["input_size"] == [3, 32, 32] and o.meta["dynamic_size"] is False
+    assert (tuple(o.meta["mean"]), tuple(o.meta["std"]), o.meta["crop_pct"], o.meta["interpolation"]) == \
+        (tuple(cfg.mean), tuple(cfg.std), cfg.crop_pct, cfg.interpolation)
+    import onnx
+
+    assert onnx.load(str(tmp_path / "m.onnx")).opset_import[0].version >= 18
+
+
+def test_torch_export_program_loads_back_with_the_same_logits(tmp_path):
+    for name, kw in (("vit_small_patch16_224", TINY_VIT), ("swin_tiny_patch4_window7_224", TINY_SWIN)):
+        m = vitkit.create_model(name, img_size=32, num_classes=4, **kw).eval()
+        report = export_program(m, tmp_path / f"{name}.pt2")
+        loaded = torch.export.load(str(tmp_path / f"{name}.pt2")).module()
+        x = torch.randn(3, 3, 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), m(x), atol=1e-5, rtol=0)
+        assert report.format == "torch-export"
+
+
+def test_wrong_input_and_unsupported_models_get_named_errors(tmp_path):
+    m = vitkit.create_model("swin_tiny_patch4_window7_224", img_size=32, num_classes=5, **TINY_SWIN).eval()
+    export_onnx(m, tmp_path / "m.onnx")
+    o = OnnxModel(tmp_path / "m.onnx")
+    with pytest.raises(ValueError, match=r"expects \(B, 3, 32, 32\) float32, got shape \(2, 3, 40, 32\)"):
+        o(np.zeros((2, 3, 40, 32), np.float32))
+    with pytest.raises(ValueError, match=r"expects \(B, 3, 32, 32\) float32, got shape \(3, 32, 32\)"):
+        o(np.zeros((3, 32, 32), np.float32))
+    with pytest.raises(TypeError, match=r"expects \(B, 3, 32, 32\) float32, got dtype uint8"):
+        o(np.zeros((1, 3, 32, 32), np.uint8))
+    v = vitkit.create_model("vit_small_patch16_224", img_size=32, num_classes=5, **TINY_VIT).eval()
+    export_onnx(v, tmp_path / "v.onnx")
+    with pytest.raises(ValueError, match="H and W multiples of 8"):
+        OnnxModel(tmp_path / "v.onnx")(np.zeros((1, 3, 36, 32), np.float32))
+    seq = vitkit.create_model("transformer_tiny")
+    with pytest.raises(ExportError, match="transformer_tiny is a seq2seq model"):
+        export_onnx(seq, tmp_path / "s.onnx")
+    with pytest.raises(ValueError, match="opset must be 18 or newer"):
+        export_onnx(v, tmp_path / "o.onnx", opset=17)
+
+
+def test_export_then_predict_onnx_prints_the_pytorch_top_k(tmp_path, capsys):
+    from PIL import Image
+
+    from vitkit.checkpoints import save_pretrained
+    from vitkit.cli import main
+
+    m = vitkit.create_model("vit_small_patch16_224", img_size=32, num_classes=3, **TINY_VIT).eval()
+    save_pretrained(m, tmp_path / "ckpt", class_names=["cat", "dog", "owl"])
+    images = []
+    for i, colour in enumerate([(200, 30, 30), (20, 180, 60), (90, 90, 240)]):
+        images.append(str(tmp_path / f"{i}.png"))
+        Image.new("RGB", (50, 40), colour).save(images[-1])
+    assert main(["export", str(tmp_path / "ckpt"), "-o", str(tmp_path / "m.onnx")]) == 0
+    out = capsys.readouterr().out
+    assert "max |diff| against PyTorch" in out and "dynamic: batch, height, width" in out
+    assert main(["predict", *images, "--onnx", str(tmp_path / "m.onnx"), "--topk", "3"]) == 0
+    onnx_lines = capsys.readouterr().out
+    assert main(["predict", *images, "--checkpoint", str(tmp_path / "ckpt"), "--topk", "3"]) == 0
+    assert onnx_lines == capsys.readouterr().out and "cat" in onnx_lines
+    assert main(["export", str(tmp_path / "ckpt"), "--format", "torch-export", "-o", str(tmp_path / "m.pt2")]) == 0
+    assert (tmp_path / "m.pt2").exists()
+    with pytest.raises(SystemExit, match="neither a file nor a model vitkit knows"):
+        main(["export", "no_such_model", "-o", str(tmp_path / "x.onnx")])
+
+
+def test_onnxruntime_peer_in_the_benchmark_runs_vitkits_export():
+    from vitkit.bench import OnnxRuntimeModule
+
+    ort_net = OnnxRuntimeModule("vit_tiny_patch16_224")
+    x = torch.randn(2, 3, 224, 224)
+    assert ort_net(x).shape == (2, 1000)

@@ -1,0 +1,249 @@
+"""Deploy what was trained: ONNX files checked against onnxruntime, and ``torch.export`` programs (.pt2).
+
+An ONNX export carries what a consumer needs to feed the model: the input size, mean, std, crop_pct and
+interpolation of its eval transform and its label names, as metadata (``vitkit.*`` keys). Every export is run
+once against PyTorch on random input (two batch sizes, and another image size when sizes are dynamic) and
+fails if the outputs differ by more than ``atol``.
+
+Axes: the batch is always dynamic. Height and width are dynamic for ViT (positions resampled to each input's
+patch grid, timm's ``dynamic_img_size``; any multiple of the patch); Swin exports at a fixed size (its padding
+to the window grid does not survive export for every size yet).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+OPSET = 18
+ATOL = 1e-4
+INPUT, OUTPUT = "images", "logits"
+log = logging.getLogger(__name__)
+
+
+class ExportError(RuntimeError):
+    """An export that failed, naming the model and the step."""
+
+
+@dataclass
+class ExportReport:
+    path: str
+    format: str
+    model: str
+    input_shape: tuple[int, ...]  # of the example; dynamic axes below
+    dynamic: list[str]
+    checks: list[tuple[tuple[int, ...], float]] = field(default_factory=list)  # (input shape, max |diff|)
+
+    @property
+    def max_abs_diff(self) -> float:
+        return max(d for _, d in self.checks)
+
+    def __str__(self) -> str:
+        checks = ", ".join(f"{tuple(s)}: {d:.2e}" for s, d in self.checks)
+        return (f"{self.model} -> {self.path} ({self.format}); input {self.input_shape}, dynamic: "
+                f"{', '.join(self.dynamic)}; max |diff| against PyTorch {checks}")
+
+
+def metadata(model: nn.Module, dynamic_size: bool) -> dict[str, str]:
+    """The eval preprocessing and labels of ``model``, as ONNX metadata (string values)."""
+    cfg = model.cfg
+    h, w = _pair(cfg.img_size)
+    return {"vitkit.model": model.name, "vitkit.input_size": json.dumps([cfg.in_chans, h, w]),
+            "vitkit.dynamic_size": json.dumps(dynamic_size), "vitkit.size_multiple": json.dumps(_multiple(model)),
+            "vitkit.mean": json.dumps(list(cfg.mean)), "vitkit.std": json.dumps(list(cfg.std)),
+            "vitkit.crop_pct": json.dumps(cfg.crop_pct), "vitkit.interpolation": cfg.interpolation,
+            "vitkit.labels": json.dumps(getattr(model, "class_names", None))}
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _multiple(model: nn.Module) -> int:
+    return int(model.cfg.patch_size)
+
+
+def _prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bool]:
+    """An eval, float32 copy on the CPU whose attention runs the reference path (matmul + softmax, what ONNX
+    runs anyway; the fused SDPA node does not survive export's decomposition for windowed attention)."""
+    from vitkit.models import family
+
+    kind = family(model.name)
+    if kind not in ("vit", "swin"):
+        raise ExportError(f"export takes ViT and Swin classifiers; {model.name} is a {kind} model")
+    can_resize = kind == "vit"
+    if dynamic_size and not can_resize:
+        raise ExportError(f"{model.name}: Swin exports at a fixed image size (give --img-size); dynamic height and "
+                          "width are exported for ViT")
+    dynamic_size = can_resize if dynamic_size is None else dynamic_size
+    m = copy.deepcopy(model).float().cpu().eval()
+    m.set_attn_backend("math")
+    if kind == "vit":
+        m.cfg.dynamic_img_size = dynamic_size
+    return m, dynamic_size
+
+
+def _dims(model: nn.Module, dynamic_size: bool) -> tuple[dict[int, Any], list[str]]:
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    if not dynamic_size:
+        return {0: batch}, ["batch"]
+    p = _multiple(model)
+    h, w = _pair(model.cfg.img_size)
+    return ({0: batch, 2: p * torch.export.Dim("grid_h", min=1, max=max(64, 4 * h // p)),
+             3: p * torch.export.Dim("grid_w", min=1, max=max(64, 4 * w // p))}, ["batch", "height", "width"])
+
+
+def _check_inputs(model: nn.Module, dynamic_size: bool) -> list[torch.Tensor]:
+    cfg, g = model.cfg, torch.Generator().manual_seed(0)
+    h, w = _pair(cfg.img_size)
+    shapes = [(1, cfg.in_chans, h, w), (3, cfg.in_chans, h, w)]
+    if dynamic_size:
+        p = _multiple(model)
+        shapes.append((2, cfg.in_chans, h + 2 * p, max(p, w - p)))  # another, non-square size
+    return [torch.randn(s, generator=g) for s in shapes]
+
+
+def _failed(model: nn.Module, what: str, e: Exception) -> ExportError:
+    text = str(e)
+    step = re.search(r"step (\d)/3", text)
+    steps = {"1": "capturing the graph (torch.export)", "2": "decomposing the graph into ONNX-ready ops",
+             "3": "translating the graph to ONNX"}
+    where = steps.get(step.group(1), what) if step else what
+    summary = re.search(r"## Exception summary\s*\n(.*?)(\n\n|$)", text, re.S)
+    detail = summary.group(1).strip() if summary else f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+    return ExportError(f"exporting {model.name} failed while {where}: {detail}")
+
+
+def export_onnx(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool | None = None, opset: int = OPSET,
+                atol: float = ATOL) -> ExportReport:
+    """Write ``model`` as ONNX (opset >= 18) with a dynamic batch axis, check it with onnxruntime."""
+    import onnx
+
+    if opset < 18:
+        raise ValueError(f"opset must be 18 or newer, got {opset}")
+    m, dynamic_size = _prepare(model, dynamic_size)
+    dims, dynamic = _dims(m, dynamic_size)
+    h, w = _pair(m.cfg.img_size)
+    x = torch.randn(2, m.cfg.in_chans, h, w)
+    try:
+        program = torch.onnx.export(m, (x,), dynamo=True, dynamic_shapes=(dims,), opset_version=opset,
+                                    input_names=[INPUT], output_names=[OUTPUT], verbose=False)
+    except Exception as e:  # noqa: BLE001 - torch.export and the ONNX exporter raise many kinds
+        raise _failed(model, "exporting to ONNX", e) from None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    proto = program.model_proto
+    for k, v in metadata(m, dynamic_size).items():
+        proto.metadata_props.add(key=k, value=v)
+    tmp = path.with_name(path.name + ".tmp")
+    onnx.save(proto, str(tmp))
+    report = ExportReport(str(path), "onnx", m.name, tuple(x.shape), dynamic)
+    try:
+        session = OnnxModel(tmp)
+        with torch.no_grad():
+            for xi in _check_inputs(m, dynamic_size):
+                report.checks.append((tuple(xi.shape), float(np.abs(session(xi.numpy()) - m(xi).numpy()).max())))
+    except Exception as e:  # noqa: BLE001
+        tmp.unlink(missing_ok=True)
+        raise _failed(model, "running the export in onnxruntime", e) from None
+    if report.max_abs_diff > atol:
+        tmp.unlink(missing_ok=True)
+        raise ExportError(f"exporting {model.name}: onnxruntime and PyTorch differ by {report.max_abs_diff:.2e} "
+                          f"(> {atol:g}) on {report.checks}; nothing was written")
+    os.replace(tmp, path)
+    return report
+
+
+def export_program(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool | None = None,
+                   atol: float = ATOL) -> ExportReport:
+    """Write ``model`` as a ``torch.export`` ExportedProgram (.pt2); check that it loads back and agrees."""
+    m, dynamic_size = _prepare(model, dynamic_size)
+    dims, dynamic = _dims(m, dynamic_size)
+    h, w = _pair(m.cfg.img_size)
+    x = torch.randn(2, m.cfg.in_chans, h, w)
+    try:
+        program = torch.export.export(m, (x,), dynamic_shapes=(dims,))
+    except Exception as e:  # noqa: BLE001
+        raise _failed(model, "capturing the graph (torch.export)", e) from None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.pt2")  # torch.export.save wants the .pt2 ending
+    torch.export.save(program, str(tmp))
+    report = ExportReport(str(path), "torch-export", m.name, tuple(x.shape), dynamic)
+    loaded = torch.export.load(str(tmp)).module()
+    with torch.no_grad():
+        for xi in _check_inputs(m, dynamic_size):
+            report.checks.append((tuple(xi.shape), float((loaded(xi) - m(xi)).abs().max())))
+    if report.max_abs_diff > atol:
+        tmp.unlink(missing_ok=True)
+        raise ExportError(f"exporting {model.name}: the loaded program and the model differ by "
+                          f"{report.max_abs_diff:.2e} (> {atol:g}); nothing was written")
+    os.replace(tmp, path)
+    return report
+
+
+class OnnxModel:
+    """An exported classifier in onnxruntime (CPU), with its preprocessing from the file's metadata.
+
+    Calling it checks the input against the exported shape and dtype and names what was expected."""
+
+    def __init__(self, path: str | os.PathLike, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+        self.path = str(path)
+        self.session = ort.InferenceSession(self.path, opts, providers=["CPUExecutionProvider"])
+        meta = self.session.get_modelmeta().custom_metadata_map
+        self.meta = {k.removeprefix("vitkit."): json.loads(v) if k != "vitkit.interpolation" else v
+                     for k, v in meta.items() if k.startswith("vitkit.") and k != "vitkit.model"}
+        self.name = meta.get("vitkit.model", Path(self.path).stem)
+        self.input = self.session.get_inputs()[0]
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self.meta.get("labels")
+
+    def expected(self) -> str:
+        c, h, w = self.meta.get("input_size", [None, None, None])
+        if self.meta.get("dynamic_size"):
+            k = self.meta.get("size_multiple", 1)
+            return f"(B, {c}, H, W) float32 with H and W multiples of {k} (exported at {h}x{w})"
+        return f"(B, {c}, {h}, {w}) float32"
+
+    def __call__(self, x: np.ndarray | torch.Tensor) -> np.ndarray:
+        if isinstance(x, torch.Tensor):
+            x = x.detach().cpu().numpy()
+        c, h, w = self.meta.get("input_size", [x.shape[1] if x.ndim == 4 else None, None, None])
+        k = self.meta.get("size_multiple", 1)
+        ok_size = x.ndim == 4 and (tuple(x.shape[2:]) == (h, w) if not self.meta.get("dynamic_size")
+                                   else x.shape[2] % k == 0 and x.shape[3] % k == 0)
+        if x.dtype != np.float32:
+            raise TypeError(f"{self.path} expects {self.expected()}, got dtype {x.dtype}; normalise the pixels "
+                            "with the model's mean/std (OnnxModel.preprocess does) and pass float32")
+        if x.ndim != 4 or x.shape[1] != c or not ok_size or x.shape[0] == 0:
+            raise ValueError(f"{self.path} expects {self.expected()}, got shape {tuple(x.shape)}")
+        return self.session.run(None, {self.input.name: x})[0]
+
+    def preprocess(self, image) -> np.ndarray:
+        """A PIL image -> the (1, C, H, W) float32 input, with the eval transform the metadata records."""
+        from types import SimpleNamespace
+
+        from vitkit.transforms import eval_transform
+
+        c, h, w = self.meta["input_size"]
+        cfg = SimpleNamespace(img_size=(h, w), in_chans=c, mean=tuple(self.meta["mean"]),
+                              std=tuple(self.meta["std"]), crop_pct=self.meta["crop_pct"],
+                              interpolation=self.meta["interpolation"])
+        return eval_transform(cfg)(image.convert("L" if c == 1 else "RGB"))[None].numpy()
