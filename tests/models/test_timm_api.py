@@ -230,3 +230,14 @@ def test_set_input_size_then_reload_of_the_same_size():
     again.load_state_dict(ours.state_dict())
     with torch.no_grad():
         assert_close(again.eval()(_x(96, case="swin")), ours(_x(96, case="swin")))
+
+
+@pytest.mark.parametrize("case", ["vit", "vit_reg_avg"])
+def test_dynamic_img_size_matches_timm(case):
+    """timm's dynamic_img_size: any multiple of the patch, positions resampled (bicubic, antialiased) per input."""
+    ours, theirs = _pair(case, dynamic_img_size=True)
+    for size in [(32, 32), (48, 24), (16, 64)]:
+        x = _x(size, case=case)
+        assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="multiples of the patch size 8"):
+        ours(_x((36, 32), case=case))
