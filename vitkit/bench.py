@@ -79,7 +79,7 @@ class OnnxRuntimeModule(nn.Module):
     """vitkit's model exported to ONNX (fixed size, dynamic batch) and run by onnxruntime on the CPU, with the
     threads torch has; inference in float32 only."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, **overrides) -> None:
         super().__init__()
         import tempfile
 
@@ -87,7 +87,7 @@ class OnnxRuntimeModule(nn.Module):
 
         self._dir = tempfile.TemporaryDirectory()
         path = Path(self._dir.name) / f"{name}.onnx"
-        export_onnx(vitkit.create_model(name).eval(), path, dynamic_size=False)
+        export_onnx(vitkit.create_model(name, **overrides).eval(), path, dynamic_size=False)
         self.session = OnnxModel(path, threads=torch.get_num_threads())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -77,28 +78,35 @@ def test_an_interrupted_conversion_resumes_and_a_finished_or_foreign_one_is_refu
 
 @pytest.mark.timeout(600)
 def test_prepare_data_killed_mid_split_resumes_to_the_same_dataset(tmp_path):
-    """SIGKILL the command while it writes shards, run it again: every file once, none twice."""
+    """SIGKILL the command (and its workers) while it works through a split, run it again: every file once, none
+    twice. Three large images at the end of the split (about 1 s each to decode) keep it busy after the first
+    shards of the small ones are written."""
     from litdata import StreamingDataset
 
     root = tmp_path / "root"
     rng = np.random.default_rng(0)
-    for split, n in (("train", 240), ("val", 6)):
+    for split, n in (("train", 40), ("val", 4)):
         for i in range(n):
             (root / split / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
-            Image.fromarray(rng.integers(0, 255, (96, 96, 3), dtype=np.uint8)).save(root / split / f"c{i % 2}/{i}.png")
+            Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(root / split / f"c{i % 2}/{i}.png")
+    big = root / "train/c1/zz0.png"
+    Image.new("RGB", (8000, 8000), (10, 20, 30)).save(big)
+    for k in (1, 2):
+        shutil.copyfile(big, root / f"train/c1/zz{k}.png")
     cmd = [sys.executable, "-m", "vitkit.cli", "prepare-data", str(root), str(tmp_path / "out"), "--workers", "1",
-           "--chunk-bytes", "100KB"]
+           "--chunk-bytes", "4KB"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     deadline = time.time() + 120
-    while len(list((tmp_path / "out/train").glob("chunk-*.bin"))) < 4 and time.time() < deadline:
-        time.sleep(0.02)
+    while len(list((tmp_path / "out/train").glob("chunk-*.bin"))) < 5 and time.time() < deadline:
+        time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)  # the command and its litdata workers
     proc.wait()
     assert not (tmp_path / "out/train/index.json").exists(), "the conversion finished before it could be killed"
-    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "train: 240 samples, 0 unreadable file(s) left out" in out.stdout
+    with pytest.raises(FileNotFoundError, match="unfinished conversion"):
+        read_dataset_info(str(tmp_path / "out"))
+    summary = prepare_data(root, tmp_path / "out")  # the same command again (in this process: quicker)
+    assert summary["splits"]["train"] == {"samples": 43, "skipped": 0}
     ds = StreamingDataset(str(tmp_path / "out/train"))
     paths = [ds[i]["path"] for i in range(len(ds))]
     assert sorted(paths) == sorted(str(p.relative_to(root)) for p in (root / "train").rglob("*.png"))
@@ -212,10 +220,12 @@ def test_sigkill_mid_epoch_then_resume_continues_at_the_next_batch(shards, tmp_p
     overrides = json.dumps({**json.loads(TINY_VIT), "drop_path_rate": 0.2})
     common = ["--trainer.max_epochs", "2", "--model.model_overrides", overrides, "--model.mixup", "0.5",
               "--trainer.callbacks.last_every_n_train_steps", "5"]
-    full = _fit(tmp_path / "full", shards, *common)
+    with ThreadPoolExecutor(2) as pool:  # the uninterrupted run and the one to be killed, side by side
+        full = pool.submit(_fit, tmp_path / "full", shards, *common)
+        killed = _fit(tmp_path / "killed", shards, *common, "--trainer.callbacks+=ddp_probe.KillAt",
+                      "--trainer.callbacks.epoch", "1", "--trainer.callbacks.batch", "8")
+        full = full.result()
     assert full.returncode == 0, full.stderr[-3000:]
-    killed = _fit(tmp_path / "killed", shards, *common, "--trainer.callbacks+=ddp_probe.KillAt",
-                  "--trainer.callbacks.epoch", "1", "--trainer.callbacks.batch", "8")
     assert killed.returncode == -9, killed.stderr[-3000:]
     mid = torch.load(tmp_path / "killed/checkpoints/last.ckpt", weights_only=False)
     assert (mid["global_step"], mid["epoch"]) == (25, 1)
