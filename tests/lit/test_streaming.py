@@ -169,7 +169,7 @@ def test_streaming_module_transforms_and_normalises_as_image_folder(id_folder, s
 def _fit(root: Path, shards: Path, *extra: str, devices: int = 1, timeout: int = 300):
     args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
             "--trainer.devices", str(devices), "--trainer.default_root_dir", str(root), "--trainer.logger", "false",
-            "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "1",
+            "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0",  # training alone
             "--data", "vitkit.lit.StreamingImageDataModule", "--data.root", str(shards), "--data.img_size", "16",
             "--data.batch_size", "4", "--data.num_workers", "2", *extra]
     return run_in_repo(args, env=PROBES, timeout=timeout)
