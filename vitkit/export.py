@@ -156,12 +156,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool
     except Exception as e:  # noqa: BLE001
         tmp.unlink(missing_ok=True)
         raise _failed(model, "running the export in onnxruntime", e) from None
-    if report.max_abs_diff > atol:
-        tmp.unlink(missing_ok=True)
-        raise ExportError(f"exporting {model.name}: onnxruntime and PyTorch differ by {report.max_abs_diff:.2e} "
-                          f"(> {atol:g}) on {report.checks}; nothing was written")
-    os.replace(tmp, path)
-    return report
+    return _accept(report, tmp, atol, f"exporting {model.name}: onnxruntime and PyTorch")
 
 
 def export_program(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool | None = None,
@@ -184,11 +179,16 @@ def export_program(model: nn.Module, path: str | os.PathLike, *, dynamic_size: b
     with torch.no_grad():
         for xi in _check_inputs(m, dynamic_size):
             report.checks.append((tuple(xi.shape), float((loaded(xi) - m(xi)).abs().max())))
+    return _accept(report, tmp, atol, f"exporting {model.name}: the loaded program and the model")
+
+
+def _accept(report: ExportReport, tmp: Path, atol: float, what: str) -> ExportReport:
+    """Move the checked file into place, or delete it and fail when the check found a difference above atol."""
     if report.max_abs_diff > atol:
         tmp.unlink(missing_ok=True)
-        raise ExportError(f"exporting {model.name}: the loaded program and the model differ by "
-                          f"{report.max_abs_diff:.2e} (> {atol:g}); nothing was written")
-    os.replace(tmp, path)
+        raise ExportError(f"{what} differ by {report.max_abs_diff:.2e} (> {atol:g}) on {report.checks}; "
+                          "nothing was written")
+    os.replace(tmp, report.path)
     return report
 
 

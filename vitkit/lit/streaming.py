@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -142,7 +143,7 @@ class StreamingImageDataModule(_SkippingImages):
                  cache_dir: str | None = None, max_cache_size: str = "100GB") -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.root = root if "://" in root else str(_expand(root))
+        self.root = root if "://" in root else str(Path(root).expanduser().resolve())
         self.info = read_dataset_info(self.root)
         self.classes = self.info["classes"]
         self.num_classes = len(self.classes)
@@ -211,9 +212,3 @@ class StreamingImageDataModule(_SkippingImages):
             raise ValueError(f"the checkpoint holds the streaming loader positions of {len(positions)} rank(s), "
                              f"this run has {world}: resume on as many ranks as the run that wrote it")
         self._train_loader.restore(positions[self.trainer.global_rank if self.trainer is not None else 0])
-
-
-def _expand(path: str):
-    from pathlib import Path
-
-    return Path(path).expanduser().resolve()
