@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitkit.models.config import pair
+
 OPSET = 18
 ATOL = 1e-4
 INPUT, OUTPUT = "images", "logits"
@@ -57,16 +59,12 @@ class ExportReport:
 def metadata(model: nn.Module, dynamic_size: bool) -> dict[str, str]:
     """The eval preprocessing and labels of ``model``, as ONNX metadata (string values)."""
     cfg = model.cfg
-    h, w = _pair(cfg.img_size)
+    h, w = pair(cfg.img_size)
     return {"vitkit.model": model.name, "vitkit.input_size": json.dumps([cfg.in_chans, h, w]),
             "vitkit.dynamic_size": json.dumps(dynamic_size), "vitkit.size_multiple": json.dumps(_multiple(model)),
             "vitkit.mean": json.dumps(list(cfg.mean)), "vitkit.std": json.dumps(list(cfg.std)),
             "vitkit.crop_pct": json.dumps(cfg.crop_pct), "vitkit.interpolation": cfg.interpolation,
             "vitkit.labels": json.dumps(getattr(model, "class_names", None))}
-
-
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
 
 
 def _multiple(model: nn.Module) -> int:
@@ -98,14 +96,14 @@ def _dims(model: nn.Module, dynamic_size: bool) -> tuple[dict[int, Any], list[st
     if not dynamic_size:
         return {0: batch}, ["batch"]
     p = _multiple(model)
-    h, w = _pair(model.cfg.img_size)
+    h, w = pair(model.cfg.img_size)
     return ({0: batch, 2: p * torch.export.Dim("grid_h", min=1, max=max(64, 4 * h // p)),
              3: p * torch.export.Dim("grid_w", min=1, max=max(64, 4 * w // p))}, ["batch", "height", "width"])
 
 
 def _check_inputs(model: nn.Module, dynamic_size: bool) -> list[torch.Tensor]:
     cfg, g = model.cfg, torch.Generator().manual_seed(0)
-    h, w = _pair(cfg.img_size)
+    h, w = pair(cfg.img_size)
     shapes = [(1, cfg.in_chans, h, w), (3, cfg.in_chans, h, w)]
     if dynamic_size:
         p = _multiple(model)
@@ -133,7 +131,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool
         raise ValueError(f"opset must be 18 or newer, got {opset}")
     m, dynamic_size = _prepare(model, dynamic_size)
     dims, dynamic = _dims(m, dynamic_size)
-    h, w = _pair(m.cfg.img_size)
+    h, w = pair(m.cfg.img_size)
     x = torch.randn(2, m.cfg.in_chans, h, w)
     try:
         program = torch.onnx.export(m, (x,), dynamo=True, dynamic_shapes=(dims,), opset_version=opset,
@@ -164,7 +162,7 @@ def export_program(model: nn.Module, path: str | os.PathLike, *, dynamic_size: b
     """Write ``model`` as a ``torch.export`` ExportedProgram (.pt2); check that it loads back and agrees."""
     m, dynamic_size = _prepare(model, dynamic_size)
     dims, dynamic = _dims(m, dynamic_size)
-    h, w = _pair(m.cfg.img_size)
+    h, w = pair(m.cfg.img_size)
     x = torch.randn(2, m.cfg.in_chans, h, w)
     try:
         program = torch.export.export(m, (x,), dynamic_shapes=(dims,))
