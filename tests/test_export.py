@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.export import ExportError, OnnxModel, export_onnx, export_program
+from vitkit.export import ExportError, OnnxModel, export_onnx, export_program, min_size
 from vitkit.models import family
 
 pytest.importorskip("onnxruntime")
@@ -52,18 +52,30 @@ def test_every_vit_variant_exports_with_dynamic_batch_and_size(name, tmp_path):
             np.testing.assert_allclose(session(x.numpy()), m(x).numpy(), atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("img_size", [(32, 48), (30, 46)], ids=["window-multiple", "padded"])
-def test_swin_exports_at_any_size_with_dynamic_batch(img_size, tmp_path):
-    m = vitkit.create_model("swin_tiny_patch4_window7_224", img_size=img_size, num_classes=5, **TINY_SWIN).eval()
+def test_swin_exports_with_dynamic_batch_and_size_down_to_one_window_per_stage(tmp_path):
+    """One graph for every size whose stage maps still hold a whole window: padded sizes, the smallest (the last
+    stage one unshifted window), and sizes where the last stage shifts; a smaller input is refused by name."""
+    m = vitkit.create_model("swin_tiny_patch4_window7_224", img_size=(32, 48), num_classes=5, **TINY_SWIN).eval()
     report = export_onnx(m, tmp_path / "m.onnx")
-    assert report.dynamic == ["batch"] and report.max_abs_diff <= 1e-4
+    assert report.dynamic == ["batch", "height", "width"] and report.max_abs_diff <= 1e-4
+    assert min_size(m) == (5, 5)  # patch 2, window 2, two stages: ceil(ceil(5 / 2) / 2) = 2
     session = OnnxModel(tmp_path / "m.onnx")
     with torch.no_grad():
-        for b in (1, 4):
-            x = torch.randn(b, 3, *img_size)
+        for shape in [(1, 3, 32, 48), (4, 3, 33, 47), (1, 3, 5, 5), (2, 3, 6, 9), (2, 3, 61, 17)]:
+            x = torch.randn(shape)
             np.testing.assert_allclose(session(x.numpy()), m(x).numpy(), atol=1e-4, rtol=0)
-    with pytest.raises(ExportError, match="Swin exports at a fixed image size"):
-        export_onnx(m, tmp_path / "d.onnx", dynamic_size=True)
+    with pytest.raises(ValueError, match=r"expects \(B, 3, H, W\) float32 with H >= 5 and W >= 5 \(exported at "
+                       r"32x48\), got shape \(1, 3, 4, 9\)"):
+        session(np.zeros((1, 3, 4, 9), np.float32))
+
+
+def test_swin_exports_at_a_fixed_size_that_needs_padding(tmp_path):
+    m = vitkit.create_model("swin_tiny_patch4_window7_224", img_size=(30, 46), num_classes=5, **TINY_SWIN).eval()
+    report = export_onnx(m, tmp_path / "m.onnx", dynamic_size=False)
+    assert report.dynamic == ["batch"] and report.max_abs_diff <= 1e-4
+    x = torch.randn(4, 3, 30, 46)
+    with torch.no_grad():
+        np.testing.assert_allclose(OnnxModel(tmp_path / "m.onnx")(x.numpy()), m(x).numpy(), atol=1e-4, rtol=0)
 
 
 def test_metadata_carries_preprocessing_and_labels(tmp_path):
@@ -82,19 +94,22 @@ def test_metadata_carries_preprocessing_and_labels(tmp_path):
 
 
 def test_torch_export_program_loads_back_with_the_same_logits(tmp_path):
-    for name, kw in (("vit_small_patch16_224", TINY_VIT), ("swin_tiny_patch4_window7_224", TINY_SWIN)):
+    for name, kw, other in (("vit_small_patch16_224", TINY_VIT, (40, 24)),
+                            ("swin_tiny_patch4_window7_224", TINY_SWIN, (37, 21))):
         m = vitkit.create_model(name, img_size=32, num_classes=4, **kw).eval()
         report = export_program(m, tmp_path / f"{name}.pt2")
         loaded = torch.export.load(str(tmp_path / f"{name}.pt2")).module()
-        x = torch.randn(3, 3, 32, 32)
+        if family(name) == "vit":
+            m.cfg.dynamic_img_size = True  # what the exported graph does: positions resampled per input
         with torch.no_grad():
-            torch.testing.assert_close(loaded(x), m(x), atol=1e-5, rtol=0)
-        assert report.format == "torch-export"
+            for x in (torch.randn(3, 3, 32, 32), torch.randn(1, 3, *other)):
+                torch.testing.assert_close(loaded(x), m(x), atol=1e-5, rtol=0)
+        assert report.format == "torch-export" and report.dynamic == ["batch", "height", "width"]
 
 
 def test_wrong_input_and_unsupported_models_get_named_errors(tmp_path):
     m = vitkit.create_model("swin_tiny_patch4_window7_224", img_size=32, num_classes=5, **TINY_SWIN).eval()
-    export_onnx(m, tmp_path / "m.onnx")
+    export_onnx(m, tmp_path / "m.onnx", dynamic_size=False)
     o = OnnxModel(tmp_path / "m.onnx")
     with pytest.raises(ValueError, match=r"expects \(B, 3, 32, 32\) float32, got shape \(2, 3, 40, 32\)"):
         o(np.zeros((2, 3, 40, 32), np.float32))

@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--overrides", default="{}", help=OVERRIDES)
     s.add_argument("--img-size", type=int, nargs="+", help="export at this size (H [W]); positions and windows are "
                                                            "resized as on load")
-    s.add_argument("--fixed-size", action="store_true", help="ViT: export height and width fixed (default dynamic)")
+    s.add_argument("--fixed-size", action="store_true", help="export height and width fixed (default: dynamic)")
     s.add_argument("--opset", type=int, default=18, help="ONNX opset, 18 or newer")
     s.add_argument("--atol", type=float, default=1e-4, help="largest difference to PyTorch the check accepts")
     s.set_defaults(fn=export)

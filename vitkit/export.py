@@ -5,9 +5,11 @@ interpolation of its eval transform and its label names, as metadata (``vitkit.*
 once against PyTorch on random input (two batch sizes, and another image size when sizes are dynamic) and
 fails if the outputs differ by more than ``atol``.
 
-Axes: the batch is always dynamic. Height and width are dynamic for ViT (positions resampled to each input's
-patch grid, timm's ``dynamic_img_size``; any multiple of the patch); Swin exports at a fixed size (its padding
-to the window grid does not survive export for every size yet).
+Axes: the batch is always dynamic, and so are height and width unless asked otherwise:
+- ViT resamples its positions to each input's patch grid (timm's ``dynamic_img_size``); any multiple of the patch.
+- Swin pads each stage's map to whole windows and builds its shift masks and token gathers in the graph from
+  the input size; any size from the one where every stage's map still holds one whole window (193 for Swin-T at
+  224) up. A smaller map would shrink the window, which changes the model, not only its sizes.
 """
 
 from __future__ import annotations
@@ -62,13 +64,39 @@ def metadata(model: nn.Module, dynamic_size: bool) -> dict[str, str]:
     h, w = pair(cfg.img_size)
     return {"vitkit.model": model.name, "vitkit.input_size": json.dumps([cfg.in_chans, h, w]),
             "vitkit.dynamic_size": json.dumps(dynamic_size), "vitkit.size_multiple": json.dumps(_multiple(model)),
+            "vitkit.min_size": json.dumps(list(min_size(model)) if dynamic_size else [h, w]),
             "vitkit.mean": json.dumps(list(cfg.mean)), "vitkit.std": json.dumps(list(cfg.std)),
             "vitkit.crop_pct": json.dumps(cfg.crop_pct), "vitkit.interpolation": cfg.interpolation,
             "vitkit.labels": json.dumps(getattr(model, "class_names", None))}
 
 
+def _is_swin(model: nn.Module) -> bool:
+    from vitkit.models.swin import SwinTransformer
+
+    return isinstance(model, SwinTransformer)
+
+
 def _multiple(model: nn.Module) -> int:
-    return int(model.cfg.patch_size)
+    """What height and width must be a multiple of: ViT's patch; Swin pads to it."""
+    return 1 if _is_swin(model) else int(model.cfg.patch_size)
+
+
+def min_size(model: nn.Module) -> tuple[int, int]:
+    """The smallest (H, W) a dynamic-size export takes: one patch for ViT; for Swin, the smallest size at which
+    every stage's map is still at least its window (patch merging halves it, rounding up)."""
+    p = int(model.cfg.patch_size)
+    if not _is_swin(model):
+        return p, p
+
+    def fits(size: int, axis: int) -> bool:
+        n = -(-size // p)
+        for i, stage in enumerate(model.layers):
+            n = n if i == 0 else -(-n // 2)
+            if n < stage.window[axis]:
+                return False
+        return True
+
+    return tuple(next(s for s in range(1, 1 << 16) if fits(s, axis)) for axis in (0, 1))
 
 
 def _prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bool]:
@@ -79,11 +107,7 @@ def _prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bo
     kind = family(model.name)
     if kind not in ("vit", "swin"):
         raise ExportError(f"export takes ViT and Swin classifiers; {model.name} is a {kind} model")
-    can_resize = kind == "vit"
-    if dynamic_size and not can_resize:
-        raise ExportError(f"{model.name}: Swin exports at a fixed image size (give --img-size); dynamic height and "
-                          "width are exported for ViT")
-    dynamic_size = can_resize if dynamic_size is None else dynamic_size
+    dynamic_size = True if dynamic_size is None else dynamic_size
     m = copy.deepcopy(model).float().cpu().eval()
     m.set_attn_backend("math")
     if kind == "vit":
@@ -95,19 +119,43 @@ def _dims(model: nn.Module, dynamic_size: bool) -> tuple[dict[int, Any], list[st
     batch = torch.export.Dim("batch", min=1, max=4096)
     if not dynamic_size:
         return {0: batch}, ["batch"]
-    p = _multiple(model)
     h, w = pair(model.cfg.img_size)
+    names = ["batch", "height", "width"]
+    if _is_swin(model):  # any size from the smallest that keeps every stage's window
+        (h0, w0) = min_size(model)
+        return ({0: batch, 2: torch.export.Dim("height", min=h0, max=max(1024, 4 * h)),
+                 3: torch.export.Dim("width", min=w0, max=max(1024, 4 * w))}, names)
+    p = _multiple(model)
     return ({0: batch, 2: p * torch.export.Dim("grid_h", min=1, max=max(64, 4 * h // p)),
-             3: p * torch.export.Dim("grid_w", min=1, max=max(64, 4 * w // p))}, ["batch", "height", "width"])
+             3: p * torch.export.Dim("grid_w", min=1, max=max(64, 4 * w // p))}, names)
+
+
+def _tracing(model: nn.Module, dynamic_size: bool):
+    """Swin with symbolic sizes traces reshapes whose sizes may be 1 (a stage of one window): size-oblivious
+    reasoning keeps export from specialising them to the example's value (the graph is right for 1 too)."""
+    import contextlib
+
+    import torch.fx.experimental._config as fx_config
+
+    if dynamic_size and _is_swin(model):
+        if not hasattr(fx_config, "backed_size_oblivious"):
+            raise ExportError(f"{model.name}: dynamic height and width for Swin need a PyTorch with size-oblivious "
+                              f"export (torch {torch.__version__} has none); export a fixed size (--fixed-size)")
+        return fx_config.patch(backed_size_oblivious=True)
+    return contextlib.nullcontext()
 
 
 def _check_inputs(model: nn.Module, dynamic_size: bool) -> list[torch.Tensor]:
     cfg, g = model.cfg, torch.Generator().manual_seed(0)
     h, w = pair(cfg.img_size)
     shapes = [(1, cfg.in_chans, h, w), (3, cfg.in_chans, h, w)]
-    if dynamic_size:
+    if dynamic_size and _is_swin(model):  # another, non-square size: one more row in the last stage (Swin-T at
+        # 224 -> 257: the last stage now shifts), and a narrower width that every stage pads
+        cell, w0 = cfg.patch_size * 2 ** (len(model.layers) - 1), min_size(model)[1]
+        shapes.append((2, cfg.in_chans, h + cell + 1, max(w0, w - cfg.patch_size - 1)))
+    elif dynamic_size:  # another, non-square multiple of the patch
         p = _multiple(model)
-        shapes.append((2, cfg.in_chans, h + 2 * p, max(p, w - p)))  # another, non-square size
+        shapes.append((2, cfg.in_chans, h + 2 * p, max(p, w - p)))
     return [torch.randn(s, generator=g) for s in shapes]
 
 
@@ -134,8 +182,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool
     h, w = pair(m.cfg.img_size)
     x = torch.randn(2, m.cfg.in_chans, h, w)
     try:
-        program = torch.onnx.export(m, (x,), dynamo=True, dynamic_shapes=(dims,), opset_version=opset,
-                                    input_names=[INPUT], output_names=[OUTPUT], verbose=False)
+        with _tracing(m, dynamic_size):
+            program = torch.onnx.export(m, (x,), dynamo=True, dynamic_shapes=(dims,), opset_version=opset,
+                                        input_names=[INPUT], output_names=[OUTPUT], verbose=False)
     except Exception as e:  # noqa: BLE001 - torch.export and the ONNX exporter raise many kinds
         raise _failed(model, "exporting to ONNX", e) from None
     path = Path(path)
@@ -165,7 +214,8 @@ def export_program(model: nn.Module, path: str | os.PathLike, *, dynamic_size: b
     h, w = pair(m.cfg.img_size)
     x = torch.randn(2, m.cfg.in_chans, h, w)
     try:
-        program = torch.export.export(m, (x,), dynamic_shapes=(dims,))
+        with _tracing(m, dynamic_size):
+            program = torch.export.export(m, (x,), dynamic_shapes=(dims,))
     except Exception as e:  # noqa: BLE001
         raise _failed(model, "capturing the graph (torch.export)", e) from None
     path = Path(path)
@@ -216,17 +266,23 @@ class OnnxModel:
     def expected(self) -> str:
         c, h, w = self.meta.get("input_size", [None, None, None])
         if self.meta.get("dynamic_size"):
-            k = self.meta.get("size_multiple", 1)
-            return f"(B, {c}, H, W) float32 with H and W multiples of {k} (exported at {h}x{w})"
+            k, (h0, w0) = self.meta.get("size_multiple", 1), self.meta.get("min_size", [1, 1])
+            if (h0, w0) == (k, k):  # a multiple is at least one
+                sizes = f"H and W multiples of {k}"
+            else:
+                sizes = f"H >= {h0} and W >= {w0}" + (f", multiples of {k}" if k > 1 else "")
+            return f"(B, {c}, H, W) float32 with {sizes} (exported at {h}x{w})"
         return f"(B, {c}, {h}, {w}) float32"
 
     def __call__(self, x: np.ndarray | torch.Tensor) -> np.ndarray:
         if isinstance(x, torch.Tensor):
             x = x.detach().cpu().numpy()
         c, h, w = self.meta.get("input_size", [x.shape[1] if x.ndim == 4 else None, None, None])
-        k = self.meta.get("size_multiple", 1)
-        ok_size = x.ndim == 4 and (tuple(x.shape[2:]) == (h, w) if not self.meta.get("dynamic_size")
-                                   else x.shape[2] % k == 0 and x.shape[3] % k == 0)
+        k, (h0, w0) = self.meta.get("size_multiple", 1), self.meta.get("min_size", [1, 1])
+        if not self.meta.get("dynamic_size"):
+            ok_size = x.ndim == 4 and tuple(x.shape[2:]) == (h, w)
+        else:
+            ok_size = x.ndim == 4 and all(n % k == 0 and n >= lo for n, lo in zip(x.shape[2:], (h0, w0), strict=True))
         if x.dtype != np.float32:
             raise TypeError(f"{self.path} expects {self.expected()}, got dtype {x.dtype}; normalise the pixels "
                             "with the model's mean/std (OnnxModel.preprocess does) and pass float32")

@@ -198,3 +198,31 @@ def test_token_gathers_equal_reverse_then_partition(H, W):
     assert torch.equal(b.reverse(wb), x) and torch.equal(a.reverse(wa), x)
     if (H, W) == b.padded:  # no padding: the gathers are exactly the step-by-step windows
         assert torch.equal(wa, a.partition(x)) and torch.equal(wb, b.partition(a.reverse(wa)))
+
+
+@pytest.mark.parametrize("H,W,shifted", [(13, 9, True), (8, 8, True), (5, 7, True), (12, 8, False), (3, 5, False)])
+def test_index_arithmetic_equals_pad_roll_cut_and_the_sliced_region_mask(H, W, shifted):
+    """The gathers and masks are built by index arithmetic (so that export can build them from symbolic sizes);
+    they equal the step-by-step pad, roll and cut, and the official construction of the mask: label the padded,
+    shifted map in slices (-window, -shift), cut it into windows, compare labels; padded keys never attended."""
+    from vitkit.layers.window import token_index
+
+    plan = WindowPlan.make(H, W, (4, 4), shifted)
+    x = torch.randn(1, H, W, 3)
+    stepwise = plan.partition(x)  # (1, nW, N, 3)
+    real = plan.partition(torch.ones(1, H, W, 1))[0, :, :, 0].bool()  # (nW, N): slots holding an image token
+    gathered = x.reshape(1, H * W, 3).index_select(1, token_index(None, plan, x.device)).view_as(stepwise)
+    assert torch.equal(gathered[:, real], stepwise[:, real])
+
+    (Hp, Wp), (wh, ww), (sh, sw) = plan.padded, plan.window, plan.shift
+    labels, n = torch.zeros(1, Hp, Wp, 1, dtype=torch.long), 0
+    for rows in ((slice(0, -wh), slice(-wh, -sh), slice(-sh, None)) if sh else (slice(None),)):
+        for cols in ((slice(0, -ww), slice(-ww, -sw), slice(-sw, None)) if sw else (slice(None),)):
+            labels[:, rows, cols], n = n, n + 1
+    region = window_partition(labels, plan.window)[0, :, :, 0]  # (nW, N)
+    expected = (region[:, :, None] == region[:, None, :]) & real[:, None, :]
+    mask = plan.mask(x.device)
+    if mask is None:
+        assert expected.all()
+    else:
+        assert torch.equal(mask[0, :, 0], expected)

@@ -7,7 +7,6 @@ Everything here only moves tokens or builds masks; attention itself is :class:`v
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -17,8 +16,9 @@ from torch import Tensor
 
 
 def eager_cache(fn):
-    """Memoise ``fn`` (of hashable arguments: sizes, plans, devices) in eager mode. Under torch.compile it is
-    called plainly: the compiler folds what it builds into constants, and an lru_cache would make it warn."""
+    """Memoise ``fn`` (of hashable arguments: sizes, plans, devices) in eager mode. Under torch.compile and
+    torch.export it is called plainly: the compiler folds what it builds into constants (an lru_cache would make
+    it warn), and export may pass symbolic sizes, which build their tensors in the graph."""
     cached = functools.lru_cache(maxsize=512)(fn)
 
     @functools.wraps(fn)
@@ -27,6 +27,12 @@ def eager_cache(fn):
 
     call.cache_clear = cached.cache_clear
     return call
+
+
+def is_symbolic(*sizes) -> bool:
+    """Sizes traced as symbols (torch.export with dynamic height and width): the window machinery then
+    builds its tensors in the graph from the sizes, without a Python branch on any of them."""
+    return any(isinstance(s, torch.SymInt) for s in sizes)
 
 
 def window_partition(x: Tensor, window: tuple[int, int]) -> Tensor:
@@ -54,13 +60,23 @@ def relative_position_index(window: tuple[int, int], table_window: tuple[int, in
     return (rel[0] + th - 1) * (2 * tw - 1) + (rel[1] + tw - 1)
 
 
-def _region_ids(size: int, window: int, shift: int) -> Tensor:
-    """Which of the three cyclic-shift regions each row (or column) of the padded map belongs to."""
-    ids = torch.zeros(size, dtype=torch.long)
-    if shift:
-        ids[size - window: size - shift] = 1
-        ids[size - shift:] = 2
-    return ids
+def _slots(padded: tuple[int, int], window: tuple[int, int], shift: tuple[int, int]) -> tuple[Tensor, ...]:
+    """For each slot (window, token) of the windowed layout, (nW, N) each: its row and column in the shifted
+    map, and the row and column of the padded map it holds (row i of the shifted map is row i + shift).
+
+    Index arithmetic only, so the same code builds cached tensors in eager mode and graph nodes from symbolic
+    sizes under export."""
+    (Hp, Wp), (wh, ww), (sh, sw) = padded, window, shift
+    nh, nw, tok = Hp // wh, Wp // ww, torch.arange(wh * ww)  # windows are numbered row by row
+    grid = torch.zeros(nh, nw, dtype=torch.long)  # (a sum, not an expand: that would not export symbolically)
+    rows = (grid + torch.arange(nh)[:, None]).flatten()[:, None] * wh + tok // ww
+    cols = (grid + torch.arange(nw)).flatten()[:, None] * ww + tok % ww
+    return rows, cols, _wrap(rows + sh, Hp), _wrap(cols + sw, Wp)
+
+
+def _wrap(i: Tensor, size: int) -> Tensor:
+    """``i % size`` for i in [-size, 2·size), without a modulo by a size that export may trace as a symbol."""
+    return i - size * (i >= size).long() + size * (i < 0).long()
 
 
 @eager_cache
@@ -71,16 +87,14 @@ def shifted_window_mask(padded: tuple[int, int], window: tuple[int, int], shift:
     After a cyclic shift, a window can hold tokens from up to four regions that are not neighbours in
     the image; they must not attend each other. Padding tokens (beyond ``valid`` rows/cols of the map
     before the shift) are never attended either."""
-    (Hp, Wp), (wh, ww), (sh, sw), (H, W) = padded, window, shift, valid
-    if not (sh or sw) and (Hp, Wp) == (H, W):
+    (Hp, Wp), (sh, sw), (H, W) = padded, shift, valid
+    if not is_symbolic(Hp, Wp, H, W, sh, sw) and not (sh or sw) and (Hp, Wp) == (H, W):
         return None
-    rows, cols = _region_ids(Hp, wh, sh), _region_ids(Wp, ww, sw)
-    region = (rows[:, None] * 3 + cols[None, :])[None, :, :, None]  # (1, Hp, Wp, 1)
-    real = torch.zeros(Hp, Wp, dtype=torch.bool)
-    real[:H, :W] = True
-    real = torch.roll(real, shifts=(-sh, -sw), dims=(0, 1))[None, :, :, None]  # where real tokens land
-    region = window_partition(region, window)[0, :, :, 0]  # (nW, N)
-    real = window_partition(real, window)[0, :, :, 0]  # (nW, N)
+    rows, cols, src_rows, src_cols = _slots(padded, window, shift)
+    # Swin labels three bands per axis, split at -window and -shift; the first split falls between windows, so
+    # within a window only the second matters: rows past Hp - shift came round from the top of the map.
+    region = (rows >= Hp - sh).long() * 2 + (cols >= Wp - sw).long()  # (nW, N)
+    real = (src_rows < H) & (src_cols < W)
     return (region[:, :, None] == region[:, None, :]) & real[:, None, :]
 
 
@@ -97,14 +111,18 @@ class WindowPlan:
 
     @classmethod
     def make(cls, H: int, W: int, window: tuple[int, int], shifted: bool) -> WindowPlan:
-        ws = (min(window[0], H), min(window[1], W))
-        shift = (ws[0] // 2 if shifted and H > ws[0] else 0, ws[1] // 2 if shifted and W > ws[1] else 0)
+        if is_symbolic(H, W):  # the export's size range keeps the map at least one window: shift iff larger
+            ws = tuple(window)
+            shift = tuple(w // 2 * torch.sym_min(n - w, 1) if shifted else 0 for n, w in zip((H, W), ws, strict=True))
+        else:
+            ws = (min(window[0], H), min(window[1], W))
+            shift = (ws[0] // 2 if shifted and H > ws[0] else 0, ws[1] // 2 if shifted and W > ws[1] else 0)
         return cls(H, W, ws, shift)
 
     @property
     def padded(self) -> tuple[int, int]:
         (wh, ww) = self.window
-        return math.ceil(self.H / wh) * wh, math.ceil(self.W / ww) * ww
+        return (self.H + wh - 1) // wh * wh, (self.W + ww - 1) // ww * ww  # no negative operand: ONNX truncates
 
     def mask(self, device: torch.device) -> Tensor | None:
         """(1, nW, 1, N, N) bool for the attention core, or None; built once per plan and device."""
@@ -144,15 +162,17 @@ class WindowPlan:
 def _map_of_windows(plan: WindowPlan) -> Tensor:
     """(nW·N,) for each windowed token of ``plan``, its index in the flattened (H·W) map; padding -> 0
     (any real token will do: padded keys are masked and padded queries are cut off)."""
-    idx = torch.arange(plan.H * plan.W).view(1, plan.H, plan.W, 1)
-    return plan.partition(idx).flatten()  # partition pads with zeros
+    _, _, r, c = _slots(plan.padded, plan.window, plan.shift)
+    return torch.where((r < plan.H) & (c < plan.W), r * plan.W + c, 0).flatten()
 
 
 @eager_cache
 def _windows_of_map(plan: WindowPlan) -> Tensor:
     """(H·W,) for each map token, its position among the windowed tokens of ``plan``."""
-    pos = torch.arange(plan.padded[0] * plan.padded[1]).view(1, plan.num_windows, -1, 1)  # (1, nW, N, 1)
-    return plan.reverse(pos).flatten()
+    (Hp, Wp), (wh, ww), (sh, sw) = plan.padded, plan.window, plan.shift
+    r, c = _wrap(torch.arange(plan.H)[:, None] - sh, Hp), _wrap(torch.arange(plan.W)[None, :] - sw, Wp)  # shifted
+    win = r // wh * (Wp // ww) + c // ww
+    return (win * (wh * ww) + r % wh * ww + c % ww).flatten()
 
 
 # The tensors below depend only on a plan and a device, so each is built once per plan and device, on that

@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import AttnBackend, Block, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
 from ..layers.pos_embed import resize_rel_pos_table
-from ..layers.window import WindowPlan, token_index
+from ..layers.window import WindowPlan, is_symbolic, token_index
 from .config import IMAGENET, DataConfig, check_image, pair
 from .features import new_head, resize_patch_conv, take_indices
 
@@ -88,7 +88,7 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         B, H, W, C = x.shape
-        if H % 2 or W % 2:
+        if is_symbolic(H, W) or H % 2 or W % 2:
             x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
             H, W = H + H % 2, W + W % 2
         # (B, H/2, W/2, 4C); the four neighbours in timm's order (0,0), (1,0), (0,1), (1,1)
@@ -206,8 +206,8 @@ class SwinTransformer(nn.Module):
         of the patch are zero-padded, as the official detection backbone does."""
         check_image(x, self.cfg.in_chans, None, type(self).__name__)
         p = self.cfg.patch_size
-        if x.shape[-2] % p or x.shape[-1] % p:
-            x = F.pad(x, (0, -x.shape[-1] % p, 0, -x.shape[-2] % p))
+        if is_symbolic(*x.shape[-2:]) or x.shape[-2] % p or x.shape[-1] % p:
+            x = F.pad(x, (0, (p - x.shape[-1] % p) % p, 0, (p - x.shape[-2] % p) % p))
         return self.patch_embed(x)
 
     def forward_features(self, x: Tensor) -> Tensor:
