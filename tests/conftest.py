@@ -30,4 +30,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+    deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     yield
+    # Trainer(deterministic=True) switches deterministic algorithms on for the whole process; left on, it
+    # changes torch.compile's cache key, and every later compile in the session started cold (8 s -> 60 s)
+    torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
