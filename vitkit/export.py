@@ -266,7 +266,8 @@ class OnnxModel:
     def expected(self) -> str:
         c, h, w = self.meta.get("input_size", [None, None, None])
         if self.meta.get("dynamic_size"):
-            k, (h0, w0) = self.meta.get("size_multiple", 1), self.meta.get("min_size", [1, 1])
+            k = self.meta.get("size_multiple", 1)
+            h0, w0 = self.meta.get("min_size", [k, k])  # files from before min_size: one multiple
             if (h0, w0) == (k, k):  # a multiple is at least one
                 sizes = f"H and W multiples of {k}"
             else:
@@ -278,7 +279,8 @@ class OnnxModel:
         if isinstance(x, torch.Tensor):
             x = x.detach().cpu().numpy()
         c, h, w = self.meta.get("input_size", [x.shape[1] if x.ndim == 4 else None, None, None])
-        k, (h0, w0) = self.meta.get("size_multiple", 1), self.meta.get("min_size", [1, 1])
+        k = self.meta.get("size_multiple", 1)
+        h0, w0 = self.meta.get("min_size", [k, k])
         if not self.meta.get("dynamic_size"):
             ok_size = x.ndim == 4 and tuple(x.shape[2:]) == (h, w)
         else:
