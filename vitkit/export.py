@@ -170,17 +170,23 @@ def _failed(model: nn.Module, what: str, e: Exception) -> ExportError:
     return ExportError(f"exporting {model.name} failed while {where}: {detail}")
 
 
+def _example(model: nn.Module, dynamic_size: bool | None):
+    """The copy to export, whether its height and width are dynamic, the export's Dims and their names, and the
+    example input (batch 2 at the model's size)."""
+    m, dynamic_size = _prepare(model, dynamic_size)
+    dims, dynamic = _dims(m, dynamic_size)
+    return m, dynamic_size, dims, dynamic, torch.randn(2, m.cfg.in_chans, *pair(m.cfg.img_size))
+
+
 def export_onnx(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool | None = None, opset: int = OPSET,
                 atol: float = ATOL) -> ExportReport:
-    """Write ``model`` as ONNX (opset >= 18) with a dynamic batch axis, check it with onnxruntime."""
+    """Write ``model`` as ONNX (opset >= 18), batch, height and width dynamic (height and width fixed with
+    ``dynamic_size=False``); check it with onnxruntime."""
     import onnx
 
     if opset < 18:
         raise ValueError(f"opset must be 18 or newer, got {opset}")
-    m, dynamic_size = _prepare(model, dynamic_size)
-    dims, dynamic = _dims(m, dynamic_size)
-    h, w = pair(m.cfg.img_size)
-    x = torch.randn(2, m.cfg.in_chans, h, w)
+    m, dynamic_size, dims, dynamic, x = _example(model, dynamic_size)
     try:
         with _tracing(m, dynamic_size):
             program = torch.onnx.export(m, (x,), dynamo=True, dynamic_shapes=(dims,), opset_version=opset,
@@ -209,10 +215,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool
 def export_program(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool | None = None,
                    atol: float = ATOL) -> ExportReport:
     """Write ``model`` as a ``torch.export`` ExportedProgram (.pt2); check that it loads back and agrees."""
-    m, dynamic_size = _prepare(model, dynamic_size)
-    dims, dynamic = _dims(m, dynamic_size)
-    h, w = pair(m.cfg.img_size)
-    x = torch.randn(2, m.cfg.in_chans, h, w)
+    m, dynamic_size, dims, dynamic, x = _example(model, dynamic_size)
     try:
         with _tracing(m, dynamic_size):
             program = torch.export.export(m, (x,), dynamic_shapes=(dims,))
