@@ -1,6 +1,9 @@
 # Two commands on a fresh clone: `make demo` and `make test`. Each creates .venv first if it is missing.
 PY := .venv/bin/python
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist); each gets its share of the cores. TEST_WORKERS=0 runs in this process.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: demo demo-ocr test test-fast fuzz bench lint
 
@@ -19,10 +22,10 @@ demo-ocr: .venv
 
 # The whole suite, heavier parity tests (marked `slow`) included.
 test: .venv
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: .venv
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The property tests alone, with 2,000 examples each instead of 25 (a few minutes).
 fuzz: .venv

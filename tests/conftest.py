@@ -8,9 +8,17 @@ if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
         tempfile.gettempdir(), f"torchinductor_{os.getuid()}_{os.environ['ATEN_CPU_CAPABILITY']}")
 
+# Under pytest-xdist (`make test` runs 2 processes) each process takes its share of the cores, and so do the
+# processes the tests start (DDP ranks, killed runs), which read OMP_NUM_THREADS.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 import pytest  # noqa: E402
 import torch
 from hypothesis import HealthCheck, settings
+
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # torch may have been imported before the variable was set
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
 
 # Property tests: a few dozen examples each, the same ones on every run in CI (derandomized), many more on
 # demand with `pytest -m fuzz` (or `make fuzz`); `--hypothesis-seed N` draws another set locally.
