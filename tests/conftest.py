@@ -9,7 +9,8 @@ if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os
         tempfile.gettempdir(), f"torchinductor_{os.getuid()}_{os.environ['ATEN_CPU_CAPABILITY']}")
 
 # Under pytest-xdist (`make test` runs 2 processes) each process takes its share of the cores, and so do the
-# processes the tests start (DDP ranks, killed runs), which read OMP_NUM_THREADS.
+# processes the tests start (DDP ranks, killed runs), which read OMP_NUM_THREADS. With 2 threads in each of
+# the 2 processes on 2 cores the suite took 814 s instead of 484 s.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
