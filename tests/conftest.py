@@ -18,8 +18,8 @@ import pytest  # noqa: E402
 import torch
 from hypothesis import HealthCheck, settings
 
-if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # torch may have been imported before the variable was set
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" in os.environ:  # torch may predate the variable
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Property tests: a few dozen examples each, the same ones on every run in CI (derandomized), many more on
 # demand with `pytest -m fuzz` (or `make fuzz`); `--hypothesis-seed N` draws another set locally.
