@@ -220,6 +220,46 @@ def test_new_head_keeps_the_backbone_and_says_so(timm_vit, tmp_path):
         assert_close(ours.forward_features(x), timm_vit.forward_features(x), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name, kw, size", [(VIT, VIT_KW, 32), (SWIN, SWIN_KW, 64)], ids=["vit", "swin"])
+def test_a_headless_backbone_file_loads_with_a_new_head_and_stays_strict_elsewhere(name, kw, size, tmp_path):
+    """A backbone saved by timm with num_classes=0 (as DINO, CLIP towers and MAE ship): alone it builds a headless
+    model (timm's features), with num_classes it gets a new head at the model's initialisation, by every path
+    that loads a file; a missing or unexpected backbone key is still refused."""
+    theirs = _randomize(timm.create_model(name, **dict(kw, num_classes=0)))
+    sd = {k: v.contiguous() for k, v in theirs.state_dict().items()}
+    assert not [k for k in sd if k.startswith("head.")]
+    save_file(sd, tmp_path / "backbone.safetensors")
+    path = tmp_path / "backbone.safetensors"
+    bare = vitkit.create_model(name, checkpoint=path, **{k: v for k, v in kw.items() if k != "num_classes"})
+    assert bare.cfg.num_classes == 0 and bare.load_report.ok and not bare.load_report.new_head
+    _same_logits(bare, theirs, size)  # pooled features, as timm's num_classes=0 model returns
+    heads = ["head.fc.bias", "head.fc.weight"] if name == SWIN else ["head.bias", "head.weight"]
+    for load in (dict(checkpoint=path), dict(pretrained=str(path))):
+        torch.manual_seed(0)
+        ours = vitkit.create_model(name, **load, **dict(kw, num_classes=5))
+        report = ours.load_report
+        assert report.ok and "head: new (not in the checkpoint)" in report.adapted and report.new_head == heads
+        assert "the classifier (" in str(report) and "keeps the model's initialisation" in str(report)
+        torch.manual_seed(0)
+        fresh = vitkit.create_model(name, **dict(kw, num_classes=5))  # the same initialisation, no weights
+        for k in heads:
+            assert_close(ours.state_dict()[k], fresh.state_dict()[k], rtol=0, atol=0)
+        x = torch.randn(2, 3, size, size)
+        with torch.no_grad():
+            assert_close(ours.eval().forward_head(ours.forward_features(x), pre_logits=True), bare(x), atol=1e-5,
+                         rtol=0)
+    block = next(k for k in sd if ".norm1.weight" in k)
+    save_file({k: v for k, v in sd.items() if k != block}, tmp_path / "missing.safetensors")
+    with pytest.raises(CheckpointMismatchError, match=rf"missing from the checkpoint \(1\):\n    {re.escape(block)}"):
+        vitkit.create_model(name, checkpoint=tmp_path / "missing.safetensors", **dict(kw, num_classes=5))
+    save_file({**sd, "extra.weight": torch.zeros(2)}, tmp_path / "extra.safetensors")
+    with pytest.raises(CheckpointMismatchError, match=r"unexpected in the checkpoint \(1\):\n    extra.weight"):
+        vitkit.create_model(name, checkpoint=tmp_path / "extra.safetensors", **dict(kw, num_classes=5))
+    save_file({**sd, heads[1]: torch.zeros(5, bare.num_features)}, tmp_path / "half_head.safetensors")
+    with pytest.raises(CheckpointMismatchError, match=rf"missing from the checkpoint \(1\):\n    {heads[0]}"):
+        vitkit.create_model(name, checkpoint=tmp_path / "half_head.safetensors", **dict(kw, num_classes=5))
+
+
 # --- safety and errors ----------------------------------------------------------------------------
 
 class _Payload:

@@ -39,7 +39,21 @@ def _load(args: argparse.Namespace) -> torch.nn.Module:
         raise SystemExit(f"error: {e}") from None
     if vitkit.models.family(net.name) == "seq2seq":
         raise SystemExit(f"{args.checkpoint} holds an encoder-decoder ({net.name}); this command takes classifiers")
+    _require_classifier(net, args.checkpoint or args.model)
     return net
+
+
+def _require_classifier(net: torch.nn.Module, source: str) -> None:
+    """Refuse a backbone: a model without a classifier, or with one that the weights did not hold."""
+    report = getattr(net, "load_report", None)
+    if net.cfg.num_classes == 0 or (report is not None and report.new_head):
+        what = "has no classifier head (num_classes=0)" if net.cfg.num_classes == 0 else (
+            f"holds no classifier for the {net.cfg.num_classes} classes asked for (new, untrained: "
+            f"{', '.join(report.new_head)})")
+        raise SystemExit(f"error: {source} {what}: it is a backbone, so there are no classes to predict. Fine-tune "
+                         "it first, e.g. `vitkit train fit --config configs/vit_base_finetune.yaml --model.model_name "
+                         f"{net.name} --model.pretrained false --model.checkpoint {source} --data.root DATA`, then "
+                         "use the checkpoint that writes")
 
 
 def _image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +146,8 @@ def export(args: argparse.Namespace) -> int:
             raise SystemExit(f"error: {e}") from None
         except (KeyError, ValueError) as e:
             raise SystemExit(f"error: {args.src!r} is neither a file nor a model vitkit knows: {e}") from None
+        if tagged:
+            _require_classifier(net, name)
         if not tagged:
             print(f"{name}: no weights given, so the export holds a random initialisation (give a checkpoint file "
                   "or a tag such as vit_base_patch16_224.augreg2_in21k_ft_in1k for trained weights)", file=sys.stderr)
@@ -264,7 +280,7 @@ def prepare_data(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         summary = prepare_data(args.root, args.out, workers=args.workers, chunk_bytes=args.chunk_bytes,
-                               overwrite=args.overwrite)
+                               overwrite=args.overwrite, seed=args.seed)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
     for split, n in summary["splits"].items():
@@ -327,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--workers", type=int, default=None, help="parallel workers (default: every CPU)")
     s.add_argument("--chunk-bytes", default="64MB", help="size of a shard file (default: 64MB)")
     s.add_argument("--overwrite", action="store_true", help="delete OUT and convert from the start")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random order each split is written in (default: 0)")
     s.set_defaults(fn=prepare_data)
     s = sub.add_parser("convert", help="any checkpoint format -> vitkit/timm folder or state-dict file")
     s.add_argument("src")

@@ -4,6 +4,11 @@ A converted dataset is a folder with one litdata dataset per split (``OUT/train`
 ``OUT/test``) and ``OUT/vitkit_dataset.json``, written last: a folder without it is an unfinished
 conversion, which readers refuse and ``prepare-data`` resumes. Each sample keeps the file's original
 encoded bytes (nothing is re-encoded), its class index (``label``), class name and path.
+
+Each split is written in a seeded random order, as webdataset, FFCV and litdata users shuffle before writing:
+a streaming loader mixes only within a window (litdata 0.2.76 permutes aligned blocks of 256 samples inside a
+chunk, and on parallel filesystems whole chunks in windows of 16), so a split written class after class gives
+batches of one or two classes. Written shuffled, every chunk and every block is a random draw of the split.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import random
 import re
 import shutil
 import sys
+import zlib
 from contextlib import contextmanager
 from functools import partial
 from io import BytesIO
@@ -28,7 +34,8 @@ import torch
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 MARKER = "vitkit_dataset.json"  # written last; its presence means every split is complete
 INPUTS = ".vitkit_inputs.json"  # the file list a conversion started from, to resume only that one
-FORMAT = 1
+# 1: class after class (vitkit before the shuffled write; refused by readers), 2: every split in a seeded random order
+FORMAT = 2
 # litdata starts its workers with spawn, which re-imports torch in each (seconds per split); fork shares what
 # this process has loaded. Where fork is unavailable (Windows) or unsafe (macOS), litdata's default stays.
 START_METHOD = "fork" if sys.platform.startswith("linux") else None
@@ -122,14 +129,19 @@ def _convert_one(item: list, root: str, skipped_log: str) -> dict | None:
     return {"image": data, "label": label, "class_name": name, "path": rel}
 
 
-def _split_inputs(root: Path, split: str, classes: list[str]) -> list[list]:
-    """[relative path, class index, class name] per file (lists: litdata compares them with its JSON checkpoint)."""
-    return [[str(f.relative_to(root)), i, c] for i, c in enumerate(classes) for f in _image_files(root / split / c)]
+def _split_inputs(root: Path, split: str, classes: list[str], seed: int) -> list[list]:
+    """[relative path, class index, class name] per file, in the split's seeded random order (lists: litdata
+    compares them with its JSON checkpoint). The order depends on the seed, the split's name and the files."""
+    items = [[str(f.relative_to(root)), i, c] for i, c in enumerate(classes) for f in _image_files(root / split / c)]
+    order = np.random.default_rng([seed, zlib.crc32(split.encode())]).permutation(len(items))
+    return [items[k] for k in order]
 
 
 def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = None, chunk_bytes: str = "64MB",
-                 overwrite: bool = False, splits: tuple[str, ...] = ("train", "val", "test")) -> dict[str, Any]:
-    """Convert ``root/{train,val[,test]}/<class>/<images>`` into litdata shards under ``out``.
+                 overwrite: bool = False, splits: tuple[str, ...] = ("train", "val", "test"),
+                 seed: int = 0) -> dict[str, Any]:
+    """Convert ``root/{train,val[,test]}/<class>/<images>`` into litdata shards under ``out``, each split
+    written in a random order drawn from ``seed`` (see the module docstring for why).
 
     Re-running on the same ``out`` resumes: complete splits are kept, an interrupted split continues from
     litdata's checkpoints. A finished ``out`` (or one started from other files) is refused unless
@@ -139,8 +151,8 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
     root, out = Path(root).expanduser().resolve(), Path(out).expanduser().resolve()
     present = [s for s in splits if (root / s).is_dir()]
     classes = scan_image_folder(root, "train", "val", "test" if "test" in present else None)
-    inputs = {s: _split_inputs(root, s, classes) for s in present}
-    started = {"format": FORMAT, "root": str(root), "classes": classes,
+    inputs = {s: _split_inputs(root, s, classes, seed) for s in present}
+    started = {"format": FORMAT, "root": str(root), "classes": classes, "seed": seed,
                "files": {s: [rel for rel, _, _ in items] for s, items in inputs.items()}}
     if overwrite and out.exists():
         shutil.rmtree(out)
@@ -151,10 +163,15 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
         if not (out / INPUTS).exists():
             raise FileExistsError(f"{out} is not empty and was not started by prepare-data; choose an empty or new "
                                   "folder, or pass --overwrite to delete what is there")
-        if {k: v for k, v in json.loads((out / INPUTS).read_text()).items() if k != "workers"} != started:
-            raise FileExistsError(f"{out} holds an unfinished conversion of other files (another root, classes or "
-                                  "file list); pass --overwrite to start again, or choose another output folder")
-        recorded = json.loads((out / INPUTS).read_text()).get("workers")
+        recorded_inputs = json.loads((out / INPUTS).read_text())
+        if recorded_inputs.get("format") != FORMAT:
+            raise FileExistsError(f"{out} holds an unfinished conversion by an earlier vitkit, which wrote the files "
+                                  "class after class; pass --overwrite to convert again in a shuffled order")
+        if {k: v for k, v in recorded_inputs.items() if k != "workers"} != started:
+            raise FileExistsError(f"{out} holds an unfinished conversion of other files (another root, classes, "
+                                  "file list or seed); pass --overwrite to start again, or choose another output "
+                                  "folder")
+        recorded = recorded_inputs.get("workers")
         if workers not in (None, recorded):
             log.warning("resuming with the %d workers the conversion started with (litdata's checkpoints are per "
                         "worker), not %d", recorded, workers)
@@ -164,7 +181,8 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / INPUTS, {**started, "workers": workers})
 
-    summary: dict[str, Any] = {"format": FORMAT, "root": str(root), "classes": classes, "splits": {}}
+    summary: dict[str, Any] = {"format": FORMAT, "root": str(root), "classes": classes, "order": "shuffled",
+                               "seed": seed, "splits": {}}
     for split, items in inputs.items():
         dest, skipped_log = out / split, out / f"{split}.skipped.tsv"
         if not (dest / "index.json").exists():  # not finished: (re)start it, from litdata's checkpoints if any
@@ -213,7 +231,23 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def read_dataset_info(location: str) -> dict[str, Any]:
-    """``vitkit_dataset.json`` of a converted dataset: a local folder, or an object-store URL read by litdata."""
+    """``vitkit_dataset.json`` of a converted dataset: a local folder, or an object-store URL read by litdata.
+
+    A dataset written class after class (format 1, before the shuffled write) is refused: streamed, its batches
+    would hold one or two classes each, and a model trained on them stays at chance."""
+    info = _read_marker(location)
+    if info.get("format", 1) < 2:
+        raise ValueError(
+            f"{location} was converted by an earlier vitkit, which wrote each split class after class: streamed "
+            "batches would hold one or two classes each and training would stay at chance. Convert it again, "
+            f"in a shuffled order: `vitkit prepare-data {info.get('root', 'IMAGE_ROOT')} {location} --overwrite`")
+    if info["format"] > FORMAT:
+        raise ValueError(f"{location} was written in dataset format {info['format']} by a newer vitkit; this one "
+                         f"reads format {FORMAT}: upgrade vitkit")
+    return info
+
+
+def _read_marker(location: str) -> dict[str, Any]:
     if "://" not in location:
         path = Path(location).expanduser() / MARKER
         if not path.exists():

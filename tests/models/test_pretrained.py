@@ -86,6 +86,24 @@ def test_fine_tune_from_a_tag_matches_timm_at_a_new_size_and_head(hf_cache, tmp_
     assert ours.cfg.mean == (0.5, 0.5, 0.5)  # the tag's preprocessing is kept
 
 
+def test_a_tag_whose_hosted_weights_are_headless_fine_tunes_with_a_new_head(hf_cache, tmp_path):
+    """DINOv2's tags are hosted without a head (num_classes=0 in timm's config): alone they give timm's
+    features; with num_classes a new head is made and the backbone loads strictly."""
+    tag = "vit_small_patch14_dinov2.lvd142m"
+    assert timm.models.get_pretrained_cfg(tag).num_classes == 0
+    small = dict(depth=1)  # the tag's full width and grid, one block
+    model = _randomize(timm.create_model(tag.split(".")[0], pretrained=False, num_classes=0, **small))
+    cache_weights(hf_cache, tag, model, tmp_path)
+    ours = vitkit.create_model(tag, pretrained=True, **small).eval()
+    theirs = timm.create_model(tag, pretrained=True, **small).eval()
+    x = torch.randn(1, 3, 518, 518, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert_close(ours(x), theirs(x), atol=1e-4, rtol=0)
+    tuned = vitkit.create_model(tag, pretrained=True, num_classes=7, img_size=224, **small).eval()
+    assert tuned.load_report.ok and "head: new (not in the checkpoint)" in tuned.load_report.adapted
+    assert tuned(x[..., :224, :224]).shape == (1, 7)
+
+
 def test_torchvision_weights_from_torch_hub_cache_give_torchvisions_logits(tmp_path, monkeypatch, hf_cache,
                                                                            no_network):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))

@@ -29,13 +29,21 @@ def _head_keys(model: nn.Module) -> set[str]:
     return {k for k in model.state_dict() if k.startswith("head.")}
 
 
+def headless(sd: dict[str, Tensor]) -> bool:
+    """A backbone saved without a classifier (self-supervised weights, image towers, ``num_classes=0`` exports)."""
+    return not any(k.startswith("head.") for k in sd)
+
+
 def adapt(sd: dict[str, Tensor], model: nn.Module) -> tuple[dict[str, Tensor], list[str]]:
     """Make ``sd`` fit ``model`` where a known change of resolution, window, input channels or classes
-    explains a shape difference; returns the new state dict and one note per change made."""
+    explains a shape difference; returns the new state dict and one note per change made. A checkpoint with
+    no classifier at all leaves the model's own, freshly initialised one (as timm does for a new head)."""
     target = model.state_dict()
     sd, notes = dict(sd), []
     cfg = getattr(model, "cfg", None)
     heads = _head_keys(model)
+    if heads and headless(sd):
+        notes.append("head: new (not in the checkpoint)")
     for k, v in list(sd.items()):
         want = target.get(k)
         if want is None and k.startswith("head.") and not heads:

@@ -12,7 +12,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..models.registry import get_config
-from .adapt import adapt
+from .adapt import adapt, headless
 from .files import CheckpointError, read_file, resolve, write_json, write_safetensors
 from .formats import to_vitkit, unwrap
 
@@ -36,10 +36,11 @@ class Checkpoint:
 
     @property
     def num_classes(self) -> int | None:
+        """The classifier's class count; 0 for a backbone saved without one (no ``head.*`` key)."""
         for k in ("head.weight", "head.fc.weight"):
             if k in self.state_dict:
                 return self.state_dict[k].shape[0]
-        return None
+        return 0 if headless(self.state_dict) else None
 
 
 @dataclass
@@ -53,6 +54,7 @@ class LoadReport:
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)
+    new_head: list[str] = field(default_factory=list)  # classifier tensors left at the model's initialisation
 
     @property
     def ok(self) -> bool:
@@ -69,7 +71,10 @@ class LoadReport:
         lines += listing("unexpected in the checkpoint", self.unexpected)
         lines += listing("shape mismatches", [f"{k}: checkpoint {tuple(c)} vs model {tuple(m)}"
                                               for k, c, m in self.mismatched])
-        if self.ok:
+        if self.ok and self.new_head:
+            lines.append("  every other model tensor was loaded; the classifier "
+                         f"({', '.join(self.new_head)}) keeps the model's initialisation")
+        elif self.ok:
             lines.append("  every model tensor was loaded" + (" (some adapted)" if self.adapted else ""))
         return "\n".join(lines)
 
@@ -166,11 +171,14 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint
     sd, adapted = adapt(ck.state_dict, model)
     target = model.state_dict()
     fresh = {k for k in ck.state_dict if k in target and k not in sd}  # classifier re-initialised by adapt
+    if headless(ck.state_dict):  # a backbone: the model's classifier is new, every other tensor must be there
+        fresh |= {k for k in target if k.startswith("head.")}
     report = LoadReport(ck.path, ck.format, getattr(model, "name", type(model).__name__), adapted,
                         missing=[k for k in target if k not in sd and k not in fresh],
                         unexpected=[k for k in sd if k not in target],
                         mismatched=[(k, tuple(v.shape), tuple(target[k].shape)) for k, v in sd.items()
-                                    if k in target and v.shape != target[k].shape])
+                                    if k in target and v.shape != target[k].shape],
+                        new_head=sorted(fresh))
     if strict and not report.ok:
         raise CheckpointMismatchError(f"the checkpoint does not fit the model (strict=True):\n{report}")
     bad = {k for k, _, _ in report.mismatched}

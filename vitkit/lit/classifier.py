@@ -9,6 +9,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
 from torch import Tensor, nn
@@ -122,6 +123,8 @@ class ImageClassifier(L.LightningModule):
         if img_size is not None:
             overrides["img_size"] = img_size
         self.model = vitkit.create_model(model_name, pretrained=pretrained, checkpoint=checkpoint, **overrides)
+        if getattr(self.model, "load_report", None) is not None:
+            rank_zero_info(str(self.model.load_report))
         if freeze_backbone:
             for name, p in self.model.named_parameters():
                 p.requires_grad_(name.startswith("head"))

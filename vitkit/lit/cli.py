@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import lightning as L
@@ -24,6 +25,8 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from ..checkpoints import CheckpointError
+from ..checkpoints.hub import MissingWeightsError
 from .callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
 from .classifier import ImageClassifier
 
@@ -34,6 +37,29 @@ DATA_TO_MODEL = {"num_classes": "num_classes", "classes": "class_names", "src_vo
 
 def _attribute(name: str):
     return lambda datamodule: getattr(datamodule, name, None)
+
+
+PACKAGE_DIR = str(Path(__file__).resolve().parents[1])  # vitkit/
+
+
+def _raised_by_vitkit(tb: TracebackType | None) -> bool:
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.startswith(PACKAGE_DIR)
+
+
+def user_error(e: BaseException) -> BaseException | None:
+    """The error vitkit raised about the user's input (a checkpoint, weights, a preset, a data folder) inside
+    ``e``: jsonargparse wraps whatever a class raises while it is built in a "Does not validate against any of
+    the Union subtypes" error, raised from the original one. None when ``e`` is not about such input."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (CheckpointError, MissingWeightsError)) or (
+                isinstance(e, (ValueError, TypeError, OSError)) and _raised_by_vitkit(e.__traceback__)):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 class VitkitCLI(LightningCLI):
@@ -75,6 +101,17 @@ class VitkitCLI(LightningCLI):
                 init.save_dir = cfg.trainer.default_root_dir
             if init is not None and "name" in init and init.name is None:  # WandbLogger: the run's name
                 init.name = Path(cfg.trainer.default_root_dir).name
+
+    def instantiate_classes(self) -> None:
+        """Build the module, data and trainer; an error about the user's input ends the command with vitkit's
+        own message, once, and exit status 1, instead of jsonargparse's traceback of the Union it was in."""
+        try:
+            super().instantiate_classes()
+        except Exception as e:
+            cause = user_error(e)
+            if cause is None:
+                raise
+            raise SystemExit(f"error: {cause}") from None
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         cfg = self._section().trainer

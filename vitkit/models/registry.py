@@ -102,7 +102,9 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
     ``pretrained`` still takes them) and their label names ``model.class_names``. With ``checkpoint`` (a file
     or folder of any format in :mod:`vitkit.checkpoints`) the weights are loaded too; settings the file
     records are applied first, then ``overrides``, and ``name`` may be omitted. Without an explicit
-    ``num_classes`` the weights' classifier size is kept; with another one a new head is made.
+    ``num_classes`` the weights' classifier size is kept (``num_classes=0`` for a backbone saved without a
+    head); with another one a new head is made, and a checkpoint without a head leaves the new head at its
+    initialisation while every other tensor must still fit (``model.load_report`` says "head: new").
 
     ``features_only=True`` returns a :class:`~vitkit.models.features.FeatureNet` of the stages (Swin) or
     blocks (ViT) in ``out_indices``, as timm does: NHWC maps for Swin by default, NCHW for ViT."""
@@ -123,7 +125,7 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
                 raise ValueError(f"{folder} does not record which model it holds ({ck.format} format)")
             fields = {f.name for f in dataclasses.fields(_find(ck.model_name)[0])}
             recorded = {k: v for k, v in ck.overrides.items() if k in fields}
-            if ck.num_classes is not None:
+            if ck.num_classes is not None and "num_classes" in fields:
                 recorded["num_classes"] = ck.num_classes
             name, overrides = ck.model_name, {**recorded, **overrides}
     elif isinstance(pretrained, (str, os.PathLike)):
@@ -152,8 +154,8 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
         applies = ck.model_name in (None, name) or ck.format.startswith("transformers")
         fields = {f.name for f in dataclasses.fields(_find(name)[0])}
         recorded = {k: v for k, v in ck.overrides.items() if k in fields} if applies else {}
-        if "num_classes" not in recorded and ck.num_classes is not None:
-            recorded["num_classes"] = ck.num_classes
+        if "num_classes" not in recorded and ck.num_classes is not None and "num_classes" in fields:
+            recorded["num_classes"] = ck.num_classes  # 0 for a backbone saved without a head: timm's num_classes=0
         overrides = {**recorded, **overrides}
     if name is None:
         raise TypeError("create_model needs a preset name (or a checkpoint that records one)")
