@@ -134,20 +134,73 @@ def test_vitkit_train_from_the_shell_prints_no_argv_warning(tmp_path):
     assert (tmp_path / "run/checkpoints/last.ckpt").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
-@pytest.mark.slow
-def test_bench_runs_from_an_installed_wheel(tmp_path):
-    """The package as pip installs it, outside the source tree: `vitkit bench` needs nothing from benchmarks/."""
+@pytest.fixture(scope="module")
+def wheel_site(tmp_path_factory) -> Path:
+    """vitkit as pip installs it from its wheel, into a folder of its own (its dependencies are this venv's)."""
+    tmp = tmp_path_factory.mktemp("wheel")
     wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(tmp_path / "dist"), str(ROOT)], capture_output=True, text=True, timeout=240)
+                            "-w", str(tmp / "dist"), str(ROOT)], capture_output=True, text=True, timeout=240)
     assert wheel.returncode == 0, wheel.stderr[-2000:]
-    site = tmp_path / "site"
+    site = tmp / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-                    *map(str, (tmp_path / "dist").glob("vitkit-*.whl"))], check=True, timeout=240)
-    code = ("import sys, vitkit; from vitkit.cli import main; assert 'site' in vitkit.__file__, vitkit.__file__; "
-            "sys.exit(main(sys.argv[1:]))")
-    out = subprocess.run([sys.executable, "-c", code, "bench", "--models", "vit_tiny_patch16_224", "--peers", "",
-                          "--batch-sizes", "2", "--rounds", "1", "--iters", "1", "--warmup", "1",
-                          "--no-mem", "--out", "b/t.csv"], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)},
-                         capture_output=True, text=True, timeout=240)
+                    *map(str, (tmp / "dist").glob("vitkit-*.whl"))], check=True, timeout=240)
+    return site
+
+
+def _from_wheel(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """``vitkit ARGS`` (or ``python -m vitkit.demo`` for ``demo``) run from ``cwd``, outside the source tree, with
+    the installed wheel first on the path."""
+    code = ("import sys, vitkit; assert 'site' in vitkit.__file__, vitkit.__file__; "
+            + ("from vitkit.demo import main; main(sys.argv[2:])" if args[0] == "demo" else
+               "from vitkit.cli import main; sys.exit(main(sys.argv[1:]))"))
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env={**os.environ, "PYTHONPATH": str(site)},
+                          capture_output=True, text=True, timeout=300)
+
+
+TINY = '{"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}'
+
+
+@pytest.mark.slow
+def test_bench_runs_from_an_installed_wheel(wheel_site, tmp_path):
+    """The package as pip installs it, outside the source tree: `vitkit bench` needs nothing from benchmarks/."""
+    out = _from_wheel(wheel_site, tmp_path, "bench", "--models", "vit_tiny_patch16_224", "--peers", "",
+                      "--batch-sizes", "2", "--rounds", "1", "--iters", "1", "--warmup", "1", "--no-mem",
+                      "--out", "b/t.csv")
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / "b/t.csv").exists() and (tmp_path / "b/t.png").exists()
+
+
+def test_the_wheel_carries_every_package_and_the_recipes(wheel_site):
+    packages = sorted(".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "vitkit").rglob("__init__.py"))
+    installed = sorted(".".join(p.parent.relative_to(wheel_site).parts) for p in (wheel_site / "vitkit").rglob(
+        "__init__.py"))
+    assert installed == packages
+    recipes = sorted(p.name for p in (wheel_site / "vitkit/configs").glob("*.yaml"))
+    assert recipes == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+
+
+def test_demo_train_and_recipes_run_from_an_installed_wheel(wheel_site, tmp_path):
+    """`python -m vitkit.demo` and `vitkit train fit --config NAME` read the recipes inside the wheel."""
+    demo = _from_wheel(wheel_site, tmp_path, "demo", "--trainer.max_epochs", "1", "--trainer.limit_train_batches",
+                       "2", "--trainer.limit_val_batches", "1", "--model.model_overrides", TINY,
+                       "--trainer.enable_progress_bar", "false")
+    assert demo.returncode == 0, demo.stderr[-2000:]
+    assert "digits demo: val top-1" in demo.stdout and list(tmp_path.glob("runs/digits_demo/*/checkpoints/*.ckpt"))
+    train = _from_wheel(wheel_site, tmp_path, "train", "fit", "--config", "swin_tiny_digits",
+                        "--trainer.fast_dev_run", "1", "--trainer.accelerator", "cpu")
+    assert train.returncode == 0, train.stderr[-2000:]
+    listing = _from_wheel(wheel_site, tmp_path, "recipes")
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    lines = listing.stdout.splitlines()
+    assert len(lines) == len(list((ROOT / "configs").glob("*.yaml"))) + 1
+    assert any(line.startswith("vit_tiny_digits ") and "digits" in line for line in lines)
+    assert str(wheel_site / "vitkit" / "configs") in lines[-1]
+
+
+def test_a_recipe_by_name_and_an_unknown_one(tmp_path):
+    cli = main(["train", "fit", "--config=vit_tiny_digits", "--trainer.fast_dev_run", "1", "--trainer.accelerator",
+                "cpu", "--model.model_overrides", TINY, "--trainer.default_root_dir", str(tmp_path)])
+    assert cli == 0
+    with pytest.raises(SystemExit, match=r"--config 'vit_tiny_digit' is neither a file nor a recipe; the recipes are "
+                                         r".*vit_tiny_digits"):
+        main(["train", "fit", "-c", "vit_tiny_digit"])

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import vitkit
+from vitkit import family
 from vitkit.export import ExportError, OnnxModel, export_onnx, export_program, min_size
-from vitkit.models import family
 
 pytest.importorskip("onnxruntime")
 

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitkit.models import get_config
+from vitkit import get_config
 from vitkit.transforms import eval_transform, train_transform
 
 

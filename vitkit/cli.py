@@ -1,6 +1,7 @@
-"""The ``vitkit`` command: train, predict, export, prepare-data, download, models, bench, convert, and plots.
+"""The ``vitkit`` command: train, recipes, predict, export, prepare-data, download, models, bench, convert, plots.
 
-    vitkit train fit --config configs/vit_tiny_digits.yaml        # = python train.py fit ...
+    vitkit train fit --config vit_tiny_digits                      # a recipe by name (= python train.py fit ...)
+    vitkit recipes                                                 # the recipes that ship with vitkit
     vitkit predict cat.jpg dog.png --checkpoint runs/.../best.ckpt --topk 3
     vitkit predict cat.jpg --model vit_base_patch16_224.augreg2_in21k_ft_in1k   # pretrained, by timm's tag
     vitkit download vit_base_patch16_224.augreg2_in21k_ft_in1k Swin_T_Weights.IMAGENET1K_V1
@@ -37,7 +38,7 @@ def _load(args: argparse.Namespace) -> torch.nn.Module:
                                   **json.loads(args.overrides)).eval()
     except MissingWeightsError as e:
         raise SystemExit(f"error: {e}") from None
-    if vitkit.models.family(net.name) == "seq2seq":
+    if vitkit.family(net.name) == "seq2seq":
         raise SystemExit(f"{args.checkpoint} holds an encoder-decoder ({net.name}); this command takes classifiers")
     _require_classifier(net, args.checkpoint or args.model)
     return net
@@ -194,7 +195,7 @@ def models(args: argparse.Namespace) -> int:
 
     rows = []
     for name in vitkit.list_models(args.pattern):
-        fam, cfg = vitkit.models.family(name), vitkit.get_config(name)
+        fam, cfg = vitkit.family(name), vitkit.get_config(name)
         if fam == "seq2seq":
             kw = dict(src_vocab_size=32000, tgt_vocab_size=32000)
             cfg = vitkit.get_config(name, **kw)
@@ -289,6 +290,17 @@ def prepare_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def recipes(args: argparse.Namespace) -> int:
+    from .recipes import list_recipes, recipes_dir
+
+    found = list_recipes()
+    width = max(map(len, found))
+    for name, what in found.items():
+        print(f"{name:<{width}}  {what}")
+    print(f"({len(found)} recipes in {recipes_dir()}; train one with `vitkit train fit --config NAME`)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -337,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("pattern", nargs="?", default="*")
     s.add_argument("--no-flops", action="store_true", help="skip counting GMACs")
     s.set_defaults(fn=models)
+    s = sub.add_parser("recipes", help="the training recipes that ship with vitkit, one line each")
+    s.set_defaults(fn=recipes)
     s = sub.add_parser("prepare-data", help="ImageNet-layout folders -> litdata shards for StreamingImageDataModule")
     s.add_argument("root", help="a folder with train/<class>/<images>, val/<class>/<images> and optionally test/")
     s.add_argument("out", help="the output folder; run again on it to resume an interrupted conversion")

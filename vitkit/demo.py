@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-DEMOS = {  # name -> (config, monitored metric, how the line names it)
+from vitkit.recipes import recipes_dir
+
+DEMOS = {  # name -> (config, how the line names the monitored metric)
     "digits": ("vit_tiny_digits.yaml", "val top-1"),
     "ocr": ("ocr_digits.yaml", "val exact-sequence accuracy"),
 }
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> str:
     # each demo run gets a folder of its own (a later --trainer.default_root_dir in argv wins)
     root = os.path.join("runs", f"{demo}_demo", time.strftime("%Y%m%d-%H%M%S"))
     t0 = time.perf_counter()
-    cli = cli_main(["fit", "--config", str(CONFIGS / config), "--trainer.default_root_dir", root, *argv])
+    cli = cli_main(["fit", "--config", str(recipes_dir() / config), "--trainer.default_root_dir", root, *argv])
     seconds = time.perf_counter() - t0
     trainer = cli.trainer
     ckpt = trainer.checkpoint_callback

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from vitkit.models.config import pair
+from vitkit.models.registry import find
 
 OPSET = 18
 ATOL = 1e-4
@@ -102,9 +103,7 @@ def min_size(model: nn.Module) -> tuple[int, int]:
 def _prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bool]:
     """An eval, float32 copy on the CPU whose attention runs the reference path (matmul + softmax, what ONNX
     runs anyway; the fused SDPA node does not survive export's decomposition for windowed attention)."""
-    from vitkit.models import family
-
-    kind = family(model.name)
+    kind = find(model.name)[0]
     if kind not in ("vit", "swin"):
         raise ExportError(f"export takes ViT and Swin classifiers; {model.name} is a {kind} model")
     dynamic_size = True if dynamic_size is None else dynamic_size

@@ -142,7 +142,7 @@ def test_every_torchvision_weights_fits_its_vitkit_preset(builder):
 
 
 def _every_tag() -> list[str]:
-    presets = [n for n in vitkit.list_models() if vitkit.models.family(n) != "seq2seq"]
+    presets = [n for n in vitkit.list_models() if vitkit.family(n) != "seq2seq"]
     return [t for n in presets for t in timm.list_pretrained(f"{n}.*") if t.split(".")[0] == n]
 
 

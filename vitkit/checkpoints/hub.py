@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from ..models.registry import find
+
 log = logging.getLogger(__name__)
 
 HF_FILES = ("model.safetensors", "pytorch_model.bin")  # what a timm hub repo holds, safest first
@@ -200,10 +202,8 @@ def _timm(name: str) -> Pretrained:
     import timm
     from timm.models import get_pretrained_cfg
 
-    from ..models.registry import _find
-
     preset, tag = split_tag(name)
-    _find(preset)  # a readable error for an unknown preset
+    find(preset)  # a readable error for an unknown preset
     known = timm.list_pretrained(f"{preset}.*")
     try:
         cfg = get_pretrained_cfg(name)

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..models.registry import get_config
+from ..models.registry import preset_config
 from .adapt import adapt, headless
 from .files import CheckpointError, read_file, resolve, write_json, write_safetensors
 from .formats import to_vitkit, unwrap
@@ -197,7 +197,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names:
         raise ValueError("save_pretrained needs a model made by vitkit.create_model (it records the preset name)")
     directory = Path(directory)
     cfg = dataclasses.asdict(model.cfg)
-    preset = dataclasses.asdict(get_config(name))
+    preset = dataclasses.asdict(preset_config(name))
     model_args = {k: cfg[k] for k in ("img_size", "in_chans", "window_size", "global_pool")
                   if k in cfg and cfg[k] != preset[k]}
     in_size = cfg["img_size"] if isinstance(cfg["img_size"], (list, tuple)) else [cfg["img_size"]] * 2

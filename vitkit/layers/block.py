@@ -15,8 +15,9 @@ from .mlp import Mlp
 class Block(nn.Module):
     """Pre-LN transformer block (Xiong et al., 2020), or post-LN as in Vaswani et al. (2017).
 
-    With ``cross=True`` it is the decoder block of the original Transformer: causal self-attention,
-    then cross-attention to a memory, then the MLP; all three on the one attention core."""
+    With ``cross=True`` it is the decoder block of the original Transformer: self-attention (causal when the
+    caller passes ``is_causal``, as the decoder does), then cross-attention to a memory, then the MLP; all three
+    on the one attention core."""
 
     def __init__(
         self,

@@ -81,7 +81,8 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     def __init__(self, dirpath: str | os.PathLike | None = None, *args, save_last: bool = True,
                  enable_version_counter: bool = False, last_every_n_train_steps: int = 0, **kwargs) -> None:
         super().__init__(dirpath, *args, save_last=False, enable_version_counter=enable_version_counter, **kwargs)
-        self.keep_last = save_last  # written here, in the public hooks below, instead of by Lightning
+        self.keep_last = save_last  # written here, in the callback hooks below, instead of by Lightning
+        self.after_epoch = kwargs.get("save_on_train_epoch_end")
         self.last_every = [n for n in (last_every_n_train_steps, kwargs.get("every_n_train_steps")) if n and n > 0]
         self._last_written_step = -1
 
@@ -124,9 +125,22 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     # last.ckpt is written where Lightning writes its own checkpoints: after the epoch when validation ends
     # the epoch (so a resumed run starts the next epoch), after validation when it runs mid-epoch.
 
+    def saves_after_epoch(self, trainer: L.Trainer) -> bool:
+        """Whether checkpoints are written at the end of the training epoch rather than after validation:
+        Lightning's rule (``save_on_train_epoch_end``, else after the epoch when validation runs once per epoch
+        at its end, or not at all), from the trainer's public settings."""
+        if self.after_epoch is not None:
+            return self.after_epoch
+        if trainer.check_val_every_n_epoch != 1:
+            return False
+        val_batches = trainer.num_val_batches
+        if (sum(val_batches) if isinstance(val_batches, list) else val_batches) == 0:
+            return True
+        return trainer.val_check_interval == 1.0
+
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
-        if not self._should_save_on_train_epoch_end(trainer):
+        if not self.saves_after_epoch(trainer):
             self._write_last(trainer)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch,
@@ -137,7 +151,7 @@ class ModelCheckpoint(_LightningModelCheckpoint):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
-        if self._should_save_on_train_epoch_end(trainer):
+        if self.saves_after_epoch(trainer):
             self._write_last(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

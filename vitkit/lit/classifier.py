@@ -114,7 +114,7 @@ class ImageClassifier(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         keep_own_hparams(self)
-        if vitkit.models.family(model_name) == "seq2seq":
+        if vitkit.family(model_name) == "seq2seq":
             raise ValueError(f"{model_name!r} is an encoder-decoder preset; train it with "
                              "--model vitkit.lit.Seq2SeqModule (class_path: vitkit.lit.Seq2SeqModule in a config)")
         overrides = dict(model_overrides or {})

@@ -15,6 +15,8 @@ A config therefore names no paths, and ``--ckpt_path last`` finds the run's own 
 from __future__ import annotations
 
 import os
+import re
+import sys
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -25,6 +27,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from .. import recipes
 from ..checkpoints import CheckpointError
 from ..checkpoints.hub import MissingWeightsError
 from .callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
@@ -48,6 +51,31 @@ def _raised_by_vitkit(tb: TracebackType | None) -> bool:
     return tb is not None and tb.tb_frame.f_code.co_filename.startswith(PACKAGE_DIR)
 
 
+def with_recipes(args: list[str]) -> list[str]:
+    """``--config NAME`` (``--config=NAME``, ``-c NAME``) with a recipe's name instead of a path: the packaged
+    recipe's file. A value that is neither a file nor a recipe ends the command naming the recipes there are."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        flag, eq, value = arg.partition("=")
+        if flag not in ("--config", "-c"):
+            continue
+        if not eq:
+            if i + 1 >= len(out):
+                continue
+            value = out[i + 1]
+        if not re.fullmatch(r"[\w.-]+", value) or Path(value).exists():
+            continue  # a path, or config content given inline: jsonargparse reads it
+        resolved = recipes.resolve(value)
+        if resolved == value:
+            raise SystemExit(f"error: --config {value!r} is neither a file nor a recipe; the recipes are "
+                             f"{', '.join(recipes.list_recipes())} (`vitkit recipes` describes them)")
+        if eq:
+            out[i] = f"{flag}={resolved}"
+        else:
+            out[i + 1] = resolved
+    return out
+
+
 def user_error(e: BaseException) -> BaseException | None:
     """The error vitkit raised about the user's input (a checkpoint, weights, a preset, a data folder) inside
     ``e``: jsonargparse wraps whatever a class raises while it is built in a "Does not validate against any of
@@ -68,6 +96,10 @@ class VitkitCLI(LightningCLI):
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        if args is None:  # from the shell: LightningCLI reads sys.argv itself
+            sys.argv[1:] = with_recipes(sys.argv[1:])
+        else:
+            args = with_recipes(args)
         super().__init__(L.LightningModule, None, subclass_mode_model=True, subclass_mode_data=True,
                          trainer_defaults={"callbacks": [TrainingCurves()]}, args=args, run=run, **kwargs)
 

@@ -1,6 +1,6 @@
 """Training the encoder-decoder with Lightning: the recipe of Vaswani et al. (2017).
 
-Label-smoothed cross-entropy (0.1) that ignores pads, Adam (0.9, 0.98, eps 1e-9) and the paper's
+Label-smoothed cross-entropy (0.1) that ignores pads, AdamW (0.9, 0.98, eps 1e-9) and the paper's
 schedule: linear warmup, then decay with 1/sqrt(step). Validation and test report token accuracy, exact
 match of greedily decoded sequences and BLEU on the decoded text; predict returns the decoded text.
 """

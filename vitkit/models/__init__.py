@@ -1,11 +1,11 @@
 """Model families (plain PyTorch, no Lightning): ViT/DeiT, Swin, the Transformer encoder-decoder."""
 
 from .config import DataConfig
-from .registry import create_model, family, get_config, list_models
+from .registry import FAMILIES, find, list_models, preset_config
 from .seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
 from .vit import VIT_PRESETS, VisionTransformer, ViTConfig
 
 __all__ = ["DataConfig", "SEQ2SEQ_PRESETS", "SWIN_PRESETS", "Seq2SeqConfig", "Seq2SeqTransformer", "SwinConfig",
-           "SwinTransformer", "VIT_PRESETS", "ViTConfig", "VisionTransformer", "create_model", "family", "get_config",
-           "list_models"]
+           "SwinTransformer", "VIT_PRESETS", "ViTConfig", "VisionTransformer", "FAMILIES", "find", "list_models",
+           "preset_config"]

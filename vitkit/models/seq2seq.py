@@ -21,6 +21,8 @@ from torch import Tensor, nn
 
 from ..layers import AttnBackend, Block, KVCache, sinusoidal_1d
 from ..layers.attention import Attention, check_backend
+from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
+from .vit import VIT_PRESETS, VisionTransformer, ViTConfig
 
 PosEncoding = Literal["sinusoidal", "learned", "rope", "alibi"]
 
@@ -146,6 +148,18 @@ class DecoderState:
             c.reorder(index)
 
 
+def vision_encoder(name: str, **overrides: Any) -> nn.Module:
+    """The image encoder of an image-to-text model: a ViT or Swin preset without its classifier."""
+    for presets, cfg_cls, model_cls in ((VIT_PRESETS, ViTConfig, VisionTransformer),
+                                        (SWIN_PRESETS, SwinConfig, SwinTransformer)):
+        if name in presets:
+            net = model_cls(cfg_cls(**{**presets[name], **overrides, "num_classes": 0}))
+            net.name = name
+            return net
+    raise ValueError(f"vision_encoder {name!r} is not a ViT or Swin preset (vitkit.list_models('vit*'), "
+                     "vitkit.list_models('swin*'))")
+
+
 class Seq2SeqTransformer(nn.Module):
     """The original Transformer; with ``vision_encoder`` set, its decoder reads a ViT / Swin instead."""
 
@@ -157,9 +171,7 @@ class Seq2SeqTransformer(nn.Module):
                      norm_eps=cfg.norm_eps, num_kv_heads=cfg.num_kv_heads, attn_backend=cfg.attn_backend)
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, C, padding_idx=cfg.pad_id)
         if cfg.vision_encoder is not None:
-            from .registry import create_model
-
-            self.vision = create_model(cfg.vision_encoder, num_classes=0, **cfg.vision_overrides)
+            self.vision = vision_encoder(cfg.vision_encoder, **cfg.vision_overrides)
             memory_dim = self.vision.num_features
         else:
             self.src_embed = self.tgt_embed if cfg.share_embeddings else nn.Embedding(

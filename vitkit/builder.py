@@ -1,0 +1,173 @@
+"""``create_model``: a preset, a pretrained name or a weights file -> a model with its weights loaded.
+
+The builder sits above the preset table (``vitkit.models.registry``, names only) and the weights code
+(``vitkit.checkpoints``), as timm's ``_builder`` sits above its ``_registry``; neither of those imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from torch import nn
+
+from .checkpoints import hub
+from .checkpoints.files import WEIGHT_SUFFIXES
+from .checkpoints.load import Checkpoint, load_checkpoint, read_checkpoint
+from .models.config import pair
+from .models.features import FeatureNet
+from .models.registry import check_fields, find
+
+
+def preset_of(name: str) -> str:
+    """The preset behind a name: itself, or the preset of a timm tag ('vit_small_patch16_224.augreg_in1k'),
+    torchvision weights ('ViT_B_16_Weights.IMAGENET1K_V1') or a hub repo ('hf-hub:timm/...')."""
+    if name.startswith("hf-hub:") or hub.TV_WEIGHTS.match(name):
+        source = hub.resolve(name)
+        if source.preset:
+            return source.preset
+        ck = read_checkpoint(source.fetch())
+        if ck.model_name is None:
+            raise ValueError(f"{name}: the repo's config.json names no architecture")
+        return ck.model_name
+    return hub.split_tag(name)[0] if "." in name else name
+
+
+def family(name: str) -> str:
+    """'vit', 'swin' or 'seq2seq' for a preset name or a pretrained name."""
+    return find(preset_of(name))[0]
+
+
+def get_config(name: str, **overrides: Any):
+    """The config of preset ``name`` with any of its fields overridden by keyword. A pretrained name
+    (``vit_small_patch16_224.augreg_in1k``, ``ViT_B_16_Weights.IMAGENET1K_V1``) gives the config its
+    weights were trained with: their image size, classes, mean, std, crop_pct and interpolation."""
+    _, cfg_cls, _, preset = find(preset_of(name))
+    check_fields(name, cfg_cls, overrides)
+    weights = _weights_config(hub.resolve(name).config, preset) if "." in name and not name.startswith("hf-hub:") \
+        else {}
+    return cfg_cls(**{**preset, **weights, **overrides})
+
+
+def _weights_config(config: dict, preset: dict) -> dict:
+    """Config fields of a timm tag or torchvision weights, as overrides of the preset (no download)."""
+    config = dict(config)
+    if pair(config["img_size"]) == pair(preset.get("img_size", 224)):
+        del config["img_size"]  # the preset's own, as it wrote it
+    return config
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What ``create_model`` builds: the preset, its overrides, the weights to load and where they came from."""
+
+    name: str | None
+    overrides: dict[str, Any]
+    checkpoint: str | os.PathLike | None = None
+    source: hub.Pretrained | None = None
+    label_names: list[str] | None = None
+
+
+def _plan(name: str | None, pretrained: bool | str, checkpoint, overrides: dict[str, Any]) -> _Plan:
+    """Resolve a hub repo, a local folder, a file given as ``pretrained`` or a pretrained name."""
+    plan = _Plan(name, dict(overrides), checkpoint)
+    if name is not None and name.startswith("hf-hub:"):  # a hub repo with timm's config.json: a cached folder
+        plan.source = hub.resolve(name)
+        name = f"local-dir:{plan.source.fetch()}"
+    if name is not None and (name.startswith("local-dir:") or _is_path(name)):
+        folder, plan.name = name.removeprefix("local-dir:"), None
+        if pretrained:
+            plan.checkpoint = folder
+        else:  # the folder's config, random weights (timm's semantics)
+            ck = read_checkpoint(folder)
+            if ck.model_name is None:
+                raise ValueError(f"{folder} does not record which model it holds ({ck.format} format)")
+            plan.name, plan.overrides = ck.model_name, {**_recorded(ck, ck.model_name), **plan.overrides}
+    elif isinstance(pretrained, (str, os.PathLike)):
+        plan.checkpoint = pretrained
+    elif name is not None and (pretrained or "." in name):
+        plan.source = hub.resolve(name)
+        plan.name = plan.source.preset
+        plan.overrides = {**_weights_config(plan.source.config, find(plan.name)[3]), **plan.overrides}
+        plan.label_names = plan.source.label_names
+        if pretrained and checkpoint is None:  # an explicit checkpoint replaces the tag's weights
+            plan.checkpoint = plan.source.fetch()
+    return plan
+
+
+def _recorded(ck: Checkpoint, name: str) -> dict[str, Any]:
+    """The config fields a checkpoint records that apply to preset ``name``, and its class count (0 for a
+    backbone saved without a head: timm's ``num_classes=0``)."""
+    # settings recorded for another preset do not apply, except a transformers config: it describes the whole
+    # architecture, so it fits any preset of its family
+    applies = ck.model_name in (None, name) or ck.format.startswith("transformers")
+    fields = {f.name for f in dataclasses.fields(find(name)[1])}
+    recorded = {k: v for k, v in ck.overrides.items() if k in fields} if applies else {}
+    if "num_classes" not in recorded and ck.num_classes is not None and "num_classes" in fields:
+        recorded["num_classes"] = ck.num_classes
+    return recorded
+
+
+def create_model(name: str | None = None, *, pretrained: bool | str = False,
+                 checkpoint: str | os.PathLike | None = None, strict: bool = True, use_ema: bool = False,
+                 features_only: bool = False, out_indices: int | tuple[int, ...] | None = None,
+                 output_fmt: str | None = None, **overrides: Any) -> nn.Module:
+    """Build preset ``name`` (timm's naming), e.g. ``create_model("vit_small_patch16_224", num_classes=10)``.
+
+    Pretrained weights, as in timm:
+
+    - ``create_model("vit_base_patch16_224.augreg2_in21k_ft_in1k", pretrained=True)``: a timm tag (a bare
+      preset takes timm's default tag), from the Hugging Face cache, downloaded only when missing;
+    - ``create_model("ViT_B_16_Weights.IMAGENET1K_V1", pretrained=True)``: torchvision's, from torch hub's cache;
+    - ``create_model("hf-hub:timm/<repo>", pretrained=True)`` or ``"local-dir:/path/to/folder"``: a folder with
+      timm's config.json (a plain path works too);
+    - ``create_model("vit_small_patch16_224", pretrained="/path/to/weights.safetensors")``.
+
+    The weights' image size, classes, mean, std, crop_pct and interpolation become the config (a tag without
+    ``pretrained`` still takes them) and their label names ``model.class_names``. With ``checkpoint`` (a file
+    or folder of any format in :mod:`vitkit.checkpoints`) the weights are loaded too; settings the file
+    records are applied first, then ``overrides``, and ``name`` may be omitted. Without an explicit
+    ``num_classes`` the weights' classifier size is kept (``num_classes=0`` for a backbone saved without a
+    head); with another one a new head is made, and a checkpoint without a head leaves the new head at its
+    initialisation while every other tensor must still fit (``model.load_report`` says "head: new").
+
+    ``features_only=True`` returns a :class:`~vitkit.models.features.FeatureNet` of the stages (Swin) or
+    blocks (ViT) in ``out_indices``, as timm does: NHWC maps for Swin by default, NCHW for ViT."""
+    plan = _plan(name, pretrained, checkpoint, overrides)
+    ck = None
+    if plan.checkpoint is not None:
+        ck = read_checkpoint(plan.checkpoint, use_ema)
+        plan.name = plan.name or ck.model_name
+        if plan.name is None:
+            raise ValueError(f"{plan.checkpoint} does not record which model it holds ({ck.format} format); "
+                             "pass the preset name, e.g. create_model('vit_base_patch16_224', checkpoint=...)")
+        plan.overrides = {**_recorded(ck, plan.name), **plan.overrides}
+    if plan.name is None:
+        raise TypeError("create_model needs a preset name (or a checkpoint that records one)")
+    model = find(plan.name)[2](get_config(plan.name, **plan.overrides))
+    model.name = plan.name
+    model.class_names = plan.label_names
+    if ck is not None:
+        model.load_report = load_checkpoint(model, ck, strict=strict)
+        model.class_names = ck.class_names or plan.label_names
+    if model.class_names is not None and len(model.class_names) != getattr(model.cfg, "num_classes", None):
+        model.class_names = None  # a new head: the weights' labels no longer apply
+    if hasattr(model, "feature_info"):
+        model.pretrained_cfg = _pretrained_cfg(model, plan.source)
+    return FeatureNet(model, out_indices, output_fmt) if features_only else model
+
+
+def _is_path(name: str) -> bool:
+    """A name that is a file or folder on disk (a path, or a file name with a weights suffix), not a preset."""
+    return (os.sep in name or name.endswith(WEIGHT_SUFFIXES)) and os.path.exists(name)
+
+
+def _pretrained_cfg(model: nn.Module, source: hub.Pretrained | None) -> dict[str, Any]:
+    """timm's ``pretrained_cfg`` of a model: where its weights came from and how to prepare its input."""
+    cfg = model.cfg
+    out = dict(source.pretrained_cfg) if source is not None else {"architecture": model.name}
+    out.update(input_size=(cfg.in_chans, *pair(cfg.img_size)), mean=tuple(cfg.mean), std=tuple(cfg.std),
+               crop_pct=cfg.crop_pct, interpolation=cfg.interpolation, num_classes=cfg.num_classes,
+               first_conv="patch_embed.proj", classifier="head.fc" if hasattr(model.head, "fc") else "head")
+    return out
