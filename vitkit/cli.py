@@ -315,11 +315,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[:1] == ["bench"]:
         return bench(argv[1:])
+    args = parser().parse_args(argv)
+    return args.fn(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``vitkit`` command's parser (``train`` and ``bench`` pass their arguments on as they are)."""
     p = argparse.ArgumentParser(prog="vitkit", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 1)[1])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="LightningCLI, the same as `python train.py ...`")
     sub.add_parser("bench", help="img/s, GMACs, MFU and memory beside timm and torchvision (see `vitkit bench --help`)")
+    _model_commands(sub)
+    _data_and_plot_commands(sub)
+    return p
+
+
+def _model_commands(sub) -> None:
+    """predict, export, download, models."""
     s = sub.add_parser("predict", help="top-k classes for image files")
     s.add_argument("images", nargs="+")
     s.add_argument("--checkpoint", help="any format vitkit reads (a .ckpt keeps the class names)")
@@ -349,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("pattern", nargs="?", default="*")
     s.add_argument("--no-flops", action="store_true", help="skip counting GMACs")
     s.set_defaults(fn=models)
+
+
+def _data_and_plot_commands(sub) -> None:
+    """recipes, prepare-data, convert, attention-map, pos-embed."""
     s = sub.add_parser("recipes", help="the training recipes that ship with vitkit, one line each")
     s.set_defaults(fn=recipes)
     s = sub.add_parser("prepare-data", help="ImageNet-layout folders -> litdata shards for StreamingImageDataModule")
@@ -380,8 +397,6 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--overrides", default="{}", help=OVERRIDES)
     s.add_argument("-o", "--output", default="pos_embed.png")
     s.set_defaults(fn=pos_embed)
-    args = p.parse_args(argv)
-    return args.fn(args)
 
 
 if __name__ == "__main__":

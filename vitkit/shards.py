@@ -154,29 +154,7 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
     inputs = {s: _split_inputs(root, s, classes, seed) for s in present}
     started = {"format": FORMAT, "root": str(root), "classes": classes, "seed": seed,
                "files": {s: [rel for rel, _, _ in items] for s, items in inputs.items()}}
-    if overwrite and out.exists():
-        shutil.rmtree(out)
-    if (out / MARKER).exists():
-        raise FileExistsError(f"{out} already holds a complete converted dataset ({MARKER}); pass --overwrite to "
-                              "convert again, or choose another output folder")
-    if out.exists() and any(out.iterdir()):
-        if not (out / INPUTS).exists():
-            raise FileExistsError(f"{out} is not empty and was not started by prepare-data; choose an empty or new "
-                                  "folder, or pass --overwrite to delete what is there")
-        recorded_inputs = json.loads((out / INPUTS).read_text())
-        if recorded_inputs.get("format") != FORMAT:
-            raise FileExistsError(f"{out} holds an unfinished conversion by an earlier vitkit, which wrote the files "
-                                  "class after class; pass --overwrite to convert again in a shuffled order")
-        if {k: v for k, v in recorded_inputs.items() if k != "workers"} != started:
-            raise FileExistsError(f"{out} holds an unfinished conversion of other files (another root, classes, "
-                                  "file list or seed); pass --overwrite to start again, or choose another output "
-                                  "folder")
-        recorded = recorded_inputs.get("workers")
-        if workers not in (None, recorded):
-            log.warning("resuming with the %d workers the conversion started with (litdata's checkpoints are per "
-                        "worker), not %d", recorded, workers)
-        workers = recorded
-        log.info("resuming the unfinished conversion in %s", out)
+    workers = _check_output(out, started, workers, overwrite)
     workers = workers or os.cpu_count() or 1
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / INPUTS, {**started, "workers": workers})
@@ -209,6 +187,35 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
             log.warning("%s: %d unreadable file(s) left out; the full list is in %s", split, len(skipped), skipped_log)
     _write_json(out / MARKER, summary)  # last: from here on the dataset is complete
     return summary
+
+
+def _check_output(out: Path, started: dict[str, Any], workers: int | None, overwrite: bool) -> int | None:
+    """Refuse an output folder that a new conversion must not write into, before anything is written; an
+    unfinished conversion of the same files resumes with the worker count it started with (returned)."""
+    if overwrite and out.exists():
+        shutil.rmtree(out)
+    if (out / MARKER).exists():
+        raise FileExistsError(f"{out} already holds a complete converted dataset ({MARKER}); pass --overwrite to "
+                              "convert again, or choose another output folder")
+    if out.exists() and any(out.iterdir()):
+        if not (out / INPUTS).exists():
+            raise FileExistsError(f"{out} is not empty and was not started by prepare-data; choose an empty or new "
+                                  "folder, or pass --overwrite to delete what is there")
+        recorded_inputs = json.loads((out / INPUTS).read_text())
+        if recorded_inputs.get("format") != FORMAT:
+            raise FileExistsError(f"{out} holds an unfinished conversion by an earlier vitkit, which wrote the files "
+                                  "class after class; pass --overwrite to convert again in a shuffled order")
+        if {k: v for k, v in recorded_inputs.items() if k != "workers"} != started:
+            raise FileExistsError(f"{out} holds an unfinished conversion of other files (another root, classes, "
+                                  "file list or seed); pass --overwrite to start again, or choose another output "
+                                  "folder")
+        recorded = recorded_inputs.get("workers")
+        if workers not in (None, recorded):
+            log.warning("resuming with the %d workers the conversion started with (litdata's checkpoints are per "
+                        "worker), not %d", recorded, workers)
+        workers = recorded
+        log.info("resuming the unfinished conversion in %s", out)
+    return workers
 
 
 def _read_skipped(path: Path) -> list[tuple[str, str]]:

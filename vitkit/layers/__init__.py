@@ -1,14 +1,15 @@
 """Shared layers: the attention core and the blocks every vitkit model is built from."""
 
-from .attention import ATTN_BACKENDS, Attention, AttnBackend, KVCache, apply_rope
+from .attention import ATTN_BACKENDS, BACKENDS, Attention, AttnBackend, apply_rope
 from .block import Block
 from .drop import DropPath, drop_path_rates
+from .kv_cache import KVCache
 from .layer_scale import LayerScale
 from .mlp import Mlp
 from .patch_embed import PatchEmbed
 from .pos_embed import resample_abs_pos_embed, sincos_2d, sinusoidal_1d
 
 __all__ = [
-    "ATTN_BACKENDS", "Attention", "AttnBackend", "Block", "DropPath", "KVCache", "LayerScale", "Mlp",
+    "ATTN_BACKENDS", "Attention", "BACKENDS", "AttnBackend", "Block", "DropPath", "KVCache", "LayerScale", "Mlp",
     "PatchEmbed", "apply_rope", "drop_path_rates", "resample_abs_pos_embed", "sincos_2d", "sinusoidal_1d",
 ]

@@ -34,10 +34,8 @@ Backends (a config field stored on the module, never an environment variable):
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import os
-import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,39 +44,21 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from .flex import _warn_flex_fallback, _warn_flex_unsupported, flex, flex_runs_on_cpu
+from .kv_cache import KVCache
+from .masks import causal, fold, merge
 from .window import relative_position_index_on
 
 AttnBackend = Literal["sdpa", "math", "flex"]
-ATTN_BACKENDS: tuple[str, ...] = ("sdpa", "math", "flex")
 
-log = logging.getLogger(__name__)
-
-
-@functools.cache
-def _compiled_flex():
-    """flex_attention compiled once per process (the first compile takes ~15 s on CPU)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    # One compiled function serves every layer shape and mask kind of the process (Swin alone has
-    # several); past dynamo's default of 8 variants it would silently run the unfused fallback.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    return torch.compile(flex_attention, dynamic=False)
-
-
-@functools.cache
-def _warn_flex_fallback() -> None:
-    log.warning("attn_backend='flex' has no backward on CPU; using 'sdpa' for forwards that need gradients")
-
-
-@functools.cache
-def flex_runs_on_cpu() -> bool:
-    """Whether torch.compile can build flex attention for this CPU: it needs AVX2 or better (the kernels
-    ATen dispatches to, which ``ATEN_CPU_CAPABILITY`` may lower) and is not built on macOS."""
-    return torch.backends.cpu.get_cpu_capability().startswith("AVX") and sys.platform != "darwin"
+__all__ = ["ATTN_BACKENDS", "Attention", "AttnBackend", "BACKENDS", "KVCache", "apply_rope", "check_backend",
+           "cpu_has_bf16_matmul", "flex_runs_on_cpu"]
 
 
 @functools.cache
 def _detect_bf16_matmul() -> bool:
+    # torch.cpu has no public query for these (checked on torch 2.14.1; tests/layers/test_attention.py fails
+    # if they disappear)
     cpu = torch.cpu
     native = getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or \
         getattr(cpu, "_is_amx_tile_supported", lambda: False)()
@@ -94,57 +74,66 @@ def cpu_has_bf16_matmul() -> bool:
     return _detect_bf16_matmul()
 
 
-@functools.cache
-def _warn_flex_unsupported() -> None:
-    log.warning("attn_backend='flex' cannot be compiled for this CPU (it needs AVX2; capability %s); using 'sdpa'",
-                torch.backends.cpu.get_cpu_capability())
-
-
 def check_backend(backend: str) -> str:
     if backend not in ATTN_BACKENDS:
         raise ValueError(f"attn_backend must be one of {ATTN_BACKENDS}, got {backend!r}")
     return backend
 
 
-@dataclass
-class KVCache:
-    """Keys and values of past decoder steps, (B, Hkv, T, D) each; grown in place by one step per call.
-
-    ``window`` trims the cache to the last ``window`` positions (sliding-window attention).
-    ``static`` marks cross-attention memory K/V that are computed once and then reused.
-    """
-
-    k: Tensor | None = None
-    v: Tensor | None = None
-    window: int | None = None
-    static: bool = False
-    offset: int = 0  # absolute position of the first cached key (> 0 once the window trims)
-
-    @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[-2]
-
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.k is None:
-            self.k, self.v = k, v
-        else:
-            self.k, self.v = torch.cat([self.k, k], dim=-2), torch.cat([self.v, v], dim=-2)
-        if self.window is not None and self.k.shape[-2] > self.window:
-            drop = self.k.shape[-2] - self.window
-            self.k, self.v = self.k[..., drop:, :], self.v[..., drop:, :]
-            self.offset += drop
-        return self.k, self.v
-
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search)."""
-        if self.k is not None:
-            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
-
-
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate pairs (x[..., :D/2], x[..., D/2:]) by position angles; cos/sin are (N, D/2)."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+# -- backends: one function each, (module, q, k, v, call) -> (output (B·G, H, N, D), probabilities or None) -----
+
+@dataclass
+class _Call:
+    """What a backend needs besides q, k and v: the masks as given and as merged (``masks.merge``), sizes."""
+
+    bias: Tensor | None
+    attn_mask: Tensor | None
+    key_padding_mask: Tensor | None
+    is_causal: bool
+    mask: Tensor | None
+    keep: Tensor | None
+    B: int
+    G: int
+    N: int
+    M: int
+    dropout_p: float
+
+
+def _sdpa(attn: Attention, q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
+    mask = c.mask
+    use_causal_flag = c.is_causal and mask is None and c.N == c.M
+    if c.is_causal and not use_causal_flag and mask is None and c.N != 1:
+        mask = causal(c.N, c.M, q.device)
+    mask = None if mask is None else fold(mask, c.B, c.G, attn.num_heads, c.N, c.M)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=c.dropout_p, is_causal=use_causal_flag,
+                                       enable_gqa=k.shape[1] != q.shape[1])
+    return o, None
+
+
+def _explicit(attn: Attention, q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, Tensor]:
+    mask = causal(c.N, c.M, q.device) if c.is_causal and c.mask is None else c.mask
+    # queries whose every key is masked (softmax would give NaN); looked for only when there is a mask
+    dead = None
+    if c.keep is not None and (torch.compiler.is_compiling() or not bool(c.keep.any(dim=-1).all())):
+        dead = ~c.keep.any(dim=-1, keepdim=True)  # (B|1, G|1, H|1, N, 1)
+    return attn._math(q, k, v, mask, c.B, dead)
+
+
+def _flex(attn: Attention, q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
+    if c.dropout_p:
+        raise ValueError("attn_backend='flex' does not support attention dropout; use 'sdpa'")
+    return flex(q, k, v, scale=attn.scale, bias=c.bias, attn_mask=c.attn_mask, key_padding_mask=c.key_padding_mask,
+                is_causal=c.is_causal, B=c.B, G=c.G), None
+
+
+BACKENDS = {"sdpa": _sdpa, "math": _explicit, "flex": _flex}  # a new backend is one entry here
+ATTN_BACKENDS: tuple[str, ...] = tuple(BACKENDS)
 
 
 class Attention(nn.Module):
@@ -227,113 +216,62 @@ class Attention(nn.Module):
         """
         *lead, N, C = x.shape
         B, G = lead[0], math.prod(lead[1:])
-        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         x = x.reshape(B, G * N, C)
-        if self.cross:
-            q = rearrange(self.q(x), "b (g n) (h d) -> (b g) h n d", g=G, h=H)  # (B·G, H, N, D)
-            if cache is not None and cache.static and cache.k is not None:
-                k, v = cache.k, cache.v
-            else:
-                if memory is None:
-                    raise ValueError("cross-attention needs a memory tensor (B, M, C)")
-                k, v = self.project_kv(memory)  # (B, Hkv, M, D)
-                if cache is not None:
-                    cache.k, cache.v, cache.static = k, v, True
-            if G > 1:  # the same memory for every group
-                k, v = (t.unsqueeze(1).expand(B, G, *t.shape[1:]).reshape(B * G, *t.shape[1:]) for t in (k, v))
-        else:
-            qkv = self.qkv(x)  # (B, G·N, (H + 2·Hkv)·D)
-            q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
-            q = rearrange(q, "b (g n) (h d) -> (b g) h n d", g=G, h=H)  # (B·G, H, N, D), a view
-            k = rearrange(k, "b (g n) (h d) -> (b g) h n d", g=G, h=Hkv)  # (B·G, Hkv, N, D)
-            v = rearrange(v, "b (g n) (h d) -> (b g) h n d", g=G, h=Hkv)
-            if rope is not None:
-                q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (B, Hkv, T, D)
+        q, k, v = self._cross_qkv(x, memory, cache, B, G) if self.cross else self._self_qkv(x, rope, cache, G)
         M = k.shape[-2]
-        mask, keep = self._merge_masks(bias, attn_mask, key_padding_mask, is_causal, B, N, M, x.device)
-
-        backend = "math" if return_attn else self.backend
-        if backend == "sdpa" and q.dtype == torch.bfloat16 and q.device.type == "cpu" and cpu_has_bf16_matmul():
-            backend = "math"  # faster there than the CPU sdpa kernel, eager and compiled (see the module docstring)
-        if backend == "flex" and x.device.type == "cpu" and torch.is_grad_enabled() and x.requires_grad:
-            _warn_flex_fallback()
-            backend = "sdpa"
-        elif backend == "flex" and x.device.type == "cpu" and not flex_runs_on_cpu():
-            _warn_flex_unsupported()
-            backend = "sdpa"
-        dropout_p = self.attn_drop.p if self.training else 0.0
-        attn = None
-        if backend == "sdpa":
-            use_causal_flag = is_causal and mask is None and N == M
-            if is_causal and not use_causal_flag and mask is None and N != 1:
-                mask = self._causal(N, M, x.device)
-            mask = None if mask is None else self._fold(mask, B, G, H, N, M)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                               is_causal=use_causal_flag, enable_gqa=Hkv != H)
-        elif backend == "math":
-            if is_causal and mask is None:
-                mask = self._causal(N, M, x.device)
-            # queries whose every key is masked (softmax would give NaN); looked for only when there is a mask
-            dead = None
-            if keep is not None and (torch.compiler.is_compiling() or not bool(keep.any(dim=-1).all())):
-                dead = ~keep.any(dim=-1, keepdim=True)  # (B|1, G|1, H|1, N, 1)
-            o, attn = self._math(q, k, v, mask, B, dead)
-        else:
-            if dropout_p:
-                raise ValueError("attn_backend='flex' does not support attention dropout; use 'sdpa'")
-            o = self._flex(q, k, v, bias, attn_mask, key_padding_mask, is_causal, B, G)
+        mask, keep = merge(bias, attn_mask, key_padding_mask, is_causal, B, N, M, x.device)
+        call = _Call(bias, attn_mask, key_padding_mask, is_causal, mask, keep, B, G, N, M,
+                     dropout_p=self.attn_drop.p if self.training else 0.0)
+        o, attn = BACKENDS[self._backend_for(x, q, return_attn)](self, q, k, v, call)
         o = rearrange(o, "(b g) h n d -> b (g n) (h d)", g=G)  # (B, G·N, H·D)
         o = self.proj_drop(self.proj(o)).reshape(*lead, N, C)
         return (o, attn) if return_attn else o
 
-    # -- masks -------------------------------------------------------------------------------------
+    def _self_qkv(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: KVCache | None,
+                  G: int) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B·G, H, N, D), k and v (B·G, Hkv, M, D) from the fused projection of x (B, G·N, C)."""
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B, G·N, ·) each
+        q = rearrange(q, "b (g n) (h d) -> (b g) h n d", g=G, h=H)  # (B·G, H, N, D), a view
+        k = rearrange(k, "b (g n) (h d) -> (b g) h n d", g=G, h=Hkv)  # (B·G, Hkv, N, D)
+        v = rearrange(v, "b (g n) (h d) -> (b g) h n d", g=G, h=Hkv)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if cache is not None:
+            k, v = cache.append(k, v)  # (B, Hkv, T, D)
+        return q, k, v
 
-    @staticmethod
-    def _causal(N: int, M: int, device: torch.device) -> Tensor:
-        """(N, M) bool, query i sits at key position M - N + i (bottom-right aligned)."""
-        return torch.ones(N, M, dtype=torch.bool, device=device).tril(diagonal=M - N)
+    def _cross_qkv(self, x: Tensor, memory: Tensor | None, cache: KVCache | None, B: int,
+                   G: int) -> tuple[Tensor, Tensor, Tensor]:
+        """q from x (B, G·N, C); k and v from the memory (B, M, C_kv), or from the cache once it holds them."""
+        q = rearrange(self.q(x), "b (g n) (h d) -> (b g) h n d", g=G, h=self.num_heads)  # (B·G, H, N, D)
+        if cache is not None and cache.static and cache.k is not None:
+            k, v = cache.k, cache.v
+        else:
+            if memory is None:
+                raise ValueError("cross-attention needs a memory tensor (B, M, C)")
+            k, v = self.project_kv(memory)  # (B, Hkv, M, D)
+            if cache is not None:
+                cache.k, cache.v, cache.static = k, v, True
+        if G > 1:  # the same memory for every group
+            k, v = (t.unsqueeze(1).expand(B, G, *t.shape[1:]).reshape(B * G, *t.shape[1:]) for t in (k, v))
+        return q, k, v
 
-    @staticmethod
-    def _fold(t: Tensor, B: int, G: int, H: int, N: int, M: int) -> Tensor:
-        """(B, H, N, M)- or (B, G, H, N, M)-broadcastable -> (B·G|1, H|1, N, M) for the folded batch.
+    def _backend_for(self, x: Tensor, q: Tensor, return_attn: bool) -> str:
+        """The module's backend, or the one that runs in its place here (see the module docstring)."""
+        backend = "math" if return_attn else self.backend
+        cpu = x.device.type == "cpu"
+        if backend == "sdpa" and cpu and q.dtype == torch.bfloat16 and cpu_has_bf16_matmul():
+            return "math"  # faster there than the CPU sdpa kernel, eager and compiled (see the module docstring)
+        if backend == "flex" and cpu and torch.is_grad_enabled() and x.requires_grad:
+            _warn_flex_fallback()
+            return "sdpa"
+        if backend == "flex" and cpu and not flex_runs_on_cpu():
+            _warn_flex_unsupported()
+            return "sdpa"
+        return backend
 
-        Stays a broadcast view unless it varies with the group; then it is expanded to B·G rows."""
-        t = Attention._unfold(t)
-        b, g, h = t.shape[:3]
-        if G == 1 or (g == 1 and b == 1):
-            return t.reshape(b, h, *t.shape[-2:])
-        return t.expand(B, G, h, *t.shape[-2:]).reshape(B * G, h, *t.shape[-2:])
-
-    def _merge_masks(self, bias, attn_mask, key_padding_mask, is_causal, B, N, M, device) -> tuple:
-        """(one mask, the boolean part of it): the mask is float if there is a bias (masked entries -inf),
-        else bool (True = attend), else None; both broadcastable to (B, G, H, N, M), not yet folded.
-
-        Plain causal attention is left to the kernel's own flag, which keeps flash eligible."""
-        keep = None
-        if attn_mask is not None:
-            keep = self._unfold(attn_mask)
-        if key_padding_mask is not None:
-            if key_padding_mask.shape != (B, M):
-                raise ValueError(f"key_padding_mask must have shape (B, M) = {(B, M)}, "
-                                 f"got {tuple(key_padding_mask.shape)}")
-            pad = ~key_padding_mask[:, None, None, None, :]  # (B, 1, 1, 1, M)
-            keep = pad if keep is None else keep & pad
-        if is_causal and (keep is not None or bias is not None):
-            causal = self._causal(N, M, device)
-            keep = causal if keep is None else keep & causal
-        if bias is None:
-            return keep, keep
-        bias = self._unfold(bias)
-        return (bias if keep is None else bias.masked_fill(~keep, float("-inf"))), keep
-
-    @staticmethod
-    def _unfold(t: Tensor) -> Tensor:
-        """A (B, H, N, M)-broadcastable mask with a group axis added; (B, G, H, N, M) ones pass as they are."""
-        return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).unsqueeze(1) if t.dim() <= 4 else t
-
-    # -- backends ----------------------------------------------------------------------------------
+    # -- the explicit path ----------------------------------------------------------------------------------
 
     def _math(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, B: int,
               dead: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -355,40 +293,3 @@ class Attention(nn.Module):
         if dead is not None:
             attn = attn.view(B, -1, *attn.shape[1:]).masked_fill(dead, 0.0).flatten(0, 1)
         return self.attn_drop(attn) @ v, attn
-
-    def _flex(self, q, k, v, bias, attn_mask, key_padding_mask, is_causal, B, G) -> Tensor:
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        H, (N, M) = self.num_heads, (q.shape[-2], k.shape[-2])
-        score_mod = None
-        if bias is not None:
-            fb = self._fold(bias, B, G, H, N, M)
-            bb, bh = fb.shape[0] > 1, fb.shape[1] > 1
-
-            def score_mod(score, b, h, qi, ki):
-                return score + fb[b if bb else 0, h if bh else 0, qi, ki]
-
-        conds = []
-        if attn_mask is not None:
-            fm = self._fold(attn_mask, B, G, H, N, M)
-            mb, mh = fm.shape[0] > 1, fm.shape[1] > 1
-            conds.append(lambda b, h, qi, ki: fm[b if mb else 0, h if mh else 0, qi, ki])
-        if key_padding_mask is not None:
-            keep_k = self._fold(~key_padding_mask[:, None, None, None, :], B, G, H, N, M)[:, 0, 0]  # (B·G, M)
-            conds.append(lambda b, h, qi, ki: keep_k[b, ki])
-        if is_causal:
-            conds.append(lambda b, h, qi, ki: qi + (M - N) >= ki)
-        block_mask = None
-        if conds:
-            def mask_mod(b, h, qi, ki):
-                ok = conds[0](b, h, qi, ki)
-                for c in conds[1:]:
-                    ok = ok & c(b, h, qi, ki)
-                return ok
-
-            per_b = key_padding_mask is not None or (attn_mask is not None and mb)
-            per_h = attn_mask is not None and mh
-            block_mask = create_block_mask(mask_mod, q.shape[0] if per_b else None, q.shape[1] if per_h else None,
-                                           N, M, device=q.device)
-        return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=self.scale,
-                                enable_gqa=k.shape[1] != q.shape[1])

@@ -6,8 +6,9 @@ from typing import Literal
 
 from torch import Tensor, nn
 
-from .attention import Attention, AttnBackend, KVCache
+from .attention import Attention, AttnBackend
 from .drop import DropPath
+from .kv_cache import KVCache
 from .layer_scale import LayerScale
 from .mlp import Mlp
 

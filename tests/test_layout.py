@@ -1,0 +1,24 @@
+"""The size rules of the house (../shared/STYLE.md): no function over 60 lines, files in layers/ under about 300
+lines and in models/ under about 500. A file past that holds two concepts."""
+
+import ast
+from pathlib import Path
+
+import vitkit
+
+PACKAGE = Path(vitkit.__file__).resolve().parent
+FILE_LIMITS = {"layers": 300, "models": 500}
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = [f"{p.relative_to(PACKAGE)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for p in sorted(PACKAGE.rglob("*.py")) for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
+    assert not long, long
+
+
+def test_layer_and_model_files_stay_small():
+    big = [f"{p.relative_to(PACKAGE)} ({len(p.read_text().splitlines())} lines, limit {limit})"
+           for room, limit in FILE_LIMITS.items() for p in sorted((PACKAGE / room).glob("*.py"))
+           if len(p.read_text().splitlines()) > limit]
+    assert not big, big
