@@ -134,6 +134,8 @@ def _tracing(model: nn.Module, dynamic_size: bool):
     reasoning keeps export from specialising them to the example's value (the graph is right for 1 too)."""
     import contextlib
 
+    # size-oblivious tracing has no public switch (checked on torch 2.14.1; tests/layers/test_attention.py fails
+    # if it disappears, and older torch gets the ExportError below)
     import torch.fx.experimental._config as fx_config
 
     if dynamic_size and _is_swin(model):

@@ -211,8 +211,11 @@ def test_bf16_on_cpu_matches_float32_with_either_kernel(native_bf16, monkeypatch
 
 def test_the_private_torch_names_the_core_relies_on_still_exist():
     """No public API exists for these (checked on torch 2.14.1); if one disappears this fails, not a silent
-    fallback: flex's compiled-variant limit, and the CPU's native bf16 matmul support."""
+    fallback: flex's compiled-variant limit, the CPU's native bf16 matmul support, size-oblivious export."""
     import torch
 
     assert isinstance(torch._dynamo.config.recompile_limit, int)
     assert callable(torch.cpu._is_avx512_bf16_supported) and callable(torch.cpu._is_amx_tile_supported)
+    import torch.fx.experimental._config as fx_config  # Swin's dynamic-size export
+
+    assert hasattr(fx_config, "backed_size_oblivious")

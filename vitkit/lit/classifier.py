@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
 from torch import Tensor, nn
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitkit
@@ -44,7 +45,7 @@ class EMA(nn.Module):
         ema = list(self.module.state_dict().values())
         live = list(model.state_dict().values())
         floats = [(e, m) for e, m in zip(ema, live, strict=True) if e.is_floating_point()]
-        torch._foreach_lerp_([e for e, _ in floats], [m.detach() for _, m in floats], 1.0 - self.decay)
+        get_ema_multi_avg_fn(self.decay)([e for e, _ in floats], [m.detach() for _, m in floats], None)
         self.updates += 1
 
     def forward(self, x: Tensor) -> Tensor:
