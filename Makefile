@@ -32,7 +32,7 @@ fuzz: .venv
 	$(PY) -m pytest -q -m fuzz $(PYTEST_ARGS)
 
 bench: .venv
-	$(PY) -m vitkit.bench
+	$(PY) -m vitkit.tools.bench
 
 lint: .venv
 	$(PY) -m ruff check vitkit tests benchmarks train.py

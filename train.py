@@ -5,7 +5,7 @@
     python train.py fit --config configs/vit_tiny_digits.yaml --ckpt_path last      # resume
 """
 
-from vitkit.lit.cli import cli_main
+from vitkit.lit.lightning_cli import cli_main
 
 if __name__ == "__main__":
     cli_main()

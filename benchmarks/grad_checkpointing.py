@@ -39,7 +39,7 @@ def saved_activations_mib(model: torch.nn.Module, x: torch.Tensor) -> float:
 
 
 def peak_rss_mib(library: str, model: str, batch: int, grad_ckpt: bool) -> float:
-    cmd = [sys.executable, "-m", "vitkit.bench", "--_mem-probe", library, "--models", model, "--mode", "train",
+    cmd = [sys.executable, "-m", "vitkit.tools.bench", "--_mem-probe", library, "--models", model, "--mode", "train",
            "--batch-sizes", str(batch), "--peers", library] + (["--grad-checkpointing"] if grad_ckpt else [])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
     return float(out.stdout.strip().splitlines()[-1])

@@ -10,7 +10,7 @@ import torch
 
 import vitkit
 from vitkit import family
-from vitkit.export import ExportError, OnnxModel, export_onnx, export_program, min_size
+from vitkit.tools.export import ExportError, OnnxModel, export_onnx, export_program, min_size
 
 pytest.importorskip("onnxruntime")
 
@@ -151,7 +151,7 @@ def test_export_then_predict_onnx_prints_the_pytorch_top_k(tmp_path, capsys):
 
 
 def test_onnxruntime_peer_in_the_benchmark_runs_vitkits_export():
-    from vitkit.bench import OnnxRuntimeModule
+    from vitkit.tools.bench import OnnxRuntimeModule
 
     ort_net = OnnxRuntimeModule("vit_tiny_patch16_224", depth=1, img_size=64)
     x = torch.randn(2, 3, 64, 64)

@@ -7,7 +7,7 @@
     vitkit download vit_base_patch16_224.augreg2_in21k_ft_in1k Swin_T_Weights.IMAGENET1K_V1
     vitkit models 'swin*'
     vitkit prepare-data ~/data/imagenet ~/data/imagenet-shards   # ImageNet folders -> litdata shards
-    vitkit bench --models vit_base_patch16_224 --peers timm       # throughput beside timm (vitkit/bench.py)
+    vitkit bench --models vit_base_patch16_224 --peers timm       # throughput beside timm (vitkit/tools/bench.py)
     vitkit convert vit_b_16.pth export/ --model vit_base_patch16_224
     vitkit export runs/.../best.ckpt -o model.onnx                # ONNX, checked in onnxruntime
     vitkit predict cat.jpg --onnx model.onnx
@@ -78,7 +78,7 @@ def _onnx_classifier(path: str):
     from PIL import Image, UnidentifiedImageError
 
     try:
-        from vitkit.export import OnnxModel
+        from vitkit.tools.export import OnnxModel
         model = OnnxModel(path)
     except ImportError as e:
         raise SystemExit(f"error: --onnx needs onnxruntime ({e}); pip install 'vitkit[export]'") from None
@@ -128,7 +128,7 @@ def predict(args: argparse.Namespace) -> int:
 def export(args: argparse.Namespace) -> int:
     """A preset, a tag or any checkpoint -> ONNX (checked in onnxruntime) or a torch.export program."""
     import vitkit
-    from vitkit.export import ExportError, export_onnx, export_program
+    from vitkit.tools.export import ExportError, export_onnx, export_program
 
     overrides = json.loads(args.overrides)
     if args.img_size:
@@ -190,8 +190,8 @@ def download(args: argparse.Namespace) -> int:
 
 def models(args: argparse.Namespace) -> int:
     import vitkit
-    from vitkit.flops import count_gmacs_of
     from vitkit.models.config import pair
+    from vitkit.tools.flops import count_gmacs_of
 
     rows = []
     for name in vitkit.list_models(args.pattern):
@@ -218,7 +218,7 @@ def models(args: argparse.Namespace) -> int:
 
 
 def bench(rest: list[str]) -> int:
-    from vitkit.bench import main as bench_main
+    from vitkit.tools.bench import main as bench_main
 
     bench_main(rest)
     return 0
@@ -244,7 +244,7 @@ def convert(args: argparse.Namespace) -> int:
 
 
 def attention_map(args: argparse.Namespace) -> int:
-    from .plots import attention_rollout, overlay, swin_window_attention
+    from .tools.plots import attention_rollout, overlay, swin_window_attention
 
     net = _load(args)
     x, shown = _image(args.image, net.cfg)
@@ -263,7 +263,7 @@ def attention_map(args: argparse.Namespace) -> int:
 def pos_embed(args: argparse.Namespace) -> int:
     import vitkit
 
-    from .plots import pos_embed_similarity
+    from .tools.plots import pos_embed_similarity
 
     net = _load(args)
     if not hasattr(net, "pos_embed"):
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     from_shell = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # everything after `train` belongs to LightningCLI
-        from vitkit.lit.cli import cli_main
+        from vitkit.lit.lightning_cli import cli_main
 
         if from_shell:  # LightningCLI reads sys.argv itself, and names the program `vitkit train` in --help
             sys.argv = [f"{Path(sys.argv[0]).name} train", *argv[1:]]

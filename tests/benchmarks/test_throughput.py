@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from vitkit import bench as throughput
+from vitkit.tools import bench as throughput
 
 
 def test_smoke_run_writes_csv_json_markdown_and_chart(tmp_path):
@@ -32,7 +32,7 @@ def test_smoke_run_writes_csv_json_markdown_and_chart(tmp_path):
 @pytest.mark.parametrize("name,published", [("vit_base_patch16_224", 17.58), ("swin_tiny_patch4_window7_224", 4.51)])
 def test_gmacs_match_published_counts(name, published):
     import vitkit
-    from vitkit.flops import count_gmacs
+    from vitkit.tools.flops import count_gmacs
 
     gmacs = count_gmacs(vitkit.create_model(name))
     assert abs(gmacs - published) / published < 0.03, gmacs

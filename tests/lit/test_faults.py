@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitkit.lit.cli import cli_main
+from vitkit.lit.lightning_cli import cli_main
 
 from .conftest import ROOT, TINY_VIT, run_in_repo
 

@@ -15,7 +15,7 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from sklearn.datasets import load_digits
 
-from vitkit.lit.cli import cli_main
+from vitkit.lit.lightning_cli import cli_main
 
 from .conftest import ROOT
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vitkit.lit import Seq2SeqModule
-from vitkit.lit.cli import cli_main
+from vitkit.lit.lightning_cli import cli_main
 from vitkit.lit.text_data import Tokenizer, read_tsv
 
 from .conftest import ROOT

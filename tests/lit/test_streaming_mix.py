@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 from sklearn.datasets import load_digits
 
 from vitkit.lit import StreamingImageDataModule
-from vitkit.lit.cli import cli_main
+from vitkit.lit.lightning_cli import cli_main
 from vitkit.shards import MARKER, prepare_data
 
 from .conftest import ROOT, _solid

@@ -12,7 +12,7 @@ import yaml
 
 import vitkit
 from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule
-from vitkit.lit.cli import cli_main
+from vitkit.lit.lightning_cli import cli_main
 
 from ..hub_cache import cache_weights, use_offline_cache
 from .conftest import ROOT, TINY_VIT, run_in_repo

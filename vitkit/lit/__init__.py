@@ -2,8 +2,8 @@
 
 from .callbacks import AtomicCheckpointIO, CSVLogger, ModelCheckpoint, TrainingCurves
 from .classifier import EMA, ImageClassifier
-from .cli import VitkitCLI, cli_main
 from .data import DigitsDataModule, ImageFolderDataModule
+from .lightning_cli import VitkitCLI, cli_main
 from .seq2seq import Seq2SeqModule
 from .text_data import OcrDigitsDataModule, Seq2SeqDataModule, Tokenizer
 

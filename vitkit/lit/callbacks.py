@@ -174,7 +174,7 @@ class TrainingCurves(Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or trainer.fast_dev_run:
             return
-        from vitkit.plots import training_curves
+        from vitkit.tools.plots import training_curves
 
         for logger in trainer.loggers:
             if isinstance(logger, _LightningCSVLogger):

@@ -33,8 +33,8 @@ from torch import nn
 
 import vitkit
 from vitkit.checkpoints.hub import TORCHVISION_MODELS
-from vitkit.flops import count_gmacs_of, count_params
 from vitkit.models.config import pair
+from vitkit.tools.flops import count_gmacs_of, count_params
 
 # vitkit preset -> torchvision builder name, for the architectures torchvision has
 TORCHVISION = {preset: builder for builder, preset in TORCHVISION_MODELS.items()}
@@ -83,7 +83,7 @@ class OnnxRuntimeModule(nn.Module):
         super().__init__()
         import tempfile
 
-        from vitkit.export import OnnxModel, export_onnx
+        from vitkit.tools.export import OnnxModel, export_onnx
 
         self._dir = tempfile.TemporaryDirectory()
         path = Path(self._dir.name) / f"{name}.onnx"
@@ -193,7 +193,7 @@ def peak_mem_mb(e: Entry, args, device: torch.device) -> float:
         e.step()
         sync(device)
         return torch.cuda.max_memory_allocated(device) / 2**20
-    cmd = [sys.executable, "-m", "vitkit.bench", "--_mem-probe", e.library, "--models", e.model, "--mode", e.mode,
+    cmd = [sys.executable, "-m", "vitkit.tools.bench", "--_mem-probe", e.library, "--models", e.model, "--mode", e.mode,
            "--batch-sizes", str(e.batch_size), "--precision", args.precision, "--attn-backend", args.attn_backend,
            "--peers", e.library] + (["--grad-checkpointing"] if args.grad_checkpointing else [])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

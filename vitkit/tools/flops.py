@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from .models.config import pair
+from ..models.config import pair
 
 
 def count_gmacs_of(factory: Callable[[], nn.Module], input_shape: tuple[int, ...], train: bool = False) -> float:
