@@ -31,10 +31,12 @@ def list_recipes() -> dict[str, str]:
     return out
 
 
-def resolve(config: str) -> str:
-    """A ``--config`` value as a file: a path that exists as it is, else a recipe's name (``vit_tiny_digits`` or
-    ``vit_tiny_digits.yaml``). Anything else is returned unchanged, for the CLI to report."""
-    if Path(config).exists() or not re.fullmatch(r"[\w.-]+", config):
-        return config
-    path = recipes_dir() / (config if config.endswith((".yaml", ".yml")) else f"{config}.yaml")
-    return str(path) if path.is_file() else config
+def is_name(config: str) -> bool:
+    """Whether a ``--config`` value is a bare name to look up (not a file that exists, a path or inline content)."""
+    return re.fullmatch(r"[\w.-]+", config) is not None and not Path(config).exists()
+
+
+def find(name: str) -> Path | None:
+    """The file of recipe ``name`` (``vit_tiny_digits`` or ``vit_tiny_digits.yaml``), or None."""
+    path = recipes_dir() / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    return path if path.is_file() else None

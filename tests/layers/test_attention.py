@@ -9,6 +9,7 @@ from torch.testing import assert_close
 
 from tests.backends import needs_flex
 from vitkit.layers import Attention, Block, KVCache
+from vitkit.layers.window import relative_position_bias
 
 B, N, M, C, H = 2, 12, 7, 32, 4
 
@@ -196,13 +197,13 @@ def test_bf16_on_cpu_matches_float32_with_either_kernel(native_bf16, monkeypatch
     torch.manual_seed(0)
     attn = Attention(32, 4, rel_pos_window=(4, 4))
     x = torch.randn(2, 3, 16, 32)  # (B, G, N, C)
-    bias = attn.relative_position_bias((4, 4))[None, None]  # (1, 1, H, N, N)
+    bias = relative_position_bias(attn, (4, 4))[None, None]  # (1, 1, H, N, N)
     mask = torch.rand(1, 3, 1, 16, 16) > 0.3
     mask[0, 1, 0, 5] = False  # query 5 of group 1 may attend to nothing
     ref = attn(x, bias=bias, attn_mask=mask)
     lo = attn.to(torch.bfloat16)
     xb = x.bfloat16().requires_grad_()
-    out = lo(xb, bias=lo.relative_position_bias((4, 4))[None, None], attn_mask=mask)
+    out = lo(xb, bias=relative_position_bias(lo, (4, 4))[None, None], attn_mask=mask)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     assert_close(out.float(), ref, atol=5e-2, rtol=5e-2)
     out.float().sum().backward()

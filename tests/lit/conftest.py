@@ -34,6 +34,21 @@ def image_folder(tmp_path_factory) -> Path:
     return root
 
 
+def write_few_shot_digits(root: Path) -> Path:
+    """8 training and 40 validation images per class (digits 0-2, as 40x40 PNGs), so that a fine-tuned and a
+    scratch model are told apart by more than a handful of validation images."""
+    digits = load_digits()
+    for split, start, n in (("train", 0, 8), ("val", 900, 40)):
+        for cls in (0, 1, 2):
+            d = root / split / f"class_{cls}"
+            d.mkdir(parents=True)
+            idx = np.flatnonzero(digits.target == cls)
+            for i in idx[idx >= start][:n]:
+                Image.fromarray((digits.images[i] * 15).astype(np.uint8)).resize((40, 40)).convert("RGB").save(
+                    d / f"{i}.png")
+    return root
+
+
 N_TRAIN, N_VAL = 75, 12  # the streaming tests' folder of solid images
 
 

@@ -13,11 +13,10 @@ import timm
 import torch
 from PIL import Image
 from safetensors.torch import load_file, save_file
-from sklearn.datasets import load_digits
 
 from vitkit.lit.lightning_cli import cli_main
 
-from .conftest import ROOT
+from .conftest import ROOT, write_few_shot_digits
 
 # What each family's digits recipe trains, and the preset and overrides timm builds the same model from.
 FAMILIES = {
@@ -50,20 +49,6 @@ def pretrain_backbone(family: str, out: Path, seed: int = 0) -> Path:
     return path
 
 
-def few_shot_folder(root: Path) -> Path:
-    """8 training and 40 validation digits per class for 0, 1 and 2, as 40x40 PNGs: another task, another size."""
-    digits = load_digits()
-    for split, start, n in (("train", 0, 8), ("val", 900, 40)):
-        for cls in (0, 1, 2):
-            d = root / split / f"class_{cls}"
-            d.mkdir(parents=True)
-            idx = np.flatnonzero(digits.target == cls)
-            for i in idx[idx >= start][:n]:
-                Image.fromarray((digits.images[i] * 15).astype(np.uint8)).resize((40, 40)).convert("RGB").save(
-                    d / f"{i}.png")
-    return root
-
-
 def fine_tune(family: str, data: Path, root: Path, checkpoint: Path | None, freeze: bool, seed: int = 0):
     config, preset, overrides = FAMILIES[family]
     source = ["--model.checkpoint", str(checkpoint)] if checkpoint else []
@@ -91,7 +76,7 @@ def fine_tune_start(family: str, path: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def backbones(tmp_path_factory) -> tuple[dict[str, Path], Path]:
     out = tmp_path_factory.mktemp("headless")
-    return {f: pretrain_backbone(f, out) for f in FAMILIES}, few_shot_folder(out / "few_shot")
+    return {f: pretrain_backbone(f, out) for f in FAMILIES}, write_few_shot_digits(out / "few_shot")
 
 
 @pytest.mark.timeout(600)

@@ -15,7 +15,7 @@ from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule
 from vitkit.lit.lightning_cli import cli_main
 
 from ..hub_cache import cache_weights, use_offline_cache
-from .conftest import ROOT, TINY_VIT, run_in_repo
+from .conftest import ROOT, TINY_VIT, run_in_repo, write_few_shot_digits
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 CLASSIFIER_CONFIGS = [c for c in CONFIGS if not c.name.startswith(("seq2seq", "transformer", "ocr"))]
@@ -217,22 +217,7 @@ def test_lightning_checkpoint_loads_without_lightning(digits_run):
 
 @pytest.fixture(scope="module")
 def few_shot_folder(tmp_path_factory) -> Path:
-    """8 training and 40 validation images per class (digits 0-2, as PNG), so that a fine-tuned and a
-    scratch model are told apart by more than a handful of validation images."""
-    from PIL import Image
-    from sklearn.datasets import load_digits
-
-    root = tmp_path_factory.mktemp("few_shot")
-    digits = load_digits()
-    for split, start, n in (("train", 0, 8), ("val", 900, 40)):
-        for cls in (0, 1, 2):
-            d = root / split / f"class_{cls}"
-            d.mkdir(parents=True)
-            idx = np.flatnonzero(digits.target == cls)
-            for i in idx[idx >= start][:n]:
-                Image.fromarray((digits.images[i] * 15).astype(np.uint8)).resize((40, 40)).convert("RGB").save(
-                    d / f"{i}.png")
-    return root
+    return write_few_shot_digits(tmp_path_factory.mktemp("few_shot"))
 
 
 def fine_tune_args(root: Path, data: Path, *extra: str) -> list[str]:

@@ -10,6 +10,7 @@ from tests.backends import BACKENDS, compiled_training_step_matches_eager
 from vitkit.layers import Attention
 from vitkit.layers.window import (
     WindowPlan,
+    relative_position_bias,
     relative_position_index,
     shifted_window_mask,
     window_partition,
@@ -97,7 +98,7 @@ def test_shifted_window_regions_get_exactly_zero_attention():
     pos = torch.arange(H * W).view(1, H, W, 1)
     pos_w = plan.partition(pos)[0, :, :, 0]  # (nW, N): original position of each windowed token
     x = plan.partition(torch.randn(1, H, W, 16))
-    _, p = attn(x, bias=attn.relative_position_bias(plan.window)[None, None], attn_mask=plan.mask(x.device),
+    _, p = attn(x, bias=relative_position_bias(attn, plan.window)[None, None], attn_mask=plan.mask(x.device),
                 return_attn=True)
     p = p.view(4, 2, 16, 16)  # (nW, heads, N, N)
     r, c = pos_w // W, pos_w % W
@@ -153,7 +154,7 @@ def test_padding_does_not_leak_into_real_tokens():
     plan = WindowPlan.make(14, 14, (4, 4), shifted=False)
     assert plan.padded == (16, 16)
     windows = plan.partition(x)  # (1, 16, 16, 16)
-    bias = blk.attn.relative_position_bias(plan.window)  # (heads, N, N)
+    bias = relative_position_bias(blk.attn, plan.window)  # (heads, N, N)
     with torch.no_grad():
         out = blk(windows, bias=bias[None, None], attn_mask=plan.mask(x.device))
         real = torch.tensor([0, 1, 4, 5])  # the corner window holds rows 12-13, cols 12-13 of the map

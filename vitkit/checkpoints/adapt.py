@@ -24,7 +24,7 @@ def adapt_input_conv(weight: Tensor, in_chans: int) -> Tensor:
     return w.to(dtype)
 
 
-def _head_keys(model: nn.Module) -> set[str]:
+def head_keys(model: nn.Module) -> set[str]:
     """The classifier's parameter names: ``head.*`` (ViT) or ``head.fc.*`` (Swin)."""
     return {k for k in model.state_dict() if k.startswith("head.")}
 
@@ -41,7 +41,7 @@ def adapt(sd: dict[str, Tensor], model: nn.Module) -> tuple[dict[str, Tensor], l
     target = model.state_dict()
     sd, notes = dict(sd), []
     cfg = getattr(model, "cfg", None)
-    heads = _head_keys(model)
+    heads = head_keys(model)
     if heads and headless(sd):
         notes.append("head: new (not in the checkpoint)")
     for k, v in list(sd.items()):

@@ -12,7 +12,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..models.registry import preset_config
-from .adapt import adapt, headless
+from .adapt import adapt, head_keys, headless
 from .files import CheckpointError, read_file, resolve, write_json, write_safetensors
 from .formats import to_vitkit, unwrap
 
@@ -172,7 +172,7 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint
     target = model.state_dict()
     fresh = {k for k in ck.state_dict if k in target and k not in sd}  # classifier re-initialised by adapt
     if headless(ck.state_dict):  # a backbone: the model's classifier is new, every other tensor must be there
-        fresh |= {k for k in target if k.startswith("head.")}
+        fresh |= head_keys(model)
     report = LoadReport(ck.path, ck.format, getattr(model, "name", type(model).__name__), adapted,
                         missing=[k for k in target if k not in sd and k not in fresh],
                         unexpected=[k for k in sd if k not in target],

@@ -1,13 +1,13 @@
 """Shared layers: the attention core and the blocks every vitkit model is built from."""
 
-from .attention import ATTN_BACKENDS, BACKENDS, Attention, AttnBackend, apply_rope
+from .attention import ATTN_BACKENDS, BACKENDS, Attention, AttnBackend
 from .block import Block
 from .drop import DropPath, drop_path_rates
 from .kv_cache import KVCache
 from .layer_scale import LayerScale
 from .mlp import Mlp
 from .patch_embed import PatchEmbed
-from .pos_embed import resample_abs_pos_embed, sincos_2d, sinusoidal_1d
+from .pos_embed import apply_rope, resample_abs_pos_embed, sincos_2d, sinusoidal_1d
 
 __all__ = [
     "ATTN_BACKENDS", "Attention", "BACKENDS", "AttnBackend", "Block", "DropPath", "KVCache", "LayerScale", "Mlp",

@@ -33,9 +33,7 @@ Backends (a config field stored on the module, never an environment variable):
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -44,46 +42,18 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .flex import _warn_flex_fallback, _warn_flex_unsupported, flex, flex_runs_on_cpu
+from .kernels import _compiled_flex, _warn_flex_fallback, _warn_flex_unsupported, cpu_has_bf16_matmul, flex_runs_on_cpu
 from .kv_cache import KVCache
 from .masks import causal, fold, merge
-from .window import relative_position_index_on
+from .pos_embed import apply_rope
 
 AttnBackend = Literal["sdpa", "math", "flex"]
-
-__all__ = ["ATTN_BACKENDS", "Attention", "AttnBackend", "BACKENDS", "KVCache", "apply_rope", "check_backend",
-           "cpu_has_bf16_matmul", "flex_runs_on_cpu"]
-
-
-@functools.cache
-def _detect_bf16_matmul() -> bool:
-    # torch.cpu has no public query for these (checked on torch 2.14.1; tests/layers/test_attention.py fails
-    # if they disappear)
-    cpu = torch.cpu
-    native = getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or \
-        getattr(cpu, "_is_amx_tile_supported", lambda: False)()
-    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() in (
-        "SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
-    return native and not capped
-
-
-@torch.compiler.assume_constant_result  # a fact of the machine: torch.compile takes it as a constant
-def cpu_has_bf16_matmul() -> bool:
-    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX) and oneDNN may use it
-    (``ONEDNN_MAX_CPU_ISA`` can cap it below that); without it bf16 GEMMs are emulated and slow."""
-    return _detect_bf16_matmul()
 
 
 def check_backend(backend: str) -> str:
     if backend not in ATTN_BACKENDS:
         raise ValueError(f"attn_backend must be one of {ATTN_BACKENDS}, got {backend!r}")
     return backend
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate pairs (x[..., :D/2], x[..., D/2:]) by position angles; cos/sin are (N, D/2)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 # -- backends: one function each, (module, q, k, v, call) -> (output (B·G, H, N, D), probabilities or None) -----
@@ -126,10 +96,45 @@ def _explicit(attn: Attention, q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tup
 
 
 def _flex(attn: Attention, q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
+    """The bias as a ``score_mod``, the boolean masks as a block mask that skips fully masked blocks."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
     if c.dropout_p:
         raise ValueError("attn_backend='flex' does not support attention dropout; use 'sdpa'")
-    return flex(q, k, v, scale=attn.scale, bias=c.bias, attn_mask=c.attn_mask, key_padding_mask=c.key_padding_mask,
-                is_causal=c.is_causal, B=c.B, G=c.G), None
+    bias, attn_mask, key_padding_mask, B, G = c.bias, c.attn_mask, c.key_padding_mask, c.B, c.G
+    H, N, M = q.shape[1], c.N, c.M
+    score_mod = None
+    if bias is not None:
+        fb = fold(bias, B, G, H, N, M)
+        bb, bh = fb.shape[0] > 1, fb.shape[1] > 1
+
+        def score_mod(score, b, h, qi, ki):
+            return score + fb[b if bb else 0, h if bh else 0, qi, ki]
+
+    conds = []
+    if attn_mask is not None:
+        fm = fold(attn_mask, B, G, H, N, M)
+        mb, mh = fm.shape[0] > 1, fm.shape[1] > 1
+        conds.append(lambda b, h, qi, ki: fm[b if mb else 0, h if mh else 0, qi, ki])
+    if key_padding_mask is not None:
+        keep_k = fold(~key_padding_mask[:, None, None, None, :], B, G, H, N, M)[:, 0, 0]  # (B·G, M)
+        conds.append(lambda b, h, qi, ki: keep_k[b, ki])
+    if c.is_causal:
+        conds.append(lambda b, h, qi, ki: qi + (M - N) >= ki)
+    block_mask = None
+    if conds:
+        def mask_mod(b, h, qi, ki):
+            ok = conds[0](b, h, qi, ki)
+            for cond in conds[1:]:
+                ok = ok & cond(b, h, qi, ki)
+            return ok
+
+        per_b = key_padding_mask is not None or (attn_mask is not None and mb)
+        per_h = attn_mask is not None and mh
+        block_mask = create_block_mask(mask_mod, q.shape[0] if per_b else None, q.shape[1] if per_h else None,
+                                       N, M, device=q.device)
+    return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=attn.scale,
+                            enable_gqa=k.shape[1] != q.shape[1]), None
 
 
 BACKENDS = {"sdpa": _sdpa, "math": _explicit, "flex": _flex}  # a new backend is one entry here
@@ -178,13 +183,6 @@ class Attention(nn.Module):
             th, tw = rel_pos_window
             self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * th - 1) * (2 * tw - 1), num_heads))
             nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
-
-    def relative_position_bias(self, window: tuple[int, int]) -> Tensor:
-        """(H, N, N) learned bias for the token pairs of a window (<= the table's window), to pass as ``bias``."""
-        table = self.relative_position_bias_table
-        idx = relative_position_index_on(tuple(window), tuple(self.rel_pos_window), table.device)  # (N·N,)
-        N = window[0] * window[1]
-        return table[idx].view(N, N, -1).permute(2, 0, 1)  # (H, N, N)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention K/V of a memory (B, M, C) -> (B, Hkv, M, D) each."""

@@ -119,3 +119,10 @@ def resize_rel_pos_table(table: Tensor, new_window: tuple[int, int],
     grid = table.double().T.reshape(heads, *src)  # (heads, src_h, src_w)
     out = wy @ grid @ wx.T  # (heads, dst_h, dst_w); bilinear is separable
     return out.reshape(heads, -1).T.to(table.dtype).contiguous()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary position embedding (Su et al., 2021): rotate pairs (x[..., :D/2], x[..., D/2:]) by position
+    angles; cos/sin are (N, D/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)

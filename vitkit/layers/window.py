@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def eager_cache(fn):
@@ -209,3 +209,13 @@ def token_index(src: WindowPlan | None, dst: WindowPlan | None, device: torch.de
 def relative_position_index_on(window: tuple[int, int], table_window: tuple[int, int], device: torch.device) -> Tensor:
     """:func:`relative_position_index` on ``device``, flattened."""
     return relative_position_index(window, table_window).view(-1).to(device)
+
+
+def relative_position_bias(attn: nn.Module, window: tuple[int, int]) -> Tensor:
+    """(H, N, N) learned bias of an attention module's ``relative_position_bias_table`` (Swin) for the token
+    pairs of a window (<= the table's window), to pass to the core as ``bias``."""
+    table = attn.relative_position_bias_table
+    idx = relative_position_index_on(tuple(window), tuple(attn.rel_pos_window), table.device)  # (N·N,)
+    N = window[0] * window[1]
+    return table[idx].view(N, N, -1).permute(2, 0, 1)  # (H, N, N)
+

@@ -15,7 +15,6 @@ A config therefore names no paths, and ``--ckpt_path last`` finds the run's own 
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 from types import TracebackType
@@ -63,16 +62,16 @@ def with_recipes(args: list[str]) -> list[str]:
             if i + 1 >= len(out):
                 continue
             value = out[i + 1]
-        if not re.fullmatch(r"[\w.-]+", value) or Path(value).exists():
-            continue  # a path, or config content given inline: jsonargparse reads it
-        resolved = recipes.resolve(value)
-        if resolved == value:
+        if not recipes.is_name(value):
+            continue  # a file, or config content given inline: jsonargparse reads it
+        resolved = recipes.find(value)
+        if resolved is None:
             raise SystemExit(f"error: --config {value!r} is neither a file nor a recipe; the recipes are "
                              f"{', '.join(recipes.list_recipes())} (`vitkit recipes` describes them)")
         if eq:
             out[i] = f"{flag}={resolved}"
         else:
-            out[i + 1] = resolved
+            out[i + 1] = str(resolved)
     return out
 
 

@@ -20,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import AttnBackend, Block, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
 from ..layers.pos_embed import resize_rel_pos_table
-from ..layers.window import WindowPlan, is_symbolic, token_index
+from ..layers.window import WindowPlan, is_symbolic, relative_position_bias, token_index
 from .config import IMAGENET, DataConfig, check_image, pair
 from .features import new_head, resize_patch_conv, take_indices
 
@@ -134,7 +134,7 @@ class SwinStage(nn.Module):
         prev = None
         for blk, plan in zip(self.blocks, plans, strict=True):
             x = x.index_select(1, token_index(prev, plan, x.device))  # (B, nW·N, C)
-            bias = blk.attn.relative_position_bias(plan.window)[None, None]  # (1, 1, heads, N, N)
+            bias = relative_position_bias(blk.attn, plan.window)[None, None]  # (1, 1, heads, N, N)
             x = x.view(B, plan.num_windows, -1, C)  # (B, nW, N, C)
             if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
                 x = checkpoint(blk, x, bias=bias, attn_mask=plan.mask(x.device), use_reentrant=False)
@@ -335,7 +335,7 @@ class SwinTransformer(nn.Module):
             _, H, W, _ = x.shape
             for j, blk in enumerate(st.blocks):
                 plan = WindowPlan.make(H, W, st.window, shifted=j % 2 == 1)
-                bias = blk.attn.relative_position_bias(plan.window)[None, None]
+                bias = relative_position_bias(blk.attn, plan.window)[None, None]
                 windows = plan.partition(x)
                 if (i, j) == (stage, block):
                     _, attn = blk.attn(blk.norm1(windows), bias=bias, attn_mask=plan.mask(x.device),

@@ -1,0 +1,64 @@
+"""What the kernels of this machine can do, for the attention core to choose its path: native bf16 matmuls
+on the CPU, and whether torch.compile can build flex attention here; flex attention compiled once per process;
+the warnings logged once when the core runs ``sdpa`` in place of ``flex``. No attention is computed here."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _detect_bf16_matmul() -> bool:
+    # torch.cpu has no public query for these (checked on torch 2.14.1; tests/layers/test_attention.py fails
+    # if they disappear)
+    cpu = torch.cpu
+    native = getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or \
+        getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() in (
+        "SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
+    return native and not capped
+
+
+@torch.compiler.assume_constant_result  # a fact of the machine: torch.compile takes it as a constant
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX) and oneDNN may use it
+    (``ONEDNN_MAX_CPU_ISA`` can cap it below that); without it bf16 GEMMs are emulated and slow."""
+    return _detect_bf16_matmul()
+
+
+@functools.cache
+def _compiled_flex():
+    """flex_attention compiled once per process (the first compile takes ~15 s on CPU)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # One compiled function serves every layer shape and mask kind of the process (Swin alone has
+    # several); past dynamo's default of 8 variants it would silently run the unfused fallback.
+    # torch._dynamo.config has no public equivalent (checked on torch 2.14.1; tests/layers/test_attention.py
+    # fails if the setting disappears).
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.cache
+def flex_runs_on_cpu() -> bool:
+    """Whether torch.compile can build flex attention for this CPU: it needs AVX2 or better (the kernels
+    ATen dispatches to, which ``ATEN_CPU_CAPABILITY`` may lower) and is not built on macOS."""
+    return torch.backends.cpu.get_cpu_capability().startswith("AVX") and sys.platform != "darwin"
+
+
+@functools.cache
+def _warn_flex_fallback() -> None:
+    log.warning("attn_backend='flex' has no backward on CPU; using 'sdpa' for forwards that need gradients")
+
+
+@functools.cache
+def _warn_flex_unsupported() -> None:
+    log.warning("attn_backend='flex' cannot be compiled for this CPU (it needs AVX2; capability %s); using 'sdpa'",
+                torch.backends.cpu.get_cpu_capability())
