@@ -118,9 +118,11 @@ def test_a_class_sorted_folder_streams_in_batches_as_mixed_as_a_uniform_draw(sor
         assert epochs[a] != epochs[b], "an epoch repeated the order of the one before"
         batches = [{frozenset(x) for r in epochs[e] for x in r} for e in (a, b)]
         assert batches[0] != batches[1], "the same batches again"
-    # the same measure on the files written class after class is far outside the band: it can fail
+    # the same measure on the files written class after class is far outside the band: it can fail. Over 7 runs
+    # it gave 2.72-2.96 classes per batch. (The histogram of the first batches did not always tell the two apart
+    # there: p 2.6e-9 to 0.017, as the chunk layout of a 2-worker conversion varies between runs.)
     sorted_epochs = _stream(_class_sorted_copy(sorted_folder, mixed_shards, tmp_path / "sorted"), monkeypatch, 1)
-    assert _distinct(sorted_epochs[0]) < low / 2 and _first_batches_p(sorted_epochs[0]) < 1e-6
+    assert _distinct(sorted_epochs[0]) < low / 2, _distinct(sorted_epochs[0])
 
 
 def test_a_dataset_converted_class_after_class_is_refused_with_the_command_that_converts_it_again(
