@@ -58,8 +58,8 @@ def decoder_agreement(files: list[Path]) -> dict[str, float]:
     """Pixel differences between PIL and torchvision decoding the same JPEGs, raw and after the eval transform."""
     from types import SimpleNamespace
 
-    from vitkit.shards import decode
-    from vitkit.transforms import eval_transform
+    from vitkit.data.folder import decode
+    from vitkit.data.transforms import eval_transform
 
     cfg = SimpleNamespace(img_size=224, in_chans=3, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
                           crop_pct=0.875, interpolation="bicubic")
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", default="benchmarks/results/dataloader.csv")
     a = p.parse_args(argv)
-    from vitkit.shards import prepare_data
+    from vitkit.data.shards import prepare_data
 
     torch.set_num_threads(1)  # as in a loader worker: one decode per core
     with tempfile.TemporaryDirectory() as tmp:

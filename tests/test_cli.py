@@ -57,7 +57,7 @@ def test_predict_prints_topk_class_names(exports, tmp_path, capsys):
     assert len(preds) == 2 and all(n in ("ant", "bee", "cat", "dog") for n, _ in preds)
     assert float(preds[0][1]) >= float(preds[1][1])
     model = vitkit.create_model(checkpoint=exports[0]).eval()
-    from vitkit.transforms import eval_transform
+    from vitkit.data.transforms import eval_transform
 
     with torch.no_grad():
         p = model(eval_transform(model.cfg)(Image.open(a).convert("RGB"))[None]).softmax(-1)[0]

@@ -14,7 +14,7 @@ from torch.testing import assert_close
 
 import vitkit
 from vitkit.checkpoints import CheckpointError
-from vitkit.layers import Attention
+from vitkit.layers import Attention, CrossAttention
 
 pytestmark = pytest.mark.fuzz
 
@@ -29,7 +29,7 @@ def test_sdpa_matches_math_on_any_shape_and_mask(B, N, M, heads, head_dim, cross
     H, Hkv = heads
     C = H * head_dim
     M = M if cross else N
-    attn = Attention(C, H, num_kv_heads=Hkv, cross=cross).eval()
+    attn = (CrossAttention if cross else Attention)(C, H, num_kv_heads=Hkv).eval()
     x = torch.randn(B, N, C, generator=g)
     memory = torch.randn(B, M, C, generator=g) if cross else None
     bias = torch.randn(1, H, N, M, generator=g) if use_bias else None
@@ -39,7 +39,7 @@ def test_sdpa_matches_math_on_any_shape_and_mask(B, N, M, heads, head_dim, cross
         mask[..., 0] = True
     if kpm is not None and not empty_rows:
         kpm[:, 0] = False
-    kw = dict(bias=bias, attn_mask=mask, key_padding_mask=kpm, is_causal=causal and not cross)
+    kw = dict(bias=bias, attn_mask=mask, key_padding_mask=kpm) | ({} if cross else dict(is_causal=causal))
     with torch.no_grad():
         ref = attn(x, memory, **kw) if cross else attn(x, **kw)
         attn.backend = "math"

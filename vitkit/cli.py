@@ -61,7 +61,7 @@ def _image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """(model input (1, C, H, W) after the model's eval transform, the same crop unnormalised in [0, 1])."""
     from PIL import Image, UnidentifiedImageError
 
-    from .transforms import eval_transform
+    from .data.transforms import eval_transform
 
     try:
         img = Image.open(path).convert("L" if cfg.in_chans == 1 else "RGB")
@@ -276,7 +276,7 @@ def pos_embed(args: argparse.Namespace) -> int:
 def prepare_data(args: argparse.Namespace) -> int:
     import logging
 
-    from .shards import MARKER, prepare_data
+    from .data.shards import MARKER, prepare_data
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:

@@ -5,11 +5,12 @@ import logging
 
 import pytest
 import torch
+from torch import nn
 from torch.testing import assert_close
 
 from tests.backends import needs_flex
-from vitkit.layers import Attention, Block, KVCache
-from vitkit.layers.window import relative_position_bias
+from vitkit.layers import Attention, Block, CrossAttention, DecoderBlock, KVCache, Mlp, PostNormBlock
+from vitkit.layers.window import WindowAttention
 
 B, N, M, C, H = 2, 12, 7, 32, 4
 
@@ -23,8 +24,8 @@ CASES = {
     "causal_padding_bias": (dict(), lambda: dict(
         is_causal=True, bias=torch.randn(B, 1, N, N),
         key_padding_mask=torch.arange(N)[None].expand(B, N) >= torch.tensor([[N], [N - 3]]))),
-    "cross": (dict(cross=True), lambda: dict(memory=torch.randn(B, M, C))),
-    "cross_padding": (dict(cross=True), lambda: dict(
+    "cross": (dict(cls=CrossAttention), lambda: dict(memory=torch.randn(B, M, C))),
+    "cross_padding": (dict(cls=CrossAttention), lambda: dict(
         memory=torch.randn(B, M, C), key_padding_mask=torch.tensor([[False] * M, [False] * 4 + [True] * 3]))),
     "gqa": (dict(num_kv_heads=2), lambda: dict(bias=torch.randn(1, H, N, N), is_causal=True)),
     "mqa": (dict(num_kv_heads=1), lambda: dict()),
@@ -36,13 +37,15 @@ CASES = {
 def _run(attn: Attention, backend: str, x: torch.Tensor, kw: dict) -> torch.Tensor:
     attn.backend = backend
     kw = dict(kw)
-    memory = kw.pop("memory", None)
-    return attn(x, memory, **kw)
+    if isinstance(attn, CrossAttention):
+        return attn(x, kw.pop("memory"), **kw)
+    return attn(x, **kw)
 
 
 def _setup(case: str):
-    mod_kw, fwd = CASES[case]
-    attn = Attention(C, H, **mod_kw).eval()
+    mod_kw = dict(CASES[case][0])
+    attn = mod_kw.pop("cls", Attention)(C, H, **mod_kw).eval()
+    fwd = CASES[case][1]
     kw = fwd()
     x_shape = kw.pop("x_shape", (B, N, C))
     if "attn_mask" in kw:  # every query keeps at least its own key
@@ -159,7 +162,7 @@ def test_attention_dropout_only_in_training(backend):
 
 
 def test_block_dropout_and_drop_path_only_in_training():
-    blk = Block(C, H, drop=0.3, attn_drop=0.3, drop_path=0.5)
+    blk = Block(C, Attention(C, H, attn_drop=0.3, proj_drop=0.3), Mlp(C, 4 * C, drop=0.3), drop_path=0.5)
     x = torch.randn(4, N, C)
     blk.eval()
     assert torch.equal(blk(x), blk(x))
@@ -171,10 +174,55 @@ def test_kv_cache_steps_match_full_causal_attention():
     attn = Attention(C, H, num_kv_heads=2).eval()
     x = torch.randn(B, N, C)
     full = attn(x, is_causal=True)
-    cache = KVCache()
+    cache = KVCache(N)
     steps = [attn(x[:, i:i + 1], is_causal=True, cache=cache) for i in range(N)]
     assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
     assert cache.length == N
+    with pytest.raises(ValueError, match=f"the KV cache holds {N} tokens; {N} are written"):
+        attn(x[:, :1], cache=cache)
+
+
+def test_kv_cache_is_written_in_place_and_its_ring_buffer_equals_the_sliding_window():
+    """The buffers are allocated once (same storage every step); with a window of 4 the ring of 4 slots gives
+    what the full sequence gives under a sliding-window mask, after a prefix of 3 tokens in one step."""
+    torch.manual_seed(0)
+    W = 4
+    attn = Attention(C, H, num_kv_heads=2).eval()
+    x = torch.randn(B, N, C)
+    i = torch.arange(N)
+    window = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < W)
+    full = attn(x, attn_mask=window)
+    cache = KVCache(N, window=W)
+    steps = [attn(x[:, :3], is_causal=True, cache=cache)]
+    storage = cache.k.untyped_storage().data_ptr()
+    steps += [attn(x[:, t:t + 1], is_causal=True, cache=cache) for t in range(3, N)]
+    assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    assert cache.k.shape[-2] == W and cache.k.untyped_storage().data_ptr() == storage
+    assert cache.length == W and sorted(cache.pos.tolist()) == list(range(N - W, N))
+
+
+def test_blocks_are_composed_of_the_parts_they_are_given():
+    """Pre-norm and post-norm residuals in the order their papers give, with the given norm layer; a decoder
+    block adds cross-attention to a memory; parameter names are timm's."""
+    torch.manual_seed(0)
+    x, memory = torch.randn(B, N, C), torch.randn(B, M, 16)
+    attn, mlp = Attention(C, H).eval(), Mlp(C, 2 * C).eval()
+    pre = Block(C, attn, mlp, norm_layer=nn.RMSNorm).eval()
+    assert isinstance(pre.norm1, nn.RMSNorm)
+    h = x + attn(pre.norm1(x))
+    assert_close(pre(x), h + mlp(pre.norm2(h)))
+    post = PostNormBlock(C, attn, mlp).eval()
+    h = post.norm1(x + attn(x))
+    assert_close(post(x), post.norm2(h + mlp(h)))
+    cross = CrossAttention(C, H, kv_dim=16).eval()
+    dec = DecoderBlock(C, attn, cross, mlp).eval()
+    h = x + attn(dec.norm1(x), is_causal=True)
+    h = h + cross(dec.norm_cross(h), memory)
+    assert_close(dec(x, memory, is_causal=True), h + mlp(dec.norm2(h)))
+    assert {k.split(".")[0] for k in dec.state_dict()} == {"norm1", "attn", "norm2", "mlp", "norm_cross",
+                                                           "cross_attn"}
+    assert {k for k in cross.state_dict()} == {"q.weight", "q.bias", "kv.weight", "kv.bias", "proj.weight",
+                                                "proj.bias"}
 
 
 def test_bad_arguments_are_named():
@@ -195,15 +243,14 @@ def test_bf16_on_cpu_matches_float32_with_either_kernel(native_bf16, monkeypatch
 
     monkeypatch.setattr(attention, "cpu_has_bf16_matmul", lambda: native_bf16)
     torch.manual_seed(0)
-    attn = Attention(32, 4, rel_pos_window=(4, 4))
+    attn = WindowAttention(32, 4, (4, 4))
     x = torch.randn(2, 3, 16, 32)  # (B, G, N, C)
-    bias = relative_position_bias(attn, (4, 4))[None, None]  # (1, 1, H, N, N)
     mask = torch.rand(1, 3, 1, 16, 16) > 0.3
     mask[0, 1, 0, 5] = False  # query 5 of group 1 may attend to nothing
-    ref = attn(x, bias=bias, attn_mask=mask)
+    ref = attn(x, window=(4, 4), attn_mask=mask)
     lo = attn.to(torch.bfloat16)
     xb = x.bfloat16().requires_grad_()
-    out = lo(xb, bias=relative_position_bias(lo, (4, 4))[None, None], attn_mask=mask)
+    out = lo(xb, window=(4, 4), attn_mask=mask)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     assert_close(out.float(), ref, atol=5e-2, rtol=5e-2)
     out.float().sum().backward()

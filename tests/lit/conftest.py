@@ -75,7 +75,7 @@ def id_folder(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def shards(id_folder, tmp_path_factory) -> Path:
     """``id_folder`` converted by ``vitkit prepare-data``."""
-    from vitkit.shards import prepare_data
+    from vitkit.data.shards import prepare_data
 
     out = tmp_path_factory.mktemp("shards") / "out"
     prepare_data(id_folder, out, workers=2, chunk_bytes="4KB")

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitkit.shards import MARKER, prepare_data, read_dataset_info
+from vitkit.data.shards import MARKER, prepare_data, read_dataset_info
 
 from .conftest import N_TRAIN, N_VAL, ROOT, TINY_VIT, run_in_repo
 
@@ -236,3 +236,25 @@ def test_sigkill_mid_epoch_then_resume_continues_at_the_next_batch(shards, tmp_p
     assert (a["global_step"], a["epoch"]) == (b["global_step"], b["epoch"]) == (38, 1)
     for k, v in a["state_dict"].items():
         torch.testing.assert_close(b["state_dict"][k], v, atol=1e-5, rtol=1e-5, msg=k)
+
+
+def test_the_image_data_modules_share_one_definition_of_their_arguments():
+    """Loader sizes, augmentation and preprocessing are defined once (the shared base) and reach the CLI of both
+    image DataModules with the same types and defaults, beside each module's own arguments."""
+    import inspect
+
+    from jsonargparse import ArgumentParser
+
+    from vitkit.lit import ImageFolderDataModule, StreamingImageDataModule
+    from vitkit.lit.data import _SkippingImages
+
+    shared = [p for p in inspect.signature(_SkippingImages.__init__).parameters.values() if p.name != "self"]
+    assert {"img_size", "auto_augment", "re_prob", "scale", "hflip", "color_jitter", "mean", "std"} <= {
+        p.name for p in shared}
+    for cls, own in ((ImageFolderDataModule, "train_dir"), (StreamingImageDataModule, "max_cache_size")):
+        parser = ArgumentParser()
+        parser.add_class_arguments(cls, "data")
+        defaults = parser.get_defaults().data
+        assert own in defaults
+        for p in shared:
+            assert defaults[p.name] == p.default, (cls.__name__, p.name)

@@ -12,9 +12,9 @@ from PIL import Image
 from scipy.stats import chisquare
 from sklearn.datasets import load_digits
 
+from vitkit.data.shards import MARKER, prepare_data
 from vitkit.lit import StreamingImageDataModule
 from vitkit.lit.lightning_cli import cli_main
-from vitkit.shards import MARKER, prepare_data
 
 from .conftest import ROOT, _solid
 
@@ -48,7 +48,7 @@ def _class_sorted_copy(sorted_folder: Path, shards: Path, out: Path) -> Path:
     as the current format here, so that the loader reads it and the measure can be seen to fail on it)."""
     import litdata
 
-    from vitkit.shards import _convert_one
+    from vitkit.data.shards import _convert_one
 
     items = [[str(f.relative_to(sorted_folder)), c, f"c{c}"] for c in range(CLASSES)
              for f in sorted((sorted_folder / "train" / f"c{c}").iterdir())]

@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 import vitkit
 from tests.backends import BACKENDS
-from vitkit.lit.text_data import collate_text
+from vitkit.data.text import collate_text
 from vitkit.models.seq2seq import alibi_slopes
 
 V = 23
@@ -104,6 +104,29 @@ def test_cached_logits_equal_teacher_forced_logits():
         steps = torch.cat([m.decode(tgt[:, t: t + 1], memory, pad, state) for t in range(tgt.shape[1])], dim=1)
     assert_close(steps, full, atol=1e-4, rtol=0)
     assert state.self_caches[0].length == 4  # the sliding window trimmed the cache
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(pos_encoding="alibi", sliding_window=4)], ids=["full", "window"])
+def test_a_compiled_decode_step_compiles_once(kw):
+    """The cache is allocated up front with fixed shapes and keeps its positions in tensors, so a compiled decode
+    step builds one graph and reuses it at every later step (a ring buffer under a sliding window), giving the
+    eager step's logits."""
+    m = _model(**kw)
+    src, tgt = _tokens(2, 6), _tokens(2, 10, seed=1)
+    graphs = []
+
+    def counting(gm, example_inputs):  # a torch.compile backend that runs the graph as traced, and counts it
+        graphs.append(gm)
+        return gm.forward
+
+    step = torch.compile(m.decode, backend=counting, dynamic=False)
+    with torch.no_grad():
+        memory, pad = m.encode(src)
+        state, ref_state = m.start_state(memory, pad, 10), m.start_state(memory, pad, 10)
+        for t in range(10):
+            out = step(tgt[:, t: t + 1], memory, pad, state, True)
+            assert_close(out, m.decode(tgt[:, t: t + 1], memory, pad, ref_state, True), atol=1e-5, rtol=1e-5)
+    assert len(graphs) == 1
 
 
 def test_beam_one_is_greedy_and_wider_beams_score_at_least_as_well():

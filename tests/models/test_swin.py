@@ -9,8 +9,8 @@ import vitkit
 from tests.backends import BACKENDS, compiled_training_step_matches_eager
 from vitkit.layers import Attention
 from vitkit.layers.window import (
+    WindowAttention,
     WindowPlan,
-    relative_position_bias,
     relative_position_index,
     shifted_window_mask,
     window_partition,
@@ -93,13 +93,12 @@ def test_shifted_window_regions_get_exactly_zero_attention():
     H = W = 8
     plan = WindowPlan.make(H, W, (4, 4), shifted=True)
     assert plan.shift == (2, 2)
-    attn = Attention(16, 2, backend="math", rel_pos_window=(4, 4)).eval()
+    attn = WindowAttention(16, 2, (4, 4), backend="math").eval()
     # label every token with its original (unshifted) position, then shift and window the labels
     pos = torch.arange(H * W).view(1, H, W, 1)
     pos_w = plan.partition(pos)[0, :, :, 0]  # (nW, N): original position of each windowed token
     x = plan.partition(torch.randn(1, H, W, 16))
-    _, p = attn(x, bias=relative_position_bias(attn, plan.window)[None, None], attn_mask=plan.mask(x.device),
-                return_attn=True)
+    _, p = attn(x, window=plan.window, attn_mask=plan.mask(x.device), return_attn=True)
     p = p.view(4, 2, 16, 16)  # (nW, heads, N, N)
     r, c = pos_w // W, pos_w % W
     # tokens are neighbours in the image iff the shift did not wrap them: same region of rows and cols
@@ -147,18 +146,21 @@ def test_any_input_size_is_padded_not_rejected(size):
 def test_padding_does_not_leak_into_real_tokens():
     """A window that hangs over the map's edge gives its real tokens exactly what attention over the
     real tokens alone gives: padded keys are masked out."""
-    from vitkit.layers import Block
+    from vitkit.layers import Block, Mlp
 
-    blk = Block(16, 2, rel_pos_window=(4, 4), attn_backend="math").eval()
+    blk = Block(16, WindowAttention(16, 2, (4, 4), backend="math"), Mlp(16, 64)).eval()
     x = torch.randn(1, 14, 14, 16)
     plan = WindowPlan.make(14, 14, (4, 4), shifted=False)
     assert plan.padded == (16, 16)
     windows = plan.partition(x)  # (1, 16, 16, 16)
-    bias = relative_position_bias(blk.attn, plan.window)  # (heads, N, N)
+    bias = blk.attn.relative_position_bias(plan.window)  # (heads, N, N)
     with torch.no_grad():
-        out = blk(windows, bias=bias[None, None], attn_mask=plan.mask(x.device))
+        out = blk(windows, window=plan.window, attn_mask=plan.mask(x.device))
         real = torch.tensor([0, 1, 4, 5])  # the corner window holds rows 12-13, cols 12-13 of the map
-        alone = blk(windows[:, 15, real], bias=bias[:, real][:, :, real][None])
+        # the same block on the 4 real tokens alone, with their part of the bias (the core's plain forward)
+        h = windows[:, 15, real]
+        h = h + Attention.forward(blk.attn, blk.norm1(h), bias=bias[:, real][:, :, real][None])
+        alone = h + blk.mlp(blk.norm2(h))
     assert_close(out[:, 15, real], alone, atol=1e-6, rtol=1e-6)
 
 

@@ -142,7 +142,10 @@ ATTN_BACKENDS: tuple[str, ...] = tuple(BACKENDS)
 
 
 class Attention(nn.Module):
-    """Multi-head attention (Vaswani et al., 2017), self or cross, with GQA/MQA and three backends."""
+    """Multi-head self-attention (Vaswani et al., 2017) with GQA/MQA, RoPE, a KV cache and three backends.
+
+    Subclasses change where q, k and v come from (:class:`CrossAttention`) or what bias is added
+    (Swin's window attention); the attention itself is :meth:`attend`, here and nowhere else."""
 
     def __init__(
         self,
@@ -153,9 +156,6 @@ class Attention(nn.Module):
         qkv_bias: bool = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        cross: bool = False,
-        kv_dim: int | None = None,
-        rel_pos_window: tuple[int, int] | None = None,
         backend: AttnBackend = "sdpa",
     ) -> None:
         super().__init__()
@@ -168,31 +168,18 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.backend = check_backend(backend)
-        self.cross = cross
-        q_dim, kv_out = num_heads * self.head_dim, 2 * num_kv_heads * self.head_dim
-        if cross:  # q from x, k/v from a memory (of width kv_dim)
-            self.q = nn.Linear(dim, q_dim, bias=qkv_bias)
-            self.kv = nn.Linear(kv_dim or dim, kv_out, bias=qkv_bias)
-        else:  # one fused projection; with Hkv == H its layout is timm's [q | k | v]
-            self.qkv = nn.Linear(dim, q_dim + kv_out, bias=qkv_bias)
+        self.in_projections(dim, qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)  # used by `math`; sdpa/flex get the rate directly
-        self.proj = nn.Linear(q_dim, dim)  # W_O
+        self.proj = nn.Linear(num_heads * self.head_dim, dim)  # W_O
         self.proj_drop = nn.Dropout(proj_drop)
-        self.rel_pos_window = rel_pos_window
-        if rel_pos_window is not None:  # a learned bias per head and 2-D offset (Swin); name as in timm
-            th, tw = rel_pos_window
-            self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * th - 1) * (2 * tw - 1), num_heads))
-            nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
-    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Cross-attention K/V of a memory (B, M, C) -> (B, Hkv, M, D) each."""
-        kv = rearrange(self.kv(memory), "b m (two h d) -> two b h m d", two=2, h=self.num_kv_heads)
-        return kv[0], kv[1]
+    def in_projections(self, dim: int, qkv_bias: bool) -> None:
+        """One fused projection; with Hkv == H its layout is timm's [q | k | v]."""
+        self.qkv = nn.Linear(dim, (self.num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=qkv_bias)
 
     def forward(
         self,
         x: Tensor,
-        memory: Tensor | None = None,
         *,
         bias: Tensor | None = None,
         attn_mask: Tensor | None = None,
@@ -202,66 +189,56 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
         return_attn: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        """Attend from x (B, [G,] N, C) to itself, or to ``memory`` (B, M, C_kv) when cross.
+        """Attend from x (B, [G,] N, C) to itself.
 
         bias: float, broadcastable to (B, H, N, M) (or (B, G, H, N, M)), added to the scaled scores.
         attn_mask: bool, broadcastable likewise; True = may attend.
         key_padding_mask: bool (B, M); True marks padding keys, which are never attended.
-        is_causal: query i attends keys j <= i (aligned at the end when keys include a cache).
+        is_causal: query i attends keys j <= i.
         rope: (cos, sin) tables for the query positions, (N, D/2) each, applied to q and k.
-        cache: a KVCache to extend (self-attention) or to read/fill once (cross-attention).
+        cache: a :class:`KVCache`; this step's keys are written into it and the queries attend to every
+            key it holds (causality and the sliding window come from the cache's positions).
         return_attn: also return the probabilities (B·G, H, N, M); runs the `math` path.
         """
         *lead, N, C = x.shape
-        B, G = lead[0], math.prod(lead[1:])
-        x = x.reshape(B, G * N, C)
-        q, k, v = self._cross_qkv(x, memory, cache, B, G) if self.cross else self._self_qkv(x, rope, cache, G)
-        M = k.shape[-2]
-        mask, keep = merge(bias, attn_mask, key_padding_mask, is_causal, B, N, M, x.device)
-        call = _Call(bias, attn_mask, key_padding_mask, is_causal, mask, keep, B, G, N, M,
-                     dropout_p=self.attn_drop.p if self.training else 0.0)
-        o, attn = BACKENDS[self._backend_for(x, q, return_attn)](self, q, k, v, call)
-        o = rearrange(o, "(b g) h n d -> b (g n) (h d)", g=G)  # (B, G·N, H·D)
-        o = self.proj_drop(self.proj(o)).reshape(*lead, N, C)
-        return (o, attn) if return_attn else o
-
-    def _self_qkv(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: KVCache | None,
-                  G: int) -> tuple[Tensor, Tensor, Tensor]:
-        """q (B·G, H, N, D), k and v (B·G, Hkv, M, D) from the fused projection of x (B, G·N, C)."""
+        G = math.prod(lead[1:])
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B, G·N, ·) each
+        q, k, v = self.qkv(x.reshape(lead[0], G * N, C)).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B, G·N, ·)
         q = rearrange(q, "b (g n) (h d) -> (b g) h n d", g=G, h=H)  # (B·G, H, N, D), a view
         k = rearrange(k, "b (g n) (h d) -> (b g) h n d", g=G, h=Hkv)  # (B·G, Hkv, N, D)
         v = rearrange(v, "b (g n) (h d) -> (b g) h n d", g=G, h=Hkv)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, Hkv, T, D)
-        return q, k, v
+            k, v, keep = cache.append(k, v)  # (B, Hkv, S, D) each, keep (N, S)
+            attn_mask = keep if attn_mask is None else attn_mask & keep
+            is_causal = False
+        return self.attend(q, k, v, lead, bias=bias, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                           is_causal=is_causal, return_attn=return_attn)
 
-    def _cross_qkv(self, x: Tensor, memory: Tensor | None, cache: KVCache | None, B: int,
-                   G: int) -> tuple[Tensor, Tensor, Tensor]:
-        """q from x (B, G·N, C); k and v from the memory (B, M, C_kv), or from the cache once it holds them."""
-        q = rearrange(self.q(x), "b (g n) (h d) -> (b g) h n d", g=G, h=self.num_heads)  # (B·G, H, N, D)
-        if cache is not None and cache.static and cache.k is not None:
-            k, v = cache.k, cache.v
-        else:
-            if memory is None:
-                raise ValueError("cross-attention needs a memory tensor (B, M, C)")
-            k, v = self.project_kv(memory)  # (B, Hkv, M, D)
-            if cache is not None:
-                cache.k, cache.v, cache.static = k, v, True
-        if G > 1:  # the same memory for every group
-            k, v = (t.unsqueeze(1).expand(B, G, *t.shape[1:]).reshape(B * G, *t.shape[1:]) for t in (k, v))
-        return q, k, v
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, lead: list[int], *, bias: Tensor | None = None,
+               attn_mask: Tensor | None = None, key_padding_mask: Tensor | None = None, is_causal: bool = False,
+               return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """softmax(q·kᵀ/√d + bias, masked)·v, then the output projection: q (B·G, H, N, D), k and v
+        (B·G, Hkv, M, D) -> (B, [G,] N, C); ``lead`` is x's shape before N and C."""
+        B, G = lead[0], math.prod(lead[1:])
+        N, M = q.shape[-2], k.shape[-2]
+        mask, keep = merge(bias, attn_mask, key_padding_mask, is_causal, B, N, M, q.device)
+        call = _Call(bias, attn_mask, key_padding_mask, is_causal, mask, keep, B, G, N, M,
+                     dropout_p=self.attn_drop.p if self.training else 0.0)
+        o, attn = BACKENDS[self._backend_for(q, return_attn)](self, q, k, v, call)
+        o = rearrange(o, "(b g) h n d -> b (g n) (h d)", g=G)  # (B, G·N, H·D)
+        o = self.proj_drop(self.proj(o)).reshape(*lead, N, -1)
+        return (o, attn) if return_attn else o
 
-    def _backend_for(self, x: Tensor, q: Tensor, return_attn: bool) -> str:
+
+    def _backend_for(self, q: Tensor, return_attn: bool) -> str:
         """The module's backend, or the one that runs in its place here (see the module docstring)."""
         backend = "math" if return_attn else self.backend
-        cpu = x.device.type == "cpu"
+        cpu = q.device.type == "cpu"
         if backend == "sdpa" and cpu and q.dtype == torch.bfloat16 and cpu_has_bf16_matmul():
             return "math"  # faster there than the CPU sdpa kernel, eager and compiled (see the module docstring)
-        if backend == "flex" and cpu and torch.is_grad_enabled() and x.requires_grad:
+        if backend == "flex" and cpu and torch.is_grad_enabled() and q.requires_grad:
             _warn_flex_fallback()
             return "sdpa"
         if backend == "flex" and cpu and not flex_runs_on_cpu():

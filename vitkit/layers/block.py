@@ -1,91 +1,88 @@
-"""The transformer block: attention and MLP residual branches, optionally a cross-attention branch."""
+"""Transformer blocks, composed of the parts they are given: an attention, an MLP and a norm.
+
+:class:`Block` is the pre-norm block of ViT, Swin and the pre-LN Transformer; :class:`PostNormBlock` the
+original Transformer's; :class:`DecoderBlock` adds a cross-attention branch between the two. Parameter names
+(``norm1``, ``attn``, ``ls1``, ``norm2``, ``mlp``, ``ls2``) are timm's.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from functools import partial
 
 from torch import Tensor, nn
 
-from .attention import Attention, AttnBackend
+from .attention import Attention
+from .cross_attention import CrossAttention
 from .drop import DropPath
-from .kv_cache import KVCache
+from .kv_cache import MemoryKV
 from .layer_scale import LayerScale
-from .mlp import Mlp
+
+NormLayer = Callable[[int], nn.Module]
+
+
+def _scale(dim: int, init_values: float | None) -> nn.Module:
+    return LayerScale(dim, init_values) if init_values else nn.Identity()
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block (Xiong et al., 2020), or post-LN as in Vaswani et al. (2017).
+    """Pre-norm transformer block (Xiong et al., 2020): x + attn(norm1(x)), then x + mlp(norm2(x)), each
+    branch through LayerScale (when ``init_values``) and DropPath. Keywords of :meth:`forward` go to the
+    attention."""
 
-    With ``cross=True`` it is the decoder block of the original Transformer: self-attention (causal when the
-    caller passes ``is_causal``, as the decoder does), then cross-attention to a memory, then the MLP; all three
-    on the one attention core."""
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        *,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
-        init_values: float | None = None,
-        norm_eps: float = 1e-6,
-        norm: Literal["pre", "post"] = "pre",
-        num_kv_heads: int | None = None,
-        cross: bool = False,
-        memory_dim: int | None = None,
-        rel_pos_window: tuple[int, int] | None = None,
-        attn_backend: AttnBackend = "sdpa",
-    ) -> None:
+    def __init__(self, dim: int, attn: Attention, mlp: nn.Module, *, norm_layer: NormLayer = nn.LayerNorm,
+                 init_values: float | None = None, drop_path: float = 0.0) -> None:
         super().__init__()
-        if norm not in ("pre", "post"):
-            raise ValueError(f"norm must be 'pre' or 'post', got {norm!r}")
-        self.post_norm = norm == "post"
-        attn_kw = dict(num_kv_heads=num_kv_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
-                       backend=attn_backend)
-        ls = (lambda: LayerScale(dim, init_values)) if init_values else nn.Identity
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = Attention(dim, num_heads, rel_pos_window=rel_pos_window, **attn_kw)
-        self.ls1 = ls()
+        self.norm1 = norm_layer(dim)
+        self.attn = attn
+        self.ls1 = _scale(dim, init_values)
         self.drop_path1 = DropPath(drop_path)
-        if cross:
-            self.norm_cross = nn.LayerNorm(dim, eps=norm_eps)
-            self.cross_attn = Attention(dim, num_heads, cross=True, kv_dim=memory_dim, **attn_kw)
-            self.ls_cross = ls()
-            self.drop_path_cross = DropPath(drop_path)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=drop)
-        self.ls2 = ls()
+        self.norm2 = norm_layer(dim)
+        self.mlp = mlp
+        self.ls2 = _scale(dim, init_values)
         self.drop_path2 = DropPath(drop_path)
 
-    def _residual(self, x: Tensor, norm: nn.Module, branch, ls: nn.Module, drop_path: nn.Module) -> Tensor:
-        if self.post_norm:
-            return norm(x + drop_path(ls(branch(x))))
+    def residual(self, x: Tensor, norm: nn.Module, branch: Callable[[Tensor], Tensor], ls: nn.Module,
+                 drop_path: nn.Module) -> Tensor:
         return x + drop_path(ls(branch(norm(x))))
 
-    def forward(
-        self,
-        x: Tensor,
-        *,
-        bias: Tensor | None = None,
-        attn_mask: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-        is_causal: bool = False,
-        rope: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | None = None,
-        memory: Tensor | None = None,
-        memory_padding_mask: Tensor | None = None,
-        memory_cache: KVCache | None = None,
-    ) -> Tensor:
-        """x (B, [G,] N, C). Self-attention arguments as in :class:`Attention`; ``memory`` (B, M, C_mem)
-        and its padding mask / cache feed the cross-attention branch of a decoder block."""
-        x = self._residual(x, self.norm1, lambda h: self.attn(
-            h, bias=bias, attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-            rope=rope, cache=cache), self.ls1, self.drop_path1)
-        if hasattr(self, "cross_attn"):
-            x = self._residual(x, self.norm_cross, lambda h: self.cross_attn(
-                h, memory, key_padding_mask=memory_padding_mask, cache=memory_cache),
-                self.ls_cross, self.drop_path_cross)
-        return self._residual(x, self.norm2, self.mlp, self.ls2, self.drop_path2)
+    def forward(self, x: Tensor, **attn_args) -> Tensor:
+        """x (B, [G,] N, C) -> the same shape."""
+        x = self.residual(x, self.norm1, partial(self.attn, **attn_args), self.ls1, self.drop_path1)
+        return self.residual(x, self.norm2, self.mlp, self.ls2, self.drop_path2)
+
+
+class PostNormBlock(Block):
+    """Post-norm block of the original Transformer (Vaswani et al., 2017): norm1(x + attn(x)), then
+    norm2(x + mlp(x))."""
+
+    def residual(self, x: Tensor, norm: nn.Module, branch: Callable[[Tensor], Tensor], ls: nn.Module,
+                 drop_path: nn.Module) -> Tensor:
+        return norm(x + drop_path(ls(branch(x))))
+
+
+class DecoderBlock(Block):
+    """The Transformer's decoder block (Vaswani et al., 2017): self-attention (causal when the caller says so),
+    cross-attention to a memory, then the MLP; pre-norm."""
+
+    def __init__(self, dim: int, attn: Attention, cross_attn: CrossAttention, mlp: nn.Module, *,
+                 norm_layer: NormLayer = nn.LayerNorm, init_values: float | None = None,
+                 drop_path: float = 0.0) -> None:
+        super().__init__(dim, attn, mlp, norm_layer=norm_layer, init_values=init_values, drop_path=drop_path)
+        self.norm_cross = norm_layer(dim)
+        self.cross_attn = cross_attn
+        self.ls_cross = _scale(dim, init_values)
+        self.drop_path_cross = DropPath(drop_path)
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, memory_padding_mask: Tensor | None = None,
+                memory_cache: MemoryKV | None = None, **attn_args) -> Tensor:
+        """x (B, T, C); ``memory`` (B, M, C_mem) with its padding mask, or its K/V in ``memory_cache``."""
+        x = self.residual(x, self.norm1, partial(self.attn, **attn_args), self.ls1, self.drop_path1)
+        x = self.residual(x, self.norm_cross, partial(self.cross_attn, memory=memory, cache=memory_cache,
+                                                      key_padding_mask=memory_padding_mask),
+                          self.ls_cross, self.drop_path_cross)
+        return self.residual(x, self.norm2, self.mlp, self.ls2, self.drop_path2)
+
+
+class PostNormDecoderBlock(PostNormBlock, DecoderBlock):
+    """The decoder block with post-norm residuals, as in the paper."""

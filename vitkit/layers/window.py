@@ -1,7 +1,8 @@
 """Window machinery of the Swin Transformer (Liu et al., 2021): partition, cyclic shift, the shifted-window
 mask, the relative-position index, and the per-block plan that ties them to a feature-map size.
 
-Everything here only moves tokens or builds masks; attention itself is :class:`vitkit.layers.Attention`.
+Everything here moves tokens or builds masks, except :class:`WindowAttention`, which adds the relative-position
+bias to the one attention core.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
+
+from .attention import Attention
+from .pos_embed import resize_rel_pos_table
 
 
 def eager_cache(fn):
@@ -211,11 +215,36 @@ def relative_position_index_on(window: tuple[int, int], table_window: tuple[int,
     return relative_position_index(window, table_window).view(-1).to(device)
 
 
-def relative_position_bias(attn: nn.Module, window: tuple[int, int]) -> Tensor:
-    """(H, N, N) learned bias of an attention module's ``relative_position_bias_table`` (Swin) for the token
-    pairs of a window (<= the table's window), to pass to the core as ``bias``."""
-    table = attn.relative_position_bias_table
-    idx = relative_position_index_on(tuple(window), tuple(attn.rel_pos_window), table.device)  # (N·N,)
-    N = window[0] * window[1]
-    return table[idx].view(N, N, -1).permute(2, 0, 1)  # (H, N, N)
+class WindowAttention(Attention):
+    """Attention within (shifted) windows with Swin's learned relative-position bias (Liu et al., 2021).
 
+    The bias table, one value per head and 2-D offset in a ``table_window``, is this module's own (named as in
+    timm's checkpoints); the core receives it as an additive bias, so every backend runs it."""
+
+    def __init__(self, dim: int, num_heads: int, table_window: tuple[int, int], **kw) -> None:
+        super().__init__(dim, num_heads, **kw)
+        self.rel_pos_window = tuple(table_window)
+        th, tw = self.rel_pos_window
+        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * th - 1) * (2 * tw - 1), num_heads))
+        nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+
+    def relative_position_bias(self, window: tuple[int, int]) -> Tensor:
+        """(H, N, N) bias for the token pairs of a window (<= the table's window)."""
+        table = self.relative_position_bias_table
+        idx = relative_position_index_on(tuple(window), self.rel_pos_window, table.device)  # (N·N,)
+        N = window[0] * window[1]
+        return table[idx].view(N, N, -1).permute(2, 0, 1)  # (H, N, N)
+
+    def set_table_window(self, window: tuple[int, int]) -> None:
+        """Resize the table to another window (see :func:`resize_rel_pos_table`)."""
+        if tuple(window) != self.rel_pos_window:
+            table = self.relative_position_bias_table
+            resized = resize_rel_pos_table(table.detach(), window, self.rel_pos_window)
+            self.relative_position_bias_table = nn.Parameter(resized, requires_grad=table.requires_grad)
+            self.rel_pos_window = tuple(window)
+
+    def forward(self, x: Tensor, *, window: tuple[int, int], attn_mask: Tensor | None = None,
+                return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """x (B, nW, N, C): the windows of a map, N = window tokens; attn_mask (1, nW, 1, N, N) from the plan."""
+        bias = self.relative_position_bias(window)[None, None]  # (1, 1, H, N, N)
+        return super().forward(x, bias=bias, attn_mask=attn_mask, return_attn=return_attn)

@@ -1,11 +1,13 @@
 """Lightning glue: the only package code that imports lightning."""
 
+from vitkit.data.text import Tokenizer
+
 from .callbacks import AtomicCheckpointIO, CSVLogger, ModelCheckpoint, TrainingCurves
 from .classifier import EMA, ImageClassifier
 from .data import DigitsDataModule, ImageFolderDataModule
 from .lightning_cli import VitkitCLI, cli_main
 from .seq2seq import Seq2SeqModule
-from .text_data import OcrDigitsDataModule, Seq2SeqDataModule, Tokenizer
+from .text_data import OcrDigitsDataModule, Seq2SeqDataModule
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DigitsDataModule", "ImageClassifier", "ImageFolderDataModule",
            "ModelCheckpoint", "OcrDigitsDataModule", "Seq2SeqDataModule", "Seq2SeqModule", "Tokenizer",

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import logging
-import math
-from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
 
 import lightning as L
 import torch
@@ -15,33 +12,10 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-import vitkit
-from vitkit.models.config import IMAGENET
-from vitkit.shards import Decoder, decode, scan_image_folder
-from vitkit.transforms import TRAIN_AUGMENT, eval_transform, train_transform
+from vitkit.data.folder import Decoder, SkippingImageFolder, collate_skipping, scan_image_folder
+from vitkit.data.transforms import TRAIN_AUGMENT, data_config, eval_transform, random_affine, train_transform
 
 log = logging.getLogger(__name__)
-
-
-def _data_cfg(model_name: str | None, img_size: int, **given) -> SimpleNamespace:
-    """The eval-data settings of a preset (mean, std, crop_pct, interpolation), any of them overridden."""
-    base = vitkit.get_config(model_name) if model_name else SimpleNamespace(**IMAGENET, crop_pct=0.875,
-                                                                             interpolation="bicubic")
-    fields = {k: getattr(base, k) for k in ("mean", "std", "crop_pct", "interpolation")}
-    fields.update({k: v for k, v in given.items() if v is not None})
-    return SimpleNamespace(img_size=img_size, in_chans=3, **fields)
-
-
-def random_affine(x: Tensor, degrees: float, translate: float, scale: tuple[float, float]) -> Tensor:
-    """A different random rotation, shift and zoom for every image of a batch, in one grid_sample."""
-    B = x.shape[0]
-    angle = (torch.rand(B, device=x.device) * 2 - 1) * math.radians(degrees)
-    s = torch.empty(B, device=x.device).uniform_(*scale)
-    t = (torch.rand(B, 2, device=x.device) * 2 - 1) * translate * 2  # grid coordinates span [-1, 1]
-    cos, sin = angle.cos() / s, angle.sin() / s
-    theta = torch.stack([torch.stack([cos, -sin, t[:, 0]], 1), torch.stack([sin, cos, t[:, 1]], 1)], 1)  # (B, 2, 3)
-    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
 class _TrainValLoaders(L.LightningDataModule):
@@ -95,7 +69,7 @@ class DigitsDataModule(_TrainValLoaders):
                  mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.data_cfg = _data_cfg(model_name, img_size, mean=mean, std=std)
+        self.data_cfg = data_config(model_name, img_size, mean=mean, std=std)
 
     def _tensors(self) -> tuple[Tensor, Tensor]:
         from sklearn.datasets import load_digits
@@ -133,46 +107,30 @@ class DigitsDataModule(_TrainValLoaders):
 
 
 
-class SkippingImageFolder(Dataset):
-    """torchvision's ImageFolder, except that a file that cannot be decoded yields None instead of
-    raising, so one corrupt or truncated JPEG (or a non-image with an image extension) cannot end a run."""
-
-    def __init__(self, root: str, transform, decoder: Decoder = "pil") -> None:
-        from torchvision.datasets import ImageFolder
-
-        self.folder = ImageFolder(root, transform=transform, loader=partial(_read_image, decoder=decoder))
-        self.classes, self.samples = self.folder.classes, self.folder.samples
-
-    def __len__(self) -> int:
-        return len(self.folder)
-
-    def __getitem__(self, i: int):
-        try:
-            return self.folder[i]
-        except (OSError, SyntaxError, ValueError) as e:  # PIL: UnidentifiedImageError, truncated data
-            log.debug("skipping unreadable image %s: %s", self.samples[i][0], e)
-            return None
-
-
-def _read_image(path: str, decoder: Decoder):
-    with open(path, "rb") as f:
-        return decode(f.read(), decoder)
-
-
-def collate_skipping(items: list) -> tuple[Tensor | None, Tensor | None, int]:
-    """Stack the readable samples; also return how many were skipped (images None if all were)."""
-    good = [it for it in items if it is not None]
-    if not good:
-        return None, None, len(items)
-    return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good]), len(items) - len(good)
-
-
 class _SkippingImages(_TrainValLoaders):
-    """Image data whose unreadable files are skipped and counted, batch by batch and epoch by epoch."""
+    """Image data whose unreadable files are skipped and counted, batch by batch and epoch by epoch.
+
+    Its arguments are those of every image DataModule (each subclass passes its ``**image_args`` on, and the CLI
+    lists them with the subclass's own): loader sizes, timm's train augmentation, and the eval preprocessing,
+    whose mean, std, crop_pct and interpolation default to the preset's (``model_name``, linked from the model
+    by the CLI)."""
 
     collate_fn = staticmethod(collate_skipping)
     may_yield_empty = True
-    data_cfg: SimpleNamespace
+
+    def __init__(self, img_size: int = 224, batch_size: int = 128, num_workers: int = 8,
+                 model_name: str | None = None, auto_augment: str | None = "rand-m9-mstd0.5-inc1",
+                 re_prob: float = 0.25, scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5,
+                 color_jitter: float | None = 0.4, crop_pct: float | None = None,
+                 mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
+                 interpolation: str | None = None, pin_memory: bool = True) -> None:
+        super().__init__()
+        self.save_hyperparameters()  # with the subclass's own arguments (Lightning collects the whole chain)
+        self.data_cfg = data_config(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
+                                    interpolation=interpolation)
+
+    def train_transform(self):
+        return train_transform(self.data_cfg, **{k: self.hparams[k] for k in TRAIN_AUGMENT})
 
     def reset_counts(self) -> None:
         self.skipped = {"train": 0, "val": 0, "test": 0}
@@ -217,26 +175,16 @@ class ImageFolderDataModule(_SkippingImages):
     ``img_size / crop_pct`` and center-crop. Mean, std, crop_pct and interpolation default to the
     preset's (``model_name``, linked from the model by the CLI)."""
 
-    def __init__(self, root: str, img_size: int = 224, batch_size: int = 128, num_workers: int = 8,
-                 model_name: str | None = None, auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-                 re_prob: float = 0.25, scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5,
-                 color_jitter: float | None = 0.4,
-                 crop_pct: float | None = None, mean: tuple[float, ...] | None = None,
-                 std: tuple[float, ...] | None = None, interpolation: str | None = None,
-                 pin_memory: bool = True, train_dir: str = "train", val_dir: str = "val",
-                 test_dir: str | None = "test", decoder: Decoder = "pil") -> None:
-        super().__init__()
-        self.save_hyperparameters()
+    def __init__(self, root: str, train_dir: str = "train", val_dir: str = "val", test_dir: str | None = "test",
+                 decoder: Decoder = "pil", **image_args) -> None:
+        super().__init__(**image_args)
         self.root = Path(root).expanduser()
         self.classes = scan_image_folder(self.root, train_dir, val_dir, test_dir)
         self.num_classes = len(self.classes)
-        self.data_cfg = _data_cfg(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
-                                  interpolation=interpolation)
 
     def setup(self, stage: str | None = None) -> None:
         hp = self.hparams
-        self.train_set = SkippingImageFolder(str(self.root / hp.train_dir), train_transform(
-            self.data_cfg, **{k: hp[k] for k in TRAIN_AUGMENT}), hp.decoder)
+        self.train_set = SkippingImageFolder(str(self.root / hp.train_dir), self.train_transform(), hp.decoder)
         self.val_set = SkippingImageFolder(str(self.root / hp.val_dir), eval_transform(self.data_cfg), hp.decoder)
         if hp.test_dir and (self.root / hp.test_dir).is_dir():
             self.test_set = SkippingImageFolder(str(self.root / hp.test_dir), eval_transform(self.data_cfg), hp.decoder)

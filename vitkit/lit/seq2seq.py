@@ -16,10 +16,10 @@ from torch import Tensor
 from torchmetrics.text import BLEUScore
 
 import vitkit
+from vitkit.data.text import Tokenizer
 
 from .hparams import keep_own_hparams
 from .optim import inverse_sqrt
-from .text_data import Tokenizer
 
 
 class Seq2SeqModule(L.LightningModule):

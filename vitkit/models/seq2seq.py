@@ -1,10 +1,11 @@
 """The Transformer encoder-decoder (Vaswani et al., 2017) on vitkit's Block and attention core.
 
 The encoder is a stack of self-attention blocks; the decoder block adds causal self-attention and
-cross-attention (``Block(cross=True)``). The same decoder reads a ViT or Swin encoder's tokens for
-image-to-text. Position encodings: the paper's sinusoids, learned, RoPE (q and k rotated inside the
-attention core) or ALiBi (an additive bias). Decoding: greedy or beam search, with a KV cache that
-grows by one step in self-attention and computes cross-attention K/V once.
+cross-attention (:class:`vitkit.layers.DecoderBlock`). The same decoder reads a ViT or Swin encoder's tokens
+for image-to-text. Position encodings: the paper's sinusoids, learned, RoPE (q and k rotated inside the
+attention core) or ALiBi (an additive bias). Decoding: greedy or beam search, with a self-attention KV cache
+allocated once and written in place (a ring buffer under a sliding window) and cross-attention K/V projected
+once.
 
 Shape legend: B batch, S source tokens, T target tokens, V vocabulary, C d_model, H heads, K beams.
 """
@@ -13,14 +14,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..layers import AttnBackend, Block, KVCache, sinusoidal_1d
-from ..layers.attention import Attention, check_backend
+from ..layers import (
+    Attention,
+    AttnBackend,
+    Block,
+    CrossAttention,
+    DecoderBlock,
+    KVCache,
+    MemoryKV,
+    Mlp,
+    PostNormBlock,
+    PostNormDecoderBlock,
+    sinusoidal_1d,
+)
+from ..layers.attention import check_backend
 from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
 from .vit import VIT_PRESETS, VisionTransformer, ViTConfig
 
@@ -104,13 +118,12 @@ class Positions(nn.Module):
             self.register_buffer("slopes", alibi_slopes(cfg.num_heads), persistent=False)
         self.max_len = cfg.max_len
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        """Embeddings (B, T, C) of the tokens at positions start..start+T-1 -> (B, T, C)."""
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Embeddings (B, T, C) of the tokens at ``positions`` (T,) -> (B, T, C)."""
         if self.kind in ("sinusoidal", "learned"):
-            T = x.shape[1]
-            if start + T > self.max_len:
-                raise ValueError(f"sequence of {start + T} tokens is longer than max_len={self.max_len}")
-            x = x + self.table[start: start + T].to(x.dtype)
+            if not torch.compiler.is_compiling() and int(positions[-1]) >= self.max_len:
+                raise ValueError(f"sequence of {int(positions[-1]) + 1} tokens is longer than max_len={self.max_len}")
+            x = x + self.table[positions].to(x.dtype)
         return self.drop(x)
 
     def rope(self, positions: Tensor) -> tuple[Tensor, Tensor] | None:
@@ -135,13 +148,14 @@ def _padding(tokens: Tensor, pad_id: int) -> Tensor | None:
 
 @dataclass
 class DecoderState:
-    """Per-layer caches of one decoding run: self-attention K/V grow, cross-attention K/V are fixed."""
+    """Per-layer caches of one decoding run: self-attention K/V are written step by step, cross-attention K/V
+    are projected once."""
 
     self_caches: list[KVCache]
-    cross_caches: list[KVCache]
+    cross_caches: list[MemoryKV]
     memory: Tensor
     memory_padding_mask: Tensor | None
-    step: int = 0  # tokens already decoded (absolute position of the next one)
+    step: int = 0  # tokens fed so far (set by generate; decode reads positions from the caches)
 
     def reorder(self, index: Tensor) -> None:
         for c in self.self_caches:
@@ -167,8 +181,6 @@ class Seq2SeqTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         C = cfg.d_model
-        block = dict(mlp_ratio=cfg.d_ff / C, drop=cfg.dropout, attn_drop=cfg.attn_dropout, norm=cfg.norm,
-                     norm_eps=cfg.norm_eps, num_kv_heads=cfg.num_kv_heads, attn_backend=cfg.attn_backend)
         self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, C, padding_idx=cfg.pad_id)
         if cfg.vision_encoder is not None:
             self.vision = vision_encoder(cfg.vision_encoder, **cfg.vision_overrides)
@@ -177,18 +189,34 @@ class Seq2SeqTransformer(nn.Module):
             self.src_embed = self.tgt_embed if cfg.share_embeddings else nn.Embedding(
                 cfg.src_vocab_size, C, padding_idx=cfg.pad_id)
             self.src_pos = Positions(cfg)
-            self.encoder = nn.ModuleList([Block(C, cfg.num_heads, **block) for _ in range(cfg.num_encoder_layers)])
+            self.encoder = nn.ModuleList([self._encoder_block() for _ in range(cfg.num_encoder_layers)])
             self.encoder_norm = nn.LayerNorm(C, eps=cfg.norm_eps) if cfg.norm == "pre" else nn.Identity()
             memory_dim = C
         self.tgt_pos = Positions(cfg)
         self.embed_scale = math.sqrt(C)  # embeddings are multiplied by √d_model (§3.4)
-        self.decoder = nn.ModuleList([Block(C, cfg.num_heads, cross=True, memory_dim=memory_dim, **block)
-                                      for _ in range(cfg.num_decoder_layers)])
+        self.decoder = nn.ModuleList([self._decoder_block(memory_dim) for _ in range(cfg.num_decoder_layers)])
         self.decoder_norm = nn.LayerNorm(C, eps=cfg.norm_eps) if cfg.norm == "pre" else nn.Identity()
         self.out = nn.Linear(C, cfg.tgt_vocab_size, bias=False)
         self.reset_parameters()
         if cfg.tie_output:
             self.out.weight = self.tgt_embed.weight
+
+    def _attention(self, cls: type[Attention] = Attention, **kw: Any) -> Attention:
+        cfg = self.cfg
+        return cls(cfg.d_model, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, attn_drop=cfg.attn_dropout,
+                   proj_drop=cfg.dropout, backend=cfg.attn_backend, **kw)
+
+    def _encoder_block(self) -> Block:
+        cfg = self.cfg
+        block = PostNormBlock if cfg.norm == "post" else Block
+        return block(cfg.d_model, self._attention(), Mlp(cfg.d_model, cfg.d_ff, drop=cfg.dropout),
+                     norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps))
+
+    def _decoder_block(self, memory_dim: int) -> DecoderBlock:
+        cfg = self.cfg
+        block = PostNormDecoderBlock if cfg.norm == "post" else DecoderBlock
+        return block(cfg.d_model, self._attention(), self._attention(CrossAttention, kv_dim=memory_dim),
+                     Mlp(cfg.d_model, cfg.d_ff, drop=cfg.dropout), norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps))
 
     def reset_parameters(self) -> None:
         """Xavier-uniform matrices (as the reference implementations), N(0, C^-1/2) embeddings."""
@@ -223,7 +251,7 @@ class Seq2SeqTransformer(nn.Module):
         pad = _padding(src, self.cfg.pad_id)
         pos = torch.arange(src.shape[1], device=src.device)
         rope, bias = self.src_pos.rope(pos), self.src_pos.alibi(pos, pos, causal=False)
-        x = self.src_pos(self.src_embed(src) * self.embed_scale)
+        x = self.src_pos(self.src_embed(src) * self.embed_scale, pos)
         for blk in self.encoder:
             x = blk(x, key_padding_mask=pad, rope=rope, bias=bias)
         return self.encoder_norm(x), pad
@@ -242,27 +270,21 @@ class Seq2SeqTransformer(nn.Module):
                state: DecoderState | None = None, last_only: bool = False) -> Tensor:
         """Target tokens (B, T) -> logits (B, T, V); with ``state``, tgt_in continues the cached prefix.
         ``last_only`` projects only the last position to the vocabulary ((B, 1, V), for decoding)."""
-        start = state.step if state is not None else 0
-        T = tgt_in.shape[1]
-        q_pos = torch.arange(start, start + T, device=tgt_in.device)
-        W = self.cfg.sliding_window
-        k_pos = torch.arange(state.self_caches[0].offset if state is not None else 0, start + T,
-                             device=tgt_in.device)  # positions of the keys after this step's append
-        if state is not None and W is not None:
-            if T > 1 and start + T > W:
-                raise ValueError(f"with sliding_window={W} a cached decode step takes one token, got {T}")
-            k_pos = k_pos[-W:]  # the cache keeps the last W keys
+        T, dev = tgt_in.shape[1], tgt_in.device
+        if state is None:
+            q_pos = k_pos = torch.arange(T, device=dev)
+        else:  # positions of this step's queries, and of the cache's keys once this step is written
+            q_pos, k_pos = state.self_caches[0].positions(T, dev)
         rope, bias = self.tgt_pos.rope(q_pos), self.tgt_pos.alibi(q_pos, k_pos, causal=True)
-        mask = self._window_mask(q_pos, k_pos, W)
+        # with a cache, causality and the sliding window come from the cache's positions
+        mask = self._window_mask(q_pos, k_pos, self.cfg.sliding_window) if state is None else None
         pad = _padding(tgt_in, self.cfg.pad_id) if state is None else None
-        x = self.tgt_pos(self.tgt_embed(tgt_in) * self.embed_scale, start)
+        x = self.tgt_pos(self.tgt_embed(tgt_in) * self.embed_scale, q_pos)
         for i, blk in enumerate(self.decoder):
-            x = blk(x, is_causal=True, key_padding_mask=pad, rope=rope, bias=bias, attn_mask=mask,
-                    cache=state.self_caches[i] if state is not None else None,
-                    memory=memory, memory_padding_mask=memory_padding_mask,
-                    memory_cache=state.cross_caches[i] if state is not None else None)
-        if state is not None:
-            state.step += T
+            x = blk(x, memory, memory_padding_mask=memory_padding_mask,
+                    memory_cache=state.cross_caches[i] if state is not None else None,
+                    is_causal=True, key_padding_mask=pad, rope=rope, bias=bias, attn_mask=mask,
+                    cache=state.self_caches[i] if state is not None else None)
         return self.out(self.decoder_norm(x[:, -1:] if last_only else x))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
@@ -272,15 +294,22 @@ class Seq2SeqTransformer(nn.Module):
 
     # -- generation --------------------------------------------------------------------------------
 
-    def start_state(self, memory: Tensor, memory_padding_mask: Tensor | None) -> DecoderState:
-        n = len(self.decoder)
-        return DecoderState([KVCache(window=self.cfg.sliding_window) for _ in range(n)],
-                            [KVCache() for _ in range(n)], memory, memory_padding_mask)
+    def start_state(self, memory: Tensor, memory_padding_mask: Tensor | None,
+                    size: int | None = None) -> DecoderState:
+        """Caches for decoding up to ``size`` tokens (default ``max_len``); the memory's K/V projected now."""
+        cfg = self.cfg
+        cross = [MemoryKV(*blk.cross_attn.project_kv(memory)) for blk in self.decoder]
+        caches = [KVCache(size or cfg.max_len, window=cfg.sliding_window) for _ in self.decoder]
+        for cache, kv in zip(caches, cross, strict=True):  # allocated here, so a compiled step never allocates
+            cache.allocate(memory.shape[0], cfg.num_kv_heads or cfg.num_heads, cfg.d_model // cfg.num_heads,
+                           kv.k.dtype, memory.device)
+        return DecoderState(caches, cross, memory, memory_padding_mask)
 
     def _next_logprobs(self, tokens: Tensor, state: DecoderState, use_cache: bool) -> Tensor:
         """Log-probabilities (B, V) of the token after ``tokens`` (B, t)."""
         if use_cache:
             logits = self.decode(tokens[:, state.step:], state.memory, state.memory_padding_mask, state, True)
+            state.step = tokens.shape[1]
         else:  # recompute the whole prefix: the reference, and the baseline of the cache's speed-up
             logits = self.decode(tokens, state.memory, state.memory_padding_mask, last_only=True)
         return F.log_softmax(logits[:, -1].float(), dim=-1)
@@ -298,7 +327,7 @@ class Seq2SeqTransformer(nn.Module):
         cfg, B = self.cfg, memory.shape[0]
         tokens = torch.full((B, 1), cfg.bos_id, dtype=torch.long, device=memory.device)
         done = torch.zeros(B, dtype=torch.bool, device=memory.device)
-        state = self.start_state(memory, pad)
+        state = self.start_state(memory, pad, max_len)
         for _ in range(max_len):
             nxt = self._next_logprobs(tokens, state, use_cache).argmax(-1)
             nxt = nxt.masked_fill(done, cfg.pad_id)
@@ -316,7 +345,7 @@ class Seq2SeqTransformer(nn.Module):
         (B·K) batch are beams, b·K + k."""
         cfg, B, dev = self.cfg, memory.shape[0], memory.device
         state = self.start_state(memory.repeat_interleave(K, dim=0),  # (B·K, M, C), cross K/V made once
-                                 pad.repeat_interleave(K, dim=0) if pad is not None else None)
+                                 pad.repeat_interleave(K, dim=0) if pad is not None else None, max_len)
         tokens = torch.full((B * K, 1), cfg.bos_id, dtype=torch.long, device=dev)
         scores = torch.full((B, K), float("-inf"), device=dev)
         scores[:, 0] = 0.0  # all beams start identical: expand only the first

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
@@ -17,10 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import AttnBackend, Block, PatchEmbed, drop_path_rates
+from ..layers import AttnBackend, Block, Mlp, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
-from ..layers.pos_embed import resize_rel_pos_table
-from ..layers.window import WindowPlan, is_symbolic, relative_position_bias, token_index
+from ..layers.window import WindowAttention, WindowPlan, is_symbolic, token_index
 from .config import IMAGENET, DataConfig, check_image, pair
 from .features import new_head, resize_patch_conv, take_indices
 
@@ -107,21 +107,19 @@ class SwinStage(nn.Module):
         self.grad_checkpointing = False
         self.downsample = PatchMerging(dim, out_dim, cfg.norm_eps) if i else nn.Identity()
         self.blocks = nn.Sequential(*[
-            Block(out_dim, cfg.num_heads[i], mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.proj_drop_rate,
-                  attn_drop=cfg.attn_drop_rate, drop_path=dp, norm_eps=cfg.norm_eps, rel_pos_window=self.window,
-                  attn_backend=cfg.attn_backend)
+            Block(out_dim,
+                  WindowAttention(out_dim, cfg.num_heads[i], self.window, qkv_bias=cfg.qkv_bias,
+                                  attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate,
+                                  backend=cfg.attn_backend),
+                  Mlp(out_dim, int(out_dim * cfg.mlp_ratio), drop=cfg.proj_drop_rate),
+                  norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), drop_path=dp)
             for dp in drop_path
         ])
 
     def set_window(self, window: tuple[int, int]) -> None:
         """Use another window; each block's relative-position table is resized to it."""
         for blk in self.blocks:
-            attn = blk.attn
-            if tuple(attn.rel_pos_window) != tuple(window):
-                table = resize_rel_pos_table(attn.relative_position_bias_table, window, attn.rel_pos_window)
-                attn.relative_position_bias_table = nn.Parameter(
-                    table, requires_grad=attn.relative_position_bias_table.requires_grad)
-                attn.rel_pos_window = tuple(window)
+            blk.attn.set_table_window(window)
         self.window = tuple(window)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -134,12 +132,11 @@ class SwinStage(nn.Module):
         prev = None
         for blk, plan in zip(self.blocks, plans, strict=True):
             x = x.index_select(1, token_index(prev, plan, x.device))  # (B, nW·N, C)
-            bias = relative_position_bias(blk.attn, plan.window)[None, None]  # (1, 1, heads, N, N)
             x = x.view(B, plan.num_windows, -1, C)  # (B, nW, N, C)
             if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
-                x = checkpoint(blk, x, bias=bias, attn_mask=plan.mask(x.device), use_reentrant=False)
+                x = checkpoint(blk, x, window=plan.window, attn_mask=plan.mask(x.device), use_reentrant=False)
             else:
-                x = blk(x, bias=bias, attn_mask=plan.mask(x.device))
+                x = blk(x, window=plan.window, attn_mask=plan.mask(x.device))
             x, prev = x.flatten(1, 2), plan
         return x.index_select(1, token_index(prev, None, x.device)).view(B, H, W, C)
 
@@ -335,13 +332,12 @@ class SwinTransformer(nn.Module):
             _, H, W, _ = x.shape
             for j, blk in enumerate(st.blocks):
                 plan = WindowPlan.make(H, W, st.window, shifted=j % 2 == 1)
-                bias = relative_position_bias(blk.attn, plan.window)[None, None]
                 windows = plan.partition(x)
                 if (i, j) == (stage, block):
-                    _, attn = blk.attn(blk.norm1(windows), bias=bias, attn_mask=plan.mask(x.device),
+                    _, attn = blk.attn(blk.norm1(windows), window=plan.window, attn_mask=plan.mask(x.device),
                                        return_attn=True)
                     return attn, plan
-                x = plan.reverse(blk(windows, bias=bias, attn_mask=plan.mask(x.device)))
+                x = plan.reverse(blk(windows, window=plan.window, attn_mask=plan.mask(x.device)))
         raise IndexError(f"no block {block} in stage {stage}")
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import AttnBackend, Block, PatchEmbed, drop_path_rates, sincos_2d
+from ..layers import Attention, AttnBackend, Block, Mlp, PatchEmbed, drop_path_rates, sincos_2d
 from ..layers.attention import check_backend
 from ..layers.pos_embed import resample_abs_pos_embed
 from .config import IMAGENET, INCEPTION, RAW, DataConfig, check_image, pair
@@ -95,9 +96,11 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
         self.norm_pre = nn.LayerNorm(C, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
         self.blocks = nn.Sequential(*[
-            Block(C, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias, drop=cfg.proj_drop_rate,
-                  attn_drop=cfg.attn_drop_rate, drop_path=dp, init_values=cfg.init_values,
-                  norm_eps=cfg.norm_eps, num_kv_heads=cfg.num_kv_heads, attn_backend=cfg.attn_backend)
+            Block(C,
+                  Attention(C, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, qkv_bias=cfg.qkv_bias,
+                            attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate, backend=cfg.attn_backend),
+                  Mlp(C, int(C * cfg.mlp_ratio), drop=cfg.proj_drop_rate),
+                  norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), init_values=cfg.init_values, drop_path=dp)
             for dp in drop_path_rates(cfg.drop_path_rate, cfg.depth)
         ])
         use_fc_norm = cfg.global_pool == "avg" if cfg.fc_norm is None else cfg.fc_norm

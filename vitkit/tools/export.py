@@ -300,7 +300,7 @@ class OnnxModel:
         """A PIL image -> the (1, C, H, W) float32 input, with the eval transform the metadata records."""
         from types import SimpleNamespace
 
-        from vitkit.transforms import eval_transform
+        from vitkit.data.transforms import eval_transform
 
         c, h, w = self.meta["input_size"]
         cfg = SimpleNamespace(img_size=(h, w), in_chans=c, mean=tuple(self.meta["mean"]),

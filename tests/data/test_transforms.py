@@ -5,7 +5,7 @@ import torch
 from PIL import Image
 
 from vitkit import get_config
-from vitkit.transforms import eval_transform, train_transform
+from vitkit.data.transforms import eval_transform, train_transform
 
 
 def test_randaugment_at_full_magnitude_runs_with_current_pillow():
@@ -33,3 +33,16 @@ def test_train_transform_pickles_for_spawned_loader_workers():
     cfg = SimpleNamespace(img_size=32, in_chans=3, mean=(0.5,) * 3, std=(0.5,) * 3)
     tf = pickle.loads(pickle.dumps(train_transform(cfg)))
     assert tf(Image.new("RGB", (40, 40), (10, 20, 30))).shape == (3, 32, 32)
+
+
+def test_posterize_at_full_magnitude_keeps_one_bit():
+    """Where timm's posterize would keep 0 bits (Pillow >= 11 refuses), the image keeps 1 bit per channel."""
+    from vitkit.data.transforms import AtLeastOneBit
+
+    cfg = get_config("vit_tiny_patch16_224", img_size=32)
+    ra = next(t for t in train_transform(cfg, auto_augment="rand-m10-n1-inc1").transforms if hasattr(t, "ops"))
+    posterize = [op for op in ra.ops if isinstance(op, AtLeastOneBit)]
+    assert [op.op.name for op in posterize] == ["PosterizeIncreasing"]
+    posterize[0].op.prob = 1.0
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8))
+    assert set(np.unique(np.asarray(posterize[0](img)))) <= {0, 128}

@@ -1,4 +1,4 @@
-"""ImageNet-layout folders as litdata shards: the conversion (``vitkit prepare-data``) and the streaming dataset.
+"""ImageNet-layout folders as litdata shards: the conversion (``vitkit prepare-data``) and the dataset's marker.
 
 A converted dataset is a folder with one litdata dataset per split (``OUT/train``, ``OUT/val``, optionally
 ``OUT/test``) and ``OUT/vitkit_dataset.json``, written last: a folder without it is an unfinished
@@ -17,21 +17,18 @@ import json
 import logging
 import multiprocessing
 import os
-import random
 import re
 import shutil
 import sys
 import zlib
-from contextlib import contextmanager
 from functools import partial
-from io import BytesIO
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-import torch
 
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+from .folder import _image_files, decode, scan_image_folder
+
 MARKER = "vitkit_dataset.json"  # written last; its presence means every split is complete
 INPUTS = ".vitkit_inputs.json"  # the file list a conversion started from, to resume only that one
 # 1: class after class (vitkit before the shuffled write; refused by readers), 2: every split in a seeded random order
@@ -39,77 +36,8 @@ FORMAT = 2
 # litdata starts its workers with spawn, which re-imports torch in each (seconds per split); fork shares what
 # this process has loaded. Where fork is unavailable (Windows) or unsafe (macOS), litdata's default stays.
 START_METHOD = "fork" if sys.platform.startswith("linux") else None
-Decoder = Literal["pil", "torchvision"]
 
 log = logging.getLogger(__name__)
-
-
-# -- the folder being converted ------------------------------------------------------------------------
-
-def _class_dirs(split_dir: Path) -> list[str]:
-    return sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
-
-
-def _image_files(d: Path) -> list[Path]:
-    return sorted(f for f in d.rglob("*") if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS)
-
-
-def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val",
-                      test_dir: str | None = None) -> list[str]:
-    """Check an ImageNet-layout root before any work starts; return the class names.
-
-    ``test_dir`` is checked like the others when that folder exists; it is optional."""
-    if not root.is_dir():
-        raise FileNotFoundError(f"ImageFolder root {str(root)!r} does not exist or is not a folder; expected "
-                                f"{root}/{train_dir}/<class>/*.jpg and {root}/{val_dir}/<class>/*.jpg")
-    splits = {}
-    optional = [test_dir] if test_dir and (root / test_dir).is_dir() else []
-    for split in (train_dir, val_dir, *optional):
-        d = root / split
-        if not d.is_dir():
-            raise FileNotFoundError(f"missing {str(d)!r}: expected {root}/{split}/<class>/<images>")
-        classes = _class_dirs(d)
-        if not classes:
-            raise ValueError(f"{str(d)!r} has no class folders: expected {d}/<class>/<images>")
-        empty = [c for c in classes if not any(f.suffix.lower() in IMG_EXTENSIONS
-                                               for f in (d / c).rglob("*") if f.is_file())]
-        if empty:
-            raise ValueError(f"class folder(s) without images in {str(d)!r}: {empty} "
-                             f"(image extensions: {', '.join(IMG_EXTENSIONS)})")
-        splits[split] = classes
-    if splits[train_dir] != splits[val_dir]:
-        only_t = sorted(set(splits[train_dir]) - set(splits[val_dir]))
-        only_v = sorted(set(splits[val_dir]) - set(splits[train_dir]))
-        raise ValueError(f"train and val class folders differ in {str(root)!r}: only in {train_dir}: {only_t}; "
-                         f"only in {val_dir}: {only_v}")
-    for split in optional:
-        if splits[split] != splits[train_dir]:
-            raise ValueError(f"{split} class folders differ from {train_dir} in {str(root)!r}: "
-                             f"{splits[split]} vs {splits[train_dir]}")
-    return splits[train_dir]
-
-
-# -- decoding --------------------------------------------------------------------------------------------
-
-def decode(data: bytes, decoder: Decoder = "pil"):
-    """Encoded image bytes -> an RGB PIL image (what timm's transforms take).
-
-    ``torchvision`` decodes JPEG with libjpeg-turbo through ``torchvision.io.decode_jpeg`` and everything
-    else with PIL; ``pil`` decodes everything with PIL. Raises OSError (or another PIL error) on data that is
-    not a readable image."""
-    from PIL import Image
-
-    if decoder == "torchvision" and data[:3] == b"\xff\xd8\xff":  # the JPEG start-of-image marker
-        from torchvision.io import ImageReadMode, decode_jpeg
-
-        try:
-            x = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-        except RuntimeError as e:  # as PIL fails on a damaged file: OSError
-            raise OSError(f"cannot decode JPEG data: {e}") from e
-        return Image.fromarray(x.permute(1, 2, 0).numpy())  # (H, W, 3) uint8
-    img = Image.open(BytesIO(data))
-    img.load()  # decode now: a truncated file raises here, not later inside a transform
-    return img.convert("RGB")
 
 
 # -- conversion ------------------------------------------------------------------------------------------
@@ -267,44 +195,12 @@ def _read_marker(location: str) -> dict[str, Any]:
             raise FileNotFoundError(f"{folder} is not a converted dataset (no {MARKER}); write one with "
                                     f"`vitkit prepare-data IMAGE_ROOT OUT`{hint}")
         return json.loads(path.read_text())
-    import tempfile
+    import fsspec  # object stores through their fsspec filesystems (s3fs, gcsfs, adlfs), as the user installed them
 
-    from litdata.streaming.fs_provider import _get_fs_provider
-
-    with tempfile.TemporaryDirectory() as tmp:
-        local = os.path.join(tmp, MARKER)
-        try:
-            _get_fs_provider(location).download_file(location.rstrip("/") + "/" + MARKER, local)
-        except Exception as e:
-            raise FileNotFoundError(f"cannot read {location.rstrip('/')}/{MARKER} ({type(e).__name__}: {e}); a "
-                                    "dataset written by `vitkit prepare-data` and uploaded whole has it") from e
-        with open(local) as f:
-            return json.load(f)
-
-
-# -- reading ---------------------------------------------------------------------------------------------
-
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """The random stream of one sample's augmentation: a function of the seed, the epoch and the sample only,
-    so it does not depend on which rank or worker reads the sample, or on where a run was resumed."""
-    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, np.uint32)[0])
-
-
-@contextmanager
-def seeded(seed: int):
-    """Python's, NumPy's and torch's global generators set to ``seed`` inside, and restored after, except in a
-    loader worker, whose generators serve the samples alone (saving NumPy's state costs more than seeding it)."""
-    from torch.utils.data import get_worker_info
-
-    cpu = torch.default_generator  # not torch.manual_seed: it also queues a CUDA seed, with a stack trace each time
-    states = None if get_worker_info() is not None else (random.getstate(), np.random.get_state(), cpu.get_state())
-    random.seed(seed)
-    np.random.seed(seed)
-    cpu.manual_seed(seed)
+    url = location.rstrip("/") + "/" + MARKER
     try:
-        yield
-    finally:
-        if states is not None:
-            random.setstate(states[0])
-            np.random.set_state(states[1])
-            cpu.set_state(states[2])
+        with fsspec.open(url, "rb") as f:
+            return json.load(f)
+    except Exception as e:
+        raise FileNotFoundError(f"cannot read {url} ({type(e).__name__}: {e}); a dataset written by `vitkit "
+                                "prepare-data` and uploaded whole has it") from e

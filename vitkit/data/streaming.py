@@ -1,0 +1,146 @@
+"""Reading converted shards with litdata: the streaming dataset of one split, each sample's own augmentation
+stream, and a training loader with the same number of batches on every rank and a position that can be saved.
+
+litdata gives every rank and worker its own part of each epoch (``drop_last=False``: no sample is dropped), so
+ranks can end an epoch with different numbers of batches; ``EvenBatches`` pads the shorter ones with empty
+batches, which the classifier trains on as "no sample here", and DDP's collectives stay in step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from litdata import StreamingDataLoader, StreamingDataset
+
+from .folder import Decoder, decode
+
+log = logging.getLogger(__name__)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The random stream of one sample's augmentation: a function of the seed, the epoch and the sample only,
+    so it does not depend on which rank or worker reads the sample, or on where a run was resumed."""
+    return int(np.random.SeedSequence([seed, epoch, index]).generate_state(1, np.uint32)[0])
+
+
+@contextmanager
+def seeded(seed: int):
+    """Python's, NumPy's and torch's global generators set to ``seed`` inside, and restored after, except in a
+    loader worker, whose generators serve the samples alone (saving NumPy's state costs more than seeding it)."""
+    from torch.utils.data import get_worker_info
+
+    cpu = torch.default_generator  # not torch.manual_seed: it also queues a CUDA seed, with a stack trace each time
+    states = None if get_worker_info() is not None else (random.getstate(), np.random.get_state(), cpu.get_state())
+    random.seed(seed)
+    np.random.seed(seed)
+    cpu.manual_seed(seed)
+    try:
+        yield
+    finally:
+        if states is not None:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+            cpu.set_state(states[2])
+
+
+class ImageShards(StreamingDataset):
+    """One split of a converted dataset, decoded and transformed: yields ``(image, label)``, or ``None`` for a
+    sample that cannot be decoded (counted by the data module, like an unreadable file).
+
+    The augmentation of each sample draws from its own stream (``sample_seed``), so what a sample becomes in
+    an epoch does not depend on the rank or worker that reads it, or on where a run was resumed."""
+
+    def __init__(self, input_dir: str, transform=None, *, shuffle: bool = False, seed: int = 0,
+                 decoder: Decoder = "pil", **kwargs: Any) -> None:
+        super().__init__(input_dir, shuffle=shuffle, drop_last=False, seed=seed, **kwargs)
+        self.image_transform, self.decoder, self.augment_seed = transform, decoder, seed
+
+    def __getitem__(self, index):
+        sample = super().__getitem__(index)
+        i = int(getattr(index, "index", index))
+        try:
+            img = decode(sample["image"], self.decoder)
+        except Exception as e:  # noqa: BLE001 - a sample damaged after conversion (disk, upload)
+            log.debug("skipping undecodable sample %d (%s): %s", i, sample.get("path"), e)
+            return None
+        if self.image_transform is None:
+            return img, sample["label"]
+        with seeded(sample_seed(self.augment_seed, self.current_epoch, i)):
+            return self.image_transform(img), sample["label"]
+
+
+def batches_per_rank(dataset: StreamingDataset, num_workers: int, batch_size: int) -> list[int]:
+    """How many batches each rank's loader yields in an epoch: litdata gives each worker a number of samples
+    and every worker ends with its own partial batch. The counts depend on the dataset size, ranks, workers
+    and batch size, not on the epoch's shuffle."""
+    workers = max(num_workers, 1)
+    dataset.get_len(workers, batch_size)  # builds litdata's shuffler for this rank layout
+    _, intervals = dataset.shuffler.get_chunks_and_intervals_per_workers(
+        dataset.distributed_env, workers, batch_size, dataset.current_epoch)
+    per_worker = [math.ceil(sum(iv[2] - iv[1] for iv in worker) / batch_size) for worker in intervals]
+    return [sum(per_worker[r * workers:(r + 1) * workers]) for r in range(dataset.distributed_env.world_size)]
+
+
+class EvenBatches:
+    """A training ``StreamingDataLoader`` with the same number of batches per epoch on every rank (the shorter
+    ranks end with empty batches), and a position that can be saved and restored at any batch.
+
+    ``position()`` / ``restore()`` are deliberately not ``state_dict()`` / ``load_state_dict()``: Lightning
+    would save a loader with those from rank 0 alone, and restore rank 0's position on every rank."""
+
+    def __init__(self, loader: StreamingDataLoader) -> None:
+        self.loader = loader
+        counts = batches_per_rank(loader.dataset, loader.num_workers, loader.batch_size)
+        self.rank = loader.dataset.distributed_env.global_rank
+        self.real, self.length = counts[self.rank], max(counts)
+        self.batches = self.real_batches = 0  # yielded so far in this epoch
+        self._resume: dict | None = None
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        resume, self._resume = self._resume, None
+        if resume is not None and resume["batches"] >= self.length:  # saved at the end of an epoch
+            self.loader.current_epoch, resume = resume["epoch"], None
+        if resume is None:  # a new epoch; litdata's own iterator may have been left before its end
+            self.loader.restore = False
+            self.batches = self.real_batches = 0
+            real = iter(self.loader)
+        else:
+            self.batches, self.real_batches = resume["batches"], resume["real_batches"]
+            if self.real_batches >= self.real:  # only padding was left: litdata's epoch is over
+                self.loader.current_epoch, real = resume["epoch"], iter(())
+            else:
+                self.loader.load_state_dict(resume["loader"])
+                real = iter(self.loader)
+        for batch in real:
+            self.batches += 1
+            self.real_batches += 1
+            yield batch
+        if self.real_batches != self.real:
+            raise RuntimeError(f"rank {self.rank}: the streaming loader yielded {self.real_batches} batches this "
+                               f"epoch where {self.real} were expected from litdata's assignment")
+        while self.batches < self.length:
+            self.batches += 1
+            yield None, None, 0  # as a batch whose every file was unreadable: no sample on this rank
+
+    def position(self) -> dict[str, Any]:
+        """Where this rank is in the epoch: counted in batches handed to training (Lightning does not
+        prefetch from a loader with a length), so a restore continues with the next one."""
+        return {"loader": self.loader.state_dict(), "epoch": self.loader.current_epoch, "batches": self.batches,
+                "real_batches": self.real_batches, "length": self.length}
+
+    def restore(self, position: dict[str, Any]) -> None:
+        """Continue from ``position`` at the next ``iter()``."""
+        if position["length"] != self.length:
+            raise ValueError(f"the checkpoint's loader position is for {position['length']} batches per epoch, this "
+                             f"loader has {self.length}: resume with the batch size, number of workers and number "
+                             "of ranks the checkpoint was written with")
+        self._resume = position

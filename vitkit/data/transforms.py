@@ -1,0 +1,83 @@
+"""Image transforms, from timm's factory so that they match the recipes the presets were trained with."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from PIL import ImageOps
+from timm.data import create_transform
+from timm.data.auto_augment import AugmentOp
+from torch import Tensor, nn
+
+from ..builder import get_config
+from ..models.config import IMAGENET, pair
+
+# The train-augmentation arguments of the image data modules, passed to ``train_transform`` as they are.
+TRAIN_AUGMENT = ("auto_augment", "re_prob", "scale", "hflip", "color_jitter")
+
+
+def eval_transform(cfg) -> nn.Module:
+    """Resize to img_size / crop_pct, center-crop img_size, to tensor, normalise with the model's mean/std."""
+    return create_transform(input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=False,
+                            interpolation=cfg.interpolation, mean=cfg.mean, std=cfg.std, crop_pct=cfg.crop_pct)
+
+
+def train_transform(cfg, *, auto_augment: str | None = "rand-m9-mstd0.5-inc1", re_prob: float = 0.25,
+                    scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5,
+                    color_jitter: float | None = 0.4) -> nn.Module:
+    """timm's train pipeline: RandomResizedCrop, flip, RandAugment (or, without it, colour jitter), normalise,
+    random erasing."""
+    tf = create_transform(input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=True, scale=tuple(scale),
+                          hflip=hflip, color_jitter=color_jitter, auto_augment=auto_augment, interpolation="bicubic",
+                          re_prob=re_prob, re_mode="pixel", re_count=1, mean=cfg.mean, std=cfg.std)
+    for t in getattr(tf, "transforms", []):
+        ops = getattr(t, "ops", None)
+        if isinstance(ops, list):
+            ops[:] = [AtLeastOneBit(op) if isinstance(op, AugmentOp) and op.name.startswith("Posterize") else op
+                      for op in ops]
+    return tf
+
+
+class AtLeastOneBit:
+    """timm's posterize keeps 0 bits at magnitude 10 (reachable with mstd noise), which Pillow >= 11 rejects
+    mid-epoch; this wraps timm's op and gives 1 bit, the strongest posterize Pillow accepts, where it would
+    have given 0. A class, not a closure, so the transform pickles into loader workers started with ``spawn``
+    (macOS, or after litdata's ``optimize``)."""
+
+    def __init__(self, op: AugmentOp) -> None:
+        self.op = op
+
+    def __call__(self, img):
+        try:
+            return self.op(img)
+        except ValueError as e:  # Pillow: "bits must be in range 1 to 8" (0 asked)
+            if "bits" not in str(e):
+                raise
+            return ImageOps.posterize(img, 1)
+
+    def __repr__(self) -> str:
+        return repr(self.op)
+
+
+def data_config(model_name: str | None, img_size: int, **given) -> SimpleNamespace:
+    """The eval-data settings of a preset (mean, std, crop_pct, interpolation), any of them overridden."""
+    base = get_config(model_name) if model_name else SimpleNamespace(**IMAGENET, crop_pct=0.875,
+                                                                             interpolation="bicubic")
+    fields = {k: getattr(base, k) for k in ("mean", "std", "crop_pct", "interpolation")}
+    fields.update({k: v for k, v in given.items() if v is not None})
+    return SimpleNamespace(img_size=img_size, in_chans=3, **fields)
+
+
+def random_affine(x: Tensor, degrees: float, translate: float, scale: tuple[float, float]) -> Tensor:
+    """A different random rotation, shift and zoom for every image of a batch, in one grid_sample."""
+    B = x.shape[0]
+    angle = (torch.rand(B, device=x.device) * 2 - 1) * math.radians(degrees)
+    s = torch.empty(B, device=x.device).uniform_(*scale)
+    t = (torch.rand(B, 2, device=x.device) * 2 - 1) * translate * 2  # grid coordinates span [-1, 1]
+    cos, sin = angle.cos() / s, angle.sin() / s
+    theta = torch.stack([torch.stack([cos, -sin, t[:, 0]], 1), torch.stack([sin, cos, t[:, 1]], 1)], 1)  # (B, 2, 3)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
