@@ -258,3 +258,30 @@ def test_the_image_data_modules_share_one_definition_of_their_arguments():
         assert own in defaults
         for p in shared:
             assert defaults[p.name] == p.default, (cls.__name__, p.name)
+
+
+def _first_pixel(img) -> torch.Tensor:  # at module level: loader workers pickle the transform
+    return torch.tensor(img.getpixel((0, 0)))
+
+
+@pytest.mark.parametrize("batch_size,num_workers", [(4, 0), (4, 2), (5, 3), (32, 2)])
+def test_the_batch_count_of_an_epoch_is_what_litdata_yields(shards, batch_size, num_workers):
+    """``batches_per_rank`` (computed from the sizes, without litdata's internals) equals the batches litdata's
+    loader yields; an epoch left after one batch is followed by a whole one, with every sample once."""
+    from functools import partial
+
+    from litdata import StreamingDataLoader
+
+    from vitkit.data.folder import collate_skipping
+    from vitkit.data.streaming import EvenBatches, ImageShards, batches_per_rank
+
+    make = partial(StreamingDataLoader, ImageShards(str(shards / "train"), _first_pixel, shuffle=True),
+                   batch_size=batch_size, num_workers=num_workers, collate_fn=collate_skipping)
+    yielded = sum(1 for _ in make())
+    assert batches_per_rank(N_TRAIN, 1, num_workers, batch_size) == [yielded]
+    even = EvenBatches(make, N_TRAIN)
+    assert len(even) == even.real == yielded
+    next(iter(even))  # leave the first epoch after one batch
+    pixels = torch.cat([x for x, _, _ in even])  # the next epoch, whole
+    ids = (pixels[:, 0] - 2) // 4 + 64 * ((pixels[:, 1] - 2) // 4)  # see conftest._solid
+    assert even.batches == yielded and sorted(ids.tolist()) == list(range(N_TRAIN))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
+from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
@@ -75,16 +77,26 @@ class ImageShards(StreamingDataset):
             return self.image_transform(img), sample["label"]
 
 
-def batches_per_rank(dataset: StreamingDataset, num_workers: int, batch_size: int) -> list[int]:
-    """How many batches each rank's loader yields in an epoch: litdata gives each worker a number of samples
-    and every worker ends with its own partial batch. The counts depend on the dataset size, ranks, workers
-    and batch size, not on the epoch's shuffle."""
+def litdata_ranks() -> tuple[int, int]:
+    """(world size, rank) as litdata assigns samples: the ``WORLD_SIZE`` / ``GLOBAL_RANK`` variables when set,
+    else the process group, else one rank."""
+    dist = torch.distributed
+    size, rank = (dist.get_world_size(), dist.get_rank()) if dist.is_available() and dist.is_initialized() else (1, 0)
+    return int(os.environ.get("WORLD_SIZE", size)), int(os.environ.get("GLOBAL_RANK", rank))
+
+
+def batches_per_rank(num_items: int, world_size: int, num_workers: int, batch_size: int) -> list[int]:
+    """How many batches each rank's loader yields in an epoch with ``drop_last=False``, as litdata (0.2.76)
+    budgets a split: every rank gets ``num_items // batch_size // world_size`` batches' worth of samples,
+    spread over its workers (the first ones take one more batch each), and the last rank's next worker also takes
+    the samples left over; every worker then ends with its own partial batch. The counts depend on the sizes
+    alone, not on the epoch's shuffle; :class:`EvenBatches` checks them against what the loader yields."""
     workers = max(num_workers, 1)
-    dataset.get_len(workers, batch_size)  # builds litdata's shuffler for this rank layout
-    _, intervals = dataset.shuffler.get_chunks_and_intervals_per_workers(
-        dataset.distributed_env, workers, batch_size, dataset.current_epoch)
-    per_worker = [math.ceil(sum(iv[2] - iv[1] for iv in worker) / batch_size) for worker in intervals]
-    return [sum(per_worker[r * workers:(r + 1) * workers]) for r in range(dataset.distributed_env.world_size)]
+    per_rank = num_items // batch_size // world_size
+    base, rem = divmod(per_rank, workers)
+    items = [[(base + (w < rem)) * batch_size for w in range(workers)] for _ in range(world_size)]
+    items[-1][rem % workers] += num_items - per_rank * world_size * batch_size
+    return [sum(math.ceil(n / batch_size) for n in rank) for rank in items]
 
 
 class EvenBatches:
@@ -94,13 +106,15 @@ class EvenBatches:
     ``position()`` / ``restore()`` are deliberately not ``state_dict()`` / ``load_state_dict()``: Lightning
     would save a loader with those from rank 0 alone, and restore rank 0's position on every rank."""
 
-    def __init__(self, loader: StreamingDataLoader) -> None:
-        self.loader = loader
-        counts = batches_per_rank(loader.dataset, loader.num_workers, loader.batch_size)
-        self.rank = loader.dataset.distributed_env.global_rank
-        self.real, self.length = counts[self.rank], max(counts)
+    def __init__(self, make_loader: Callable[[], StreamingDataLoader], num_items: int) -> None:
+        self.make_loader, self.loader = make_loader, make_loader()
+        world_size, self.rank = litdata_ranks()
+        counts = batches_per_rank(num_items, world_size, self.loader.num_workers, self.loader.batch_size)
+        rank = self.rank
+        self.real, self.length = counts[rank], max(counts)
         self.batches = self.real_batches = 0  # yielded so far in this epoch
         self._resume: dict | None = None
+        self._finished = True  # litdata's iterator ran to its end (or never ran)
 
     def __len__(self) -> int:
         return self.length
@@ -109,8 +123,10 @@ class EvenBatches:
         resume, self._resume = self._resume, None
         if resume is not None and resume["batches"] >= self.length:  # saved at the end of an epoch
             self.loader.current_epoch, resume = resume["epoch"], None
-        if resume is None:  # a new epoch; litdata's own iterator may have been left before its end
-            self.loader.restore = False
+        if resume is None:  # a new epoch
+            if not self._finished:  # litdata's iterator was left before its end: a fresh loader starts anew
+                epoch, self.loader = self.loader.current_epoch, self.make_loader()
+                self.loader.current_epoch = epoch
             self.batches = self.real_batches = 0
             real = iter(self.loader)
         else:
@@ -120,10 +136,12 @@ class EvenBatches:
             else:
                 self.loader.load_state_dict(resume["loader"])
                 real = iter(self.loader)
+        self._finished = False
         for batch in real:
             self.batches += 1
             self.real_batches += 1
             yield batch
+        self._finished = True
         if self.real_batches != self.real:
             raise RuntimeError(f"rank {self.rank}: the streaming loader yielded {self.real_batches} batches this "
                                f"epoch where {self.real} were expected from litdata's assignment")

@@ -8,6 +8,7 @@ loader are in ``vitkit/data/streaming.py``.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,8 @@ class StreamingImageDataModule(_SkippingImages):
                                    pin_memory=hp.pin_memory and torch.cuda.is_available())
 
     def train_dataloader(self) -> EvenBatches:
-        previous, self._train_loader = self._train_loader, EvenBatches(self._loader(self.train_set, True))
+        previous, self._train_loader = self._train_loader, EvenBatches(
+            partial(self._loader, self.train_set, True), self.info["splits"]["train"]["samples"])
         if previous is not None:  # rebuilt between epochs (reload_dataloaders_every_n_epochs): keep the epoch count
             self._train_loader.loader.current_epoch = previous.loader.current_epoch
         if self._resume is not None:
