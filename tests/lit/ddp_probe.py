@@ -168,3 +168,60 @@ class RecordIds(Callback):
         ids = (rgb[:, 0] // 4 + 64 * (rgb[:, 1] // 4)).tolist()
         with open(os.path.join(self.out_dir, f"ids{trainer.global_rank}.txt"), "a") as f:
             f.writelines(f"{trainer.current_epoch} {batch_idx} {i}\n" for i in ids)
+
+
+class RecordTraining(Callback):
+    """Each rank's training loss at every batch (``losses{rank}.txt``), and at the end the full weights of the
+    module, EMA included, gathered from shards when sharded (``weights.pt``, rank 0)."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        with open(os.path.join(self.out_dir, f"losses{trainer.global_rank}.txt"), "a") as f:
+            f.write(f"{trainer.global_step} {float(outputs['loss']):.9g}\n")
+
+    def on_train_end(self, trainer, pl_module):
+        self.save_weights(trainer, pl_module, "weights.pt")
+
+    def save_weights(self, trainer, pl_module, name: str) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        if any(isinstance(p, DTensor) for p in pl_module.parameters()):
+            state = get_model_state_dict(pl_module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        else:
+            state = {k: v.detach().cpu() for k, v in pl_module.state_dict().items()}
+        if trainer.global_rank == 0:
+            torch.save(state, os.path.join(self.out_dir, name))
+
+
+class KillAfterShards(Callback):
+    """Every rank writes its shard of the checkpoint at a given step with torch's distributed checkpoint, then
+    SIGKILLs itself before the save completes, like a job lost in the middle of a sharded save."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        if trainer.global_step != self.step:
+            return
+        import torch.distributed.checkpoint as dcp
+
+        save = dcp.save
+
+        def save_then_die(*args, **kwargs):
+            save(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        dcp.save = save_then_die
+
+
+class RecordStartWeights(Callback):
+    """The full weights as training starts (after a resume has restored them), ``start_weights.pt`` on rank 0."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+
+    def on_train_start(self, trainer, pl_module):
+        RecordTraining(self.out_dir).save_weights(trainer, pl_module, "start_weights.pt")

@@ -7,10 +7,11 @@ from .classifier import EMA, ImageClassifier
 from .data import DigitsDataModule, ImageFolderDataModule
 from .lightning_cli import VitkitCLI, cli_main
 from .seq2seq import Seq2SeqModule
+from .strategies import FSDP2Strategy
 from .text_data import OcrDigitsDataModule, Seq2SeqDataModule
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DigitsDataModule", "ImageClassifier", "ImageFolderDataModule",
-           "ModelCheckpoint", "OcrDigitsDataModule", "Seq2SeqDataModule", "Seq2SeqModule", "Tokenizer",
+           "FSDP2Strategy", "ModelCheckpoint", "OcrDigitsDataModule", "Seq2SeqDataModule", "Seq2SeqModule", "Tokenizer",
            "StreamingImageDataModule", "TrainingCurves", "VitkitCLI", "cli_main"]
 
 

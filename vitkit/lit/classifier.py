@@ -9,6 +9,7 @@ from typing import Any, Literal
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
@@ -20,6 +21,7 @@ import vitkit
 
 from .hparams import gather_rng_states, keep_own_hparams, restore_rng_states, seed_rank
 from .optim import build_adamw, scaled_lambda, warmup_cosine
+from .sharding import check_gradients_sync, data_parallel_mesh, shard
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,24 @@ class EMA(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.module(x)
+
+
+class WarmupCosine:
+    """The LR multiplier of an optimizer step: linear warmup over ``warmup_epochs``, then cosine down to
+    ``min_lr_ratio`` at the last step; 1 until :meth:`set_length` gives the run's length."""
+
+    def __init__(self, warmup_epochs: float, min_lr_ratio: float) -> None:
+        self.warmup_epochs, self.min_lr_ratio = warmup_epochs, min_lr_ratio
+        self.total: int | None = None
+        self.warmup = 0
+
+    def set_length(self, total: int, max_epochs: int | None) -> None:
+        steps_per_epoch = total / max_epochs if max_epochs and max_epochs > 0 else total
+        self.total = total
+        self.warmup = min(total, max(1, round(self.warmup_epochs * steps_per_epoch))) if self.warmup_epochs > 0 else 0
+
+    def __call__(self, step: int) -> float:
+        return 1.0 if self.total is None else warmup_cosine(step, self.warmup, self.total, self.min_lr_ratio)
 
 
 class ImageClassifier(L.LightningModule):
@@ -149,9 +169,32 @@ class ImageClassifier(L.LightningModule):
         self._rank_seeded = False
 
     def configure_model(self) -> None:
-        if self.hparams.compile and not self._compiled:  # called again by every trainer.fit / test
+        if self._compiled:  # called again by every trainer.fit / test
+            return
+        self._compiled = True
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if isinstance(strategy, ModelParallelStrategy):  # FSDP2: every block, then the root; the EMA alike
+            options = getattr(strategy, "block_options", {})
+            mesh = data_parallel_mesh(self)
+            shard(self.model, mesh, self.trainer.precision, **options)
+            if self.ema is not None:
+                shard(self.ema.module, mesh)
+        elif self.hparams.compile:
             self.model.compile()  # in place: parameter names stay those of the plain model
-            self._compiled = True
+
+    def on_fit_start(self) -> None:
+        check_gradients_sync(self.trainer, self.model)
+
+    def on_train_start(self) -> None:
+        # The schedule's length is read here, not in configure_optimizers: asking Lightning for the number of
+        # steps builds the training loader's iterator, which draws from the global generator; at set-up time a
+        # sharded strategy has not yet restored a resumed run's generators, so that draw would not be the one
+        # the uninterrupted run made.
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        self._schedule.set_length(total, self.trainer.max_epochs)
+        sched = self.lr_schedulers()
+        for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+            group["lr"] = base * fn(sched.last_epoch)  # the current step's LR, now that the length is known
 
     def setup(self, stage: str) -> None:
         if not self._rank_seeded:  # once: a later fit or test in the same process must not add it again
@@ -304,11 +347,7 @@ class ImageClassifier(L.LightningModule):
     def configure_optimizers(self) -> dict:
         hp = self.hparams
         opt = build_adamw(self.model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.layer_decay)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        max_epochs = self.trainer.max_epochs
-        steps_per_epoch = total / max_epochs if max_epochs and max_epochs > 0 else total
-        warmup = min(total, max(1, round(hp.warmup_epochs * steps_per_epoch))) if hp.warmup_epochs > 0 else 0
-        ratio = hp.min_lr / hp.lr
-        fn = lambda s: warmup_cosine(s, warmup, total, ratio)  # noqa: E731
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, scaled_lambda(fn, [g["lr_scale"] for g in opt.param_groups]))
+        self._schedule = WarmupCosine(hp.warmup_epochs, hp.min_lr / hp.lr)  # its length is set in on_train_start
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, scaled_lambda(self._schedule, [g["lr_scale"] for g in opt.param_groups]))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import lightning as L
@@ -10,12 +11,33 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 from vitkit.data.folder import Decoder, SkippingImageFolder, collate_skipping, scan_image_folder
 from vitkit.data.transforms import TRAIN_AUGMENT, data_config, eval_transform, random_affine, train_transform
 
 log = logging.getLogger(__name__)
+
+
+class EpochSampler(DistributedSampler):
+    """An epoch's training order as a function of the run's seed (``seed_everything``), the epoch and the rank, as
+    Lightning's distributed sampler makes it, on one process too; it also seeds the loader's own generator (the
+    workers' seeds) by the epoch. Nothing is drawn from the global generator, so a resumed run shuffles its first
+    epoch as the uninterrupted run did, whether the loader's iterator is new or, with persistent workers, reused.
+    The loader is built with the epoch the run starts in: a resumed run's iterator is made before Lightning sets
+    the sampler's epoch."""
+
+    def __init__(self, dataset: Dataset, generator: torch.Generator, epoch: int = 0) -> None:
+        dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+        super().__init__(dataset, num_replicas=torch.distributed.get_world_size() if dist else 1,
+                         rank=torch.distributed.get_rank() if dist else 0, shuffle=True,
+                         seed=int(os.environ.get("PL_GLOBAL_SEED", 0)))
+        self.generator = generator
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.generator.manual_seed((self.seed * 1_000_003 + epoch) * 1_009 + self.rank)
 
 
 class _TrainValLoaders(L.LightningDataModule):
@@ -31,10 +53,17 @@ class _TrainValLoaders(L.LightningDataModule):
 
     def _loader(self, ds: Dataset, train: bool) -> DataLoader:
         hp = self.hparams
-        return DataLoader(ds, batch_size=hp.batch_size, shuffle=train, drop_last=train and self.drop_last_train,
-                          collate_fn=self.collate_fn, num_workers=hp.num_workers,
-                          pin_memory=hp.get("pin_memory", False) and torch.cuda.is_available(),
-                          persistent_workers=hp.num_workers > 0)
+        sampler = generator = None
+        if train:  # shuffled by (seed, epoch, rank), never by the global generator: see EpochSampler
+            generator = torch.Generator()
+            # the epoch Lightning will set on the sampler (a checkpoint written at validation's end, inside its
+            # epoch, resumes with that epoch processed though not completed)
+            epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
+            sampler = EpochSampler(ds, generator, epoch)
+        pin = hp.get("pin_memory", False) and torch.cuda.is_available()
+        return DataLoader(ds, batch_size=hp.batch_size, sampler=sampler, generator=generator,
+                          drop_last=train and self.drop_last_train, collate_fn=self.collate_fn,
+                          num_workers=hp.num_workers, pin_memory=pin, persistent_workers=hp.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, True)

@@ -1,19 +1,83 @@
-"""FSDP for large models: shard every transformer block, optionally checkpoint its activations."""
+"""FSDP2 for large models, as a strategy a config names: Lightning's ``ModelParallelStrategy`` with data-parallel
+sharding only, per-block options, and sharded checkpoints written atomically."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.strategies import FSDPStrategy
-
-from vitkit.layers import Block
+from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
 
-class BlockFSDPStrategy(FSDPStrategy):
-    """Lightning's FSDP with each :class:`vitkit.layers.Block` as its own shard unit, so a config can name it
-    by class path (``strategy: {class_path: vitkit.lit.strategies.BlockFSDPStrategy}``)."""
+class FSDP2Strategy(ModelParallelStrategy):
+    """Every rank holds a shard of each block's parameters, gradients and optimizer state (FSDP2, ``fully_shard``
+    on DTensors); vitkit's LightningModules shard their model in ``configure_model``. Runs on GPUs (NCCL) and on
+    CPU processes (gloo). On one node the model is sharded over all its processes; on several, over the
+    processes of each node and replicated across nodes (hybrid sharding), with every rank reading its own data.
 
-    def __init__(self, sharding_strategy: str = "FULL_SHARD", activation_checkpointing: bool = False,
-                 **kwargs: Any) -> None:
-        super().__init__(auto_wrap_policy={Block}, sharding_strategy=sharding_strategy,
-                         activation_checkpointing_policy={Block} if activation_checkpointing else None, **kwargs)
+    Args:
+        activation_checkpointing: recompute each block's activations in backward, to save memory.
+        compile_blocks: ``torch.compile`` each block in place before sharding it.
+        save_distributed_checkpoint: each rank writes its own shard (torch's distributed checkpoint, a folder);
+            False gathers one full file on rank 0.
+    """
+
+    def __init__(self, activation_checkpointing: bool = False, compile_blocks: bool = False,
+                 save_distributed_checkpoint: bool = True, **kwargs: Any) -> None:
+        super().__init__(save_distributed_checkpoint=save_distributed_checkpoint, **kwargs)
+        self.block_options = dict(activation_checkpointing=activation_checkpointing, compile_blocks=compile_blocks)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        """Every rank reads its own part of the data: the mesh's second dimension shards the model within a
+        node (vitkit applies no tensor parallelism), it does not share data."""
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        """Written beside the target and moved into place when every rank has written: a process killed during
+        a save leaves the previous checkpoint whole."""
+        path = Path(self.broadcast(str(filepath)))
+        tmp = path.with_name(path.name + ".saving")
+        if self.is_global_zero:  # saves are collective and one at a time: any other ".saving" was cut short
+            for stale in path.parent.glob("*.saving"):
+                _remove(stale)
+        self.barrier("vitkit_save_start")
+        super().save_checkpoint(checkpoint, tmp, storage_options)
+        self.barrier("vitkit_save_written")
+        if self.is_global_zero:  # two renames; between them only the previous checkpoint (".old") is whole
+            old = path.with_name(path.name + ".old")
+            _remove(old)
+            if path.exists():
+                path.replace(old)
+            tmp.replace(path)
+            _remove(old)
+        self.barrier("vitkit_save_done")
+
+    def remove_checkpoint(self, filepath) -> None:
+        if self.is_global_zero:
+            _remove(Path(filepath))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+class BlockFSDPStrategy:
+    """Retired: vitkit's large-model path is FSDP2 (:class:`FSDP2Strategy`), which runs on CPU processes too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise ValueError("vitkit.lit.strategies.BlockFSDPStrategy (FSDP1) is retired; use FSDP2 in its place: "
+                         "`strategy: {class_path: vitkit.lit.strategies.FSDP2Strategy, init_args: "
+                         "{activation_checkpointing: true}}` (see configs/vit_large_in1k_fsdp.yaml)")
+
+
+# `--trainer.strategy fsdp2` (and `strategy: fsdp2` in a recipe), as Lightning's own strategies register their
+# names; once per process, when vitkit.lit is imported
+if "fsdp2" not in StrategyRegistry:
+    StrategyRegistry.register("fsdp2", FSDP2Strategy, description="vitkit's FSDP2: every block sharded")
+    StrategyRegistry.register("fsdp2_activation_checkpointing", FSDP2Strategy, activation_checkpointing=True,
+                              description="vitkit's FSDP2 with each block's activations recomputed in backward")

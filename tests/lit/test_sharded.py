@@ -1,0 +1,191 @@
+"""FSDP2 on two CPU processes (gloo): the same training as DDP, step by step, with every part of the recipe on;
+a strategy that would leave gradients unsynchronised is refused before the first step."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import ROOT, TINY_VIT, run_in_repo
+
+PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
+TINY_SWIN = '{"embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "window_size": 4, "patch_size": 2}'
+RECIPE = ["--trainer.accumulate_grad_batches", "2", "--trainer.gradient_clip_val", "0.5",
+          "--trainer.gradient_clip_algorithm", "norm", "--model.layer_decay", "0.75", "--model.mixup", "0.8",
+          "--model.cutmix", "1.0", "--model.ema_decay", "0.9", "--model.label_smoothing", "0.1"]
+
+
+def _run(root: Path, strategy: str, model: str, overrides: str, *extra: str):
+    root.mkdir(parents=True)
+    args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
+            "--trainer.devices", "2", "--trainer.strategy", strategy, "--trainer.max_epochs", "1",
+            "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1", "--trainer.logger", "false",
+            "--trainer.default_root_dir", str(root), "--model.model_name", model, "--model.model_overrides", overrides,
+            "--trainer.callbacks+=ddp_probe.RecordTraining", "--trainer.callbacks.out_dir", str(root), *extra]
+    out = run_in_repo(args, env=PROBES, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def _losses(root: Path, rank: int) -> list[float]:
+    return [float(line.split()[1]) for line in (root / f"losses{rank}.txt").read_text().splitlines()]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("model,overrides", [("vit_tiny_patch16_224", TINY_VIT.replace('"depth": 1', '"depth": 2')),
+                                             ("swin_tiny_patch4_window7_224", TINY_SWIN)], ids=["vit", "swin"])
+def test_fsdp2_trains_as_ddp_does_with_the_whole_recipe_on(tmp_path, model, overrides):
+    """fp32, 2 ranks, 6 batches: accumulation over 2, clipping by norm, layer-wise LR decay, drop path, mixup and
+    cutmix, label smoothing, EMA. Every rank's loss at every batch, and the final weights and EMA weights, equal
+    DDP's within 1e-5."""
+    overrides = overrides[:-1] + ', "drop_path_rate": 0.2}'
+    _run(tmp_path / "ddp", "ddp", model, overrides, *RECIPE)
+    _run(tmp_path / "fsdp2", "fsdp2", model, overrides, *RECIPE)
+    for rank in (0, 1):
+        ddp, fsdp = _losses(tmp_path / "ddp", rank), _losses(tmp_path / "fsdp2", rank)
+        assert len(ddp) == 6 and len(set(ddp)) == 6
+        torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(ddp), atol=1e-5, rtol=0)
+    ddp, fsdp = (torch.load(tmp_path / d / "weights.pt") for d in ("ddp", "fsdp2"))
+    assert sorted(ddp) == sorted(fsdp) and any(k.startswith("ema.module.") for k in ddp)
+    for k in ddp:
+        torch.testing.assert_close(fsdp[k], ddp[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_a_model_parallel_strategy_without_sharding_is_refused(tmp_path):
+    """Lightning's ModelParallelStrategy with a module whose configure_model shards nothing: the ranks would
+    train apart, so the run stops before the first step and names the unsharded parameters."""
+    script = tmp_path / "unsharded.py"  # a file: Lightning starts the second rank by running it again
+    script.write_text(_UNSHARDED.format(root=str(tmp_path)))
+    out = run_in_repo([str(script)], env=PROBES, timeout=300)
+    assert out.returncode != 0
+    assert "20 trainable parameter(s) are not sharded (first: cls_token)" in out.stderr
+    assert "gradients would not be synchronised" in out.stderr
+
+
+_UNSHARDED = """
+import lightning as L
+from lightning.pytorch.strategies import ModelParallelStrategy
+from vitkit.lit import DigitsDataModule, ImageClassifier
+
+class Plain(ImageClassifier):
+    def configure_model(self):  # shards nothing
+        pass
+
+trainer = L.Trainer(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(data_parallel_size=2,
+                    tensor_parallel_size=1), max_steps=1, logger=False, enable_checkpointing=False,
+                    default_root_dir="{root}")
+trainer.fit(Plain(model_overrides=dict(depth=1, embed_dim=32, num_heads=2, patch_size=8), num_classes=10,
+                  img_size=32), DigitsDataModule())
+"""
+
+
+TINY_L = '{"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 8, "drop_path_rate": 0.1}'
+
+
+def _recipe(root: Path, devices: int, epochs: int, *extra: str):
+    """The FSDP2 recipe as it ships (bf16-mixed, activation checkpointing, EMA, mixup, accumulation over 2) on CPU
+    processes, with a tiny ViT on the digits: 4 batches, 2 optimizer steps per epoch."""
+    root.mkdir(parents=True, exist_ok=True)
+    args = ["train.py", "fit", "--config", "vit_large_in1k_fsdp", "--trainer.accelerator", "cpu",
+            "--trainer.devices", str(devices), "--data", "vitkit.lit.DigitsDataModule", "--data.batch_size", "16",
+            "--model.model_overrides", TINY_L, "--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches",
+            "4", "--trainer.limit_val_batches", "1", "--trainer.logger", "false", "--trainer.default_root_dir",
+            str(root), "--trainer.callbacks+=ddp_probe.RecordTraining", "--trainer.callbacks.out_dir", str(root),
+            *extra]
+    return run_in_repo(args, env=PROBES, timeout=300)
+
+
+def _step(checkpoint: Path) -> int:
+    return torch.load(checkpoint / "meta.pt", weights_only=False)["global_step"]
+
+
+def _assert_same_weights(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.timeout(900)
+def test_a_kill_during_a_sharded_save_keeps_the_last_checkpoint_and_the_resumed_run_ends_as_an_unkilled_one(
+        tmp_path):
+    """The shipped recipe on 2 processes. Killed while writing the checkpoint of epoch 1 (step 4), after every
+    shard was written: ``last.ckpt`` is still epoch 0's, whole; ``--ckpt_path last`` resumes from it and ends
+    with the weights (EMA included) of the run that was never killed."""
+    full = _recipe(tmp_path / "full", 2, 3)
+    assert full.returncode == 0, full.stderr[-3000:]
+    killed = _recipe(tmp_path / "killed", 2, 3, "--trainer.callbacks+=ddp_probe.KillAfterShards",
+                     "--trainer.callbacks.step", "4")
+    assert killed.returncode != 0
+    last = tmp_path / "killed/checkpoints/last.ckpt"
+    assert last.is_dir() and _step(last) == 2 and (last / ".metadata").exists()
+    resumed = _recipe(tmp_path / "killed", 2, 3, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert _step(last) == 6 and not list((tmp_path / "killed/checkpoints").glob("*.saving"))
+    _assert_same_weights(torch.load(tmp_path / "full/weights.pt"), torch.load(tmp_path / "killed/weights.pt"))
+
+
+@pytest.mark.timeout(900)
+def test_a_sharded_checkpoint_resumes_on_another_number_of_processes(tmp_path):
+    """Saved by 1 process, resumed on 2; saved by those 2, resumed on 1: each run starts from the weights the
+    previous one ended with."""
+    for i, (devices, epochs) in enumerate([(1, 1), (2, 2), (1, 3)]):
+        extra = ["--trainer.callbacks+=ddp_probe.RecordStartWeights", "--trainer.callbacks.out_dir",
+                 str(tmp_path / f"run{i}")]
+        if i:
+            extra += ["--ckpt_path", str(tmp_path / f"run{i - 1}/checkpoints/last.ckpt")]
+        out = _recipe(tmp_path / f"run{i}", devices, epochs, *extra)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert _step(tmp_path / f"run{i}/checkpoints/last.ckpt") == 2 * epochs
+        if i:
+            _assert_same_weights(torch.load(tmp_path / f"run{i - 1}/weights.pt"),
+                                 torch.load(tmp_path / f"run{i}/start_weights.pt"))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(root: Path, strategy: str, epochs: int, *extra: str) -> list:
+    """Node 0 and node 1, one process each, on loopback (``NODE_RANK``, ``MASTER_ADDR``), as a launcher on each
+    node of a 2-node job starts them, into one shared root."""
+    import subprocess
+    import sys
+
+    port = str(_free_port())
+    args = [sys.executable, "train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator",
+            "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "2", "--trainer.strategy", strategy,
+            "--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches",
+            "1", "--trainer.default_root_dir", str(root), "--model.model_overrides", TINY_VIT,
+            "--model.ema_decay", "0.9", "--trainer.callbacks+=ddp_probe.RecordTraining",
+            "--trainer.callbacks.out_dir", str(root), *extra]
+    procs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **PROBES, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                                   "NODE_RANK": str(node), "LOCAL_RANK": "0"})
+             for node in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    return outs
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_nodes_train_save_and_resume_into_one_root(tmp_path, strategy):
+    """Two 1-process nodes train one epoch into a shared root: node 0 writes the checkpoint (each node its shards
+    under FSDP2), both nodes log their losses; then both resume from ``last`` and train a second epoch."""
+    _two_nodes(tmp_path, strategy, 1)
+    last = tmp_path / "checkpoints/last.ckpt"
+    assert last.exists() and (last.is_dir() if strategy == "fsdp2" else last.is_file())
+    if strategy == "fsdp2":
+        assert sorted(p.name for p in last.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert len((tmp_path / "losses0.txt").read_text().splitlines()) == 3
+    assert len((tmp_path / "losses1.txt").read_text().splitlines()) == 3
+    _two_nodes(tmp_path, strategy, 2, "--ckpt_path", "last")
+    meta = torch.load(last / "meta.pt" if strategy == "fsdp2" else last, weights_only=False)
+    assert (meta["epoch"], meta["global_step"]) == (1, 6)
+    assert len((tmp_path / "losses1.txt").read_text().splitlines()) == 6  # the resumed epoch, appended
