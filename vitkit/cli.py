@@ -229,7 +229,10 @@ def convert(args: argparse.Namespace) -> int:
     import vitkit
     from vitkit.checkpoints.files import atomic_write, write_safetensors
 
+    if (args.dst is None) == (args.output is None):
+        raise SystemExit("error: give the destination once: `vitkit convert SRC DST` or `vitkit convert SRC -o DST`")
     net = vitkit.create_model(args.model, checkpoint=args.src, **json.loads(args.overrides))
+    args.dst = args.dst or args.output
     dst = Path(args.dst)
     if dst.suffix == ".safetensors":
         write_safetensors(net.state_dict(), dst, metadata={"format": "pt"})
@@ -377,8 +380,10 @@ def _data_and_plot_commands(sub) -> None:
     s.add_argument("--seed", type=int, default=0, help="seed of the random order each split is written in (default: 0)")
     s.set_defaults(fn=prepare_data)
     s = sub.add_parser("convert", help="any checkpoint format -> vitkit/timm folder or state-dict file")
-    s.add_argument("src")
-    s.add_argument("dst", help="a folder (model.safetensors + config.json), or a .safetensors / .pth / .bin file")
+    s.add_argument("src", help="any format vitkit reads, a sharded (FSDP2) checkpoint folder included")
+    s.add_argument("dst", nargs="?", help="a folder (model.safetensors + config.json), or a .safetensors / .pth / "
+                   ".bin file")
+    s.add_argument("-o", "--output", help="the destination, as DST")
     s.add_argument("--model", help="preset name, for formats that do not record it")
     s.add_argument("--overrides", default="{}", help=OVERRIDES)
     s.set_defaults(fn=convert)

@@ -189,3 +189,46 @@ def test_two_nodes_train_save_and_resume_into_one_root(tmp_path, strategy):
     meta = torch.load(last / "meta.pt" if strategy == "fsdp2" else last, weights_only=False)
     assert (meta["epoch"], meta["global_step"]) == (1, 6)
     assert len((tmp_path / "losses1.txt").read_text().splitlines()) == 6  # the resumed epoch, appended
+
+
+@pytest.mark.timeout(600)
+def test_a_sharded_checkpoint_is_read_converted_predicted_and_exported_as_saved(tmp_path):
+    """The folder FSDP2 wrote goes wherever a checkpoint file goes: ``create_model(checkpoint=)`` (name and size
+    from its hyper-parameters), ``vitkit convert SHARDED -o model.safetensors``, ``vitkit predict`` and ``vitkit
+    export``; a ``.metadata`` that would import anything else is refused before torch unpickles it."""
+    import pickle
+
+    import vitkit
+    from vitkit.checkpoints import UnsafeCheckpointError
+
+    out = _recipe(tmp_path / "run", 1, 1)
+    assert out.returncode == 0, out.stderr[-3000:]
+    sharded = tmp_path / "run/checkpoints/last.ckpt"
+    net = vitkit.create_model(checkpoint=sharded)
+    assert net.name == "vit_large_patch16_224" and net.load_report.format == "lightning"
+    trained = torch.load(tmp_path / "run/weights.pt")
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, trained[f"model.{k}"]), k
+    converted = tmp_path / "model.safetensors"
+    cli = ["-m", "vitkit.cli"]
+    assert run_in_repo([*cli, "convert", str(sharded), "-o", str(converted)]).returncode == 0
+    import json
+
+    again = vitkit.create_model("vit_large_patch16_224", checkpoint=converted, num_classes=10, **json.loads(TINY_L))
+    x = torch.randn(2, 3, 224, 224)
+    torch.testing.assert_close(again.eval()(x), net.eval()(x), atol=0, rtol=0)
+    from PIL import Image
+
+    Image.new("RGB", (40, 40), (200, 30, 30)).save(tmp_path / "img.png")
+    pred = run_in_repo([*cli, "predict", str(tmp_path / "img.png"), "--checkpoint", str(sharded), "--topk", "1"])
+    assert pred.returncode == 0 and pred.stdout.startswith(f"{tmp_path / 'img.png'}: "), pred.stderr[-2000:]
+    exported = run_in_repo([*cli, "export", str(sharded), "-o", str(tmp_path / "m.onnx")], timeout=300)
+    assert exported.returncode == 0 and (tmp_path / "m.onnx").exists(), exported.stderr[-2000:]
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("executed",))
+
+    (sharded / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(UnsafeCheckpointError, match="builtins.print"):
+        vitkit.create_model(checkpoint=sharded)

@@ -33,11 +33,12 @@ class UnsafeCheckpointError(CheckpointError):
 
 
 def resolve(path: str | os.PathLike) -> tuple[Path, dict | None]:
-    """The weight file behind ``path`` and the ``config.json`` beside it (for a folder), if any."""
+    """The weight file behind ``path`` and the ``config.json`` beside it (for a folder), if any; a sharded
+    checkpoint's folder is its own weight file."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
-    if path.is_file():
+    if path.is_file() or is_sharded(path):
         return path, None
     config = None
     if (path / "config.json").is_file():
@@ -56,10 +57,13 @@ def resolve(path: str | os.PathLike) -> tuple[Path, dict | None]:
 
 
 def read_file(path: Path) -> dict[str, Any]:
-    """Load a ``.safetensors`` file or a ``torch.save`` file of tensors and plain containers, on CPU.
+    """Load a ``.safetensors`` file, a ``torch.save`` file of tensors and plain containers, or a sharded
+    checkpoint's folder (:func:`read_sharded`), on CPU.
 
     Pickles go through ``torch.load(weights_only=True)``: a file that would import anything other than
     tensors, containers and :data:`SAFE_GLOBALS` is refused, and its code never runs."""
+    if is_sharded(path):
+        return read_sharded(path)
     if path.suffix == ".safetensors":
         try:
             return load_file(path, device="cpu")
@@ -84,6 +88,55 @@ def read_file(path: Path) -> dict[str, Any]:
                               f"{_first_line(e)}") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path} holds a {type(obj).__name__}, expected a dict of tensors (a state_dict)")
+    return obj
+
+
+# -- sharded checkpoints: torch's distributed checkpoint (FSDP2, Lightning's ModelParallelStrategy) ---------------
+
+# What a distributed checkpoint's ``.metadata`` pickle may import: torch's checkpoint metadata classes and the few
+# torch and pathlib names they hold (checked on torch 2.14.1).
+_DCP_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                ("pathlib", "WindowsPath"), ("collections", "OrderedDict")}
+
+
+def is_sharded(path: Path) -> bool:
+    """A folder of torch's distributed checkpoint: ``.metadata`` and one ``*.distcp`` shard file per rank."""
+    return path.is_dir() and (path / ".metadata").is_file()
+
+
+class _MetadataCheck(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if not (module.startswith("torch.distributed.checkpoint.") or (module, name) in _DCP_GLOBALS or dtype):
+            raise UnsafeCheckpointError(f"refused to load a sharded checkpoint: its .metadata asks to import and call "
+                                        f"{module}.{name}, which can run arbitrary code; nothing from it was executed")
+        return super().find_class(module, name)
+
+
+def read_sharded(path: Path) -> dict[str, Any]:
+    """Every rank's shards of a distributed checkpoint gathered into one dict on CPU, with Lightning's ``meta.pt``
+    (hyper-parameters, progress) merged in when it is there. The ``.metadata`` pickle torch reads with plain
+    ``pickle`` is checked first (:data:`_DCP_GLOBALS`); the gathered dict is then read like any pickle."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    try:
+        with open(path / ".metadata", "rb") as f:
+            _MetadataCheck(f).load()
+    except UnsafeCheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"{path / '.metadata'} is not readable (truncated or corrupt?): "
+                              f"{_first_line(e)}") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        full = Path(tmp) / "full.pt"
+        try:
+            dcp_to_torch_save(path, full)
+        except Exception as e:
+            raise CheckpointError(f"{path} is not a readable sharded checkpoint (a shard missing or torn?): "
+                                  f"{_first_line(e)}") from None
+        obj = read_file(full)
+    if (path / "meta.pt").is_file():
+        obj = {**read_file(path / "meta.pt"), **obj}
     return obj
 
 
