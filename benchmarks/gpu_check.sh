@@ -5,6 +5,7 @@
 # 2. ViT-B/16 and Swin-T train + infer img/s and MFU in bf16 autocast, beside timm eager and compiled
 # 3. decoding tokens/s with and without the KV cache
 # 4. the tests marked `gpu` (no host sync in a training step)
+# 5. the FSDP2 recipe (ViT-L/16, bf16-mixed, activation checkpointing) trains 4 steps on every GPU present
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -20,4 +21,8 @@ done
 $PY benchmarks/decode.py --model transformer_base --batch-size 32 --new-tokens 128 --device cuda \
     --out $OUT/gpu_transformer_base_decode.csv
 $PY -m pytest -q -m gpu tests | tee $OUT/gpu_tests.txt
+NGPU=$($PY -c "import torch; print(torch.cuda.device_count())")
+$PY train.py fit --config vit_large_in1k_fsdp --trainer.devices "$NGPU" --trainer.max_steps 4 \
+    --trainer.limit_val_batches 1 --trainer.logger false --data vitkit.lit.DigitsDataModule --data.batch_size 32 \
+    --data.num_workers 2 --trainer.default_root_dir $OUT/gpu_fsdp2 2>&1 | tail -5 | tee $OUT/gpu_fsdp2.txt
 cat $OUT/gpu_*_eager.md $OUT/gpu_*_compiled.md $OUT/gpu_transformer_base_decode.md

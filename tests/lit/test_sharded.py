@@ -232,3 +232,24 @@ def test_a_sharded_checkpoint_is_read_converted_predicted_and_exported_as_saved(
     (sharded / ".metadata").write_bytes(pickle.dumps(Evil()))
     with pytest.raises(UnsafeCheckpointError, match="builtins.print"):
         vitkit.create_model(checkpoint=sharded)
+
+
+@pytest.mark.timeout(600)
+def test_the_encoder_decoder_trains_as_under_ddp_and_decodes_in_validation(tmp_path):
+    """Seq2SeqModule under FSDP2 on 2 processes: the same per-batch losses as DDP, and validation's greedy decoding,
+    which stops on each rank when its own batch is done, runs on gathered weights instead of waiting on the other
+    rank's collectives."""
+    for strategy in ("ddp", "fsdp2"):
+        root = tmp_path / strategy
+        root.mkdir()
+        args = ["train.py", "fit", "--config", "configs/seq2seq_reverse.yaml", "--trainer.accelerator", "cpu",
+                "--trainer.devices", "2", "--trainer.strategy", strategy, "--trainer.max_epochs", "1",
+                "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2", "--trainer.logger", "false",
+                "--trainer.default_root_dir", str(root), "--model.val_max_len", "12",
+                "--trainer.callbacks+=ddp_probe.RecordTraining", "--trainer.callbacks.out_dir", str(root)]
+        out = run_in_repo(args, env=PROBES, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+    for rank in (0, 1):
+        ddp, fsdp = _losses(tmp_path / "ddp", rank), _losses(tmp_path / "fsdp2", rank)
+        assert len(ddp) == 4
+        torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(ddp), atol=1e-5, rtol=0)

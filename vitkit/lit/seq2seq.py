@@ -12,6 +12,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor
 from torchmetrics.text import BLEUScore
 
@@ -20,6 +21,7 @@ from vitkit.data.text import Tokenizer
 
 from .hparams import keep_own_hparams
 from .optim import inverse_sqrt
+from .sharding import check_gradients_sync, data_parallel_mesh, gathered, shard
 
 
 class Seq2SeqModule(L.LightningModule):
@@ -58,8 +60,19 @@ class Seq2SeqModule(L.LightningModule):
         keep_own_hparams(self)
         self.model = vitkit.create_model(model_name, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
                                          **(model_overrides or {}))
+        self._sharded = False
         self.tgt_tokenizer = Tokenizer.from_dict(tokenizers["tgt"]) if tokenizers else None
         self.bleu = torch.nn.ModuleDict({split: BLEUScore(n_gram=4, smooth=True) for split in ("val", "test")})
+
+    def configure_model(self) -> None:
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if isinstance(strategy, ModelParallelStrategy) and not self._sharded:  # FSDP2: every block, then the root
+            options = getattr(strategy, "block_options", {})
+            shard(self.model, data_parallel_mesh(self), self.trainer.precision, **options)
+            self._sharded = True
+
+    def on_fit_start(self) -> None:
+        check_gradients_sync(self.trainer, self.model)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.model(src, tgt_in)
@@ -101,8 +114,9 @@ class Seq2SeqModule(L.LightningModule):
         real = tgt_out != pad
         self.log(f"{split}/loss", self._loss(logits, tgt_out), prog_bar=True, batch_size=B)
         self.log(f"{split}/token_acc", ((logits.argmax(-1) == tgt_out) & real).sum() / real.sum(), batch_size=B)
-        out = self.model.generate(src, max_len=min(self.hparams.val_max_len, tgt_out.shape[1] + 8),
-                                  beam_size=self.hparams.val_beam_size)
+        with gathered(self.model):  # ranks decode for different numbers of steps
+            out = self.model.generate(src, max_len=min(self.hparams.val_max_len, tgt_out.shape[1] + 8),
+                                      beam_size=self.hparams.val_beam_size)
         T = max(out.shape[1], tgt_out.shape[1])
         out, ref = F.pad(out, (0, T - out.shape[1]), value=pad), F.pad(tgt_out, (0, T - tgt_out.shape[1]), value=pad)
         ends = (out == eos).cumsum(1) - (out == eos).int()  # > 0 after the first EOS
@@ -122,5 +136,6 @@ class Seq2SeqModule(L.LightningModule):
     @torch.no_grad()
     def translate(self, src: Tensor, beam_size: int = 1, max_len: int | None = None) -> list[str]:
         """Decode a batch of sources to text with the checkpoint's own tokenizer."""
-        return [self.tgt_tokenizer.decode(t) for t in
-                self.model.generate(src.to(self.device), max_len or self.hparams.val_max_len, beam_size=beam_size)]
+        with gathered(self.model):  # sharded: ranks decode for different numbers of steps
+            out = self.model.generate(src.to(self.device), max_len or self.hparams.val_max_len, beam_size=beam_size)
+        return [self.tgt_tokenizer.decode(t) for t in out]

@@ -3,11 +3,14 @@ of Lightning's ``ModelParallelStrategy``; and the check that no rank trains with
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from vitkit.layers import Block
@@ -41,6 +44,23 @@ def shard(model: nn.Module, mesh, precision: str = "32-true", *, activation_chec
             fully_shard(module, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+@contextmanager
+def gathered(model: nn.Module) -> Iterator[None]:
+    """Inside, every FSDP2 unit of ``model`` holds its full parameters and keeps them from one forward to the next,
+    so ranks may run different numbers of forwards (decoding that stops when its batch is done) without the
+    collectives of a gather per forward. Entering and leaving are collectives: every rank must do both."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True, recurse=False)
 
 
 def data_parallel_mesh(module: L.LightningModule):
