@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -310,11 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["train"]:  # everything after `train` belongs to LightningCLI
         from vitkit.lit.lightning_cli import cli_main
 
-        if from_shell:  # LightningCLI reads sys.argv itself, and names the program `vitkit train` in --help
-            sys.argv = [f"{Path(sys.argv[0]).name} train", *argv[1:]]
-            cli_main()
-        else:
-            cli_main(argv[1:])
+        # sys.argv stays as typed (this script, then `train ...`): Lightning starts the other processes of a
+        # multi-device run by running that same command line again. LightningCLI then warns that it was given
+        # both; that is the point here.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            cli_main(argv[1:], prog=f"{Path(sys.argv[0]).name} train" if from_shell else "vitkit train")
         return 0
     if argv[:1] == ["bench"]:
         return bench(argv[1:])

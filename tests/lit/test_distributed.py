@@ -66,3 +66,20 @@ def test_a_nan_on_one_rank_is_skipped_by_all_and_an_empty_batch_adds_no_gradient
     assert out.stderr.count("skipping step 1: non-finite training loss nan/inf on another rank") == 1
     assert "train/skipped_files" in (tmp_path / "logs/version_0/metrics.csv").read_text()
     assert (tmp_path / "checkpoints/last.ckpt").exists()  # the run finished, no hang
+
+
+@pytest.mark.timeout(600)
+def test_the_vitkit_command_starts_every_rank_of_a_multi_process_run(tmp_path):
+    """``vitkit train fit --trainer.devices 2``: Lightning starts rank 1 by running the command line again, which
+    must still be the ``vitkit`` script followed by ``train``."""
+    import shutil
+    import sys
+
+    script = shutil.which("vitkit", path=str(Path(sys.executable).parent))
+    assert script, "the vitkit console script is not installed beside this Python"
+    out = run_in_repo([script, "train", "fit", "--config=vit_tiny_digits", "--trainer.accelerator=cpu",
+                       "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_epochs=1",
+                       "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--trainer.logger=false",
+                       f"--trainer.default_root_dir={tmp_path}", f"--model.model_overrides={TINY_VIT}"], timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "MEMBER: 2/2" in out.stderr and (tmp_path / "checkpoints/last.ckpt").exists()

@@ -165,6 +165,7 @@ class VitkitCLI(LightningCLI):
                     raise SystemExit(f"error: {e}") from None  # a message, not a traceback
 
 
-def cli_main(args: list[str] | None = None, run: bool = True) -> LightningCLI:
-    """``python train.py fit --config configs/vit_tiny_digits.yaml``; ``args`` replaces sys.argv[1:]."""
-    return VitkitCLI(args=args, run=run)
+def cli_main(args: list[str] | None = None, run: bool = True, prog: str | None = None) -> LightningCLI:
+    """``python train.py fit --config configs/vit_tiny_digits.yaml``; ``args`` replaces sys.argv[1:], ``prog`` names
+    the program in ``--help``."""
+    return VitkitCLI(args=args, run=run, **({"parser_kwargs": {"prog": prog}} if prog else {}))
