@@ -38,12 +38,10 @@ class KVCache:
         self.pos = torch.full((self.size,), -1, dtype=torch.long, device=device)
         self.next = torch.zeros((), dtype=torch.long, device=device)
 
-    def positions(self, T: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        """(query positions (T,), key positions (S,) once T more tokens are written); changes nothing."""
-        if self.pos is None:
-            q_pos = torch.arange(T, device=device)
-            return q_pos, torch.full((self.size,), -1, dtype=torch.long, device=device).index_copy(0, q_pos, q_pos)
-        q_pos = self.next + torch.arange(T, device=device)
+    def positions(self, T: int) -> tuple[Tensor, Tensor]:
+        """(query positions (T,), key positions (S,) once T more tokens are written) of an allocated cache;
+        changes nothing."""
+        q_pos = self.next + torch.arange(T, device=self.next.device)
         return q_pos, self.pos.index_copy(0, q_pos % self.size, q_pos)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -54,7 +52,7 @@ class KVCache:
             self._check_room(T)
         if self.k is None:
             self.allocate(B, Hkv, D, k.dtype, k.device)
-        q_pos, key_pos = self.positions(T, k.device)
+        q_pos, key_pos = self.positions(T)
         slots = q_pos % self.size
         self.k.index_copy_(2, slots, k)
         self.v.index_copy_(2, slots, v)

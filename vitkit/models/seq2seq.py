@@ -274,7 +274,7 @@ class Seq2SeqTransformer(nn.Module):
         if state is None:
             q_pos = k_pos = torch.arange(T, device=dev)
         else:  # positions of this step's queries, and of the cache's keys once this step is written
-            q_pos, k_pos = state.self_caches[0].positions(T, dev)
+            q_pos, k_pos = state.self_caches[0].positions(T)
         rope, bias = self.tgt_pos.rope(q_pos), self.tgt_pos.alibi(q_pos, k_pos, causal=True)
         # with a cache, causality and the sliding window come from the cache's positions
         mask = self._window_mask(q_pos, k_pos, self.cfg.sliding_window) if state is None else None
