@@ -195,3 +195,34 @@ def test_image_folder_layout_errors_come_before_training(image_folder, tmp_path)
     (root / "train/class_3/a.png").write_bytes((root / "train/class_0").glob("*.png").__next__().read_bytes())
     with pytest.raises(ValueError, match=r"differ .*only in train: \['class_3'\]; only in val: \[\]"):
         ImageFolderDataModule(str(root))
+
+
+def test_a_sharded_save_killed_between_its_renames_is_settled_to_the_newest_whole_checkpoint(tmp_path):
+    """The three places a save can be cut short: between the renames (no last.ckpt: the whole new one takes the
+    name), after them (a leftover .old goes), before them (a .saving beside last.ckpt was never finished)."""
+    from vitkit.lit.strategies import settle_interrupted_saves
+
+    def folder(name: str, step: int) -> None:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "step").write_text(str(step))
+
+    folder("last.ckpt.old", 1)
+    folder("last.ckpt.saving", 2)
+    folder("best.ckpt", 1)
+    folder("best.ckpt.old", 0)
+    folder("epoch=3.ckpt", 3)
+    folder("epoch=4.ckpt.saving", 4)
+    settle_interrupted_saves(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.ckpt", "epoch=3.ckpt", "last.ckpt"]
+    assert [(tmp_path / n / "step").read_text() for n in ("last.ckpt", "best.ckpt", "epoch=3.ckpt")] == ["2", "1", "3"]
+    settle_interrupted_saves(tmp_path / "absent")  # a run that has not saved yet
+
+
+def test_a_strategy_named_by_class_path_is_built_and_the_retired_fsdp1_one_is_refused_with_its_successor(tmp_path):
+    base = ["--config", "vit_tiny_digits", "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
+    cli = cli_main([*base, "--trainer.strategy", "vitkit.lit.strategies.FSDP2Strategy"], run=False)
+    assert type(cli.trainer.strategy).__name__ == "FSDP2Strategy"
+    with pytest.raises(SystemExit, match="BlockFSDPStrategy .FSDP1. is retired; use FSDP2 in its place"):
+        cli_main([*base, "--trainer.strategy", "vitkit.lit.strategies.BlockFSDPStrategy"], run=False)
+    with pytest.raises(SystemExit, match="expected a subclass of lightning's Strategy, got <module"):
+        cli_main([*base, "--trainer.strategy", "os.path"], run=False)

@@ -2,6 +2,7 @@
 a strategy that would leave gradients unsynchronised is refused before the first step."""
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -119,9 +120,17 @@ def test_a_kill_during_a_sharded_save_keeps_the_last_checkpoint_and_the_resumed_
     assert killed.returncode != 0
     last = tmp_path / "killed/checkpoints/last.ckpt"
     assert last.is_dir() and _step(last) == 2 and (last / ".metadata").exists()
+    # and as if a later save of the same state were killed between its two renames: no last.ckpt, the previous
+    # one as last.ckpt.old, the new one whole as last.ckpt.saving
+    for cut_short in last.parent.glob("*.saving"):  # the save the kill interrupted
+        shutil.rmtree(cut_short)
+    shutil.copytree(last, last.with_name("last.ckpt.saving"))
+    last.replace(last.with_name("last.ckpt.old"))
     resumed = _recipe(tmp_path / "killed", 2, 3, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Restored all states from the checkpoint at" in resumed.stderr + resumed.stdout
     assert _step(last) == 6 and not list((tmp_path / "killed/checkpoints").glob("*.saving"))
+    assert not list((tmp_path / "killed/checkpoints").glob("*.old"))
     _assert_same_weights(torch.load(tmp_path / "full/weights.pt"), torch.load(tmp_path / "killed/weights.pt"))
 
 

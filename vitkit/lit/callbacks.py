@@ -102,7 +102,7 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     def check_fresh(self, trainer: L.Trainer, ckpt_path: str | None) -> None:
         """Refuse a new fit (``ckpt_path`` None) into a folder that already holds another run's last.ckpt."""
         self.resolve_dirpath(trainer)
-        if self.keep_last and not trainer.fast_dev_run and ckpt_path is None and os.path.isfile(self.last_path):
+        if self.keep_last and not trainer.fast_dev_run and ckpt_path is None and os.path.exists(self.last_path):
             raise FileExistsError(
                 f"{self.last_path} belongs to an earlier run in {trainer.default_root_dir!r}; a new run there "
                 "would replace it. Resume that run with --ckpt_path last, or start this one elsewhere with "

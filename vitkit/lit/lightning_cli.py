@@ -14,6 +14,7 @@ A config therefore names no paths, and ``--ckpt_path last`` finds the run's own 
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -25,12 +26,14 @@ from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.strategies import Strategy, StrategyRegistry
 
 from .. import recipes
 from ..checkpoints import CheckpointError
 from ..checkpoints.hub import MissingWeightsError
 from .callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
 from .classifier import ImageClassifier
+from .strategies import settle_interrupted_saves
 
 # What a module takes from its data module once the data is built: image classes, or vocabularies.
 DATA_TO_MODEL = {"num_classes": "num_classes", "classes": "class_names", "src_vocab_size": "src_vocab_size",
@@ -87,6 +90,20 @@ def user_error(e: BaseException) -> BaseException | None:
             return e
         e = e.__cause__ or e.__context__
     return None
+
+
+def strategy_from_path(path: str) -> Strategy:
+    """The Lightning strategy a dotted class path names, built with its defaults."""
+    module, _, name = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        names = ", ".join(StrategyRegistry.available_strategies())
+        raise ValueError(f"--trainer.strategy {path}: expected a registered strategy name ({names}) or the class "
+                         f"path of a Lightning Strategy; {e}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise ValueError(f"--trainer.strategy {path}: expected a subclass of lightning's Strategy, got {cls!r}")
+    return cls()
 
 
 class VitkitCLI(LightningCLI):
@@ -148,6 +165,8 @@ class VitkitCLI(LightningCLI):
         cfg = self._section().trainer
         if not cfg.get("plugins"):
             kwargs.setdefault("plugins", [AtomicCheckpointIO()])
+        if isinstance(cfg.strategy, str) and "." in cfg.strategy:  # `--trainer.strategy pkg.Class`: the class,
+            kwargs["strategy"] = strategy_from_path(cfg.strategy)  # not a registered name that Lightning lowercases
         trainer = super().instantiate_trainer(**kwargs)
         for cb in trainer.checkpoint_callbacks:  # known before fit, so that --ckpt_path last finds last.ckpt
             if isinstance(cb, _LightningModelCheckpoint) and cb.dirpath is None:
@@ -159,6 +178,8 @@ class VitkitCLI(LightningCLI):
     def before_fit(self) -> None:
         for cb in self.trainer.checkpoint_callbacks:
             if isinstance(cb, ModelCheckpoint):  # refuse to replace another run's last.ckpt, before any write
+                if self.trainer.is_global_zero:  # a sharded save killed between its two renames
+                    settle_interrupted_saves(cb.dirpath)
                 try:
                     cb.check_fresh(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
                 except FileExistsError as e:
