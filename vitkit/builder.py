@@ -16,7 +16,7 @@ from .checkpoints import hub
 from .checkpoints.files import WEIGHT_SUFFIXES
 from .checkpoints.load import Checkpoint, load_checkpoint, read_checkpoint
 from .models.config import pair
-from .models.features import FeatureNet
+from .models.features import FeatureNet, default_out_indices
 from .models.registry import check_fields, find
 
 
@@ -112,7 +112,8 @@ def _recorded(ck: Checkpoint, name: str) -> dict[str, Any]:
 def create_model(name: str | None = None, *, pretrained: bool | str = False,
                  checkpoint: str | os.PathLike | None = None, strict: bool = True, use_ema: bool = False,
                  features_only: bool = False, out_indices: int | tuple[int, ...] | None = None,
-                 output_fmt: str | None = None, **overrides: Any) -> nn.Module:
+                 output_fmt: str | None = None, feature_cls: str | None = None,
+                 feature_cfg: dict[str, Any] | None = None, **overrides: Any) -> nn.Module:
     """Build preset ``name`` (timm's naming), e.g. ``create_model("vit_small_patch16_224", num_classes=10)``.
 
     Pretrained weights, as in timm:
@@ -133,7 +134,10 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
     initialisation while every other tensor must still fit (``model.load_report`` says "head: new").
 
     ``features_only=True`` returns a :class:`~vitkit.models.features.FeatureNet` of the stages (Swin) or
-    blocks (ViT) in ``out_indices``, as timm does: NHWC maps for Swin by default, NCHW for ViT."""
+    blocks (ViT) in ``out_indices``, as timm does: NHWC maps for Swin by default, NCHW for ViT. ``feature_cls``
+    (or ``feature_cfg={"feature_cls": ...}``, timm's two spellings) picks how they are taken: ``"getter"`` (the
+    default: ``forward_intermediates``, as timm's ``FeatureGetterNet``), ``"fx"`` (timm's ``FeatureGraphNet``, a
+    torch.fx graph cut at the blocks) or ``"hook"`` (timm's ``FeatureHookNet``, forward hooks on the blocks)."""
     plan = _plan(name, pretrained, checkpoint, overrides)
     ck = None
     if plan.checkpoint is not None:
@@ -154,8 +158,38 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
     if model.class_names is not None and len(model.class_names) != getattr(model.cfg, "num_classes", None):
         model.class_names = None  # a new head: the weights' labels no longer apply
     if hasattr(model, "feature_info"):
-        model.pretrained_cfg = _pretrained_cfg(model, plan.source)
-    return FeatureNet(model, out_indices, output_fmt) if features_only else model
+        model.pretrained_cfg = model.default_cfg = _pretrained_cfg(model, plan.source)  # timm sets both
+    feature_cfg = dict(feature_cfg or {})
+    feature_cls = feature_cfg.pop("feature_cls", feature_cls)
+    out_indices = feature_cfg.pop("out_indices", out_indices)
+    output_fmt = feature_cfg.pop("output_fmt", output_fmt)
+    if not features_only:
+        if feature_cls is not None or feature_cfg:
+            raise TypeError("feature_cls and feature_cfg apply with features_only=True")
+        return model
+    if feature_cls == "getter" and output_fmt is None:  # asked for by name: NCHW maps, as timm's getter gives
+        output_fmt = "NCHW"  # (Swin's default features are NHWC, as timm's default for Swin)
+    return feature_net(model, feature_cls or "getter", out_indices, output_fmt, **feature_cfg)
+
+
+FEATURE_CLASSES = ("getter", "fx", "hook")
+
+
+def feature_net(model: nn.Module, feature_cls: str, out_indices: int | tuple[int, ...] | None,
+                output_fmt: str | None, **feature_cfg: Any) -> nn.Module:
+    """The backbone wrapper timm's ``features_only`` builds, by ``feature_cls``: see :func:`create_model`."""
+    if feature_cls not in FEATURE_CLASSES:
+        raise ValueError(f"feature_cls must be one of {FEATURE_CLASSES}, got {feature_cls!r}")
+    if feature_cls == "getter":
+        return FeatureNet(model, out_indices, output_fmt, **feature_cfg)
+    from timm.models import FeatureGraphNet, FeatureHookNet
+
+    taken = tuple(default_out_indices(model, out_indices))
+    fmt = output_fmt or ("NHWC" if model.output_fmts[0] == "NHWC" else "NCHW")  # ViT's blocks: token maps
+    wrapper = FeatureGraphNet if feature_cls == "fx" else FeatureHookNet
+    net = wrapper(model, out_indices=taken, output_fmt=fmt, **feature_cfg)
+    net.pretrained_cfg = net.default_cfg = getattr(model, "pretrained_cfg", None)
+    return net
 
 
 def _is_path(name: str) -> bool:
@@ -166,8 +200,15 @@ def _is_path(name: str) -> bool:
 def _pretrained_cfg(model: nn.Module, source: hub.Pretrained | None) -> dict[str, Any]:
     """timm's ``pretrained_cfg`` of a model: where its weights came from and how to prepare its input."""
     cfg = model.cfg
-    out = dict(source.pretrained_cfg) if source is not None else {"architecture": model.name}
-    out.update(input_size=(cfg.in_chans, *pair(cfg.img_size)), mean=tuple(cfg.mean), std=tuple(cfg.std),
+    out = dict(source.pretrained_cfg) if source is not None else hub.default_pretrained_cfg(model.name)
+    size = pair(cfg.img_size)
+    out.update(input_size=(cfg.in_chans, *size), mean=tuple(cfg.mean), std=tuple(cfg.std),
                crop_pct=cfg.crop_pct, interpolation=cfg.interpolation, num_classes=cfg.num_classes,
-               first_conv="patch_embed.proj", classifier="head.fc" if hasattr(model.head, "fc") else "head")
+               first_conv="patch_embed.proj", classifier="head.fc" if hasattr(model.head, "fc") else "head",
+               # timm's tools shrink the input of a model without fixed_input_size; these take one size (ViT
+               # with dynamic_img_size takes any)
+               fixed_input_size=not getattr(cfg, "dynamic_img_size", False))
+    if model.output_fmts[0] == "NHWC":  # Swin: the final feature map that the head pools
+        reduction = model.feature_info[-1]["reduction"]
+        out["pool_size"] = (size[0] // reduction, size[1] // reduction)
     return out

@@ -59,6 +59,7 @@ class Pretrained:
     filenames: tuple[str, ...] = HF_FILES  # tried in order; a folder-like repo also gets config.json
     url: str | None = None  # torch hub cache (torchvision, and timm tags hosted elsewhere)
     with_config: bool = False  # hf-hub: repos whose config.json describes the model
+    unreadable: str | None = None  # why there is nothing vitkit can load (no hosted file, or one it does not read)
 
     # -- where the cache keeps it ---------------------------------------------------------------------
 
@@ -73,6 +74,8 @@ class Pretrained:
 
     def cached(self) -> Path | None:
         """The weight file (a hub snapshot folder when it carries config.json) if it is cached; no network."""
+        if self.unreadable:
+            return None
         if self.url and not self.repo_id:
             path = self.cache_dir() / _url_filename(self.url)
             return path if path.is_file() else None
@@ -93,11 +96,15 @@ class Pretrained:
 
     def fetch(self) -> Path:
         """The cached file if there is one, else a download; never a network call for a cached file."""
+        if self.unreadable:
+            raise ValueError(self.unreadable)
         path = self.cached()
         return path if path is not None else self.download()
 
     def download(self) -> Path:
         """Fetch into the cache (after a quick check that a download can start at all)."""
+        if self.unreadable:
+            raise ValueError(self.unreadable)
         why = _why_offline(self.repo_id is not None, self.url)
         if why:
             raise self.missing(why)
@@ -198,6 +205,14 @@ def resolve(name: str) -> Pretrained:
     return _timm(name)
 
 
+def default_pretrained_cfg(preset: str) -> dict[str, Any]:
+    """timm's ``pretrained_cfg`` of a bare preset: that of its default tag when timm knows the architecture,
+    else timm's defaults for one it does not."""
+    from timm.models import PretrainedCfg, get_pretrained_cfg
+
+    return (get_pretrained_cfg(preset) or PretrainedCfg(architecture=preset)).to_dict()
+
+
 def _timm(name: str) -> Pretrained:
     import timm
     from timm.models import get_pretrained_cfg
@@ -220,10 +235,13 @@ def _timm(name: str) -> Pretrained:
     repo, _, revision = (repo or "").partition("@")
     files = (pcfg["hf_hub_filename"],) if pcfg.get("hf_hub_filename") else HF_FILES
     url = pcfg.get("url") or None
-    if not repo and (not url or pcfg.get("custom_load")):
-        raise ValueError(f"{full}: timm hosts these weights in a format vitkit does not read ({url or 'no file'})")
+    unreadable = None  # a weightless tag ('untrained') still builds the model with pretrained=False
+    if not repo and not url:
+        unreadable = f"{full}: timm has no weights for this tag (it describes the architecture only)"
+    elif not repo and pcfg.get("custom_load"):
+        unreadable = f"{full}: timm hosts these weights in a format vitkit does not read ({url})"
     return Pretrained(full, preset, config, pcfg, _timm_labels(pcfg), repo_id=repo or None,
-                      revision=revision or None, filenames=files, url=url)
+                      revision=revision or None, filenames=files, url=url, unreadable=unreadable)
 
 
 def _timm_labels(pcfg: dict) -> list[str] | None:

@@ -39,7 +39,6 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from einops import rearrange
 from torch import Tensor, nn
 
 from .kernels import _compiled_flex, _warn_flex_fallback, _warn_flex_unsupported, cpu_has_bf16_matmul, flex_runs_on_cpu
@@ -73,29 +72,30 @@ class _Call:
     N: int
     M: int
     dropout_p: float
+    scale: float
 
 
-def _sdpa(attn: Attention, q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
     mask = c.mask
     use_causal_flag = c.is_causal and mask is None and c.N == c.M
     if c.is_causal and not use_causal_flag and mask is None and c.N != 1:
         mask = causal(c.N, c.M, q.device)
-    mask = None if mask is None else fold(mask, c.B, c.G, attn.num_heads, c.N, c.M)
+    mask = None if mask is None else fold(mask, c.B, c.G, q.shape[1], c.N, c.M)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=c.dropout_p, is_causal=use_causal_flag,
                                        enable_gqa=k.shape[1] != q.shape[1])
     return o, None
 
 
-def _explicit(attn: Attention, q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, Tensor]:
+def _explicit(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, Tensor]:
     mask = causal(c.N, c.M, q.device) if c.is_causal and c.mask is None else c.mask
     # queries whose every key is masked (softmax would give NaN); looked for only when there is a mask
     dead = None
     if c.keep is not None and (torch.compiler.is_compiling() or not bool(c.keep.any(dim=-1).all())):
         dead = ~c.keep.any(dim=-1, keepdim=True)  # (B|1, G|1, H|1, N, 1)
-    return attn._math(q, k, v, mask, c.B, dead)
+    return explicit_attention(q, k, v, mask, c.B, dead, c.scale, c.dropout_p)
 
 
-def _flex(attn: Attention, q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
+def _flex(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
     """The bias as a ``score_mod``, the boolean masks as a block mask that skips fully masked blocks."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -133,12 +133,68 @@ def _flex(attn: Attention, q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[T
         per_h = attn_mask is not None and mh
         block_mask = create_block_mask(mask_mod, q.shape[0] if per_b else None, q.shape[1] if per_h else None,
                                        N, M, device=q.device)
-    return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=attn.scale,
+    return _compiled_flex()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=c.scale,
                             enable_gqa=k.shape[1] != q.shape[1]), None
 
 
 BACKENDS = {"sdpa": _sdpa, "math": _explicit, "flex": _flex}  # a new backend is one entry here
 ATTN_BACKENDS: tuple[str, ...] = tuple(BACKENDS)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | None, attn_mask: Tensor | None,
+              key_padding_mask: Tensor | None, is_causal: bool, backend: str, scale: float, dropout_p: float,
+              return_attn: bool) -> tuple[Tensor, Tensor | None]:
+    """softmax(q·kᵀ·scale + bias, masked)·v on ``backend`` (or the one that runs in its place, see the module
+    docstring): q (B·G, H, N, D), k and v (B·G, Hkv, M, D) -> (B·G, H, N, D), and the probabilities when asked.
+
+    ``lead`` is the input's shape before N and C, (B,) or (B, G). Its choices depend on the tensors' device,
+    dtype and values, so torch.fx keeps this function whole as one node (``torch.fx.wrap`` below): a traced
+    model runs it as it is, and feature extractors see the attention as one step."""
+    B, G = lead[0], math.prod(lead[1:])
+    N, M = q.shape[-2], k.shape[-2]
+    mask, keep = merge(bias, attn_mask, key_padding_mask, is_causal, B, N, M, q.device)
+    call = _Call(bias, attn_mask, key_padding_mask, is_causal, mask, keep, B, G, N, M, dropout_p, scale)
+    return BACKENDS[_backend_for(backend, q, return_attn)](q, k, v, call)
+
+
+torch.fx.wrap("attention")
+
+
+def _backend_for(backend: str, q: Tensor, return_attn: bool) -> str:
+    """The module's backend, or the one that runs in its place here (see the module docstring)."""
+    backend = "math" if return_attn else backend
+    cpu = q.device.type == "cpu"
+    if backend == "sdpa" and cpu and q.dtype == torch.bfloat16 and cpu_has_bf16_matmul():
+        return "math"  # faster there than the CPU sdpa kernel, eager and compiled (see the module docstring)
+    if backend == "flex" and cpu and torch.is_grad_enabled() and q.requires_grad:
+        _warn_flex_fallback()
+        return "sdpa"
+    if backend == "flex" and cpu and not flex_runs_on_cpu():
+        _warn_flex_unsupported()
+        return "sdpa"
+    return backend
+
+
+def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, B: int, dead: Tensor | None,
+                       scale: float, dropout_p: float) -> tuple[Tensor, Tensor]:
+    """The explicit path. mask: broadcastable to (B, G, H, N, M) (or (N, M)); it is applied with the group axis
+    apart, so a per-window mask broadcasts over the batch instead of being copied B times. ``dead``: the
+    queries with no key to attend, broadcastable to (B, G, H, N, 1); they attend to nothing (zeros, as sdpa
+    gives), with finite gradients. ``dropout_p`` > 0 only in training (the caller passes 0 in eval)."""
+    if k.shape[1] != q.shape[1]:  # GQA: each kv head serves H / Hkv query heads
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q * scale) @ k.transpose(-2, -1)  # (B·G, H, N, M)
+    if mask is not None:
+        s = scores.view(B, -1, *scores.shape[1:])  # (B, G, H, N, M)
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask  # float if a bias
+        scores = (s if dead is None else s.masked_fill(dead, 0.0)).flatten(0, 1)
+    # bf16/fp16 logits go into softmax as they are (it accumulates in float32 inside) and the probabilities
+    # come out in that dtype: autograd then keeps one half-precision (B·G, H, N, M) tensor, not a float32 one
+    attn = scores.to(q.dtype).softmax(dim=-1)
+    if dead is not None:
+        attn = attn.view(B, -1, *attn.shape[1:]).masked_fill(dead, 0.0).flatten(0, 1)
+    return F.dropout(attn, dropout_p, training=dropout_p > 0) @ v, attn
 
 
 class Attention(nn.Module):
@@ -169,7 +225,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.backend = check_backend(backend)
         self.in_projections(dim, qkv_bias)
-        self.attn_drop = nn.Dropout(attn_drop)  # used by `math`; sdpa/flex get the rate directly
+        self.attn_drop = nn.Dropout(attn_drop)  # its rate goes to the backend, in training only
         self.proj = nn.Linear(num_heads * self.head_dim, dim)  # W_O
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -200,20 +256,19 @@ class Attention(nn.Module):
             key it holds (causality and the sliding window come from the cache's positions).
         return_attn: also return the probabilities (B·G, H, N, M); runs the `math` path.
         """
-        *lead, N, C = x.shape
-        G = math.prod(lead[1:])
+        N, C = x.shape[-2], x.shape[-1]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.qkv(x.reshape(lead[0], G * N, C)).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B, G·N, ·)
-        q = rearrange(q, "b (g n) (h d) -> (b g) h n d", g=G, h=H)  # (B·G, H, N, D), a view
-        k = rearrange(k, "b (g n) (h d) -> (b g) h n d", g=G, h=Hkv)  # (B·G, Hkv, N, D)
-        v = rearrange(v, "b (g n) (h d) -> (b g) h n d", g=G, h=Hkv)
+        q, k, v = self.qkv(x.reshape(-1, N, C)).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B·G, N, ·)
+        q = q.unflatten(-1, (H, D)).transpose(1, 2)  # (B·G, H, N, D), a view
+        k = k.unflatten(-1, (Hkv, D)).transpose(1, 2)  # (B·G, Hkv, N, D)
+        v = v.unflatten(-1, (Hkv, D)).transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if cache is not None:
             k, v, keep = cache.append(k, v)  # (B, Hkv, S, D) each, keep (N, S)
             attn_mask = keep if attn_mask is None else attn_mask & keep
             is_causal = False
-        return self.attend(q, k, v, lead, bias=bias, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+        return self.attend(q, k, v, x.shape[:-2], bias=bias, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                            is_causal=is_causal, return_attn=return_attn)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, lead: list[int], *, bias: Tensor | None = None,
@@ -221,50 +276,8 @@ class Attention(nn.Module):
                return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """softmax(q·kᵀ/√d + bias, masked)·v, then the output projection: q (B·G, H, N, D), k and v
         (B·G, Hkv, M, D) -> (B, [G,] N, C); ``lead`` is x's shape before N and C."""
-        B, G = lead[0], math.prod(lead[1:])
-        N, M = q.shape[-2], k.shape[-2]
-        mask, keep = merge(bias, attn_mask, key_padding_mask, is_causal, B, N, M, q.device)
-        call = _Call(bias, attn_mask, key_padding_mask, is_causal, mask, keep, B, G, N, M,
-                     dropout_p=self.attn_drop.p if self.training else 0.0)
-        o, attn = BACKENDS[self._backend_for(q, return_attn)](self, q, k, v, call)
-        o = rearrange(o, "(b g) h n d -> b (g n) (h d)", g=G)  # (B, G·N, H·D)
-        o = self.proj_drop(self.proj(o)).reshape(*lead, N, -1)
+        o, attn = attention(q, k, v, lead, bias, attn_mask, key_padding_mask, is_causal, self.backend, self.scale,
+                            self.attn_drop.p if self.training else 0.0, return_attn)  # (B·G, H, N, D)
+        o = self.proj_drop(self.proj(o.transpose(1, 2).flatten(2)))  # (B·G, N, C)
+        o = o.unflatten(0, lead)  # (B, [G,] N, C)
         return (o, attn) if return_attn else o
-
-
-    def _backend_for(self, q: Tensor, return_attn: bool) -> str:
-        """The module's backend, or the one that runs in its place here (see the module docstring)."""
-        backend = "math" if return_attn else self.backend
-        cpu = q.device.type == "cpu"
-        if backend == "sdpa" and cpu and q.dtype == torch.bfloat16 and cpu_has_bf16_matmul():
-            return "math"  # faster there than the CPU sdpa kernel, eager and compiled (see the module docstring)
-        if backend == "flex" and cpu and torch.is_grad_enabled() and q.requires_grad:
-            _warn_flex_fallback()
-            return "sdpa"
-        if backend == "flex" and cpu and not flex_runs_on_cpu():
-            _warn_flex_unsupported()
-            return "sdpa"
-        return backend
-
-    # -- the explicit path ----------------------------------------------------------------------------------
-
-    def _math(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, B: int,
-              dead: Tensor | None) -> tuple[Tensor, Tensor]:
-        """mask: broadcastable to (B, G, H, N, M) (or (N, M)); it is applied with the group axis apart, so a
-        per-window mask broadcasts over the batch instead of being copied B times. ``dead``: the queries
-        with no key to attend, broadcastable to (B, G, H, N, 1); they attend to nothing (zeros, as sdpa
-        gives), with finite gradients."""
-        if k.shape[1] != q.shape[1]:  # GQA: each kv head serves H / Hkv query heads
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        scores = (q * self.scale) @ k.transpose(-2, -1)  # (B·G, H, N, M)
-        if mask is not None:
-            s = scores.view(B, -1, *scores.shape[1:])  # (B, G, H, N, M)
-            s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask  # float if a bias
-            scores = (s if dead is None else s.masked_fill(dead, 0.0)).flatten(0, 1)
-        # bf16/fp16 logits go into softmax as they are (it accumulates in float32 inside) and the probabilities
-        # come out in that dtype: autograd then keeps one half-precision (B·G, H, N, M) tensor, not a float32 one
-        attn = scores.to(q.dtype).softmax(dim=-1)
-        if dead is not None:
-            attn = attn.view(B, -1, *attn.shape[1:]).masked_fill(dead, 0.0).flatten(0, 1)
-        return self.attn_drop(attn) @ v, attn

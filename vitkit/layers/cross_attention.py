@@ -41,9 +41,10 @@ class CrossAttention(Attention):
     ) -> Tensor | tuple[Tensor, Tensor]:
         """Attend from x (B, [G,] N, C) to ``memory`` (B, M, C_kv), or to the K/V ``cache`` holds.
         Masks as in :meth:`Attention.forward`, with M memory tokens."""
-        *lead, N, C = x.shape
+        N, C = x.shape[-2], x.shape[-1]
+        lead = x.shape[:-2]
         B, G = lead[0], math.prod(lead[1:])
-        q = rearrange(self.q(x.reshape(B, G * N, C)), "b (g n) (h d) -> (b g) h n d", g=G, h=self.num_heads)
+        q = self.q(x.reshape(-1, N, C)).unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)  # (B·G, H, N, D)
         if cache is not None and cache.k is not None:
             k, v = cache.k, cache.v
         else:

@@ -215,6 +215,27 @@ def relative_position_index_on(window: tuple[int, int], table_window: tuple[int,
     return relative_position_index(window, table_window).view(-1).to(device)
 
 
+def window_tokens(x: Tensor, src: PlanKey | None, dst: PlanKey | None) -> Tensor:
+    """x (B, L, C) with its tokens moved from the ``src`` layout to the ``dst`` layout (see :func:`token_index`)."""
+    return x.index_select(1, _token_index(src, dst, x.device))
+
+
+def window_mask(x: Tensor, key: PlanKey) -> Tensor | None:
+    """The attention mask of plan ``key`` on x's device (see :meth:`WindowPlan.mask`)."""
+    return _plan_mask(key, x.device)
+
+
+def relative_position_bias(table: Tensor, window: tuple[int, int], table_window: tuple[int, int]) -> Tensor:
+    """(H, N, N) bias for the token pairs of a window (<= the table's window) from a (positions, H) table."""
+    idx = relative_position_index_on(tuple(window), tuple(table_window), table.device)  # (N·N,)
+    N = window[0] * window[1]
+    return table[idx].view(N, N, -1).permute(2, 0, 1)  # (H, N, N)
+
+
+# torch.fx keeps these whole, as one call each in a traced graph: they build index tensors from sizes on a device
+torch.fx.wrap("relative_position_bias")
+
+
 class WindowAttention(Attention):
     """Attention within (shifted) windows with Swin's learned relative-position bias (Liu et al., 2021).
 
@@ -230,10 +251,7 @@ class WindowAttention(Attention):
 
     def relative_position_bias(self, window: tuple[int, int]) -> Tensor:
         """(H, N, N) bias for the token pairs of a window (<= the table's window)."""
-        table = self.relative_position_bias_table
-        idx = relative_position_index_on(tuple(window), self.rel_pos_window, table.device)  # (N·N,)
-        N = window[0] * window[1]
-        return table[idx].view(N, N, -1).permute(2, 0, 1)  # (H, N, N)
+        return relative_position_bias(self.relative_position_bias_table, window, self.rel_pos_window)
 
     def set_table_window(self, window: tuple[int, int]) -> None:
         """Resize the table to another window (see :func:`resize_rel_pos_table`)."""

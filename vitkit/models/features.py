@@ -50,6 +50,15 @@ class FeatureInfo(list):
         return self._get("module", idx)
 
 
+def default_out_indices(model: nn.Module, out_indices: int | Sequence[int] | None) -> list[int]:
+    """The blocks/stages a backbone returns: ``out_indices`` as :func:`take_indices` reads it, and by default
+    timm's choice, every stage of Swin and the last 3 blocks of ViT."""
+    num = len(model.feature_info)
+    if out_indices is None:
+        out_indices = tuple(range(num)) if model.output_fmts[0] == "NHWC" else min(3, num)
+    return take_indices(num, out_indices)[0]
+
+
 class FeatureNet(nn.Module):
     """A model cut after its last needed block, returning the maps of ``out_indices`` (timm's features_only).
 
@@ -62,15 +71,13 @@ class FeatureNet(nn.Module):
         self.output_fmt = output_fmt or fmts[0]
         if self.output_fmt not in fmts:
             raise ValueError(f"{model.name}: output_fmt must be one of {fmts}, got {output_fmt!r}")
-        num = len(model.feature_info)
-        if out_indices is None:  # timm's defaults: every stage of Swin, the last 3 blocks of ViT
-            out_indices = tuple(range(num)) if model.output_fmts[0] == "NHWC" else min(3, num)
-        self.out_indices = model.prune_intermediate_layers(out_indices, prune_norm=not norm)
+        self.out_indices = model.prune_intermediate_layers(default_out_indices(model, out_indices),
+                                                           prune_norm=not norm)
         self.feature_info = FeatureInfo(model.feature_info[i] for i in self.out_indices)
         self.norm = norm
         self.model = model
         self.name = getattr(model, "name", type(model).__name__)
-        self.pretrained_cfg = getattr(model, "pretrained_cfg", None)
+        self.pretrained_cfg = self.default_cfg = getattr(model, "pretrained_cfg", None)
 
     def forward(self, x: Tensor) -> list[Tensor]:
         return self.model.forward_intermediates(x, indices=self.out_indices, norm=self.norm, stop_early=True,

@@ -20,9 +20,21 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import AttnBackend, Block, Mlp, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
-from ..layers.window import WindowAttention, WindowPlan, is_symbolic, token_index
+from ..layers.window import WindowAttention, WindowPlan, is_symbolic, window_mask, window_tokens
 from .config import IMAGENET, DataConfig, check_image, pair
 from .features import new_head, resize_patch_conv, take_indices
+
+# torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
+# a traced model, and torchvision's and timm's feature extractors built from it, check their input too
+torch.fx.wrap("check_image")
+torch.fx.wrap("window_tokens")
+torch.fx.wrap("window_mask")
+
+
+def tracing(x: Tensor) -> bool:
+    """Under torch.fx symbolic tracing, where sizes are not known: Swin then plans its windows for the
+    configured img_size, as timm's Swin always does."""
+    return isinstance(x, torch.fx.Proxy)
 
 POOLS = ("avg", "max", "avgmax", "")  # "": no pooling, the head sees the (B, H, W, C) map
 
@@ -88,7 +100,7 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         B, H, W, C = x.shape
-        if is_symbolic(H, W) or H % 2 or W % 2:
+        if tracing(x) or is_symbolic(H, W) or H % 2 or W % 2:
             x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
             H, W = H + H % 2, W + W % 2
         # (B, H/2, W/2, 4C); the four neighbours in timm's order (0,0), (1,0), (0,1), (1,1)
@@ -101,7 +113,7 @@ class SwinStage(nn.Module):
 
     def __init__(self, cfg: SwinConfig, i: int, dim: int, out_dim: int, drop_path: list[float]) -> None:
         super().__init__()
-        H, W = cfg.stage_sizes[i]
+        H, W = self.size = cfg.stage_sizes[i]  # at the configured img_size; the sizes a traced graph is built for
         w = cfg.stage_windows[i]
         self.window = (min(w[0], H), min(w[1], W))  # a window larger than the map shrinks to it
         self.grad_checkpointing = False
@@ -125,20 +137,23 @@ class SwinStage(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = self.downsample(x)
         B, H, W, C = x.shape
+        if tracing(x):  # torch.fx: the windows are planned for the configured size, which the input check holds
+            H, W = self.size
         plans = [WindowPlan.make(H, W, self.window, shifted=j % 2 == 1) for j in range(len(self.blocks))]
         # Tokens stay in window order from block to block: each hand-over (un-shift, re-shift, re-cut)
         # is one gather along the token axis; see WindowPlan.partition/reverse for the same in steps.
         x = x.reshape(B, H * W, C)
         prev = None
         for blk, plan in zip(self.blocks, plans, strict=True):
-            x = x.index_select(1, token_index(prev, plan, x.device))  # (B, nW·N, C)
+            x = window_tokens(x, prev, plan.key)  # (B, nW·N, C)
             x = x.view(B, plan.num_windows, -1, C)  # (B, nW, N, C)
+            mask = window_mask(x, plan.key)
             if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
-                x = checkpoint(blk, x, window=plan.window, attn_mask=plan.mask(x.device), use_reentrant=False)
+                x = checkpoint(blk, x, window=plan.window, attn_mask=mask, use_reentrant=False)
             else:
-                x = blk(x, window=plan.window, attn_mask=plan.mask(x.device))
-            x, prev = x.flatten(1, 2), plan
-        return x.index_select(1, token_index(prev, None, x.device)).view(B, H, W, C)
+                x = blk(x, window=plan.window, attn_mask=mask)
+            x, prev = x.flatten(1, 2), plan.key
+        return window_tokens(x, prev, None).view(B, H, W, C)
 
 
 class PoolHead(nn.Module):
@@ -168,7 +183,7 @@ class SwinTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         dims = [cfg.embed_dim * 2**i for i in range(len(cfg.depths))]
-        self.num_features = dims[-1]
+        self.num_features = self.head_hidden_size = dims[-1]  # the last stage's width, which the head reads
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, dims[0], norm=True, flatten=False,
                                       eps=cfg.norm_eps)
         dpr = drop_path_rates(cfg.drop_path_rate, sum(cfg.depths))
@@ -182,6 +197,7 @@ class SwinTransformer(nn.Module):
         self.feature_info = [dict(num_chs=d, reduction=cfg.patch_size * 2**i, module=f"layers.{i}")
                              for i, d in enumerate(dims)]
         self.output_fmts = ("NHWC", "NCHW")  # what forward_intermediates can return; NHWC for features_only
+        self.output_fmt = "NHWC"  # timm's: the layout of forward_features (B, H, W, C)
         self._ref_windows, self._ref_grid = cfg.stage_windows, self._grid()  # set_input_size scales from these
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -201,8 +217,12 @@ class SwinTransformer(nn.Module):
     def _embed(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) of any size -> patch map (B, H/p, W/p, C); sizes that are not a multiple
         of the patch are zero-padded, as the official detection backbone does."""
-        check_image(x, self.cfg.in_chans, None, type(self).__name__)
         p = self.cfg.patch_size
+        if tracing(x):  # torch.fx: a traced graph takes the configured size only, and checks that it gets it
+            check_image(x, self.cfg.in_chans, pair(self.cfg.img_size), type(self).__name__)
+            H, W = pair(self.cfg.img_size)
+            return self.patch_embed(F.pad(x, (0, (p - W % p) % p, 0, (p - H % p) % p)) if H % p or W % p else x)
+        check_image(x, self.cfg.in_chans, None, type(self).__name__)
         if is_symbolic(*x.shape[-2:]) or x.shape[-2] % p or x.shape[-1] % p:
             x = F.pad(x, (0, (p - x.shape[-1] % p) % p, 0, (p - x.shape[-2] % p) % p))
         return self.patch_embed(x)
@@ -280,7 +300,7 @@ class SwinTransformer(nn.Module):
         cfg.depths, cfg.num_heads, cfg.window_size = cfg.depths[: last + 1], cfg.num_heads[: last + 1], windows
         self._ref_windows, self.feature_info = self._ref_windows[: last + 1], self.feature_info[: last + 1]
         if cut:
-            self.num_features = self.feature_info[last]["num_chs"]
+            self.num_features = self.head_hidden_size = self.feature_info[last]["num_chs"]
         if prune_head or cut:
             self.reset_classifier(0, "")
         return taken
@@ -321,6 +341,7 @@ class SwinTransformer(nn.Module):
         self.cfg.window_size = tuple(w[0] if w[0] == w[1] else w for w in windows)
         for stage, (H, W), w in zip(self.layers, self.cfg.stage_sizes, windows, strict=True):
             stage.set_window((min(w[0], H), min(w[1], W)))
+            stage.size = (H, W)
 
     @torch.no_grad()
     def attention_maps(self, x: Tensor, stage: int = 0, block: int = 0) -> tuple[Tensor, WindowPlan]:

@@ -21,6 +21,10 @@ from ..layers.pos_embed import resample_abs_pos_embed
 from .config import IMAGENET, INCEPTION, RAW, DataConfig, check_image, pair
 from .features import new_head, resize_patch_conv, take_indices
 
+# torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
+# a traced model, and torchvision's and timm's feature extractors built from it, check their input too
+torch.fx.wrap("check_image")
+
 POOLS = ("token", "avg", "max", "avgmax", "")  # "": no pooling, the head sees every token
 
 
@@ -81,7 +85,7 @@ class VisionTransformer(nn.Module):
         self.cfg = cfg
         C = cfg.embed_dim
         self.num_prefix_tokens = int(cfg.class_token) + cfg.reg_tokens
-        self.num_features = C
+        self.num_features = self.head_hidden_size = C  # tokens' width, and the width the head reads (timm's)
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, C)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, C)) if cfg.reg_tokens else None
