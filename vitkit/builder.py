@@ -159,14 +159,19 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
         model.class_names = None  # a new head: the weights' labels no longer apply
     if hasattr(model, "feature_info"):
         model.pretrained_cfg = model.default_cfg = _pretrained_cfg(model, plan.source)  # timm sets both
-    feature_cfg = dict(feature_cfg or {})
+    if features_only:
+        return _features(model, out_indices, output_fmt, feature_cls, dict(feature_cfg or {}))
+    if feature_cls is not None or feature_cfg:
+        raise TypeError("feature_cls and feature_cfg apply with features_only=True")
+    return model
+
+
+def _features(model: nn.Module, out_indices: int | tuple[int, ...] | None, output_fmt: str | None,
+              feature_cls: str | None, feature_cfg: dict[str, Any]) -> nn.Module:
+    """``features_only``: the arguments as timm takes them, given directly or in ``feature_cfg``."""
     feature_cls = feature_cfg.pop("feature_cls", feature_cls)
     out_indices = feature_cfg.pop("out_indices", out_indices)
     output_fmt = feature_cfg.pop("output_fmt", output_fmt)
-    if not features_only:
-        if feature_cls is not None or feature_cfg:
-            raise TypeError("feature_cls and feature_cfg apply with features_only=True")
-        return model
     if feature_cls == "getter" and output_fmt is None:  # asked for by name: NCHW maps, as timm's getter gives
         output_fmt = "NCHW"  # (Swin's default features are NHWC, as timm's default for Swin)
     return feature_net(model, feature_cls or "getter", out_indices, output_fmt, **feature_cfg)
