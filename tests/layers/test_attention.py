@@ -141,7 +141,7 @@ def test_math_probabilities_respect_masks_and_sum_to_one():
     x = torch.randn(B, N, C)
     pad = torch.zeros(B, N, dtype=torch.bool)
     pad[1, -4:] = True
-    _, p = attn(x, is_causal=True, key_padding_mask=pad, return_attn=True)
+    _, p = attn.forward_with_attn(x, is_causal=True, key_padding_mask=pad)
     assert p.shape == (B, H, N, N)
     assert_close(p.sum(-1), torch.ones(B, H, N))
     assert (p.triu(1) == 0).all()
@@ -247,10 +247,10 @@ def test_bf16_on_cpu_matches_float32_with_either_kernel(native_bf16, monkeypatch
     x = torch.randn(2, 3, 16, 32)  # (B, G, N, C)
     mask = torch.rand(1, 3, 1, 16, 16) > 0.3
     mask[0, 1, 0, 5] = False  # query 5 of group 1 may attend to nothing
-    ref = attn(x, window=(4, 4), attn_mask=mask)
+    ref = attn(x, attn.relative_position_bias((4, 4))[None, None], mask)
     lo = attn.to(torch.bfloat16)
     xb = x.bfloat16().requires_grad_()
-    out = lo(xb, window=(4, 4), attn_mask=mask)
+    out = lo(xb, lo.relative_position_bias((4, 4))[None, None], mask)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     assert_close(out.float(), ref, atol=5e-2, rtol=5e-2)
     out.float().sum().backward()

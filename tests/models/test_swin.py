@@ -98,7 +98,7 @@ def test_shifted_window_regions_get_exactly_zero_attention():
     pos = torch.arange(H * W).view(1, H, W, 1)
     pos_w = plan.partition(pos)[0, :, :, 0]  # (nW, N): original position of each windowed token
     x = plan.partition(torch.randn(1, H, W, 16))
-    _, p = attn(x, window=plan.window, attn_mask=plan.mask(x.device), return_attn=True)
+    _, p = attn.forward_with_attn(x, attn.relative_position_bias(plan.window)[None, None], plan.mask(x.device))
     p = p.view(4, 2, 16, 16)  # (nW, heads, N, N)
     r, c = pos_w // W, pos_w % W
     # tokens are neighbours in the image iff the shift did not wrap them: same region of rows and cols
@@ -155,7 +155,7 @@ def test_padding_does_not_leak_into_real_tokens():
     windows = plan.partition(x)  # (1, 16, 16, 16)
     bias = blk.attn.relative_position_bias(plan.window)  # (heads, N, N)
     with torch.no_grad():
-        out = blk(windows, window=plan.window, attn_mask=plan.mask(x.device))
+        out = blk(windows, bias[None, None], plan.mask(x.device))
         real = torch.tensor([0, 1, 4, 5])  # the corner window holds rows 12-13, cols 12-13 of the map
         # the same block on the 4 real tokens alone, with their part of the bias (the core's plain forward)
         h = windows[:, 15, real]

@@ -1,5 +1,5 @@
-"""timm's model contract on vitkit's models: the attributes and configs timm's tools read, fx tracing through
-torchvision's and timm's feature extractors, and timm's three backbone wrappers. Every preset is checked for its
+"""timm's model contract on vitkit's models: the attributes and configs timm's tools read, TorchScript, fx tracing
+through torchvision's and timm's feature extractors, and timm's three backbone wrappers. Every preset is checked for its
 configs; one tiny config per kind of ViT and Swin is compared with timm's model on the same weights."""
 
 import pytest
@@ -56,6 +56,33 @@ def test_every_preset_carries_timms_pretrained_cfg_and_gives_timms_preprocessing
     data = resolve_model_data_config(model)
     assert data == resolve_data_config(pretrained_cfg=timm_cfg)
     assert repr(create_transform(**data)) == repr(create_transform(**resolve_data_config(pretrained_cfg=timm_cfg)))
+
+
+@pytest.mark.parametrize("name", IMAGE_PRESETS)
+def test_every_preset_scripts_and_traces_to_its_eager_logits(name):
+    """torch.jit.script of the model, torch.fx.symbolic_trace of it, and the traced graph scripted (timm's
+    fx + TorchScript check): each gives the eager logits, bit for bit, at the preset's input size (narrow and
+    one block or stage deep, so that every size and token layout of the presets is run)."""
+    model = vitkit.create_model(name, **TINY[vitkit.family(name)]).eval()
+    x = _x(model, batch=1)
+    with torch.no_grad():
+        eager = model(x)
+        assert torch.equal(torch.jit.script(model)(x), eager)
+        graph = torch.fx.symbolic_trace(model)
+        assert torch.equal(graph(x), eager)
+        assert torch.equal(torch.jit.script(graph)(x), eager)
+
+
+@pytest.mark.parametrize("case", list(PAIRS))
+def test_a_scripted_model_trains_and_checks_its_input(case):
+    """In training mode (drop path on) the scripted model gives every parameter a gradient; an input of the
+    wrong size is refused with the eager message."""
+    ours, _ = _pair(case, drop_path_rate=0.1)
+    scripted = torch.jit.script(ours.train())
+    scripted(_x(ours)).mean().backward()
+    assert all(p.grad is not None for p in scripted.parameters())
+    with pytest.raises(torch.jit.Error, match=r"expects images of shape \(B, 3, \d+, \d+\), got \(1, 3, 8, 8\)"):
+        scripted(torch.randn(1, 3, 8, 8))
 
 
 def test_a_tag_without_weights_builds_and_refuses_only_pretrained_true():

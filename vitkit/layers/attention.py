@@ -33,16 +33,14 @@ Backends (a config field stored on the module, never an environment variable):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .kernels import _compiled_flex, _warn_flex_fallback, _warn_flex_unsupported, cpu_has_bf16_matmul, flex_runs_on_cpu
-from .kv_cache import KVCache
 from .masks import causal, fold, merge
 from .pos_embed import apply_rope
 
@@ -76,23 +74,53 @@ class _Call:
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
-    mask = c.mask
-    use_causal_flag = c.is_causal and mask is None and c.N == c.M
-    if c.is_causal and not use_causal_flag and mask is None and c.N != 1:
-        mask = causal(c.N, c.M, q.device)
-    mask = None if mask is None else fold(mask, c.B, c.G, q.shape[1], c.N, c.M)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=c.dropout_p, is_causal=use_causal_flag,
-                                       enable_gqa=k.shape[1] != q.shape[1])
-    return o, None
+    return sdpa_attention(q, k, v, c.mask, c.is_causal, c.B, c.G, c.dropout_p), None
 
 
 def _explicit(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, Tensor]:
-    mask = causal(c.N, c.M, q.device) if c.is_causal and c.mask is None else c.mask
-    # queries whose every key is masked (softmax would give NaN); looked for only when there is a mask
-    dead = None
-    if c.keep is not None and (torch.compiler.is_compiling() or not bool(c.keep.any(dim=-1).all())):
-        dead = ~c.keep.any(dim=-1, keepdim=True)  # (B|1, G|1, H|1, N, 1)
-    return explicit_attention(q, k, v, mask, c.B, dead, c.scale, c.dropout_p)
+    return math_attention(q, k, v, c.mask, c.keep, c.is_causal, c.B, c.scale, c.dropout_p)
+
+
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, B: int, G: int,
+                   dropout_p: float) -> Tensor:
+    """The fused kernel; ``mask`` is merged (``masks.merge``), broadcastable to (B, G, H, N, M)."""
+    N, M = q.shape[-2], k.shape[-2]
+    use_causal_flag = is_causal and mask is None and N == M
+    if is_causal and not use_causal_flag and mask is None and N != 1:
+        mask = causal(N, M, q.device)
+    if mask is not None:
+        mask = fold(mask, B, G, q.shape[1], N, M)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag,
+                                          enable_gqa=k.shape[1] != q.shape[1])
+
+
+def math_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, keep: Tensor | None, is_causal: bool,
+                   B: int, scale: float, dropout_p: float) -> tuple[Tensor, Tensor]:
+    """The explicit path: (output, probabilities). mask: merged, broadcastable to (B, G, H, N, M) (or (N, M)),
+    applied with the group axis apart, so a per-window mask broadcasts over the batch instead of being copied B
+    times; ``keep`` is its boolean part. Queries with no key to attend get zeros (as sdpa gives), with finite
+    gradients. ``dropout_p`` > 0 only in training (the caller passes 0 in eval)."""
+    if is_causal and mask is None:
+        mask = causal(q.shape[-2], k.shape[-2], q.device)
+    dead: Tensor | None = None  # queries whose every key is masked; always looked for under a compiler
+    if keep is not None:
+        compiling = False if torch.jit.is_scripting() else torch.compiler.is_compiling()
+        if compiling or not bool(keep.any(dim=-1).all()):
+            dead = ~keep.any(dim=-1, keepdim=True)  # (B|1, G|1, H|1, N, 1)
+    if k.shape[1] != q.shape[1]:  # GQA: each kv head serves H / Hkv query heads
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q * scale) @ k.transpose(-2, -1)  # (B·G, H, N, M)
+    if mask is not None:
+        s = scores.view([B, -1] + list(scores.shape[1:]))  # (B, G, H, N, M)
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask  # float if a bias
+        scores = (s if dead is None else s.masked_fill(dead, 0.0)).flatten(0, 1)
+    # bf16/fp16 logits go into softmax as they are (it accumulates in float32 inside) and the probabilities
+    # come out in that dtype: autograd then keeps one half-precision (B·G, H, N, M) tensor, not a float32 one
+    attn = scores.to(q.dtype).softmax(dim=-1)
+    if dead is not None:
+        attn = attn.view([B, -1] + list(attn.shape[1:])).masked_fill(dead, 0.0).flatten(0, 1)
+    return F.dropout(attn, dropout_p, training=dropout_p > 0) @ v, attn
 
 
 def _flex(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
@@ -145,16 +173,22 @@ def attention(q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | N
               key_padding_mask: Tensor | None, is_causal: bool, backend: str, scale: float, dropout_p: float,
               return_attn: bool) -> tuple[Tensor, Tensor | None]:
     """softmax(q·kᵀ·scale + bias, masked)·v on ``backend`` (or the one that runs in its place, see the module
-    docstring): q (B·G, H, N, D), k and v (B·G, Hkv, M, D) -> (B·G, H, N, D), and the probabilities when asked.
-
-    ``lead`` is the input's shape before N and C, (B,) or (B, G). Its choices depend on the tensors' device,
-    dtype and values, so torch.fx keeps this function whole as one node (``torch.fx.wrap`` below): a traced
-    model runs it as it is, and feature extractors see the attention as one step."""
-    B, G = lead[0], math.prod(lead[1:])
+    docstring): q (B·G, H, N, D), k and v (B·G, Hkv, M, D) -> (B·G, H, N, D), and the probabilities when asked;
+    ``lead`` is the input's shape before N and C. Its choices depend on device, dtype and values, so torch.fx
+    keeps it whole, one node of a traced graph (``torch.fx.wrap`` below)."""
+    B, G = lead[0], 1
+    for g in lead[1:]:
+        G *= g
     N, M = q.shape[-2], k.shape[-2]
     mask, keep = merge(bias, attn_mask, key_padding_mask, is_causal, B, N, M, q.device)
-    call = _Call(bias, attn_mask, key_padding_mask, is_causal, mask, keep, B, G, N, M, dropout_p, scale)
-    return BACKENDS[_backend_for(backend, q, return_attn)](q, k, v, call)
+    if not torch.jit.is_scripting():
+        call = _Call(bias, attn_mask, key_padding_mask, is_causal, mask, keep, B, G, N, M, dropout_p, scale)
+        return BACKENDS[_backend_for(backend, q, return_attn)](q, k, v, call)
+    # TorchScript: the same two paths without the Python table (flex is torch.compile's: sdpa here)
+    if return_attn or backend == "math":
+        o, p = math_attention(q, k, v, mask, keep, is_causal, B, scale, dropout_p)
+        return o, p
+    return sdpa_attention(q, k, v, mask, is_causal, B, G, dropout_p), None
 
 
 torch.fx.wrap("attention")
@@ -173,28 +207,6 @@ def _backend_for(backend: str, q: Tensor, return_attn: bool) -> str:
         _warn_flex_unsupported()
         return "sdpa"
     return backend
-
-
-def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, B: int, dead: Tensor | None,
-                       scale: float, dropout_p: float) -> tuple[Tensor, Tensor]:
-    """The explicit path. mask: broadcastable to (B, G, H, N, M) (or (N, M)); it is applied with the group axis
-    apart, so a per-window mask broadcasts over the batch instead of being copied B times. ``dead``: the
-    queries with no key to attend, broadcastable to (B, G, H, N, 1); they attend to nothing (zeros, as sdpa
-    gives), with finite gradients. ``dropout_p`` > 0 only in training (the caller passes 0 in eval)."""
-    if k.shape[1] != q.shape[1]:  # GQA: each kv head serves H / Hkv query heads
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = (q * scale) @ k.transpose(-2, -1)  # (B·G, H, N, M)
-    if mask is not None:
-        s = scores.view(B, -1, *scores.shape[1:])  # (B, G, H, N, M)
-        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask  # float if a bias
-        scores = (s if dead is None else s.masked_fill(dead, 0.0)).flatten(0, 1)
-    # bf16/fp16 logits go into softmax as they are (it accumulates in float32 inside) and the probabilities
-    # come out in that dtype: autograd then keeps one half-precision (B·G, H, N, M) tensor, not a float32 one
-    attn = scores.to(q.dtype).softmax(dim=-1)
-    if dead is not None:
-        attn = attn.view(B, -1, *attn.shape[1:]).masked_fill(dead, 0.0).flatten(0, 1)
-    return F.dropout(attn, dropout_p, training=dropout_p > 0) @ v, attn
 
 
 class Attention(nn.Module):
@@ -233,18 +245,9 @@ class Attention(nn.Module):
         """One fused projection; with Hkv == H its layout is timm's [q | k | v]."""
         self.qkv = nn.Linear(dim, (self.num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=qkv_bias)
 
-    def forward(
-        self,
-        x: Tensor,
-        *,
-        bias: Tensor | None = None,
-        attn_mask: Tensor | None = None,
-        key_padding_mask: Tensor | None = None,
-        is_causal: bool = False,
-        rope: tuple[Tensor, Tensor] | None = None,
-        cache: KVCache | None = None,
-        return_attn: bool = False,
-    ) -> Tensor | tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, bias: Tensor | None = None, attn_mask: Tensor | None = None,
+                key_padding_mask: Tensor | None = None, is_causal: bool = False,
+                rope: tuple[Tensor, Tensor] | None = None, cache: Any = None) -> Tensor:
         """Attend from x (B, [G,] N, C) to itself.
 
         bias: float, broadcastable to (B, H, N, M) (or (B, G, H, N, M)), added to the scaled scores.
@@ -253,9 +256,28 @@ class Attention(nn.Module):
         is_causal: query i attends keys j <= i.
         rope: (cos, sin) tables for the query positions, (N, D/2) each, applied to q and k.
         cache: a :class:`KVCache`; this step's keys are written into it and the queries attend to every
-            key it holds (causality and the sliding window come from the cache's positions).
-        return_attn: also return the probabilities (B·G, H, N, M); runs the `math` path.
+            key it holds (causality and the sliding window come from the cache's positions). Python state:
+            decoding with a cache runs eagerly or under torch.compile, not in TorchScript.
         """
+        q, k, v = self.project(x, rope)
+        if not torch.jit.is_scripting():
+            if cache is not None:
+                k, v, keep = cache.append(k, v)  # (B, Hkv, S, D) each, keep (N, S)
+                attn_mask = keep if attn_mask is None else attn_mask & keep
+                is_causal = False
+        return self.attend(q, k, v, x.shape[:-2], bias, attn_mask, key_padding_mask, is_causal, False)[0]
+
+    def forward_with_attn(self, x: Tensor, bias: Tensor | None = None, attn_mask: Tensor | None = None,
+                          key_padding_mask: Tensor | None = None, is_causal: bool = False,
+                          rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """:meth:`forward` on the `math` path, and the attention probabilities (B·G, H, N, M)."""
+        q, k, v = self.project(x, rope)
+        o, attn = self.attend(q, k, v, x.shape[:-2], bias, attn_mask, key_padding_mask, is_causal, True)
+        assert attn is not None
+        return o, attn
+
+    def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, [G,] N, C) -> q (B·G, H, N, D), k and v (B·G, Hkv, N, D): views of the fused projection."""
         N, C = x.shape[-2], x.shape[-1]
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         q, k, v = self.qkv(x.reshape(-1, N, C)).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B·G, N, ·)
@@ -263,21 +285,16 @@ class Attention(nn.Module):
         k = k.unflatten(-1, (Hkv, D)).transpose(1, 2)  # (B·G, Hkv, N, D)
         v = v.unflatten(-1, (Hkv, D)).transpose(1, 2)
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if cache is not None:
-            k, v, keep = cache.append(k, v)  # (B, Hkv, S, D) each, keep (N, S)
-            attn_mask = keep if attn_mask is None else attn_mask & keep
-            is_causal = False
-        return self.attend(q, k, v, x.shape[:-2], bias=bias, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                           is_causal=is_causal, return_attn=return_attn)
+            q, k = apply_rope(q, rope[0], rope[1]), apply_rope(k, rope[0], rope[1])
+        return q, k, v
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, lead: list[int], *, bias: Tensor | None = None,
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | None = None,
                attn_mask: Tensor | None = None, key_padding_mask: Tensor | None = None, is_causal: bool = False,
-               return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+               return_attn: bool = False) -> tuple[Tensor, Tensor | None]:
         """softmax(q·kᵀ/√d + bias, masked)·v, then the output projection: q (B·G, H, N, D), k and v
-        (B·G, Hkv, M, D) -> (B, [G,] N, C); ``lead`` is x's shape before N and C."""
+        (B·G, Hkv, M, D) -> (B, [G,] N, C), and the probabilities if ``return_attn``; ``lead`` is x's shape
+        before N and C."""
         o, attn = attention(q, k, v, lead, bias, attn_mask, key_padding_mask, is_causal, self.backend, self.scale,
                             self.attn_drop.p if self.training else 0.0, return_attn)  # (B·G, H, N, D)
         o = self.proj_drop(self.proj(o.transpose(1, 2).flatten(2)))  # (B·G, N, C)
-        o = o.unflatten(0, lead)  # (B, [G,] N, C)
-        return (o, attn) if return_attn else o
+        return o.unflatten(0, lead), attn  # (B, [G,] N, C)

@@ -2,13 +2,14 @@
 
 :class:`Block` is the pre-norm block of ViT, Swin and the pre-LN Transformer; :class:`PostNormBlock` the
 original Transformer's; :class:`DecoderBlock` adds a cross-attention branch between the two. Parameter names
-(``norm1``, ``attn``, ``ls1``, ``norm2``, ``mlp``, ``ls2``) are timm's.
+(``norm1``, ``attn``, ``ls1``, ``norm2``, ``mlp``, ``ls2``) are timm's. Each block writes its residuals out in
+its ``forward`` (a few lines each), so the ViT and Swin blocks stay scriptable by TorchScript.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -27,8 +28,8 @@ def _scale(dim: int, init_values: float | None) -> nn.Module:
 
 class Block(nn.Module):
     """Pre-norm transformer block (Xiong et al., 2020): x + attn(norm1(x)), then x + mlp(norm2(x)), each
-    branch through LayerScale (when ``init_values``) and DropPath. Keywords of :meth:`forward` go to the
-    attention."""
+    branch through LayerScale (when ``init_values``) and DropPath. The arguments of :meth:`forward` after x go
+    to the attention (see :meth:`Attention.forward`)."""
 
     def __init__(self, dim: int, attn: Attention, mlp: nn.Module, *, norm_layer: NormLayer = nn.LayerNorm,
                  init_values: float | None = None, drop_path: float = 0.0) -> None:
@@ -42,23 +43,25 @@ class Block(nn.Module):
         self.ls2 = _scale(dim, init_values)
         self.drop_path2 = DropPath(drop_path)
 
-    def residual(self, x: Tensor, norm: nn.Module, branch: Callable[[Tensor], Tensor], ls: nn.Module,
-                 drop_path: nn.Module) -> Tensor:
-        return x + drop_path(ls(branch(norm(x))))
-
-    def forward(self, x: Tensor, **attn_args) -> Tensor:
+    def forward(self, x: Tensor, bias: Tensor | None = None, attn_mask: Tensor | None = None,
+                key_padding_mask: Tensor | None = None, is_causal: bool = False,
+                rope: tuple[Tensor, Tensor] | None = None, cache: Any = None) -> Tensor:
         """x (B, [G,] N, C) -> the same shape."""
-        x = self.residual(x, self.norm1, partial(self.attn, **attn_args), self.ls1, self.drop_path1)
-        return self.residual(x, self.norm2, self.mlp, self.ls2, self.drop_path2)
+        a = self.attn(self.norm1(x), bias, attn_mask, key_padding_mask, is_causal, rope, cache)
+        x = x + self.drop_path1(self.ls1(a))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
 class PostNormBlock(Block):
     """Post-norm block of the original Transformer (Vaswani et al., 2017): norm1(x + attn(x)), then
     norm2(x + mlp(x))."""
 
-    def residual(self, x: Tensor, norm: nn.Module, branch: Callable[[Tensor], Tensor], ls: nn.Module,
-                 drop_path: nn.Module) -> Tensor:
-        return norm(x + drop_path(ls(branch(x))))
+    def forward(self, x: Tensor, bias: Tensor | None = None, attn_mask: Tensor | None = None,
+                key_padding_mask: Tensor | None = None, is_causal: bool = False,
+                rope: tuple[Tensor, Tensor] | None = None, cache: Any = None) -> Tensor:
+        a = self.attn(x, bias, attn_mask, key_padding_mask, is_causal, rope, cache)
+        x = self.norm1(x + self.drop_path1(self.ls1(a)))
+        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
 
 
 class DecoderBlock(Block):
@@ -77,12 +80,18 @@ class DecoderBlock(Block):
     def forward(self, x: Tensor, memory: Tensor | None = None, *, memory_padding_mask: Tensor | None = None,
                 memory_cache: MemoryKV | None = None, **attn_args) -> Tensor:
         """x (B, T, C); ``memory`` (B, M, C_mem) with its padding mask, or its K/V in ``memory_cache``."""
-        x = self.residual(x, self.norm1, partial(self.attn, **attn_args), self.ls1, self.drop_path1)
-        x = self.residual(x, self.norm_cross, partial(self.cross_attn, memory=memory, cache=memory_cache,
-                                                      key_padding_mask=memory_padding_mask),
-                          self.ls_cross, self.drop_path_cross)
-        return self.residual(x, self.norm2, self.mlp, self.ls2, self.drop_path2)
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), **attn_args)))
+        a = self.cross_attn(self.norm_cross(x), memory, key_padding_mask=memory_padding_mask, cache=memory_cache)
+        x = x + self.drop_path_cross(self.ls_cross(a))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
-class PostNormDecoderBlock(PostNormBlock, DecoderBlock):
+class PostNormDecoderBlock(DecoderBlock):
     """The decoder block with post-norm residuals, as in the paper."""
+
+    def forward(self, x: Tensor, memory: Tensor | None = None, *, memory_padding_mask: Tensor | None = None,
+                memory_cache: MemoryKV | None = None, **attn_args) -> Tensor:
+        x = self.norm1(x + self.drop_path1(self.ls1(self.attn(x, **attn_args))))
+        a = self.cross_attn(x, memory, key_padding_mask=memory_padding_mask, cache=memory_cache)
+        x = self.norm_cross(x + self.drop_path_cross(self.ls_cross(a)))
+        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))

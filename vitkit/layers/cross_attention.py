@@ -55,5 +55,5 @@ class CrossAttention(Attention):
                 cache.k, cache.v = k, v
         if G > 1:  # the same memory for every group
             k, v = (t.unsqueeze(1).expand(B, G, *t.shape[1:]).reshape(B * G, *t.shape[1:]) for t in (k, v))
-        return self.attend(q, k, v, lead, bias=bias, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                           return_attn=return_attn)
+        o, attn = self.attend(q, k, v, lead, bias, attn_mask, key_padding_mask, False, return_attn)
+        return (o, attn) if return_attn else o

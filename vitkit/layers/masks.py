@@ -13,7 +13,9 @@ def causal(N: int, M: int, device: torch.device) -> Tensor:
 
 def unfold(t: Tensor) -> Tensor:
     """A (B, H, N, M)-broadcastable mask with a group axis added; (B, G, H, N, M) ones pass as they are."""
-    return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape)).unsqueeze(1) if t.dim() <= 4 else t
+    if t.dim() > 4:
+        return t
+    return t.reshape([1] * (4 - t.dim()) + list(t.shape)).unsqueeze(1)
 
 
 def fold(t: Tensor, B: int, G: int, H: int, N: int, M: int) -> Tensor:
@@ -21,10 +23,11 @@ def fold(t: Tensor, B: int, G: int, H: int, N: int, M: int) -> Tensor:
 
     Stays a broadcast view unless it varies with the group; then it is expanded to B·G rows."""
     t = unfold(t)
-    b, g, h = t.shape[:3]
+    b, g, h = t.shape[0], t.shape[1], t.shape[2]
+    nm = list(t.shape[-2:])
     if G == 1 or (g == 1 and b == 1):
-        return t.reshape(b, h, *t.shape[-2:])
-    return t.expand(B, G, h, *t.shape[-2:]).reshape(B * G, h, *t.shape[-2:])
+        return t.reshape([b, h] + nm)
+    return t.expand([B, G, h] + nm).reshape([B * G, h] + nm)
 
 
 def merge(bias: Tensor | None, attn_mask: Tensor | None, key_padding_mask: Tensor | None, is_causal: bool,
@@ -33,13 +36,13 @@ def merge(bias: Tensor | None, attn_mask: Tensor | None, key_padding_mask: Tenso
     else bool (True = attend), else None; both broadcastable to (B, G, H, N, M), not yet folded.
 
     Plain causal attention is left to the kernel's own flag, which keeps flash eligible."""
-    keep = None
+    keep: Tensor | None = None
     if attn_mask is not None:
         keep = unfold(attn_mask)
     if key_padding_mask is not None:
-        if key_padding_mask.shape != (B, M):
-            raise ValueError(f"key_padding_mask must have shape (B, M) = {(B, M)}, "
-                             f"got {tuple(key_padding_mask.shape)}")
+        if list(key_padding_mask.shape) != [B, M]:
+            shape = ", ".join([str(s) for s in key_padding_mask.shape])
+            raise ValueError(f"key_padding_mask must have shape (B, M) = ({B}, {M}), got ({shape})")
         pad = ~key_padding_mask[:, None, None, None, :]  # (B, 1, 1, 1, M)
         keep = pad if keep is None else keep & pad
     if is_causal and (keep is not None or bias is not None):

@@ -56,10 +56,16 @@ def resample_abs_pos_embed(
     symbolic = any(isinstance(s, torch.SymInt) for s in new_size)  # traced for export: comparing would pin the size
     if not symbolic and tuple(old_size) == tuple(new_size):
         return pos_embed
+    return resize_pos_grid(pos_embed, new_size, old_size, num_prefix_tokens, interpolation, antialias)
+
+
+def resize_pos_grid(pos_embed: Tensor, new_size: tuple[int, int], old_size: tuple[int, int], num_prefix_tokens: int,
+                    interpolation: str = "bicubic", antialias: bool = True) -> Tensor:
+    """The resize itself, sizes given (TorchScript compiles it: a scripted dynamic-size ViT calls it)."""
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     C, dtype = grid.shape[-1], grid.dtype
-    grid = grid.float().reshape(1, *old_size, C).permute(0, 3, 1, 2)  # (1, C, h, w)
-    grid = F.interpolate(grid, size=tuple(new_size), mode=interpolation, antialias=antialias)
+    grid = grid.float().reshape(1, old_size[0], old_size[1], C).permute(0, 3, 1, 2)  # (1, C, h, w)
+    grid = F.interpolate(grid, size=[new_size[0], new_size[1]], mode=interpolation, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, C).to(dtype)  # (1, h'·w', C)
     return torch.cat([prefix, grid], dim=1)
 

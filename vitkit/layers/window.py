@@ -18,6 +18,10 @@ from torch import Tensor, nn
 from .attention import Attention
 from .pos_embed import resize_rel_pos_table
 
+# the cached tables are built on the CPU whatever the default device (a model built under
+# `with torch.device("meta")` must not leave meta tensors in the cache) and moved where they are used
+CPU = torch.device("cpu")
+
 
 def eager_cache(fn):
     """Memoise ``fn`` (of hashable arguments: sizes, plans, devices) in eager mode. Under torch.compile and
@@ -59,7 +63,8 @@ def relative_position_index(window: tuple[int, int], table_window: tuple[int, in
     the configured window) reads the central part of the same table."""
     wh, ww = window
     th, tw = table_window
-    coords = torch.stack(torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")).flatten(1)  # (2, N)
+    coords = torch.stack(torch.meshgrid(torch.arange(wh, device=CPU), torch.arange(ww, device=CPU),
+                                        indexing="ij")).flatten(1)  # (2, N)
     rel = coords[:, :, None] - coords[:, None, :]  # (2, N, N), offsets in [-(w-1), w-1]
     return (rel[0] + th - 1) * (2 * tw - 1) + (rel[1] + tw - 1)
 
@@ -71,10 +76,10 @@ def _slots(padded: tuple[int, int], window: tuple[int, int], shift: tuple[int, i
     Index arithmetic only, so the same code builds cached tensors in eager mode and graph nodes from symbolic
     sizes under export."""
     (Hp, Wp), (wh, ww), (sh, sw) = padded, window, shift
-    nh, nw, tok = Hp // wh, Wp // ww, torch.arange(wh * ww)  # windows are numbered row by row
-    grid = torch.zeros(nh, nw, dtype=torch.long)  # (a sum, not an expand: that would not export symbolically)
-    rows = (grid + torch.arange(nh)[:, None]).flatten()[:, None] * wh + tok // ww
-    cols = (grid + torch.arange(nw)).flatten()[:, None] * ww + tok % ww
+    nh, nw, tok = Hp // wh, Wp // ww, torch.arange(wh * ww, device=CPU)  # windows are numbered row by row
+    grid = torch.zeros(nh, nw, dtype=torch.long, device=CPU)  # (a sum, not an expand: would not export symbolically)
+    rows = (grid + torch.arange(nh, device=CPU)[:, None]).flatten()[:, None] * wh + tok // ww
+    cols = (grid + torch.arange(nw, device=CPU)).flatten()[:, None] * ww + tok % ww
     return rows, cols, _wrap(rows + sh, Hp), _wrap(cols + sw, Wp)
 
 
@@ -174,7 +179,8 @@ def _map_of_windows(plan: WindowPlan) -> Tensor:
 def _windows_of_map(plan: WindowPlan) -> Tensor:
     """(H·W,) for each map token, its position among the windowed tokens of ``plan``."""
     (Hp, Wp), (wh, ww), (sh, sw) = plan.padded, plan.window, plan.shift
-    r, c = _wrap(torch.arange(plan.H)[:, None] - sh, Hp), _wrap(torch.arange(plan.W)[None, :] - sw, Wp)  # shifted
+    r = _wrap(torch.arange(plan.H, device=CPU)[:, None] - sh, Hp)  # shifted
+    c = _wrap(torch.arange(plan.W, device=CPU)[None, :] - sw, Wp)
     win = r // wh * (Wp // ww) + c // ww
     return (win * (wh * ww) + r % wh * ww + c % ww).flatten()
 
@@ -215,16 +221,6 @@ def relative_position_index_on(window: tuple[int, int], table_window: tuple[int,
     return relative_position_index(window, table_window).view(-1).to(device)
 
 
-def window_tokens(x: Tensor, src: PlanKey | None, dst: PlanKey | None) -> Tensor:
-    """x (B, L, C) with its tokens moved from the ``src`` layout to the ``dst`` layout (see :func:`token_index`)."""
-    return x.index_select(1, _token_index(src, dst, x.device))
-
-
-def window_mask(x: Tensor, key: PlanKey) -> Tensor | None:
-    """The attention mask of plan ``key`` on x's device (see :meth:`WindowPlan.mask`)."""
-    return _plan_mask(key, x.device)
-
-
 def relative_position_bias(table: Tensor, window: tuple[int, int], table_window: tuple[int, int]) -> Tensor:
     """(H, N, N) bias for the token pairs of a window (<= the table's window) from a (positions, H) table."""
     idx = relative_position_index_on(tuple(window), tuple(table_window), table.device)  # (N·N,)
@@ -232,15 +228,13 @@ def relative_position_bias(table: Tensor, window: tuple[int, int], table_window:
     return table[idx].view(N, N, -1).permute(2, 0, 1)  # (H, N, N)
 
 
-# torch.fx keeps these whole, as one call each in a traced graph: they build index tensors from sizes on a device
-torch.fx.wrap("relative_position_bias")
-
-
 class WindowAttention(Attention):
     """Attention within (shifted) windows with Swin's learned relative-position bias (Liu et al., 2021).
 
     The bias table, one value per head and 2-D offset in a ``table_window``, is this module's own (named as in
-    timm's checkpoints); the core receives it as an additive bias, so every backend runs it."""
+    timm's checkpoints); the caller passes ``relative_position_bias(window)`` to :meth:`forward` as the additive
+    bias, so every backend runs it. x is (B, nW, N, C), the windows of a map, with an attn_mask (1, nW, 1, N, N)
+    from the window plan."""
 
     def __init__(self, dim: int, num_heads: int, table_window: tuple[int, int], **kw) -> None:
         super().__init__(dim, num_heads, **kw)
@@ -253,6 +247,21 @@ class WindowAttention(Attention):
         """(H, N, N) bias for the token pairs of a window (<= the table's window)."""
         return relative_position_bias(self.relative_position_bias_table, window, self.rel_pos_window)
 
+    def plan(self, window: tuple[int, int], gather: Tensor, mask: Tensor | None, num_windows: int) -> None:
+        """Keep the layout this block runs at its stage's configured map size as buffers (not saved): the
+        gather into its windows, their mask and the bias index. TorchScript runs these, as it cannot plan
+        windows from the input (see ``SwinStage.plan_windows``)."""
+        index = relative_position_index_on(tuple(window), self.rel_pos_window, gather.device).clone()
+        self.register_buffer("planned_gather", gather, persistent=False)
+        self.register_buffer("planned_mask", mask, persistent=False)
+        self.register_buffer("planned_bias_index", index, persistent=False)
+        self.planned_windows, self.planned_tokens = num_windows, window[0] * window[1]
+
+    def planned_bias(self) -> Tensor:
+        """(1, 1, H, N, N): :meth:`relative_position_bias` of the planned window."""
+        N = self.planned_tokens
+        return self.relative_position_bias_table[self.planned_bias_index].view(N, N, -1).permute(2, 0, 1)[None, None]
+
     def set_table_window(self, window: tuple[int, int]) -> None:
         """Resize the table to another window (see :func:`resize_rel_pos_table`)."""
         if tuple(window) != self.rel_pos_window:
@@ -260,9 +269,3 @@ class WindowAttention(Attention):
             resized = resize_rel_pos_table(table.detach(), window, self.rel_pos_window)
             self.relative_position_bias_table = nn.Parameter(resized, requires_grad=table.requires_grad)
             self.rel_pos_window = tuple(window)
-
-    def forward(self, x: Tensor, *, window: tuple[int, int], attn_mask: Tensor | None = None,
-                return_attn: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """x (B, nW, N, C): the windows of a map, N = window tokens; attn_mask (1, nW, 1, N, N) from the plan."""
-        bias = self.relative_position_bias(window)[None, None]  # (1, 1, H, N, N)
-        return super().forward(x, bias=bias, attn_mask=attn_mask, return_attn=return_attn)

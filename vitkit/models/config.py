@@ -26,29 +26,34 @@ def pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
 
 
+def shape_of(x: Tensor) -> str:
+    """'(B, C, H, W)' of a tensor, for messages (written out, so TorchScript compiles it too)."""
+    return "(" + ", ".join([str(n) for n in x.shape]) + ")"
+
+
 def check_image(x: Tensor, in_chans: int, size: tuple[int, int] | None, model: str) -> None:
     """Raise a readable error for input that the model cannot take; ``size=None`` accepts any H, W."""
-    H, W = size if size is not None else ("H", "W")
-    expected = f"(B, {in_chans}, {H}, {W})"
+    expected = f"(B, {in_chans}, H, W)" if size is None else f"(B, {in_chans}, {size[0]}, {size[1]})"
     if x.dim() != 4:
         raise ValueError(f"{model} expects a batch of images {expected}, got a {x.dim()}-D tensor "
-                         f"of shape {tuple(x.shape)}")
+                         f"of shape {shape_of(x)}")
     if not torch.is_floating_point(x):
         raise TypeError(f"{model} expects floating-point images (normalised, e.g. float32), got {x.dtype}; "
                         "convert with x.float() and normalise with the model's mean/std")
     if x.shape[0] == 0:
-        raise ValueError(f"{model} got an empty batch: shape {tuple(x.shape)}")
+        raise ValueError(f"{model} got an empty batch: shape {shape_of(x)}")
     if x.shape[1] != in_chans:
         raise ValueError(f"{model} expects {in_chans} input channels {expected}, got {x.shape[1]} "
-                         f"channels in shape {tuple(x.shape)}")
+                         f"channels in shape {shape_of(x)}")
     # The finiteness check reads a value back to the host: free on CPU, a sync on every step on a GPU, so it
     # runs on CPU only (on a GPU a NaN input shows up as a non-finite loss, which training reports). One sum
     # is the cheap test (a NaN or Inf anywhere makes it non-finite); only then are they counted.
-    if x.device.type == "cpu" and not torch.compiler.is_compiling() and not bool(torch.isfinite(x.sum())):
+    compiling = False if torch.jit.is_scripting() else torch.compiler.is_compiling()
+    if x.device.type == "cpu" and not compiling and not bool(torch.isfinite(x.sum())):
         nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
         if nan or inf:  # else finite values whose sum overflowed
             raise ValueError(f"{model} got non-finite input: {nan} NaN and {inf} Inf value(s) in a batch of shape "
-                             f"{tuple(x.shape)}; expected finite, normalised pixel values")
-    if size is not None and tuple(x.shape[-2:]) != tuple(size):
-        raise ValueError(f"{model} expects images of shape {expected}, got {tuple(x.shape)}; "
-                         f"create the model with img_size={tuple(x.shape[-2:])} to change it")
+                             f"{shape_of(x)}; expected finite, normalised pixel values")
+    if size is not None and (x.shape[-2] != size[0] or x.shape[-1] != size[1]):
+        raise ValueError(f"{model} expects images of shape {expected}, got {shape_of(x)}; "
+                         f"create the model with img_size=({x.shape[-2]}, {x.shape[-1]}) to change it")

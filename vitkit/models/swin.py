@@ -6,8 +6,6 @@ as windowing only the attention. Windows are folded into the attention's group a
 position bias and the shift mask broadcast over the batch inside the fused kernel.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -20,21 +18,23 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import AttnBackend, Block, Mlp, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
-from ..layers.window import WindowAttention, WindowPlan, is_symbolic, window_mask, window_tokens
+from ..layers.window import WindowAttention, WindowPlan, is_symbolic, token_index
 from .config import IMAGENET, DataConfig, check_image, pair
 from .features import new_head, resize_patch_conv, take_indices
 
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
 # a traced model, and torchvision's and timm's feature extractors built from it, check their input too
 torch.fx.wrap("check_image")
-torch.fx.wrap("window_tokens")
-torch.fx.wrap("window_mask")
 
 
 def tracing(x: Tensor) -> bool:
     """Under torch.fx symbolic tracing, where sizes are not known: Swin then plans its windows for the
     configured img_size, as timm's Swin always does."""
-    return isinstance(x, torch.fx.Proxy)
+    if torch.jit.is_scripting():
+        return False
+    else:
+        return isinstance(x, torch.fx.Proxy)
+
 
 POOLS = ("avg", "max", "avgmax", "")  # "": no pooling, the head sees the (B, H, W, C) map
 
@@ -100,12 +100,20 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         B, H, W, C = x.shape
-        if tracing(x) or is_symbolic(H, W) or H % 2 or W % 2:
+        if torch.jit.is_scripting():
+            odd = H % 2 == 1 or W % 2 == 1
+        else:  # traced (fx, export): pad always, a no-op when the sizes are even
+            odd = tracing(x) or is_symbolic(H, W) or H % 2 == 1 or W % 2 == 1
+        if odd:
             x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
             H, W = H + H % 2, W + W % 2
         # (B, H/2, W/2, 4C); the four neighbours in timm's order (0,0), (1,0), (0,1), (1,1)
         x = x.reshape(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)
         return self.reduction(self.norm(x))
+
+
+def _plan_again(stage: "SwinStage", incompatible_keys) -> None:
+    stage.plan_windows()
 
 
 class SwinStage(nn.Module):
@@ -127,33 +135,66 @@ class SwinStage(nn.Module):
                   norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), drop_path=dp)
             for dp in drop_path
         ])
+        self.plan_windows()
+        # the planned buffers are computed, never saved: after weights are loaded into a model built elsewhere
+        # (on the meta device, then materialised) they are computed again where the weights are
+        self.register_load_state_dict_post_hook(_plan_again)
 
     def set_window(self, window: tuple[int, int]) -> None:
         """Use another window; each block's relative-position table is resized to it."""
         for blk in self.blocks:
             blk.attn.set_table_window(window)
         self.window = tuple(window)
+        self.plan_windows()
+
+    def plan_windows(self) -> None:
+        """Lay out every block's windows for the configured map size (``self.size``) once, as buffers:
+        TorchScript runs these (it cannot plan at run time); eager and compiled runs plan from the input."""
+        H, W = self.size
+        device = self.blocks[0].attn.relative_position_bias_table.device
+        prev = None
+        for j, blk in enumerate(self.blocks):
+            plan = WindowPlan.make(H, W, self.window, shifted=j % 2 == 1)
+            mask = plan.mask(device)
+            blk.attn.plan(plan.window, token_index(prev, plan, device).clone(),
+                          None if mask is None else mask.clone(), plan.num_windows)
+            prev = plan
+        self.register_buffer("planned_unwindow", token_index(prev, None, device).clone(), persistent=False)
+
+    def forward_planned(self, x: Tensor) -> Tensor:
+        """:meth:`forward` on the windows planned for the configured size (what TorchScript runs)."""
+        B, C = x.shape[0], x.shape[-1]
+        H, W = self.size
+        x = x.reshape(B, H * W, C)
+        for blk in self.blocks:
+            x = x.index_select(1, blk.attn.planned_gather).view(B, blk.attn.planned_windows, -1, C)
+            x = blk(x, blk.attn.planned_bias(), blk.attn.planned_mask).flatten(1, 2)
+        return x.index_select(1, self.planned_unwindow).view(B, H, W, C)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.downsample(x)
-        B, H, W, C = x.shape
-        if tracing(x):  # torch.fx: the windows are planned for the configured size, which the input check holds
-            H, W = self.size
-        plans = [WindowPlan.make(H, W, self.window, shifted=j % 2 == 1) for j in range(len(self.blocks))]
-        # Tokens stay in window order from block to block: each hand-over (un-shift, re-shift, re-cut)
-        # is one gather along the token axis; see WindowPlan.partition/reverse for the same in steps.
-        x = x.reshape(B, H * W, C)
-        prev = None
-        for blk, plan in zip(self.blocks, plans, strict=True):
-            x = window_tokens(x, prev, plan.key)  # (B, nW·N, C)
-            x = x.view(B, plan.num_windows, -1, C)  # (B, nW, N, C)
-            mask = window_mask(x, plan.key)
-            if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
-                x = checkpoint(blk, x, window=plan.window, attn_mask=mask, use_reentrant=False)
-            else:
-                x = blk(x, window=plan.window, attn_mask=mask)
-            x, prev = x.flatten(1, 2), plan.key
-        return window_tokens(x, prev, None).view(B, H, W, C)
+        if torch.jit.is_scripting():
+            return self.forward_planned(x)
+        else:  # windows planned from the input; torch.fx traces the planned ones (the input check holds the size)
+            if tracing(x):
+                return self.forward_planned(x)
+            B, H, W, C = x.shape
+            plans = [WindowPlan.make(H, W, self.window, shifted=j % 2 == 1) for j in range(len(self.blocks))]
+            # Tokens stay in window order from block to block: each hand-over (un-shift, re-shift, re-cut)
+            # is one gather along the token axis; see WindowPlan.partition/reverse for the same in steps.
+            x = x.reshape(B, H * W, C)
+            prev = None
+            for blk, plan in zip(self.blocks, plans, strict=True):
+                x = x.index_select(1, token_index(prev, plan, x.device))  # (B, nW·N, C)
+                x = x.view(B, plan.num_windows, -1, C)  # (B, nW, N, C)
+                mask = plan.mask(x.device)
+                bias = blk.attn.relative_position_bias(plan.window)[None, None]  # (1, 1, H, N, N)
+                if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
+                    x = checkpoint(blk, x, bias, mask, use_reentrant=False)
+                else:
+                    x = blk(x, bias, mask)
+                x, prev = x.flatten(1, 2), plan
+            return x.index_select(1, token_index(prev, None, x.device)).view(B, H, W, C)
 
 
 class PoolHead(nn.Module):
@@ -179,6 +220,8 @@ class PoolHead(nn.Module):
 class SwinTransformer(nn.Module):
     """Hierarchical vision transformer with (shifted) window attention."""
 
+    __jit_unused_properties__ = ["num_classes"]  # TorchScript: read from the config, which it does not compile
+
     def __init__(self, cfg: SwinConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -199,11 +242,16 @@ class SwinTransformer(nn.Module):
         self.output_fmts = ("NHWC", "NCHW")  # what forward_intermediates can return; NHWC for features_only
         self.output_fmt = "NHWC"  # timm's: the layout of forward_features (B, H, W, C)
         self._ref_windows, self._ref_grid = cfg.stage_windows, self._grid()  # set_input_size scales from these
+        self.read_config()
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
+
+    def read_config(self) -> None:
+        """Copy the config fields that forward reads to plain attributes, which TorchScript compiles."""
+        self.img_size, self.patch_size, self.in_chans = pair(self.cfg.img_size), self.cfg.patch_size, self.cfg.in_chans
 
     def set_attn_backend(self, backend: AttnBackend) -> None:
         self.cfg.attn_backend = check_backend(backend)
@@ -217,15 +265,26 @@ class SwinTransformer(nn.Module):
     def _embed(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) of any size -> patch map (B, H/p, W/p, C); sizes that are not a multiple
         of the patch are zero-padded, as the official detection backbone does."""
-        p = self.cfg.patch_size
-        if tracing(x):  # torch.fx: a traced graph takes the configured size only, and checks that it gets it
-            check_image(x, self.cfg.in_chans, pair(self.cfg.img_size), type(self).__name__)
-            H, W = pair(self.cfg.img_size)
-            return self.patch_embed(F.pad(x, (0, (p - W % p) % p, 0, (p - H % p) % p)) if H % p or W % p else x)
-        check_image(x, self.cfg.in_chans, None, type(self).__name__)
-        if is_symbolic(*x.shape[-2:]) or x.shape[-2] % p or x.shape[-1] % p:
-            x = F.pad(x, (0, (p - x.shape[-1] % p) % p, 0, (p - x.shape[-2] % p) % p))
-        return self.patch_embed(x)
+        if torch.jit.is_scripting():
+            return self._embed_configured(x)
+        else:
+            if (pair(self.cfg.img_size), self.cfg.patch_size, self.cfg.in_chans) != (self.img_size, self.patch_size,
+                                                                                   self.in_chans):
+                self.read_config()  # a config field set in place since takes effect, as it always did
+            if tracing(x):
+                return self._embed_configured(x)
+            p = self.patch_size
+            check_image(x, self.in_chans, None, "SwinTransformer")
+            if is_symbolic(x.shape[-2], x.shape[-1]) or x.shape[-2] % p or x.shape[-1] % p:
+                x = F.pad(x, (0, (p - x.shape[-1] % p) % p, 0, (p - x.shape[-2] % p) % p))
+            return self.patch_embed(x)
+
+    def _embed_configured(self, x: Tensor) -> Tensor:
+        """TorchScript and torch.fx take the configured size only (their windows are planned for it): checked."""
+        p = self.patch_size
+        check_image(x, self.in_chans, self.img_size, "SwinTransformer")
+        H, W = self.img_size
+        return self.patch_embed(F.pad(x, (0, (p - W % p) % p, 0, (p - H % p) % p)) if H % p or W % p else x)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) of any size -> final map (B, H/32, W/32, C)."""
@@ -339,9 +398,10 @@ class SwinTransformer(nn.Module):
             windows = tuple((max(1, w[0] * grid[0] // ref[0]), max(1, w[1] * grid[1] // ref[1]))
                             for w in self._ref_windows)
         self.cfg.window_size = tuple(w[0] if w[0] == w[1] else w for w in windows)
+        self.read_config()
         for stage, (H, W), w in zip(self.layers, self.cfg.stage_sizes, windows, strict=True):
-            stage.set_window((min(w[0], H), min(w[1], W)))
             stage.size = (H, W)
+            stage.set_window((min(w[0], H), min(w[1], W)))
 
     @torch.no_grad()
     def attention_maps(self, x: Tensor, stage: int = 0, block: int = 0) -> tuple[Tensor, WindowPlan]:
@@ -354,11 +414,11 @@ class SwinTransformer(nn.Module):
             for j, blk in enumerate(st.blocks):
                 plan = WindowPlan.make(H, W, st.window, shifted=j % 2 == 1)
                 windows = plan.partition(x)
+                bias = blk.attn.relative_position_bias(plan.window)[None, None]  # (1, 1, H, N, N)
                 if (i, j) == (stage, block):
-                    _, attn = blk.attn(blk.norm1(windows), window=plan.window, attn_mask=plan.mask(x.device),
-                                       return_attn=True)
+                    _, attn = blk.attn.forward_with_attn(blk.norm1(windows), bias, plan.mask(x.device))
                     return attn, plan
-                x = plan.reverse(blk(windows, window=plan.window, attn_mask=plan.mask(x.device)))
+                x = plan.reverse(blk(windows, bias, plan.mask(x.device)))
         raise IndexError(f"no block {block} in stage {stage}")
 
 

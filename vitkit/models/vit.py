@@ -4,8 +4,6 @@ Parameter names and shapes follow timm's ``VisionTransformer``, so a timm state_
 loads with ``strict=True`` and no conversion.
 """
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -17,8 +15,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import Attention, AttnBackend, Block, Mlp, PatchEmbed, drop_path_rates, sincos_2d
 from ..layers.attention import check_backend
-from ..layers.pos_embed import resample_abs_pos_embed
-from .config import IMAGENET, INCEPTION, RAW, DataConfig, check_image, pair
+from ..layers.pos_embed import resample_abs_pos_embed, resize_pos_grid
+from .config import IMAGENET, INCEPTION, RAW, DataConfig, check_image, pair, shape_of
 from .features import new_head, resize_patch_conv, take_indices
 
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
@@ -80,6 +78,8 @@ class ViTConfig(DataConfig):
 class VisionTransformer(nn.Module):
     """ViT / DeiT image classifier on the shared attention core."""
 
+    __jit_unused_properties__ = ["num_classes"]  # TorchScript: read from the config, which it does not compile
+
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -113,6 +113,7 @@ class VisionTransformer(nn.Module):
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(C, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
         self.grad_checkpointing = False
+        self.read_config()
         self.feature_info = [dict(num_chs=C, reduction=cfg.patch_size, module=f"blocks.{i}") for i in range(cfg.depth)]
         self.output_fmts = ("NCHW", "NLC")  # what forward_intermediates returns, the default first
         self.reset_parameters()
@@ -130,6 +131,28 @@ class VisionTransformer(nn.Module):
             if tok is not None:
                 nn.init.normal_(tok, std=1e-6)
 
+    def read_config(self) -> None:
+        """Copy the config fields that forward reads to plain attributes (timm's names), which TorchScript
+        compiles; the methods that change the config call this."""
+        cfg = self.cfg
+        self.global_pool, self.dynamic_img_size, self.no_embed_class = (cfg.global_pool, cfg.dynamic_img_size,
+                                                                        cfg.no_embed_class)
+        self.img_size, self.patch_size, self.in_chans = pair(cfg.img_size), cfg.patch_size, cfg.in_chans
+
+    def _follow_config(self) -> None:
+        """A config field set in place since (``model.cfg.dynamic_img_size = True``) takes effect, as it always
+        did; a scripted model keeps the settings it was scripted with."""
+        cfg = self.cfg
+        if (cfg.global_pool, cfg.dynamic_img_size, cfg.no_embed_class, pair(cfg.img_size), cfg.patch_size,
+                cfg.in_chans) != (self.global_pool, self.dynamic_img_size, self.no_embed_class, self.img_size,
+                                  self.patch_size, self.in_chans):
+            self.read_config()
+
+    def set_dynamic_img_size(self, enable: bool = True) -> None:
+        """Take any H, W (multiples of the patch size): positions are resampled to each input's grid."""
+        self.cfg.dynamic_img_size = enable
+        self.read_config()
+
     def set_attn_backend(self, backend: AttnBackend) -> None:
         """Switch every attention module to another backend (weights are shared by all three)."""
         self.cfg.attn_backend = check_backend(backend)
@@ -141,23 +164,34 @@ class VisionTransformer(nn.Module):
 
     def _pos_embed(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         B = x.shape[0]
-        prefix = [t.expand(B, -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        prefix: list[Tensor] = []
+        if self.cls_token is not None:
+            prefix.append(self.cls_token.expand(B, -1, -1))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(B, -1, -1))
         pos = self.pos_embed
-        if self.cfg.dynamic_img_size:  # timm's dynamic_img_size: bicubic (antialiased) to this input's grid
-            pos = resample_abs_pos_embed(pos, grid, self.cfg.grid_size,
-                                         num_prefix_tokens=0 if self.cfg.no_embed_class else self.num_prefix_tokens)
-        if self.cfg.no_embed_class:  # positions cover patches only: add, then prepend
-            x = torch.cat([*prefix, x + pos], dim=1)
+        if self.dynamic_img_size:  # timm's dynamic_img_size: bicubic (antialiased) to this input's grid
+            trained = (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
+            n = 0 if self.no_embed_class else self.num_prefix_tokens
+            if torch.jit.is_scripting():
+                if grid[0] != trained[0] or grid[1] != trained[1]:
+                    pos = resize_pos_grid(pos, grid, trained, n)
+            else:  # the same, and under torch.export sizes that stay symbolic
+                pos = resample_abs_pos_embed(pos, grid, trained, n)
+        if self.no_embed_class:  # positions cover patches only: add, then prepend
+            x = torch.cat(prefix + [x + pos], dim=1)
         else:  # positions cover the prefix too: prepend, then add
-            x = torch.cat([*prefix, x], dim=1) + pos
+            x = torch.cat(prefix + [x], dim=1) + pos
         return self.pos_drop(x)
 
     def _embed(self, x: Tensor) -> Tensor:
-        size, p = None if self.cfg.dynamic_img_size else pair(self.cfg.img_size), self.cfg.patch_size
-        check_image(x, self.cfg.in_chans, size, type(self).__name__)
-        if size is None and (x.shape[-2] % p or x.shape[-1] % p):
-            raise ValueError(f"{type(self).__name__} with dynamic_img_size takes any height and width that are "
-                             f"multiples of the patch size {p}, got {tuple(x.shape)}")
+        if not torch.jit.is_scripting():
+            self._follow_config()
+        p = self.patch_size
+        check_image(x, self.in_chans, None if self.dynamic_img_size else self.img_size, "VisionTransformer")
+        if self.dynamic_img_size and (x.shape[-2] % p or x.shape[-1] % p):
+            raise ValueError(f"VisionTransformer with dynamic_img_size takes any height and width that are "
+                             f"multiples of the patch size {p}, got {shape_of(x)}")
         grid = (x.shape[-2] // p, x.shape[-1] // p)
         return self.norm_pre(self._pos_embed(self.patch_embed(x), grid))  # (B, prefix + N, C)
 
@@ -170,11 +204,15 @@ class VisionTransformer(nn.Module):
         """Images (B, C_in, H, W) -> normed tokens (B, prefix + N, C)."""
         x = self._embed(x)
         for blk in self.blocks:
-            x = self._block(blk, x)
+            if not torch.jit.is_scripting():  # TorchScript runs no checkpoint (it has no autograd of its own)
+                if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
+                    x = checkpoint(blk, x, use_reentrant=False)
+                    continue
+            x = blk(x)
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        pool, patches = self.cfg.global_pool, x[:, self.num_prefix_tokens:]
+        pool, patches = self.global_pool, x[:, self.num_prefix_tokens:]
         if pool == "token":
             x = x[:, 0]
         elif pool == "avg":
@@ -204,6 +242,7 @@ class VisionTransformer(nn.Module):
             self.cfg.fc_norm = not isinstance(self.fc_norm, nn.Identity)  # the norms stay where they are
             self.cfg.global_pool = global_pool
         self.cfg.num_classes = num_classes
+        self.read_config()
         self.head = new_head(self.num_features, num_classes, self.patch_embed.proj.weight)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -268,6 +307,7 @@ class VisionTransformer(nn.Module):
                 info["reduction"] = patch_size
         if img_size is not None:
             self.cfg.img_size = img_size
+        self.read_config()
         grid = self.cfg.grid_size
         if grid == old_grid:
             return
@@ -288,7 +328,7 @@ class VisionTransformer(nn.Module):
         x = self._embed(x)
         maps = []
         for blk in self.blocks:
-            _, attn = blk.attn(blk.norm1(x), return_attn=True)
+            _, attn = blk.attn.forward_with_attn(blk.norm1(x))
             maps.append(attn)
             x = blk(x)
         return maps

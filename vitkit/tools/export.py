@@ -110,7 +110,7 @@ def _prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bo
     m = copy.deepcopy(model).float().cpu().eval()
     m.set_attn_backend("math")
     if kind == "vit":
-        m.cfg.dynamic_img_size = dynamic_size
+        m.set_dynamic_img_size(dynamic_size)
     return m, dynamic_size
 
 
