@@ -73,6 +73,33 @@ def test_every_preset_scripts_and_traces_to_its_eager_logits(name):
         assert torch.equal(torch.jit.script(graph)(x), eager)
 
 
+@pytest.mark.parametrize("name", IMAGE_PRESETS)
+def test_every_preset_passes_timms_backward_intermediates_and_features_checks(name):
+    """What timm's model tests check of every model, on every preset (narrow, one block or stage deep): a new
+    head of 42 classes, a gradient for every parameter, forward_intermediates that end in forward_features with
+    one map per feature_info entry of its channels and stride, and a features_only backbone of those maps."""
+    tiny = TINY[vitkit.family(name)]
+    model = vitkit.create_model(name, num_classes=42, **tiny).train()
+    x = _x(model)
+    out = model(x)
+    assert out.shape == (2, 42)
+    out.mean().backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+    model.eval()
+    with torch.no_grad():
+        final, maps = model.forward_intermediates(x)
+        assert torch.equal(final, model.forward_features(x))
+        assert len(maps) == len(model.feature_info)
+        for info, m in zip(model.feature_info, maps, strict=True):  # NCHW
+            assert m.shape[:2] == (2, info["num_chs"])
+            r = info["reduction"]  # ViT drops a remainder of the patch size (a conv stem); Swin pads it
+            assert tuple(m.shape[2:]) == tuple(s // r if vitkit.family(name) == "vit" else -(-s // r)
+                                               for s in x.shape[2:])
+        backbone = vitkit.create_model(name, features_only=True, **tiny).eval()
+        feats = backbone(x)
+    assert [f.shape[-1 if backbone.output_fmt == "NHWC" else 1] for f in feats] == backbone.feature_info.channels()
+
+
 @pytest.mark.parametrize("case", list(PAIRS))
 def test_a_scripted_model_trains_and_checks_its_input(case):
     """In training mode (drop path on) the scripted model gives every parameter a gradient; an input of the

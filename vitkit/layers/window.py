@@ -16,6 +16,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .attention import Attention
+from .block import Block
 from .pos_embed import resize_rel_pos_table
 
 # the cached tables are built on the CPU whatever the default device (a model built under
@@ -256,11 +257,18 @@ class WindowAttention(Attention):
         self.register_buffer("planned_mask", mask, persistent=False)
         self.register_buffer("planned_bias_index", index, persistent=False)
         self.planned_windows, self.planned_tokens = num_windows, window[0] * window[1]
+        self.planned_window = (int(window[0]), int(window[1]))
 
     def planned_bias(self) -> Tensor:
         """(1, 1, H, N, N): :meth:`relative_position_bias` of the planned window."""
         N = self.planned_tokens
         return self.relative_position_bias_table[self.planned_bias_index].view(N, N, -1).permute(2, 0, 1)[None, None]
+
+    def window_bias(self, window: tuple[int, int]) -> Tensor:
+        """(1, 1, H, N, N) bias of a window: the planned one from its buffer, another (a smaller map) built."""
+        if tuple(window) == self.planned_window:
+            return self.planned_bias()
+        return self.relative_position_bias(window)[None, None]
 
     def set_table_window(self, window: tuple[int, int]) -> None:
         """Resize the table to another window (see :func:`resize_rel_pos_table`)."""
@@ -269,3 +277,19 @@ class WindowAttention(Attention):
             resized = resize_rel_pos_table(table.detach(), window, self.rel_pos_window)
             self.relative_position_bias_table = nn.Parameter(resized, requires_grad=table.requires_grad)
             self.rel_pos_window = tuple(window)
+
+
+class WindowBlock(Block):
+    """Swin's block: the pre-norm :class:`Block` on windows, whose attention adds the relative-position bias of
+    the window it is given. The bias is read inside the block's forward, where a sharded (FSDP) block has its
+    parameters gathered."""
+
+    def forward(self, x: Tensor, window: tuple[int, int] | None = None, attn_mask: Tensor | None = None) -> Tensor:
+        """x (B, nW, N, C), the windows of a map; ``window`` their size (None: the planned one); attn_mask
+        (1, nW, 1, N, N) from the window plan."""
+        if torch.jit.is_scripting() or window is None:  # TorchScript runs the configured size: the planned window
+            bias = self.attn.planned_bias()
+        else:
+            bias = self.attn.window_bias(window)
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), bias, attn_mask)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

@@ -1,9 +1,10 @@
 """Swin Transformer (Liu et al., 2021) on the shared attention core, timm-compatible.
 
-A Swin block is the ordinary :class:`vitkit.layers.Block` run on windows: layer norm and MLP act per
-token, so cutting the map into (shifted) windows before the block and stitching it after is the same
-as windowing only the attention. Windows are folded into the attention's group axis, so the relative
-position bias and the shift mask broadcast over the batch inside the fused kernel.
+A Swin block is the pre-norm :class:`vitkit.layers.Block` run on windows (:class:`WindowBlock` only adds
+the relative-position bias of its window): layer norm and MLP act per token, so cutting the map into (shifted)
+windows before the block and stitching it after is the same as windowing only the attention. Windows are
+folded into the attention's group axis, so the relative position bias and the shift mask broadcast over the
+batch inside the fused kernel.
 """
 
 from collections.abc import Sequence
@@ -16,9 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import AttnBackend, Block, Mlp, PatchEmbed, drop_path_rates
+from ..layers import AttnBackend, Mlp, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
-from ..layers.window import WindowAttention, WindowPlan, is_symbolic, token_index
+from ..layers.window import WindowAttention, WindowBlock, WindowPlan, is_symbolic, token_index
 from .config import IMAGENET, DataConfig, check_image, pair
 from .features import new_head, resize_patch_conv, take_indices
 
@@ -127,12 +128,12 @@ class SwinStage(nn.Module):
         self.grad_checkpointing = False
         self.downsample = PatchMerging(dim, out_dim, cfg.norm_eps) if i else nn.Identity()
         self.blocks = nn.Sequential(*[
-            Block(out_dim,
-                  WindowAttention(out_dim, cfg.num_heads[i], self.window, qkv_bias=cfg.qkv_bias,
-                                  attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate,
-                                  backend=cfg.attn_backend),
-                  Mlp(out_dim, int(out_dim * cfg.mlp_ratio), drop=cfg.proj_drop_rate),
-                  norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), drop_path=dp)
+            WindowBlock(out_dim,
+                        WindowAttention(out_dim, cfg.num_heads[i], self.window, qkv_bias=cfg.qkv_bias,
+                                        attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate,
+                                        backend=cfg.attn_backend),
+                        Mlp(out_dim, int(out_dim * cfg.mlp_ratio), drop=cfg.proj_drop_rate),
+                        norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), drop_path=dp)
             for dp in drop_path
         ])
         self.plan_windows()
@@ -168,7 +169,7 @@ class SwinStage(nn.Module):
         x = x.reshape(B, H * W, C)
         for blk in self.blocks:
             x = x.index_select(1, blk.attn.planned_gather).view(B, blk.attn.planned_windows, -1, C)
-            x = blk(x, blk.attn.planned_bias(), blk.attn.planned_mask).flatten(1, 2)
+            x = blk(x, blk.attn.planned_window, blk.attn.planned_mask).flatten(1, 2)
         return x.index_select(1, self.planned_unwindow).view(B, H, W, C)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -188,11 +189,10 @@ class SwinStage(nn.Module):
                 x = x.index_select(1, token_index(prev, plan, x.device))  # (B, nW·N, C)
                 x = x.view(B, plan.num_windows, -1, C)  # (B, nW, N, C)
                 mask = plan.mask(x.device)
-                bias = blk.attn.relative_position_bias(plan.window)[None, None]  # (1, 1, H, N, N)
                 if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
-                    x = checkpoint(blk, x, bias, mask, use_reentrant=False)
+                    x = checkpoint(blk, x, plan.window, mask, use_reentrant=False)
                 else:
-                    x = blk(x, bias, mask)
+                    x = blk(x, plan.window, mask)
                 x, prev = x.flatten(1, 2), plan
             return x.index_select(1, token_index(prev, None, x.device)).view(B, H, W, C)
 
@@ -414,11 +414,11 @@ class SwinTransformer(nn.Module):
             for j, blk in enumerate(st.blocks):
                 plan = WindowPlan.make(H, W, st.window, shifted=j % 2 == 1)
                 windows = plan.partition(x)
-                bias = blk.attn.relative_position_bias(plan.window)[None, None]  # (1, 1, H, N, N)
                 if (i, j) == (stage, block):
+                    bias = blk.attn.window_bias(plan.window)  # (1, 1, H, N, N)
                     _, attn = blk.attn.forward_with_attn(blk.norm1(windows), bias, plan.mask(x.device))
                     return attn, plan
-                x = plan.reverse(blk(windows, bias, plan.mask(x.device)))
+                x = plan.reverse(blk(windows, plan.window, plan.mask(x.device)))
         raise IndexError(f"no block {block} in stage {stage}")
 
 

@@ -1,0 +1,176 @@
+"""Sharded (FSDP2) checkpoints on CPU processes: a kill during a save, resuming on another number of processes,
+two nodes on loopback into one root, and a sharded checkpoint read, converted, predicted and exported as saved.
+Apart from test_sharded.py so that the two files run side by side on two workers."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import ROOT, TINY_VIT, run_in_repo
+
+PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
+
+
+TINY_L = '{"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 8, "drop_path_rate": 0.1}'
+
+
+def _recipe(root: Path, devices: int, epochs: int, *extra: str):
+    """The FSDP2 recipe as it ships (bf16-mixed, activation checkpointing, EMA, mixup, accumulation over 2) on CPU
+    processes, with a tiny ViT on the digits: 4 batches, 2 optimizer steps per epoch."""
+    root.mkdir(parents=True, exist_ok=True)
+    args = ["train.py", "fit", "--config", "vit_large_in1k_fsdp", "--trainer.accelerator", "cpu",
+            "--trainer.devices", str(devices), "--data", "vitkit.lit.DigitsDataModule", "--data.batch_size", "16",
+            "--model.model_overrides", TINY_L, "--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches",
+            "4", "--trainer.limit_val_batches", "1", "--trainer.logger", "false", "--trainer.default_root_dir",
+            str(root), "--trainer.callbacks+=ddp_probe.RecordTraining", "--trainer.callbacks.out_dir", str(root),
+            *extra]
+    return run_in_repo(args, env=PROBES, timeout=300)
+
+
+def _step(checkpoint: Path) -> int:
+    return torch.load(checkpoint / "meta.pt", weights_only=False)["global_step"]
+
+
+def _assert_same_weights(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.timeout(900)
+def test_a_kill_during_a_sharded_save_keeps_the_last_checkpoint_and_the_resumed_run_ends_as_an_unkilled_one(
+        tmp_path):
+    """The shipped recipe on 2 processes. Killed while writing the checkpoint of epoch 1 (step 4), after every
+    shard was written: ``last.ckpt`` is still epoch 0's, whole; ``--ckpt_path last`` resumes from it and ends
+    with the weights (EMA included) of the run that was never killed."""
+    full = _recipe(tmp_path / "full", 2, 3)
+    assert full.returncode == 0, full.stderr[-3000:]
+    killed = _recipe(tmp_path / "killed", 2, 3, "--trainer.callbacks+=ddp_probe.KillAfterShards",
+                     "--trainer.callbacks.step", "4")
+    assert killed.returncode != 0
+    last = tmp_path / "killed/checkpoints/last.ckpt"
+    assert last.is_dir() and _step(last) == 2 and (last / ".metadata").exists()
+    # and as if a later save of the same state were killed between its two renames: no last.ckpt, the previous
+    # one as last.ckpt.old, the new one whole as last.ckpt.saving
+    for cut_short in last.parent.glob("*.saving"):  # the save the kill interrupted
+        shutil.rmtree(cut_short)
+    shutil.copytree(last, last.with_name("last.ckpt.saving"))
+    last.replace(last.with_name("last.ckpt.old"))
+    resumed = _recipe(tmp_path / "killed", 2, 3, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Restored all states from the checkpoint at" in resumed.stderr + resumed.stdout
+    assert _step(last) == 6 and not list((tmp_path / "killed/checkpoints").glob("*.saving"))
+    assert not list((tmp_path / "killed/checkpoints").glob("*.old"))
+    _assert_same_weights(torch.load(tmp_path / "full/weights.pt"), torch.load(tmp_path / "killed/weights.pt"))
+
+
+@pytest.mark.timeout(900)
+def test_a_sharded_checkpoint_resumes_on_another_number_of_processes(tmp_path):
+    """Saved by 1 process, resumed on 2; saved by those 2, resumed on 1: each run starts from the weights the
+    previous one ended with."""
+    for i, (devices, epochs) in enumerate([(1, 1), (2, 2), (1, 3)]):
+        extra = ["--trainer.callbacks+=ddp_probe.RecordStartWeights", "--trainer.callbacks.out_dir",
+                 str(tmp_path / f"run{i}")]
+        if i:
+            extra += ["--ckpt_path", str(tmp_path / f"run{i - 1}/checkpoints/last.ckpt")]
+        out = _recipe(tmp_path / f"run{i}", devices, epochs, *extra)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert _step(tmp_path / f"run{i}/checkpoints/last.ckpt") == 2 * epochs
+        if i:
+            _assert_same_weights(torch.load(tmp_path / f"run{i - 1}/weights.pt"),
+                                 torch.load(tmp_path / f"run{i}/start_weights.pt"))
+
+
+def _free_port() -> int:
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(root: Path, strategy: str, epochs: int, *extra: str) -> list:
+    """Node 0 and node 1, one process each, on loopback (``NODE_RANK``, ``MASTER_ADDR``), as a launcher on each
+    node of a 2-node job starts them, into one shared root."""
+
+    port = str(_free_port())
+    args = [sys.executable, "train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator",
+            "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "2", "--trainer.strategy", strategy,
+            "--trainer.max_epochs", str(epochs), "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches",
+            "1", "--trainer.default_root_dir", str(root), "--model.model_overrides", TINY_VIT,
+            "--model.ema_decay", "0.9", "--trainer.callbacks+=ddp_probe.RecordTraining",
+            "--trainer.callbacks.out_dir", str(root), *extra]
+    procs = [subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, **PROBES, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                                   "NODE_RANK": str(node), "LOCAL_RANK": "0"})
+             for node in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    return outs
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_nodes_train_save_and_resume_into_one_root(tmp_path, strategy):
+    """Two 1-process nodes train one epoch into a shared root: node 0 writes the checkpoint (each node its shards
+    under FSDP2), both nodes log their losses; then both resume from ``last`` and train a second epoch."""
+    _two_nodes(tmp_path, strategy, 1)
+    last = tmp_path / "checkpoints/last.ckpt"
+    assert last.exists() and (last.is_dir() if strategy == "fsdp2" else last.is_file())
+    if strategy == "fsdp2":
+        assert sorted(p.name for p in last.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert len((tmp_path / "losses0.txt").read_text().splitlines()) == 3
+    assert len((tmp_path / "losses1.txt").read_text().splitlines()) == 3
+    _two_nodes(tmp_path, strategy, 2, "--ckpt_path", "last")
+    meta = torch.load(last / "meta.pt" if strategy == "fsdp2" else last, weights_only=False)
+    assert (meta["epoch"], meta["global_step"]) == (1, 6)
+    assert len((tmp_path / "losses1.txt").read_text().splitlines()) == 6  # the resumed epoch, appended
+
+
+@pytest.mark.timeout(600)
+def test_a_sharded_checkpoint_is_read_converted_predicted_and_exported_as_saved(tmp_path):
+    """The folder FSDP2 wrote goes wherever a checkpoint file goes: ``create_model(checkpoint=)`` (name and size
+    from its hyper-parameters), ``vitkit convert SHARDED -o model.safetensors``, ``vitkit predict`` and ``vitkit
+    export``; a ``.metadata`` that would import anything else is refused before torch unpickles it."""
+    import pickle
+
+    import vitkit
+    from vitkit.checkpoints import UnsafeCheckpointError
+
+    out = _recipe(tmp_path / "run", 1, 1)
+    assert out.returncode == 0, out.stderr[-3000:]
+    sharded = tmp_path / "run/checkpoints/last.ckpt"
+    net = vitkit.create_model(checkpoint=sharded)
+    assert net.name == "vit_large_patch16_224" and net.load_report.format == "lightning"
+    trained = torch.load(tmp_path / "run/weights.pt")
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, trained[f"model.{k}"]), k
+    converted = tmp_path / "model.safetensors"
+    cli = ["-m", "vitkit.cli"]
+    assert run_in_repo([*cli, "convert", str(sharded), "-o", str(converted)]).returncode == 0
+    import json
+
+    again = vitkit.create_model("vit_large_patch16_224", checkpoint=converted, num_classes=10, **json.loads(TINY_L))
+    x = torch.randn(2, 3, 224, 224)
+    torch.testing.assert_close(again.eval()(x), net.eval()(x), atol=0, rtol=0)
+    from PIL import Image
+
+    Image.new("RGB", (40, 40), (200, 30, 30)).save(tmp_path / "img.png")
+    pred = run_in_repo([*cli, "predict", str(tmp_path / "img.png"), "--checkpoint", str(sharded), "--topk", "1"])
+    assert pred.returncode == 0 and pred.stdout.startswith(f"{tmp_path / 'img.png'}: "), pred.stderr[-2000:]
+    exported = run_in_repo([*cli, "export", str(sharded), "-o", str(tmp_path / "m.onnx")], timeout=300)
+    assert exported.returncode == 0 and (tmp_path / "m.onnx").exists(), exported.stderr[-2000:]
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("executed",))
+
+    (sharded / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(UnsafeCheckpointError, match="builtins.print"):
+        vitkit.create_model(checkpoint=sharded)
