@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from .checkpoints import hub
+from .checkpoints.adapt import classifier_names
 from .checkpoints.files import WEIGHT_SUFFIXES
 from .checkpoints.load import Checkpoint, load_checkpoint, read_checkpoint
 from .models.config import pair
@@ -209,7 +210,7 @@ def _pretrained_cfg(model: nn.Module, source: hub.Pretrained | None) -> dict[str
     size = pair(cfg.img_size)
     out.update(input_size=(cfg.in_chans, *size), mean=tuple(cfg.mean), std=tuple(cfg.std),
                crop_pct=cfg.crop_pct, interpolation=cfg.interpolation, num_classes=cfg.num_classes,
-               first_conv="patch_embed.proj", classifier="head.fc" if hasattr(model.head, "fc") else "head",
+               first_conv="patch_embed.proj", classifier=classifier_names(model),
                # timm's tools shrink the input of a model without fixed_input_size; these take one size (ViT
                # with dynamic_img_size takes any)
                fixed_input_size=not getattr(cfg, "dynamic_img_size", False))

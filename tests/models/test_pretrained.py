@@ -27,6 +27,7 @@ from ..test_checkpoints import _randomize
 
 VIT_TAG = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
 SWIN_TAG = "swin_tiny_patch4_window7_224.ms_in1k"
+DEIT_DISTILLED_TAG = "deit_tiny_distilled_patch16_224.fb_in1k"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -55,7 +56,7 @@ def _cache_timm_weights(cache: Path, tag: str, tmp_path: Path) -> torch.nn.Modul
     return model
 
 
-@pytest.mark.parametrize("tag", [VIT_TAG, SWIN_TAG])
+@pytest.mark.parametrize("tag", [VIT_TAG, SWIN_TAG, DEIT_DISTILLED_TAG])
 def test_timm_tag_from_the_hub_cache_gives_timms_logits_with_no_network_call(tag, hf_cache, tmp_path, monkeypatch,
                                                                              no_network):
     _cache_timm_weights(hf_cache, tag, tmp_path)

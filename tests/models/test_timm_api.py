@@ -30,6 +30,14 @@ def _pair(case: str, **extra):
     return ours, theirs
 
 
+def _distilled_pair():
+    """DeiT distilled (its distillation token and second head) at the tiny ViT config, timm's weights copied."""
+    theirs = timm.create_model("deit_tiny_distilled_patch16_224", **VIT_KW).eval()
+    ours = vitkit.create_model("deit_tiny_distilled_patch16_224", **VIT_KW).eval()
+    ours.load_state_dict(theirs.state_dict())
+    return ours, theirs
+
+
 def _x(size=None, batch=2, case="vit"):
     size = size or CASES[case][1]["img_size"]
     h, w = (size, size) if isinstance(size, int) else size
@@ -148,9 +156,9 @@ def test_features_only_refuses_a_format_it_cannot_give():
         vitkit.create_model(CASES["vit"][0], features_only=True, output_fmt="NHWC", **CASES["vit"][1])
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [*CASES, "deit_distilled"])
 def test_group_matcher_gives_timms_layer_decay_groups(case):
-    ours, theirs = _pair(case)
+    ours, theirs = _pair(case) if case in CASES else _distilled_pair()
     assert ours.group_matcher() == theirs.group_matcher()
     assert ours.group_matcher(coarse=True) == theirs.group_matcher(coarse=True)
     # layer-wise LR decay: every parameter gets the LR scale and weight decay timm's recipe gives it

@@ -14,7 +14,7 @@ from vitkit.layers import resample_abs_pos_embed, sincos_2d
 from vitkit.models import VIT_PRESETS
 
 SMALL = ["vit_tiny_patch16_224", "vit_small_patch16_224", "deit_tiny_patch16_224", "deit_small_patch16_224",
-         "vit_small_patch32_224"]
+         "deit_tiny_distilled_patch16_224", "vit_small_patch32_224"]
 LARGE = ["vit_base_patch16_224", "vit_base_patch32_224", "vit_base_patch16_384", "deit_base_patch16_224",
          "vit_large_patch16_224", "vit_small_patch16_384", "deit3_small_patch16_224", "vit_medium_patch16_gap_256",
          "vit_betwixt_patch16_reg4_gap_256"]
@@ -151,3 +151,39 @@ def test_model_code_does_not_import_lightning():
             "bad = [k for k in sys.modules if k.split('.')[0] in ('lightning', 'pytorch_lightning')];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _distilled_pair(**kw):
+    return _pair("deit_tiny_distilled_patch16_224", depth=2, **kw)
+
+
+def test_deit_distilled_averages_its_two_heads_and_trains_them_apart_as_timm_does():
+    """DeiT's distillation token and second head: the mean of both heads at inference, pre_logits the mean of
+    the two tokens, and with distilled training on, both heads' logits in training, each equal to timm's."""
+    ours, theirs = _distilled_pair()
+    assert ours.num_prefix_tokens == theirs.num_prefix_tokens == 2
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert_close(ours(x), theirs(x), atol=1e-5, rtol=0)
+        f = ours.forward_features(x)
+        assert_close(ours.forward_head(f, pre_logits=True), (f[:, 0] + f[:, 1]) / 2, atol=0, rtol=0)
+    ours.set_distilled_training(True)
+    theirs.set_distilled_training(True)
+    ours.train(), theirs.train()
+    with torch.no_grad():
+        for a, b in zip(ours(x), theirs(x), strict=True):
+            assert_close(a, b, atol=1e-5, rtol=0)
+    ours.reset_classifier(7)
+    head, head_dist = ours.get_classifier()
+    assert head.out_features == head_dist.out_features == 7 and ours.eval()(x).shape == (2, 7)
+
+
+def test_deit_distilled_fine_tunes_with_both_heads_new_and_needs_the_class_token(tmp_path):
+    _, theirs = _distilled_pair()
+    torch.save(theirs.state_dict(), tmp_path / "deit.pth")
+    ours = vitkit.create_model("deit_tiny_distilled_patch16_224", depth=2, num_classes=10,
+                               checkpoint=tmp_path / "deit.pth")
+    report = str(ours.load_report)
+    assert "head.weight: new classifier (10, 192)" in report and "head_dist.weight: new classifier (10, 192)" in report
+    with pytest.raises(ValueError, match="distilled=True .* needs class_token=True and global_pool='token'"):
+        vitkit.create_model("deit_tiny_distilled_patch16_224", global_pool="avg")

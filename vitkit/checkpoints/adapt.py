@@ -24,9 +24,19 @@ def adapt_input_conv(weight: Tensor, in_chans: int) -> Tensor:
     return w.to(dtype)
 
 
+HEADS = ("head.", "head_dist.")  # the classifier, and DeiT's distillation head
+
+
+def classifier_names(model: nn.Module) -> str | tuple[str, str]:
+    """timm's ``pretrained_cfg["classifier"]``: the head's module name (both of DeiT's)."""
+    if getattr(model, "head_dist", None) is not None:
+        return ("head", "head_dist")
+    return "head.fc" if hasattr(model.head, "fc") else "head"
+
+
 def head_keys(model: nn.Module) -> set[str]:
-    """The classifier's parameter names: ``head.*`` (ViT) or ``head.fc.*`` (Swin)."""
-    return {k for k in model.state_dict() if k.startswith("head.")}
+    """The classifier's parameter names: ``head.*`` (ViT; DeiT's ``head_dist.*`` too) or ``head.fc.*`` (Swin)."""
+    return {k for k in model.state_dict() if k.startswith(HEADS)}
 
 
 def headless(sd: dict[str, Tensor]) -> bool:
@@ -46,7 +56,7 @@ def adapt(sd: dict[str, Tensor], model: nn.Module) -> tuple[dict[str, Tensor], l
         notes.append("head: new (not in the checkpoint)")
     for k, v in list(sd.items()):
         want = target.get(k)
-        if want is None and k.startswith("head.") and not heads:
+        if want is None and k.startswith(HEADS) and not heads:
             del sd[k]
             notes.append(f"{k}: dropped, the model has no classifier (num_classes=0)")
             continue

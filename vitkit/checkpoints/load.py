@@ -12,7 +12,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..models.registry import preset_config
-from .adapt import adapt, head_keys, headless
+from .adapt import adapt, classifier_names, head_keys, headless
 from .files import CheckpointError, read_file, resolve, write_json, write_safetensors
 from .formats import to_vitkit, unwrap
 
@@ -209,7 +209,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names:
         "pretrained_cfg": {
             "input_size": [cfg["in_chans"], *in_size], "mean": cfg["mean"], "std": cfg["std"],
             "crop_pct": cfg["crop_pct"], "interpolation": cfg["interpolation"], "num_classes": cfg["num_classes"],
-            "first_conv": "patch_embed.proj", "classifier": "head.fc" if hasattr(model.head, "fc") else "head",
+            "first_conv": "patch_embed.proj", "classifier": classifier_names(model),
             "custom_load": False,
         },
         "vitkit": {"config": cfg},

@@ -41,7 +41,8 @@ class ViTConfig(DataConfig):
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     class_token: bool = True
-    reg_tokens: int = 0  # register tokens (Darcet et al., 2024), after the class token
+    reg_tokens: int = 0  # register tokens (Darcet et al., 2024), after the class (and distillation) token
+    distilled: bool = False  # DeiT's distillation token after the class token, with its own head (head_dist)
     global_pool: Literal["token", "avg", "max", "avgmax", ""] = "token"
     fc_norm: bool | None = None  # norm after pooling instead of before; None = only for avg pooling
     no_embed_class: bool = False  # positions cover patches only (DeiT III, big_vision)
@@ -63,6 +64,10 @@ class ViTConfig(DataConfig):
             raise ValueError(f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs class_token=True")
+        if self.distilled and (not self.class_token or self.global_pool != "token"):
+            raise ValueError("distilled=True (DeiT's distillation token) needs class_token=True and "
+                             f"global_pool='token', got class_token={self.class_token}, "
+                             f"global_pool={self.global_pool!r}")
         if self.pos_embed not in ("learn", "sincos"):
             raise ValueError(f"pos_embed must be 'learn' or 'sincos', got {self.pos_embed!r}")
         if min(pair(self.img_size)) < self.patch_size:
@@ -84,10 +89,11 @@ class VisionTransformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         C = cfg.embed_dim
-        self.num_prefix_tokens = int(cfg.class_token) + cfg.reg_tokens
+        self.num_prefix_tokens = int(cfg.class_token) + int(cfg.distilled) + cfg.reg_tokens
         self.num_features = self.head_hidden_size = C  # tokens' width, and the width the head reads (timm's)
         self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, C)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, C)) if cfg.reg_tokens else None
         gh, gw = cfg.grid_size
         embed_len = gh * gw + (0 if cfg.no_embed_class else self.num_prefix_tokens)
@@ -112,6 +118,11 @@ class VisionTransformer(nn.Module):
         self.fc_norm = nn.LayerNorm(C, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(C, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
+        # DeiT (Touvron et al., 2021): the distillation token's head; the two heads' logits are averaged, except
+        # in training with distilled_training set, where forward returns both (for a loss against a teacher)
+        self.head_dist = (nn.Linear(C, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()) \
+            if cfg.distilled else None
+        self.distilled_training = False
         self.grad_checkpointing = False
         self.read_config()
         self.feature_info = [dict(num_chs=C, reduction=cfg.patch_size, module=f"blocks.{i}") for i in range(cfg.depth)]
@@ -130,6 +141,8 @@ class VisionTransformer(nn.Module):
         for tok in (self.cls_token, self.reg_token):
             if tok is not None:
                 nn.init.normal_(tok, std=1e-6)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)  # as DeiT and timm
 
     def read_config(self) -> None:
         """Copy the config fields that forward reads to plain attributes (timm's names), which TorchScript
@@ -137,6 +150,7 @@ class VisionTransformer(nn.Module):
         cfg = self.cfg
         self.global_pool, self.dynamic_img_size, self.no_embed_class = (cfg.global_pool, cfg.dynamic_img_size,
                                                                         cfg.no_embed_class)
+        self.distilled = cfg.distilled
         self.img_size, self.patch_size, self.in_chans = pair(cfg.img_size), cfg.patch_size, cfg.in_chans
 
     def _follow_config(self) -> None:
@@ -160,13 +174,15 @@ class VisionTransformer(nn.Module):
             blk.attn.backend = backend
 
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token", "reg_token"}
+        return {"pos_embed", "cls_token", "dist_token", "reg_token"}
 
     def _pos_embed(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         B = x.shape[0]
         prefix: list[Tensor] = []
         if self.cls_token is not None:
             prefix.append(self.cls_token.expand(B, -1, -1))
+        if self.dist_token is not None:
+            prefix.append(self.dist_token.expand(B, -1, -1))
         if self.reg_token is not None:
             prefix.append(self.reg_token.expand(B, -1, -1))
         pos = self.pos_embed
@@ -212,6 +228,8 @@ class VisionTransformer(nn.Module):
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        if self.head_dist is not None:
+            return self._distilled_head(x, pre_logits)
         pool, patches = self.global_pool, x[:, self.num_prefix_tokens:]
         if pool == "token":
             x = x[:, 0]
@@ -224,14 +242,30 @@ class VisionTransformer(nn.Module):
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
+    def _distilled_head(self, x: Tensor, pre_logits: bool) -> Tensor:
+        """DeiT's two heads, on the class and the distillation token; their mean (timm's, no head dropout)."""
+        assert self.head_dist is not None
+        x, x_dist = x[:, 0], x[:, 1]
+        if pre_logits:
+            return (x + x_dist) / 2
+        x, x_dist = self.head(x), self.head_dist(x_dist)
+        if not torch.jit.is_scripting():
+            if self.distilled_training and self.training:  # both, for a loss against a teacher
+                return x, x_dist
+        return (x + x_dist) / 2
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """In training, return (class-head logits, distillation-head logits) instead of their mean (DeiT)."""
+        self.distilled_training = enable
+
     # -- timm's model interface: fine-tuning and backbones --------------------------------------------
 
     @property
     def num_classes(self) -> int:
         return self.cfg.num_classes
 
-    def get_classifier(self) -> nn.Module:
-        return self.head
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        return self.head if self.head_dist is None else (self.head, self.head_dist)  # timm's, both for DeiT
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A new, freshly initialised head for ``num_classes`` (0: none, forward returns pooled features)."""
@@ -244,6 +278,8 @@ class VisionTransformer(nn.Module):
         self.cfg.num_classes = num_classes
         self.read_config()
         self.head = new_head(self.num_features, num_classes, self.patch_embed.proj.weight)
+        if self.head_dist is not None:
+            self.head_dist = new_head(self.num_features, num_classes, self.patch_embed.proj.weight)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each block's activations in the backward pass instead of keeping them (less memory)."""
@@ -251,7 +287,9 @@ class VisionTransformer(nn.Module):
 
     def group_matcher(self, coarse: bool = False) -> dict:
         """Parameter groups by depth (timm's), for layer-wise LR decay: the stem, each block, the final norm."""
-        return dict(stem=r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre",
+        stem = r"^cls_token|pos_embed|patch_embed|dist_token" if self.distilled else \
+            r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre"  # timm's regexes for DeiT distilled and ViT
+        return dict(stem=stem,
                     blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None,
@@ -363,9 +401,13 @@ VIT_PRESETS: dict[str, dict] = {
     "deit3_medium_patch16_224": _row("M/16", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
     "deit3_small_patch16_224": _row("S/16", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
     "deit3_small_patch16_384": _row("S/16", 384, IMAGENET, 1.0, no_embed_class=True, init_values=1e-06),
+    "deit_base_distilled_patch16_224": _row("B/16", 224, IMAGENET, 0.9, distilled=True),
+    "deit_base_distilled_patch16_384": _row("B/16", 384, IMAGENET, 1.0, distilled=True),
     "deit_base_patch16_224": _row("B/16", 224, IMAGENET, 0.9),
     "deit_base_patch16_384": _row("B/16", 384, IMAGENET, 1.0),
+    "deit_small_distilled_patch16_224": _row("S/16", 224, IMAGENET, 0.9, distilled=True),
     "deit_small_patch16_224": _row("S/16", 224, IMAGENET, 0.9),
+    "deit_tiny_distilled_patch16_224": _row("Ti/16", 224, IMAGENET, 0.9, distilled=True),
     "deit_tiny_patch16_224": _row("Ti/16", 224, IMAGENET, 0.9),
     "vit_base_patch14_dinov2": _row("B/14", 518, IMAGENET, 1.0, init_values=1e-05, num_classes=0),
     "vit_base_patch14_reg1_tipsv2": _row("B/14", 448, RAW, 1.0, init_values=1.0, reg_tokens=1, no_embed_class=True, num_classes=0),
