@@ -36,6 +36,17 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile("fuzz" if fuzz else "ci" if os.environ.get("CI") else "dev")
 
 
+# The files that run longest (multi-process training runs) start first, so that under `--dist loadfile` the two
+# workers finish together instead of one starting a five-minute file while the other runs out of work.
+LONGEST_FIRST = ("tests/lit/test_sharded_checkpoints.py", "tests/lit/test_headless.py", "tests/lit/test_sharded.py",
+                 "tests/lit/test_distributed.py", "tests/lit/test_streaming.py", "tests/lit/test_train.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
