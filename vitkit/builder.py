@@ -167,27 +167,21 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
     return model
 
 
-def _features(model: nn.Module, out_indices: int | tuple[int, ...] | None, output_fmt: str | None,
-              feature_cls: str | None, feature_cfg: dict[str, Any]) -> nn.Module:
-    """``features_only``: the arguments as timm takes them, given directly or in ``feature_cfg``."""
-    feature_cls = feature_cfg.pop("feature_cls", feature_cls)
-    out_indices = feature_cfg.pop("out_indices", out_indices)
-    output_fmt = feature_cfg.pop("output_fmt", output_fmt)
-    if feature_cls == "getter" and output_fmt is None:  # asked for by name: NCHW maps, as timm's getter gives
-        output_fmt = "NCHW"  # (Swin's default features are NHWC, as timm's default for Swin)
-    return feature_net(model, feature_cls or "getter", out_indices, output_fmt, **feature_cfg)
-
-
 FEATURE_CLASSES = ("getter", "fx", "hook")
 
 
-def feature_net(model: nn.Module, feature_cls: str, out_indices: int | tuple[int, ...] | None,
-                output_fmt: str | None, **feature_cfg: Any) -> nn.Module:
-    """The backbone wrapper timm's ``features_only`` builds, by ``feature_cls``: see :func:`create_model`."""
+def _features(model: nn.Module, out_indices: int | tuple[int, ...] | None, output_fmt: str | None,
+              feature_cls: str | None, feature_cfg: dict[str, Any]) -> nn.Module:
+    """The backbone wrapper timm's ``features_only`` builds (see :func:`create_model`), from the arguments as
+    timm takes them, given directly or in ``feature_cfg``."""
+    asked = feature_cfg.pop("feature_cls", feature_cls)
+    out_indices = feature_cfg.pop("out_indices", out_indices)
+    output_fmt = feature_cfg.pop("output_fmt", output_fmt)
+    feature_cls = asked or "getter"
     if feature_cls not in FEATURE_CLASSES:
         raise ValueError(f"feature_cls must be one of {FEATURE_CLASSES}, got {feature_cls!r}")
-    if feature_cls == "getter":
-        return FeatureNet(model, out_indices, output_fmt, **feature_cfg)
+    if feature_cls == "getter":  # asked for by name: NCHW maps, as timm's getter gives (Swin's default: NHWC)
+        return FeatureNet(model, out_indices, output_fmt or ("NCHW" if asked else None), **feature_cfg)
     from timm.models import FeatureGraphNet, FeatureHookNet
 
     taken = tuple(default_out_indices(model, out_indices))

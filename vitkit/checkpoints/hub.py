@@ -96,8 +96,6 @@ class Pretrained:
 
     def fetch(self) -> Path:
         """The cached file if there is one, else a download; never a network call for a cached file."""
-        if self.unreadable:
-            raise ValueError(self.unreadable)
         path = self.cached()
         return path if path is not None else self.download()
 

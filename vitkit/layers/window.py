@@ -222,13 +222,6 @@ def relative_position_index_on(window: tuple[int, int], table_window: tuple[int,
     return relative_position_index(window, table_window).view(-1).to(device)
 
 
-def relative_position_bias(table: Tensor, window: tuple[int, int], table_window: tuple[int, int]) -> Tensor:
-    """(H, N, N) bias for the token pairs of a window (<= the table's window) from a (positions, H) table."""
-    idx = relative_position_index_on(tuple(window), tuple(table_window), table.device)  # (N·N,)
-    N = window[0] * window[1]
-    return table[idx].view(N, N, -1).permute(2, 0, 1)  # (H, N, N)
-
-
 class WindowAttention(Attention):
     """Attention within (shifted) windows with Swin's learned relative-position bias (Liu et al., 2021).
 
@@ -246,7 +239,12 @@ class WindowAttention(Attention):
 
     def relative_position_bias(self, window: tuple[int, int]) -> Tensor:
         """(H, N, N) bias for the token pairs of a window (<= the table's window)."""
-        return relative_position_bias(self.relative_position_bias_table, window, self.rel_pos_window)
+        index = relative_position_index_on(tuple(window), self.rel_pos_window, self.relative_position_bias_table.device)
+        return self._gather_bias(index, window[0] * window[1])
+
+    def _gather_bias(self, index: Tensor, tokens: int) -> Tensor:
+        """(H, N, N) from the table at an (N·N,) relative-position index."""
+        return self.relative_position_bias_table[index].view(tokens, tokens, -1).permute(2, 0, 1)
 
     def plan(self, window: tuple[int, int], gather: Tensor, mask: Tensor | None, num_windows: int) -> None:
         """Keep the layout this block runs at its stage's configured map size as buffers (not saved): the
@@ -257,18 +255,10 @@ class WindowAttention(Attention):
         self.register_buffer("planned_mask", mask, persistent=False)
         self.register_buffer("planned_bias_index", index, persistent=False)
         self.planned_windows, self.planned_tokens = num_windows, window[0] * window[1]
-        self.planned_window = (int(window[0]), int(window[1]))
 
     def planned_bias(self) -> Tensor:
         """(1, 1, H, N, N): :meth:`relative_position_bias` of the planned window."""
-        N = self.planned_tokens
-        return self.relative_position_bias_table[self.planned_bias_index].view(N, N, -1).permute(2, 0, 1)[None, None]
-
-    def window_bias(self, window: tuple[int, int]) -> Tensor:
-        """(1, 1, H, N, N) bias of a window: the planned one from its buffer, another (a smaller map) built."""
-        if tuple(window) == self.planned_window:
-            return self.planned_bias()
-        return self.relative_position_bias(window)[None, None]
+        return self._gather_bias(self.planned_bias_index, self.planned_tokens)[None, None]
 
     def set_table_window(self, window: tuple[int, int]) -> None:
         """Resize the table to another window (see :func:`resize_rel_pos_table`)."""
@@ -290,6 +280,6 @@ class WindowBlock(Block):
         if torch.jit.is_scripting() or window is None:  # TorchScript runs the configured size: the planned window
             bias = self.attn.planned_bias()
         else:
-            bias = self.attn.window_bias(window)
+            bias = self.attn.relative_position_bias(window)[None, None]
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), bias, attn_mask)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

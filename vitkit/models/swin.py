@@ -31,10 +31,7 @@ torch.fx.wrap("check_image")
 def tracing(x: Tensor) -> bool:
     """Under torch.fx symbolic tracing, where sizes are not known: Swin then plans its windows for the
     configured img_size, as timm's Swin always does."""
-    if torch.jit.is_scripting():
-        return False
-    else:
-        return isinstance(x, torch.fx.Proxy)
+    return isinstance(x, torch.fx.Proxy)
 
 
 POOLS = ("avg", "max", "avgmax", "")  # "": no pooling, the head sees the (B, H, W, C) map
@@ -169,7 +166,7 @@ class SwinStage(nn.Module):
         x = x.reshape(B, H * W, C)
         for blk in self.blocks:
             x = x.index_select(1, blk.attn.planned_gather).view(B, blk.attn.planned_windows, -1, C)
-            x = blk(x, blk.attn.planned_window, blk.attn.planned_mask).flatten(1, 2)
+            x = blk(x, None, blk.attn.planned_mask).flatten(1, 2)  # None: the planned window
         return x.index_select(1, self.planned_unwindow).view(B, H, W, C)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -268,9 +265,6 @@ class SwinTransformer(nn.Module):
         if torch.jit.is_scripting():
             return self._embed_configured(x)
         else:
-            if (pair(self.cfg.img_size), self.cfg.patch_size, self.cfg.in_chans) != (self.img_size, self.patch_size,
-                                                                                   self.in_chans):
-                self.read_config()  # a config field set in place since takes effect, as it always did
             if tracing(x):
                 return self._embed_configured(x)
             p = self.patch_size
@@ -415,7 +409,7 @@ class SwinTransformer(nn.Module):
                 plan = WindowPlan.make(H, W, st.window, shifted=j % 2 == 1)
                 windows = plan.partition(x)
                 if (i, j) == (stage, block):
-                    bias = blk.attn.window_bias(plan.window)  # (1, 1, H, N, N)
+                    bias = blk.attn.relative_position_bias(plan.window)[None, None]  # (1, 1, H, N, N)
                     _, attn = blk.attn.forward_with_attn(blk.norm1(windows), bias, plan.mask(x.device))
                     return attn, plan
                 x = plan.reverse(blk(windows, plan.window, plan.mask(x.device)))

@@ -150,7 +150,6 @@ class VisionTransformer(nn.Module):
         cfg = self.cfg
         self.global_pool, self.dynamic_img_size, self.no_embed_class = (cfg.global_pool, cfg.dynamic_img_size,
                                                                         cfg.no_embed_class)
-        self.distilled = cfg.distilled
         self.img_size, self.patch_size, self.in_chans = pair(cfg.img_size), cfg.patch_size, cfg.in_chans
 
     def _follow_config(self) -> None:
@@ -220,11 +219,10 @@ class VisionTransformer(nn.Module):
         """Images (B, C_in, H, W) -> normed tokens (B, prefix + N, C)."""
         x = self._embed(x)
         for blk in self.blocks:
-            if not torch.jit.is_scripting():  # TorchScript runs no checkpoint (it has no autograd of its own)
-                if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
-                    x = checkpoint(blk, x, use_reentrant=False)
-                    continue
-            x = blk(x)
+            if torch.jit.is_scripting():  # TorchScript runs no checkpoint (and compiles no module argument)
+                x = blk(x)
+            else:
+                x = self._block(blk, x)
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
@@ -287,7 +285,7 @@ class VisionTransformer(nn.Module):
 
     def group_matcher(self, coarse: bool = False) -> dict:
         """Parameter groups by depth (timm's), for layer-wise LR decay: the stem, each block, the final norm."""
-        stem = r"^cls_token|pos_embed|patch_embed|dist_token" if self.distilled else \
+        stem = r"^cls_token|pos_embed|patch_embed|dist_token" if self.cfg.distilled else \
             r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre"  # timm's regexes for DeiT distilled and ViT
         return dict(stem=stem,
                     blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
