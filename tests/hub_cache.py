@@ -22,10 +22,13 @@ def write_hub_repo(cache: Path, repo_id: str, files: dict[str, Path]) -> Path:
 
 
 def cache_weights(cache: Path, tag: str, model: torch.nn.Module, scratch: Path) -> Path:
-    """``model``'s weights as timm's hub repo of ``tag`` (timm/<tag>/model.safetensors)."""
+    """``model``'s weights as timm's hub repo of ``tag`` (timm/<tag>/model.safetensors; some tags share the repo
+    of another preset's tag, as the quickgelu CLIP towers do)."""
+    from timm.models import get_pretrained_cfg
+
     path = scratch / "model.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
-    return write_hub_repo(cache, f"timm/{tag}", {"model.safetensors": path})
+    return write_hub_repo(cache, get_pretrained_cfg(tag).hf_hub_id or f"timm/{tag}", {"model.safetensors": path})
 
 
 def use_offline_cache(monkeypatch, cache: Path) -> None:

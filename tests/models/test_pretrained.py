@@ -105,6 +105,33 @@ def test_a_tag_whose_hosted_weights_are_headless_fine_tunes_with_a_new_head(hf_c
     assert tuned(x[..., :224, :224]).shape == (1, 7)
 
 
+# image towers of image-text models: OpenAI's CLIP (pre-norm, QuickGELU, its 512-d projection as the head) and
+# SigLIP 2 (no class token, the attention-pool head, no classifier)
+TOWER_TAGS = ["vit_base_patch32_clip_quickgelu_224.openai", "vit_base_patch16_siglip_224.v2_webli"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tag", TOWER_TAGS)
+def test_image_tower_tags_give_timms_output_at_full_size_and_fine_tune_like_timm(tag, hf_cache, tmp_path):
+    _cache_timm_weights(hf_cache, tag, tmp_path)
+    ours = vitkit.create_model(tag, pretrained=True).eval()
+    theirs = timm.create_model(tag, pretrained=True).eval()
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out, ref = ours(x), theirs(x)
+    assert out.shape == ref.shape == (2, theirs.pretrained_cfg["num_classes"] or theirs.num_features)
+    assert (out - ref).abs().max() <= 1e-4 * ref.abs().max()  # within 1e-4 of the output's scale
+    assert ours.load_report.ok and ours.cfg.mean == tuple(theirs.pretrained_cfg["mean"])
+    # fine-tuning: a new head at a new resolution; the tower's weights (the attention pool's too) load
+    ours = vitkit.create_model(tag, pretrained=True, num_classes=10, img_size=160).eval()
+    theirs = timm.create_model(tag, pretrained=True, num_classes=10, img_size=160).eval()
+    x = x[..., :160, :160]
+    with torch.no_grad():
+        assert_close(ours.forward_head(ours.forward_features(x), pre_logits=True),
+                     theirs.forward_head(theirs.forward_features(x), pre_logits=True), atol=1e-4, rtol=1e-4)
+    assert ours(x).shape == (2, 10) and ours.load_report.ok and ours.load_report.new_head == ["head.bias", "head.weight"]
+
+
 def test_torchvision_weights_from_torch_hub_cache_give_torchvisions_logits(tmp_path, monkeypatch, hf_cache,
                                                                            no_network):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
@@ -157,7 +184,10 @@ def test_every_timm_tag_of_every_preset_builds_the_shapes_of_timms_model():
     timm_shapes = {}
     for tag in tags:
         src = hub.resolve(tag)
-        assert src.repo_id == f"timm/{tag}" or (src.url and not src.repo_id), tag
+        # timm's repo of the tag (the quickgelu CLIP towers share the repo of the GELU preset's same tag), or a url
+        hosted = src.repo_id is not None and src.repo_id.startswith("timm/") and src.repo_id.endswith(
+            "." + tag.split(".", 1)[1])
+        assert hosted or (src.url and not src.repo_id), tag
         pcfg = timm.models.get_pretrained_cfg(tag)
         key = (src.preset, pcfg.num_classes, tuple(pcfg.input_size))
         if key not in timm_shapes:

@@ -14,6 +14,7 @@ VIT_KW = dict(img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, num
 VIT_REG_KW = dict(VIT_KW, class_token=False, reg_tokens=2, no_embed_class=True, global_pool="avg")
 SWIN_KW = dict(img_size=64, embed_dim=32, depths=(2, 2, 2), num_heads=(2, 4, 4), window_size=4, num_classes=10)
 CASES = {"vit": ("vit_tiny_patch16_224", VIT_KW), "vit_reg_avg": ("vit_tiny_patch16_224", VIT_REG_KW),
+         "clip": ("vit_base_patch32_clip_quickgelu_224", VIT_KW), "siglip": ("vit_base_patch16_siglip_224", VIT_KW),
          "swin": ("swin_tiny_patch4_window7_224", SWIN_KW)}
 
 
@@ -177,7 +178,7 @@ def test_group_matcher_gives_timms_layer_decay_groups(case):
         assert got[n][1] == ref[n][1], n
 
 
-@pytest.mark.parametrize("case", ["vit", "swin"])
+@pytest.mark.parametrize("case", ["vit", "siglip", "swin"])
 def test_grad_checkpointing_gives_the_same_gradients(case):
     ours, _ = _pair(case)
     x = _x(case=case)
@@ -206,8 +207,9 @@ def test_grad_checkpointing_recomputes_blocks_in_backward():
 
 @pytest.mark.parametrize("kw", [dict(img_size=48), dict(img_size=(32, 48)), dict(patch_size=4),
                                 dict(img_size=40, patch_size=10)])
-def test_vit_set_input_size_matches_timm(kw):
-    ours, theirs = _pair("vit")
+@pytest.mark.parametrize("case", ["vit", "siglip"])
+def test_vit_set_input_size_matches_timm(kw, case):
+    ours, theirs = _pair(case)
     ours.set_input_size(**kw)
     theirs.set_input_size(**kw)
     x = _x(kw.get("img_size"))

@@ -17,11 +17,15 @@ IMAGE_PRESETS = [n for n in vitkit.list_models() if vitkit.family(n) in ("vit", 
 TINY = {"vit": dict(depth=1, embed_dim=16, num_heads=2), "swin": dict(depths=(1, 1, 1, 1), embed_dim=8,
                                                                       num_heads=(1, 1, 1, 1))}
 # the kinds of ViT and Swin: class token, LayerScale with positions on patches only, registers with average
-# pooling, Swin; small enough for fx and backward at full width of the test image
+# pooling, CLIP's pre-norm with QuickGELU, SigLIP's attention pool, Swin; small enough for fx and backward at
+# full width of the test image
 PAIRS = {"vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)),
          "deit3": ("deit3_small_patch16_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)),
          "reg_gap": ("vit_base_patch16_reg4_gap_256", dict(img_size=32, patch_size=8, embed_dim=32, depth=4,
                                                            num_heads=2)),
+         "clip": ("vit_base_patch32_clip_quickgelu_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=2,
+                                                             num_heads=2)),
+         "siglip": ("vit_base_patch16_siglip_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)),
          "swin": ("swin_tiny_patch4_window7_224", dict(img_size=64, embed_dim=16, depths=(1, 1, 2, 1),
                                                        num_heads=(1, 2, 2, 4), window_size=4))}
 

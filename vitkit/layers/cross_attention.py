@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from einops import rearrange
 from torch import Tensor, nn
 
 from .attention import Attention
@@ -25,7 +24,8 @@ class CrossAttention(Attention):
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Cross-attention K/V of a memory (B, M, C) -> (B, Hkv, M, D) each."""
-        kv = rearrange(self.kv(memory), "b m (two h d) -> two b h m d", two=2, h=self.num_kv_heads)
+        kv = self.kv(memory).unflatten(-1, (2, self.num_kv_heads, self.head_dim))  # (B, M, 2, Hkv, D)
+        kv = kv.permute(2, 0, 3, 1, 4)  # (2, B, Hkv, M, D)
         return kv[0], kv[1]
 
     def forward(

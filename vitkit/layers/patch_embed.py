@@ -12,10 +12,10 @@ class PatchEmbed(nn.Module):
     (Swin). ``norm`` adds a LayerNorm after the projection, as Swin does."""
 
     def __init__(self, patch_size: int, in_chans: int, embed_dim: int, *, norm: bool = False,
-                 flatten: bool = True, eps: float = 1e-5) -> None:
+                 flatten: bool = True, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
         self.patch_size, self.in_chans, self.flatten = patch_size, in_chans, flatten
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, bias=bias)
         self.norm = nn.LayerNorm(embed_dim, eps=eps) if norm else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:

@@ -4,7 +4,8 @@ from .config import DataConfig
 from .registry import FAMILIES, find, list_models, preset_config
 from .seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
-from .vit import VIT_PRESETS, VisionTransformer, ViTConfig
+from .vit import VisionTransformer, ViTConfig
+from .vit_presets import VIT_PRESETS
 
 __all__ = ["DataConfig", "SEQ2SEQ_PRESETS", "SWIN_PRESETS", "Seq2SeqConfig", "Seq2SeqTransformer", "SwinConfig",
            "SwinTransformer", "VIT_PRESETS", "ViTConfig", "VisionTransformer", "FAMILIES", "find", "list_models",

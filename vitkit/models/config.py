@@ -9,6 +9,7 @@ from torch import Tensor
 
 IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 INCEPTION = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+CLIP = dict(mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711))  # OpenAI's
 RAW = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
 
 

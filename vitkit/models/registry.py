@@ -14,7 +14,8 @@ from torch import nn
 
 from .seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
-from .vit import VIT_PRESETS, VisionTransformer, ViTConfig
+from .vit import VisionTransformer, ViTConfig
+from .vit_presets import VIT_PRESETS
 
 # family -> (config class, model class, presets keyed by timm's names)
 FAMILIES: dict[str, tuple[type, type[nn.Module], dict[str, dict]]] = {

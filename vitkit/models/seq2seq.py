@@ -36,7 +36,8 @@ from ..layers import (
 )
 from ..layers.attention import check_backend
 from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
-from .vit import VIT_PRESETS, VisionTransformer, ViTConfig
+from .vit import VisionTransformer, ViTConfig
+from .vit_presets import VIT_PRESETS
 
 PosEncoding = Literal["sinusoidal", "learned", "rope", "alibi"]
 

@@ -15,15 +15,17 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import Attention, AttnBackend, Block, Mlp, PatchEmbed, drop_path_rates, sincos_2d
 from ..layers.attention import check_backend
+from ..layers.attention_pool import AttentionPool
+from ..layers.mlp import ACTIVATIONS
 from ..layers.pos_embed import resample_abs_pos_embed, resize_pos_grid
-from .config import IMAGENET, INCEPTION, RAW, DataConfig, check_image, pair, shape_of
+from .config import DataConfig, check_image, pair, shape_of
 from .features import new_head, resize_patch_conv, take_indices
 
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
 # a traced model, and torchvision's and timm's feature extractors built from it, check their input too
 torch.fx.wrap("check_image")
 
-POOLS = ("token", "avg", "max", "avgmax", "")  # "": no pooling, the head sees every token
+POOLS = ("token", "avg", "max", "avgmax", "map", "")  # "": no pooling, the head sees every token; "map": attention
 
 
 @dataclass
@@ -43,11 +45,12 @@ class ViTConfig(DataConfig):
     class_token: bool = True
     reg_tokens: int = 0  # register tokens (Darcet et al., 2024), after the class (and distillation) token
     distilled: bool = False  # DeiT's distillation token after the class token, with its own head (head_dist)
-    global_pool: Literal["token", "avg", "max", "avgmax", ""] = "token"
+    global_pool: Literal["token", "avg", "max", "avgmax", "map", ""] = "token"  # map: attention pool (SigLIP)
     fc_norm: bool | None = None  # norm after pooling instead of before; None = only for avg pooling
     no_embed_class: bool = False  # positions cover patches only (DeiT III, big_vision)
     pos_embed: Literal["learn", "sincos"] = "learn"
-    pre_norm: bool = False  # LayerNorm before the blocks (CLIP)
+    pre_norm: bool = False  # LayerNorm before the blocks, and a patch conv without bias (CLIP)
+    act_layer: Literal["gelu", "gelu_tanh", "quick_gelu"] = "gelu"  # the MLPs' (quick_gelu: OpenAI's CLIP)
     init_values: float | None = None  # LayerScale
     norm_eps: float = 1e-6
     drop_rate: float = 0.0  # before the head
@@ -68,6 +71,8 @@ class ViTConfig(DataConfig):
             raise ValueError("distilled=True (DeiT's distillation token) needs class_token=True and "
                              f"global_pool='token', got class_token={self.class_token}, "
                              f"global_pool={self.global_pool!r}")
+        if self.act_layer not in ACTIVATIONS:
+            raise ValueError(f"act_layer must be one of {tuple(ACTIVATIONS)}, got {self.act_layer!r}")
         if self.pos_embed not in ("learn", "sincos"):
             raise ValueError(f"pos_embed must be 'learn' or 'sincos', got {self.pos_embed!r}")
         if min(pair(self.img_size)) < self.patch_size:
@@ -91,7 +96,7 @@ class VisionTransformer(nn.Module):
         C = cfg.embed_dim
         self.num_prefix_tokens = int(cfg.class_token) + int(cfg.distilled) + cfg.reg_tokens
         self.num_features = self.head_hidden_size = C  # tokens' width, and the width the head reads (timm's)
-        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, C)
+        self.patch_embed = PatchEmbed(cfg.patch_size, cfg.in_chans, C, bias=not cfg.pre_norm)  # timm's, CLIP's
         self.cls_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, C)) if cfg.reg_tokens else None
@@ -109,12 +114,15 @@ class VisionTransformer(nn.Module):
             Block(C,
                   Attention(C, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, qkv_bias=cfg.qkv_bias,
                             attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate, backend=cfg.attn_backend),
-                  Mlp(C, int(C * cfg.mlp_ratio), drop=cfg.proj_drop_rate),
+                  Mlp(C, int(C * cfg.mlp_ratio), drop=cfg.proj_drop_rate, act=ACTIVATIONS[cfg.act_layer]),
                   norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), init_values=cfg.init_values, drop_path=dp)
             for dp in drop_path_rates(cfg.drop_path_rate, cfg.depth)
         ])
         use_fc_norm = cfg.global_pool == "avg" if cfg.fc_norm is None else cfg.fc_norm
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(C, eps=cfg.norm_eps)
+        self.attn_pool = AttentionPool(C, cfg.num_heads, mlp_ratio=cfg.mlp_ratio, act=ACTIVATIONS[cfg.act_layer],
+                                       norm_eps=cfg.norm_eps, backend=cfg.attn_backend) \
+            if cfg.global_pool == "map" else None
         self.fc_norm = nn.LayerNorm(C, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = nn.Linear(C, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
@@ -171,6 +179,8 @@ class VisionTransformer(nn.Module):
         self.cfg.attn_backend = check_backend(backend)
         for blk in self.blocks:
             blk.attn.backend = backend
+        if self.attn_pool is not None:
+            self.attn_pool.backend = backend
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token", "dist_token", "reg_token"}
@@ -229,7 +239,9 @@ class VisionTransformer(nn.Module):
         if self.head_dist is not None:
             return self._distilled_head(x, pre_logits)
         pool, patches = self.global_pool, x[:, self.num_prefix_tokens:]
-        if pool == "token":
+        if self.attn_pool is not None:  # every token, the prefix too (timm's)
+            x = self.attn_pool(x)
+        elif pool == "token":
             x = x[:, 0]
         elif pool == "avg":
             x = patches.mean(dim=1)
@@ -271,6 +283,11 @@ class VisionTransformer(nn.Module):
             if global_pool not in POOLS or (global_pool == "token" and self.cls_token is None):
                 raise ValueError(f"global_pool must be one of {POOLS} ('token' needs the class token), "
                                  f"got {global_pool!r}")
+            if global_pool == "map" and self.attn_pool is None:
+                raise ValueError("global_pool='map' needs an attention pool, which only a model built with "
+                                 "global_pool='map' has (its weights come with the checkpoint)")
+            if global_pool != "map":
+                self.attn_pool = None  # as timm: another pooling drops the attention pool
             self.cfg.fc_norm = not isinstance(self.fc_norm, nn.Identity)  # the norms stay where they are
             self.cfg.global_pool = global_pool
         self.cfg.num_classes = num_classes
@@ -368,111 +385,3 @@ class VisionTransformer(nn.Module):
             maps.append(attn)
             x = blk(x)
         return maps
-
-
-# -- presets ---------------------------------------------------------------------------------------
-# Sizes as in big_vision ("B/16" = Base width/depth/heads with 16-px patches): (embed_dim, depth, heads, mlp_ratio).
-SIZES: dict[str, tuple[int, int, int, float]] = {
-    "Ti": (192, 12, 3, 4.0), "S": (384, 12, 6, 4.0), "S36": (384, 36, 6, 4.0), "M": (512, 12, 8, 4.0),
-    "Md": (512, 20, 8, 4.0), "Bx": (640, 12, 10, 4.0), "B": (768, 12, 12, 4.0), "B+": (896, 12, 14, 4.0),
-    "L": (1024, 24, 16, 4.0), "H": (1280, 32, 16, 4.0), "g": (1408, 40, 16, 4.363636363636363),
-    "G": (1664, 48, 16, 4.923076923076923), "Wee": (256, 14, 4, 5.0), "Little": (320, 14, 5, 5.6),
-    "So150m": (896, 18, 14, 2.572), "So150m2": (832, 21, 13, 2.6153846153846154), "So400m": (1152, 27, 16, 3.7362),
-    "So400mT": (1152, 27, 16, 3.736111111111111),
-}
-
-
-def _row(size: str, img: int, data: dict, crop_pct: float, **kw) -> dict:
-    width, patch = size.split("/")
-    dim, depth, heads, mlp = SIZES[width]
-    return dict(embed_dim=dim, depth=depth, num_heads=heads, mlp_ratio=mlp, patch_size=int(patch), img_size=img,
-                crop_pct=crop_pct, **data) | kw
-
-
-# Keyed by timm's names: every plain ViT/DeiT of timm that this config expresses (same weights, same logits).
-VIT_PRESETS: dict[str, dict] = {
-    "deit3_base_patch16_224": _row("B/16", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
-    "deit3_base_patch16_384": _row("B/16", 384, IMAGENET, 1.0, no_embed_class=True, init_values=1e-06),
-    "deit3_huge_patch14_224": _row("H/14", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
-    "deit3_large_patch16_224": _row("L/16", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
-    "deit3_large_patch16_384": _row("L/16", 384, IMAGENET, 1.0, no_embed_class=True, init_values=1e-06),
-    "deit3_medium_patch16_224": _row("M/16", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
-    "deit3_small_patch16_224": _row("S/16", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
-    "deit3_small_patch16_384": _row("S/16", 384, IMAGENET, 1.0, no_embed_class=True, init_values=1e-06),
-    "deit_base_distilled_patch16_224": _row("B/16", 224, IMAGENET, 0.9, distilled=True),
-    "deit_base_distilled_patch16_384": _row("B/16", 384, IMAGENET, 1.0, distilled=True),
-    "deit_base_patch16_224": _row("B/16", 224, IMAGENET, 0.9),
-    "deit_base_patch16_384": _row("B/16", 384, IMAGENET, 1.0),
-    "deit_small_distilled_patch16_224": _row("S/16", 224, IMAGENET, 0.9, distilled=True),
-    "deit_small_patch16_224": _row("S/16", 224, IMAGENET, 0.9),
-    "deit_tiny_distilled_patch16_224": _row("Ti/16", 224, IMAGENET, 0.9, distilled=True),
-    "deit_tiny_patch16_224": _row("Ti/16", 224, IMAGENET, 0.9),
-    "vit_base_patch14_dinov2": _row("B/14", 518, IMAGENET, 1.0, init_values=1e-05, num_classes=0),
-    "vit_base_patch14_reg1_tipsv2": _row("B/14", 448, RAW, 1.0, init_values=1.0, reg_tokens=1, no_embed_class=True, num_classes=0),
-    "vit_base_patch14_reg4_dinov2": _row("B/14", 518, IMAGENET, 1.0, init_values=1e-05, reg_tokens=4, no_embed_class=True, num_classes=0),
-    "vit_base_patch16_224": _row("B/16", 224, INCEPTION, 0.9),
-    "vit_base_patch16_224_miil": _row("B/16", 224, RAW, 0.875, qkv_bias=False, interpolation='bilinear', num_classes=11221),
-    "vit_base_patch16_384": _row("B/16", 384, INCEPTION, 1.0),
-    "vit_base_patch16_gap_224": _row("B/16", 224, INCEPTION, 0.9, num_heads=16, class_token=False, global_pool='avg', fc_norm=False),
-    "vit_base_patch16_plus_240": _row("B+/16", 240, INCEPTION, 0.95, init_values=1e-05),
-    "vit_base_patch16_reg4_gap_256": _row("B/16", 256, INCEPTION, 0.9, class_token=False, no_embed_class=True, global_pool='avg', reg_tokens=4),
-    "vit_base_patch16_siglip_gap_224": _row("B/16", 224, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_base_patch16_siglip_gap_256": _row("B/16", 256, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_base_patch16_siglip_gap_384": _row("B/16", 384, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_base_patch16_siglip_gap_512": _row("B/16", 512, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_base_patch32_224": _row("B/32", 224, INCEPTION, 0.9),
-    "vit_base_patch32_384": _row("B/32", 384, INCEPTION, 1.0),
-    "vit_base_patch32_plus_256": _row("B+/32", 256, INCEPTION, 0.95, init_values=1e-05),
-    "vit_base_patch8_224": _row("B/8", 224, INCEPTION, 0.9),
-    "vit_betwixt_patch16_gap_256": _row("Bx/16", 256, INCEPTION, 0.95, class_token=False, global_pool='avg', qkv_bias=False, init_values=1e-06, fc_norm=False),
-    "vit_betwixt_patch16_reg1_gap_256": _row("Bx/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=1, global_pool='avg'),
-    "vit_betwixt_patch16_reg4_gap_256": _row("Bx/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
-    "vit_betwixt_patch16_reg4_gap_384": _row("Bx/16", 384, INCEPTION, 1.0, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
-    "vit_giant_patch14_224": _row("g/14", 224, INCEPTION, 0.9),
-    "vit_giant_patch16_gap_224": _row("g/16", 224, IMAGENET, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_gigantic_patch14_224": _row("G/14", 224, INCEPTION, 0.9),
-    "vit_huge_patch14_224": _row("H/14", 224, INCEPTION, 0.9, num_classes=0),
-    "vit_huge_patch14_gap_224": _row("H/14", 224, IMAGENET, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_huge_patch16_gap_448": _row("H/16", 448, IMAGENET, 1.0, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_large_patch14_224": _row("L/14", 224, INCEPTION, 0.9),
-    "vit_large_patch14_dinov2": _row("L/14", 518, IMAGENET, 1.0, init_values=1e-05, num_classes=0),
-    "vit_large_patch14_reg1_tipsv2": _row("L/14", 448, RAW, 1.0, init_values=1.0, reg_tokens=1, no_embed_class=True, num_classes=0),
-    "vit_large_patch14_reg4_dinov2": _row("L/14", 518, IMAGENET, 1.0, init_values=1e-05, reg_tokens=4, no_embed_class=True, num_classes=0),
-    "vit_large_patch16_224": _row("L/16", 224, INCEPTION, 0.9),
-    "vit_large_patch16_384": _row("L/16", 384, INCEPTION, 1.0),
-    "vit_large_patch16_siglip_gap_256": _row("L/16", 256, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_large_patch16_siglip_gap_384": _row("L/16", 384, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_large_patch32_224": _row("L/32", 224, INCEPTION, 0.9, num_classes=0),
-    "vit_large_patch32_384": _row("L/32", 384, INCEPTION, 1.0),
-    "vit_little_patch16_reg1_gap_256": _row("Little/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=1, global_pool='avg'),
-    "vit_little_patch16_reg4_gap_256": _row("Little/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
-    "vit_medium_patch16_gap_240": _row("M/16", 240, INCEPTION, 0.95, class_token=False, global_pool='avg', qkv_bias=False, init_values=1e-06, fc_norm=False, num_classes=11821),
-    "vit_medium_patch16_gap_256": _row("M/16", 256, INCEPTION, 0.95, class_token=False, global_pool='avg', qkv_bias=False, init_values=1e-06, fc_norm=False),
-    "vit_medium_patch16_gap_384": _row("M/16", 384, INCEPTION, 0.95, class_token=False, global_pool='avg', qkv_bias=False, init_values=1e-06, fc_norm=False),
-    "vit_medium_patch16_reg1_gap_256": _row("M/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=1, global_pool='avg'),
-    "vit_medium_patch16_reg4_gap_256": _row("M/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
-    "vit_mediumd_patch16_reg4_gap_256": _row("Md/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
-    "vit_mediumd_patch16_reg4_gap_384": _row("Md/16", 384, INCEPTION, 1.0, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
-    "vit_small_patch14_dinov2": _row("S/14", 518, IMAGENET, 1.0, init_values=1e-05, num_classes=0),
-    "vit_small_patch14_reg4_dinov2": _row("S/14", 518, IMAGENET, 1.0, init_values=1e-05, reg_tokens=4, no_embed_class=True, num_classes=0),
-    "vit_small_patch16_224": _row("S/16", 224, INCEPTION, 0.9),
-    "vit_small_patch16_36x1_224": _row("S36/16", 224, INCEPTION, 0.9, init_values=1e-05),
-    "vit_small_patch16_384": _row("S/16", 384, INCEPTION, 1.0),
-    "vit_small_patch32_224": _row("S/32", 224, INCEPTION, 0.9),
-    "vit_small_patch32_384": _row("S/32", 384, INCEPTION, 1.0),
-    "vit_small_patch8_224": _row("S/8", 224, IMAGENET, 0.9, num_classes=0),
-    "vit_so150m2_patch16_reg1_gap_256": _row("So150m2/16", 256, INCEPTION, 1.0, init_values=1e-05, qkv_bias=False, class_token=False, reg_tokens=1, global_pool='avg'),
-    "vit_so150m2_patch16_reg1_gap_384": _row("So150m2/16", 384, INCEPTION, 1.0, init_values=1e-05, qkv_bias=False, class_token=False, reg_tokens=1, global_pool='avg'),
-    "vit_so150m2_patch16_reg1_gap_448": _row("So150m2/16", 448, INCEPTION, 1.0, init_values=1e-05, qkv_bias=False, class_token=False, reg_tokens=1, global_pool='avg'),
-    "vit_so150m_patch16_reg4_gap_256": _row("So150m/16", 256, INCEPTION, 0.95, class_token=False, reg_tokens=4, global_pool='avg', fc_norm=False),
-    "vit_so150m_patch16_reg4_gap_384": _row("So150m/16", 384, INCEPTION, 1.0, class_token=False, reg_tokens=4, global_pool='avg', fc_norm=False),
-    "vit_so400m_patch14_reg1_tipsv2": _row("So400mT/14", 448, RAW, 1.0, init_values=1.0, reg_tokens=1, no_embed_class=True, num_classes=0),
-    "vit_so400m_patch14_siglip_gap_224": _row("So400m/14", 224, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_so400m_patch14_siglip_gap_378": _row("So400m/14", 378, INCEPTION, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_so400m_patch14_siglip_gap_384": _row("So400m/14", 384, INCEPTION, 1.0, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_so400m_patch14_siglip_gap_448": _row("So400m/14", 448, INCEPTION, 1.0, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_so400m_patch14_siglip_gap_896": _row("So400m/14", 896, INCEPTION, 1.0, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
-    "vit_tiny_patch16_224": _row("Ti/16", 224, INCEPTION, 0.9),
-    "vit_tiny_patch16_384": _row("Ti/16", 384, INCEPTION, 1.0),
-    "vit_wee_patch16_reg1_gap_256": _row("Wee/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=1, global_pool='avg'),
-}
