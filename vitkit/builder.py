@@ -204,10 +204,12 @@ def _pretrained_cfg(model: nn.Module, source: hub.Pretrained | None) -> dict[str
     size = pair(cfg.img_size)
     out.update(input_size=(cfg.in_chans, *size), mean=tuple(cfg.mean), std=tuple(cfg.std),
                crop_pct=cfg.crop_pct, interpolation=cfg.interpolation, num_classes=cfg.num_classes,
-               first_conv="patch_embed.proj", classifier=classifier_names(model),
-               # timm's tools shrink the input of a model without fixed_input_size; these take one size (ViT
-               # with dynamic_img_size takes any)
-               fixed_input_size=not getattr(cfg, "dynamic_img_size", False))
+               first_conv="patch_embed.proj", classifier=classifier_names(model))
+    # timm's tools shrink the input of a model without fixed_input_size; these take one size, a ViT with
+    # dynamic_img_size any. A preset dynamic by default (DINOv3) keeps timm's own entry (True there).
+    dynamic = getattr(cfg, "dynamic_img_size", False)
+    if dynamic != find(model.name)[3].get("dynamic_img_size", False) or "fixed_input_size" not in out:
+        out["fixed_input_size"] = not dynamic
     if model.output_fmts[0] == "NHWC":  # Swin: the final feature map that the head pools
         reduction = model.feature_info[-1]["reduction"]
         out["pool_size"] = (size[0] // reduction, size[1] // reduction)

@@ -1,5 +1,7 @@
 """timm's model interface on vitkit's ViT and Swin: each method against timm's own, on the same weights."""
 
+import re
+
 import pytest
 import timm
 import torch
@@ -7,6 +9,7 @@ from timm.optim import param_groups_layer_decay
 from torch.testing import assert_close
 
 import vitkit
+from vitkit.checkpoints.formats import to_vitkit
 from vitkit.lit.optim import param_groups
 
 # tiny configs both libraries build; the Swin one has three stages and windows that shrink at the last
@@ -15,6 +18,7 @@ VIT_REG_KW = dict(VIT_KW, class_token=False, reg_tokens=2, no_embed_class=True, 
 SWIN_KW = dict(img_size=64, embed_dim=32, depths=(2, 2, 2), num_heads=(2, 4, 4), window_size=4, num_classes=10)
 CASES = {"vit": ("vit_tiny_patch16_224", VIT_KW), "vit_reg_avg": ("vit_tiny_patch16_224", VIT_REG_KW),
          "clip": ("vit_base_patch32_clip_quickgelu_224", VIT_KW), "siglip": ("vit_base_patch16_siglip_224", VIT_KW),
+         "dinov3": ("vit_small_patch16_dinov3_qkvb", VIT_KW),
          "swin": ("swin_tiny_patch4_window7_224", SWIN_KW)}
 
 
@@ -27,7 +31,7 @@ def _pair(case: str, **extra):
         for p in theirs.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     ours = vitkit.create_model(name, **kw, **extra).eval()
-    ours.load_state_dict({k: v for k, v in theirs.state_dict().items() if "relative_position_index" not in k})
+    ours.load_state_dict(to_vitkit(theirs.state_dict())[0])  # Swin's index buffers dropped, Eva's names mapped
     return ours, theirs
 
 
@@ -171,6 +175,8 @@ def test_group_matcher_gives_timms_layer_decay_groups(case):
         names = {id(p): n for n, p in theirs.named_parameters()}
         ref = {names[id(p)]: (g["lr_scale"], g["weight_decay"]) for g in param_groups_layer_decay(
             theirs, weight_decay=0.05, no_weight_decay_list=skip, layer_decay=0.75) for p in g["params"]}
+    ref = {re.sub(r"attn\.[qv]_bias$", "attn.qkv.bias", re.sub(r"gamma_(\d)$", r"ls\1.gamma", n)): v
+           for n, v in ref.items()}  # timm's Eva names, as the checkpoint conversion maps them
     got = {n: (g["lr_scale"], g["weight_decay"]) for g in param_groups(ours, 0.05, 0.75) for n in g["names"]}
     assert got.keys() == ref.keys()
     for n in ref:
@@ -178,7 +184,7 @@ def test_group_matcher_gives_timms_layer_decay_groups(case):
         assert got[n][1] == ref[n][1], n
 
 
-@pytest.mark.parametrize("case", ["vit", "siglip", "swin"])
+@pytest.mark.parametrize("case", ["vit", "siglip", "dinov3", "swin"])
 def test_grad_checkpointing_gives_the_same_gradients(case):
     ours, _ = _pair(case)
     x = _x(case=case)

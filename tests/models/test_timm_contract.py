@@ -12,13 +12,14 @@ from torch.testing import assert_close
 from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import vitkit
+from vitkit.checkpoints.formats import to_vitkit
 
 IMAGE_PRESETS = [n for n in vitkit.list_models() if vitkit.family(n) in ("vit", "swin")]
 TINY = {"vit": dict(depth=1, embed_dim=16, num_heads=2), "swin": dict(depths=(1, 1, 1, 1), embed_dim=8,
                                                                       num_heads=(1, 1, 1, 1))}
 # the kinds of ViT and Swin: class token, LayerScale with positions on patches only, registers with average
-# pooling, CLIP's pre-norm with QuickGELU, SigLIP's attention pool, Swin; small enough for fx and backward at
-# full width of the test image
+# pooling, CLIP's pre-norm with QuickGELU, SigLIP's attention pool, DINOv3's RoPE, Swin; small enough for fx and
+# backward at full width of the test image
 PAIRS = {"vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)),
          "deit3": ("deit3_small_patch16_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)),
          "reg_gap": ("vit_base_patch16_reg4_gap_256", dict(img_size=32, patch_size=8, embed_dim=32, depth=4,
@@ -26,6 +27,8 @@ PAIRS = {"vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, embed_d
          "clip": ("vit_base_patch32_clip_quickgelu_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=2,
                                                              num_heads=2)),
          "siglip": ("vit_base_patch16_siglip_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)),
+         "dinov3": ("vit_small_patch16_dinov3_qkvb", dict(img_size=32, patch_size=8, embed_dim=32, depth=2,
+                                                          num_heads=2)),
          "swin": ("swin_tiny_patch4_window7_224", dict(img_size=64, embed_dim=16, depths=(1, 1, 2, 1),
                                                        num_heads=(1, 2, 2, 4), window_size=4))}
 
@@ -39,7 +42,7 @@ def _pair(case: str, **extra):
         for p in theirs.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
     ours = vitkit.create_model(name, **kw, **extra)
-    ours.load_state_dict({k: v for k, v in theirs.state_dict().items() if "relative_position_index" not in k})
+    ours.load_state_dict(to_vitkit(theirs.state_dict())[0])  # Swin's index buffers dropped, Eva's names mapped
     return ours.eval(), theirs.eval()
 
 
@@ -112,6 +115,10 @@ def test_a_scripted_model_trains_and_checks_its_input(case):
     scripted = torch.jit.script(ours.train())
     scripted(_x(ours)).mean().backward()
     assert all(p.grad is not None for p in scripted.parameters())
+    if getattr(ours.cfg, "dynamic_img_size", False):  # any size that holds whole patches (DINOv3)
+        with pytest.raises(torch.jit.Error, match=r"multiples of the patch size 8, got \(1, 3, 12, 16\)"):
+            scripted(torch.randn(1, 3, 12, 16))
+        return
     with pytest.raises(torch.jit.Error, match=r"expects images of shape \(B, 3, \d+, \d+\), got \(1, 3, 8, 8\)"):
         scripted(torch.randn(1, 3, 8, 8))
 

@@ -34,3 +34,21 @@ class Mlp(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class SwiGLU(nn.Module):
+    """SiLU-gated feed-forward (Shazeer, 2020), as DINOv3's larger models and EVA-02 use: fc2(silu(fc1_g(x)) ·
+    fc1_x(x)), with an optional LayerNorm on the hidden units (EVA-02's sub-LN); names as timm's ``SwiGLU``."""
+
+    def __init__(self, dim: int, hidden_dim: int, *, drop: float = 0.0, norm: bool = False, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.fc1_g = nn.Linear(dim, hidden_dim)
+        self.fc1_x = nn.Linear(dim, hidden_dim)
+        self.act = nn.SiLU()
+        self.drop1 = nn.Dropout(drop)
+        self.norm = nn.LayerNorm(hidden_dim, eps=eps) if norm else nn.Identity()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1_g(x)) * self.fc1_x(x)))))

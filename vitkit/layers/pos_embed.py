@@ -1,4 +1,4 @@
-"""Position embeddings: fixed 2-D sin-cos, 1-D sinusoidal, and resampling of learned ones."""
+"""Position embeddings: fixed 2-D sin-cos, 1-D sinusoidal, resampling of learned ones, and rotary (1-D and 2-D)."""
 
 from __future__ import annotations
 
@@ -132,3 +132,20 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     angles; cos/sin are (N, D/2)."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+def rope_2d(height: int, width: int, head_dim: int, temperature: float, num_prefix: int,
+            device: torch.device) -> tuple[Tensor, Tensor]:
+    """2-D rotary tables of DINOv3 (Siméoni et al., 2025) for an h x w patch grid: patch centres normalised to
+    [-1, 1] on each axis; of each head's D/2 rotated pairs the first D/4 turn with the row and the last D/4 with
+    the column, at periods temperature^(4i/D). Returns (cos, sin), each (prefix + h·w, D/2) for
+    :func:`apply_rope`; the prefix tokens (class, registers) get the identity rotation (cos 1, sin 0)."""
+    if head_dim % 4:
+        raise ValueError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
+    periods = temperature ** (2.0 * torch.arange(head_dim // 4, dtype=torch.float32) / (head_dim // 2))  # (D/4,)
+    ys = torch.arange(0.5, height, dtype=torch.float32) / height * 2.0 - 1.0  # (h,) patch centres in [-1, 1]
+    xs = torch.arange(0.5, width, dtype=torch.float32) / width * 2.0 - 1.0  # (w,)
+    ys, xs = ys[:, None].expand(height, width).reshape(-1), xs[None, :].expand(height, width).reshape(-1)  # (h·w,)
+    angles = torch.cat([2 * math.pi * ys[:, None] / periods, 2 * math.pi * xs[:, None] / periods], dim=1)
+    angles = torch.cat([angles.new_zeros(num_prefix, head_dim // 2), angles]).to(device)  # (prefix + h·w, D/2)
+    return angles.cos(), angles.sin()

@@ -16,14 +16,24 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import Attention, AttnBackend, Block, Mlp, PatchEmbed, drop_path_rates, sincos_2d
 from ..layers.attention import check_backend
 from ..layers.attention_pool import AttentionPool
-from ..layers.mlp import ACTIVATIONS
-from ..layers.pos_embed import resample_abs_pos_embed, resize_pos_grid
+from ..layers.mlp import ACTIVATIONS, SwiGLU
+from ..layers.pos_embed import resample_abs_pos_embed, resize_pos_grid, rope_2d
 from .config import DataConfig, check_image, pair, shape_of
 from .features import new_head, resize_patch_conv, take_indices
 
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
 # a traced model, and torchvision's and timm's feature extractors built from it, check their input too
 torch.fx.wrap("check_image")
+torch.fx.wrap("rope_2d")  # its tables depend on the input's grid: one node of a traced graph
+
+def check_multiple(x: Tensor, patch: int) -> None:
+    """With dynamic_img_size: any height and width that are multiples of the patch size."""
+    if x.shape[-2] % patch or x.shape[-1] % patch:
+        raise ValueError(f"VisionTransformer with dynamic_img_size takes any height and width that are "
+                         f"multiples of the patch size {patch}, got {shape_of(x)}")
+
+
+torch.fx.wrap("check_multiple")
 
 POOLS = ("token", "avg", "max", "avgmax", "map", "")  # "": no pooling, the head sees every token; "map": attention
 
@@ -48,7 +58,10 @@ class ViTConfig(DataConfig):
     global_pool: Literal["token", "avg", "max", "avgmax", "map", ""] = "token"  # map: attention pool (SigLIP)
     fc_norm: bool | None = None  # norm after pooling instead of before; None = only for avg pooling
     no_embed_class: bool = False  # positions cover patches only (DeiT III, big_vision)
-    pos_embed: Literal["learn", "sincos"] = "learn"
+    pos_embed: Literal["learn", "sincos", "none"] = "learn"  # none: positions from RoPE alone (DINOv3)
+    rope: Literal["", "dinov3"] = ""  # rotary positions on q and k: DINOv3's 2-D RoPE (patches only)
+    rope_temperature: float = 100.0
+    mlp_layer: Literal["mlp", "swiglu"] = "mlp"  # swiglu: SiLU-gated MLP (DINOv3 S+/H+/7B)
     pre_norm: bool = False  # LayerNorm before the blocks, and a patch conv without bias (CLIP)
     act_layer: Literal["gelu", "gelu_tanh", "quick_gelu"] = "gelu"  # the MLPs' (quick_gelu: OpenAI's CLIP)
     init_values: float | None = None  # LayerScale
@@ -73,8 +86,12 @@ class ViTConfig(DataConfig):
                              f"global_pool={self.global_pool!r}")
         if self.act_layer not in ACTIVATIONS:
             raise ValueError(f"act_layer must be one of {tuple(ACTIVATIONS)}, got {self.act_layer!r}")
-        if self.pos_embed not in ("learn", "sincos"):
-            raise ValueError(f"pos_embed must be 'learn' or 'sincos', got {self.pos_embed!r}")
+        if self.pos_embed not in ("learn", "sincos", "none"):
+            raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {self.pos_embed!r}")
+        if self.rope not in ("", "dinov3"):
+            raise ValueError(f"rope must be '' or 'dinov3', got {self.rope!r}")
+        if self.mlp_layer not in ("mlp", "swiglu"):
+            raise ValueError(f"mlp_layer must be 'mlp' or 'swiglu', got {self.mlp_layer!r}")
         if min(pair(self.img_size)) < self.patch_size:
             raise ValueError(f"img_size {pair(self.img_size)} is smaller than patch_size {self.patch_size}")
 
@@ -102,7 +119,9 @@ class VisionTransformer(nn.Module):
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, C)) if cfg.reg_tokens else None
         gh, gw = cfg.grid_size
         embed_len = gh * gw + (0 if cfg.no_embed_class else self.num_prefix_tokens)
-        if cfg.pos_embed == "learn":
+        if cfg.pos_embed == "none":
+            self.pos_embed = None
+        elif cfg.pos_embed == "learn":
             self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, C))
         else:  # fixed: a buffer, so timm-shaped checkpoints still load strictly
             pe = sincos_2d((gh, gw), C)
@@ -114,7 +133,7 @@ class VisionTransformer(nn.Module):
             Block(C,
                   Attention(C, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, qkv_bias=cfg.qkv_bias,
                             attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate, backend=cfg.attn_backend),
-                  Mlp(C, int(C * cfg.mlp_ratio), drop=cfg.proj_drop_rate, act=ACTIVATIONS[cfg.act_layer]),
+                  self._mlp(cfg),
                   norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), init_values=cfg.init_values, drop_path=dp)
             for dp in drop_path_rates(cfg.drop_path_rate, cfg.depth)
         ])
@@ -136,6 +155,13 @@ class VisionTransformer(nn.Module):
         self.feature_info = [dict(num_chs=C, reduction=cfg.patch_size, module=f"blocks.{i}") for i in range(cfg.depth)]
         self.output_fmts = ("NCHW", "NLC")  # what forward_intermediates returns, the default first
         self.reset_parameters()
+
+    @staticmethod
+    def _mlp(cfg: ViTConfig) -> nn.Module:
+        hidden = int(cfg.embed_dim * cfg.mlp_ratio)
+        if cfg.mlp_layer == "swiglu":
+            return SwiGLU(cfg.embed_dim, hidden, drop=cfg.proj_drop_rate)
+        return Mlp(cfg.embed_dim, hidden, drop=cfg.proj_drop_rate, act=ACTIVATIONS[cfg.act_layer])
 
     def reset_parameters(self) -> None:
         """timm's default ViT init: truncated normal(0.02) for linears and positions, tiny tokens."""
@@ -159,6 +185,8 @@ class VisionTransformer(nn.Module):
         self.global_pool, self.dynamic_img_size, self.no_embed_class = (cfg.global_pool, cfg.dynamic_img_size,
                                                                         cfg.no_embed_class)
         self.img_size, self.patch_size, self.in_chans = pair(cfg.img_size), cfg.patch_size, cfg.in_chans
+        self.use_rope, self.rope_temperature = cfg.rope == "dinov3", cfg.rope_temperature
+        self.head_dim = cfg.embed_dim // cfg.num_heads
 
     def _follow_config(self) -> None:
         """A config field set in place since (``model.cfg.dynamic_img_size = True``) takes effect, as it always
@@ -195,6 +223,8 @@ class VisionTransformer(nn.Module):
         if self.reg_token is not None:
             prefix.append(self.reg_token.expand(B, -1, -1))
         pos = self.pos_embed
+        if pos is None:  # RoPE alone
+            return self.pos_drop(torch.cat(prefix + [x], dim=1))
         if self.dynamic_img_size:  # timm's dynamic_img_size: bicubic (antialiased) to this input's grid
             trained = (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
             n = 0 if self.no_embed_class else self.num_prefix_tokens
@@ -209,30 +239,34 @@ class VisionTransformer(nn.Module):
             x = torch.cat(prefix + [x], dim=1) + pos
         return self.pos_drop(x)
 
-    def _embed(self, x: Tensor) -> Tensor:
+    def _embed(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """Images -> (tokens (B, prefix + N, C), the RoPE tables of this input's grid or None)."""
         if not torch.jit.is_scripting():
             self._follow_config()
         p = self.patch_size
         check_image(x, self.in_chans, None if self.dynamic_img_size else self.img_size, "VisionTransformer")
-        if self.dynamic_img_size and (x.shape[-2] % p or x.shape[-1] % p):
-            raise ValueError(f"VisionTransformer with dynamic_img_size takes any height and width that are "
-                             f"multiples of the patch size {p}, got {shape_of(x)}")
+        if self.dynamic_img_size:
+            check_multiple(x, p)
         grid = (x.shape[-2] // p, x.shape[-1] // p)
-        return self.norm_pre(self._pos_embed(self.patch_embed(x), grid))  # (B, prefix + N, C)
+        rope: tuple[Tensor, Tensor] | None = None
+        if self.use_rope:
+            rope = rope_2d(grid[0], grid[1], self.head_dim, self.rope_temperature,
+                           self.num_prefix_tokens, x.device)
+        return self.norm_pre(self._pos_embed(self.patch_embed(x), grid)), rope  # (B, prefix + N, C)
 
-    def _block(self, blk: nn.Module, x: Tensor) -> Tensor:
+    def _block(self, blk: nn.Module, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
         if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
-            return checkpoint(blk, x, use_reentrant=False)
-        return blk(x)
+            return checkpoint(blk, x, None, None, None, False, rope, use_reentrant=False)
+        return blk(x, rope=rope)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) -> normed tokens (B, prefix + N, C)."""
-        x = self._embed(x)
+        x, rope = self._embed(x)
         for blk in self.blocks:
             if torch.jit.is_scripting():  # TorchScript runs no checkpoint (and compiles no module argument)
-                x = blk(x)
+                x = blk(x, rope=rope)
             else:
-                x = self._block(blk, x)
+                x = self._block(blk, x, rope)
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
@@ -319,10 +353,10 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"output_fmt must be one of {self.output_fmts}, got {output_fmt!r}")
         taken, last = take_indices(len(self.blocks), indices)
         B, _, H, W = x.shape
-        x = self._embed(x)
+        x, rope = self._embed(x)
         out = []
         for i, blk in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
-            x = self._block(blk, x)
+            x = self._block(blk, x, rope)
             if i in taken:
                 out.append(self.norm(x) if norm else x)
         p = self.num_prefix_tokens
@@ -368,7 +402,7 @@ class VisionTransformer(nn.Module):
         if isinstance(self.pos_embed, nn.Parameter):
             self.pos_embed = nn.Parameter(resample_abs_pos_embed(self.pos_embed, grid, old_grid, prefix),
                                           requires_grad=self.pos_embed.requires_grad)
-        else:
+        elif self.pos_embed is not None:  # fixed sin-cos; RoPE alone needs nothing (its tables follow the input)
             pe = sincos_2d(grid, self.num_features).to(self.pos_embed)
             self.pos_embed = torch.cat([pe.new_zeros(prefix, pe.shape[-1]), pe])[None]
 
@@ -378,10 +412,10 @@ class VisionTransformer(nn.Module):
     @torch.no_grad()
     def attention_maps(self, x: Tensor) -> list[Tensor]:
         """Per-layer attention probabilities (B, H, N, N), from the `math` reference path."""
-        x = self._embed(x)
+        x, rope = self._embed(x)
         maps = []
         for blk in self.blocks:
-            _, attn = blk.attn.forward_with_attn(blk.norm1(x))
+            _, attn = blk.attn.forward_with_attn(blk.norm1(x), rope=rope)
             maps.append(attn)
-            x = blk(x)
+            x = blk(x, rope=rope)
         return maps
