@@ -18,6 +18,7 @@ from torch.testing import assert_close
 
 import vitkit
 from vitkit.checkpoints import hub
+from vitkit.checkpoints.adapt import classifier_names
 from vitkit.checkpoints.formats import to_vitkit
 from vitkit.checkpoints.hub import MissingWeightsError
 from vitkit.models.config import pair
@@ -107,9 +108,10 @@ def test_a_tag_whose_hosted_weights_are_headless_fine_tunes_with_a_new_head(hf_c
 
 # the backbones people fine-tune: image towers of image-text models, OpenAI's CLIP (pre-norm, QuickGELU, its 512-d
 # projection as the head) and SigLIP 2 (no class token, the attention-pool head, no classifier); DINOv3 (2-D RoPE,
-# storage tokens, LayerScale, timm's Eva names in the file; the _qkvb weights with q and v biases)
+# storage tokens, LayerScale, timm's Eva names in the file; the _qkvb weights with q and v biases); Swin V2 (cosine
+# attention, the continuous position bias, post-norm)
 TOWER_TAGS = ["vit_base_patch32_clip_quickgelu_224.openai", "vit_base_patch16_siglip_224.v2_webli",
-              "vit_small_patch16_dinov3_qkvb.lvd1689m"]
+              "vit_small_patch16_dinov3_qkvb.lvd1689m", "swinv2_tiny_window8_256.ms_in1k"]
 
 
 @pytest.mark.slow
@@ -118,21 +120,23 @@ def test_backbone_tags_give_timms_output_at_full_size_and_fine_tune_like_timm(ta
     _cache_timm_weights(hf_cache, tag, tmp_path)
     ours = vitkit.create_model(tag, pretrained=True).eval()
     theirs = timm.create_model(tag, pretrained=True).eval()
-    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(2, *theirs.pretrained_cfg["input_size"], generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         out, ref = ours(x), theirs(x)
     assert out.shape == ref.shape == (2, theirs.pretrained_cfg["num_classes"] or theirs.num_features)
     assert (out - ref).abs().max() <= 1e-4 * ref.abs().max()  # within 1e-4 of the output's scale
     assert ours.load_report.ok and ours.cfg.mean == tuple(theirs.pretrained_cfg["mean"])
-    # fine-tuning: a new head at a new resolution; the tower's weights (the attention pool's too) load
-    ours = vitkit.create_model(tag, pretrained=True, num_classes=10, img_size=160).eval()
-    theirs = timm.create_model(tag, pretrained=True, num_classes=10, img_size=160).eval()
-    x = x[..., :160, :160]
+    # fine-tuning: a new head at a new resolution (whole Swin windows: vitkit masks padded keys, timm does not);
+    # the backbone's weights (the attention pool's too) load
+    ours = vitkit.create_model(tag, pretrained=True, num_classes=10, img_size=128).eval()
+    theirs = timm.create_model(tag, pretrained=True, num_classes=10, img_size=128).eval()
+    x = x[..., :128, :128]
     with torch.no_grad():
         assert_close(ours.forward_head(ours.forward_features(x), pre_logits=True),
                      theirs.forward_head(theirs.forward_features(x), pre_logits=True), atol=1e-4, rtol=1e-4)
     assert ours(x).shape == (2, 10) and ours.load_report.ok
-    assert ours.load_report.new_head == ["head.bias", "head.weight"]
+    head = classifier_names(ours)
+    assert ours.load_report.new_head == [f"{head}.bias", f"{head}.weight"]
 
 
 def test_torchvision_weights_from_torch_hub_cache_give_torchvisions_logits(tmp_path, monkeypatch, hf_cache,

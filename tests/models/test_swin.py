@@ -51,6 +51,21 @@ def test_swin_tiny_224_matches_timm():
     _check(*_pair("swin_tiny_patch4_window7_224"), batch=1)
 
 
+@pytest.mark.parametrize("kw", [
+    TINY,
+    dict(TINY, window_size=8),  # windows that shrink to the map
+    dict(TINY, pretrained_window_sizes=(2, 2, 2)),  # the bias MLP read beyond the window it was trained at
+], ids=["tiny", "shrinking_window", "pretrained_window"])
+def test_swinv2_tiny_configs_match_timm_on_every_backend(kw):
+    """Swin V2: cosine attention (q and k unit length, the temperature folded into q), the MLP's bias, post-norm."""
+    _check(*_pair("swinv2_tiny_window8_256", **kw), backends=BACKENDS)
+
+
+@pytest.mark.parametrize("name", vitkit.list_models("swinv2_*"))
+def test_every_swinv2_preset_matches_timm_at_one_block_per_stage(name):
+    _check(*_pair(name, depths=(1, 1, 1, 1)), batch=1)
+
+
 @pytest.mark.parametrize("kw", [dict(img_size=256, window_size=8), dict(img_size=384, window_size=12)])
 def test_resolution_and_window_overrides_match_timm(kw):
     _check(*_pair("swin_tiny_patch4_window7_224", depths=(2, 2, 2, 2), **kw), batch=1)

@@ -19,7 +19,7 @@ SWIN_KW = dict(img_size=64, embed_dim=32, depths=(2, 2, 2), num_heads=(2, 4, 4),
 CASES = {"vit": ("vit_tiny_patch16_224", VIT_KW), "vit_reg_avg": ("vit_tiny_patch16_224", VIT_REG_KW),
          "clip": ("vit_base_patch32_clip_quickgelu_224", VIT_KW), "siglip": ("vit_base_patch16_siglip_224", VIT_KW),
          "dinov3": ("vit_small_patch16_dinov3_qkvb", VIT_KW),
-         "swin": ("swin_tiny_patch4_window7_224", SWIN_KW)}
+         "swin": ("swin_tiny_patch4_window7_224", SWIN_KW), "swinv2": ("swinv2_tiny_window8_256", SWIN_KW)}
 
 
 def _pair(case: str, **extra):
@@ -64,7 +64,7 @@ def test_forward_features_and_pre_logits_match_timm(case):
 @pytest.mark.parametrize("pool", [None, "avg", ""])
 def test_reset_classifier_matches_timm(case, pool):
     ours, theirs = _pair(case)
-    if pool == "" and case != "swin":
+    if pool == "" and not case.startswith("swin"):
         pool = "token" if case == "vit" else "avg"
     ours.reset_classifier(0, pool)
     theirs.reset_classifier(0, pool)
@@ -175,8 +175,7 @@ def test_group_matcher_gives_timms_layer_decay_groups(case):
         names = {id(p): n for n, p in theirs.named_parameters()}
         ref = {names[id(p)]: (g["lr_scale"], g["weight_decay"]) for g in param_groups_layer_decay(
             theirs, weight_decay=0.05, no_weight_decay_list=skip, layer_decay=0.75) for p in g["params"]}
-    ref = {re.sub(r"attn\.[qv]_bias$", "attn.qkv.bias", re.sub(r"gamma_(\d)$", r"ls\1.gamma", n)): v
-           for n, v in ref.items()}  # timm's Eva names, as the checkpoint conversion maps them
+    ref = {re.sub(r"gamma_(\d)$", r"ls\1.gamma", n): v for n, v in ref.items()}  # timm's Eva names, as converted
     got = {n: (g["lr_scale"], g["weight_decay"]) for g in param_groups(ours, 0.05, 0.75) for n in g["names"]}
     assert got.keys() == ref.keys()
     for n in ref:
@@ -184,7 +183,7 @@ def test_group_matcher_gives_timms_layer_decay_groups(case):
         assert got[n][1] == ref[n][1], n
 
 
-@pytest.mark.parametrize("case", ["vit", "siglip", "dinov3", "swin"])
+@pytest.mark.parametrize("case", ["vit", "siglip", "dinov3", "swin", "swinv2"])
 def test_grad_checkpointing_gives_the_same_gradients(case):
     ours, _ = _pair(case)
     x = _x(case=case)
@@ -226,11 +225,13 @@ def test_vit_set_input_size_matches_timm(kw, case):
 
 @pytest.mark.parametrize("kw", [dict(img_size=96), dict(img_size=128), dict(img_size=96, window_size=6),
                                 dict(img_size=128, window_ratio=8), dict(img_size=(64, 96)), dict(patch_size=2)])
-def test_swin_set_input_size_matches_timm(kw):
-    ours, theirs = _pair("swin")
+@pytest.mark.parametrize("case", ["swin", "swinv2"])
+def test_swin_set_input_size_matches_timm(kw, case):
+    """Windows scale with the grid; V1's tables are resized, V2's bias MLP is read at the new window's offsets."""
+    ours, theirs = _pair(case)
     ours.set_input_size(**kw)
     theirs.set_input_size(**kw)
-    x = _x(kw.get("img_size"), case="swin")
+    x = _x(kw.get("img_size"), case=case)
     with torch.no_grad():
         assert_close(ours(x), theirs(x), atol=1e-4, rtol=0)
     for (k, v), (k2, v2) in zip(sorted(ours.state_dict().items()), sorted(

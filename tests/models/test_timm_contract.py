@@ -18,8 +18,8 @@ IMAGE_PRESETS = [n for n in vitkit.list_models() if vitkit.family(n) in ("vit", 
 TINY = {"vit": dict(depth=1, embed_dim=16, num_heads=2), "swin": dict(depths=(1, 1, 1, 1), embed_dim=8,
                                                                       num_heads=(1, 1, 1, 1))}
 # the kinds of ViT and Swin: class token, LayerScale with positions on patches only, registers with average
-# pooling, CLIP's pre-norm with QuickGELU, SigLIP's attention pool, DINOv3's RoPE, Swin; small enough for fx and
-# backward at full width of the test image
+# pooling, CLIP's pre-norm with QuickGELU, SigLIP's attention pool, DINOv3's RoPE, Swin, Swin V2; small enough for fx
+# and backward at full width of the test image
 PAIRS = {"vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)),
          "deit3": ("deit3_small_patch16_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)),
          "reg_gap": ("vit_base_patch16_reg4_gap_256", dict(img_size=32, patch_size=8, embed_dim=32, depth=4,
@@ -30,7 +30,9 @@ PAIRS = {"vit": ("vit_tiny_patch16_224", dict(img_size=32, patch_size=8, embed_d
          "dinov3": ("vit_small_patch16_dinov3_qkvb", dict(img_size=32, patch_size=8, embed_dim=32, depth=2,
                                                           num_heads=2)),
          "swin": ("swin_tiny_patch4_window7_224", dict(img_size=64, embed_dim=16, depths=(1, 1, 2, 1),
-                                                       num_heads=(1, 2, 2, 4), window_size=4))}
+                                                       num_heads=(1, 2, 2, 4), window_size=4)),
+         "swinv2": ("swinv2_tiny_window8_256", dict(img_size=64, embed_dim=16, depths=(1, 1, 2, 1),
+                                                    num_heads=(1, 2, 2, 4), window_size=4))}
 
 
 def _pair(case: str, **extra):
@@ -178,7 +180,8 @@ def test_features_only_through_each_of_timms_feature_classes_equals_timms(case, 
     hooks, as timm's do)."""
     name, kw = PAIRS[case]
     torch.save(_pair(case)[1].state_dict(), tmp_path / "weights.pth")
-    features = dict(features_only=True, feature_cls=feature_cls, out_indices=(1, 2) if case == "swin" else (0, 1))
+    features = dict(features_only=True, feature_cls=feature_cls,
+                    out_indices=(1, 2) if case.startswith("swin") else (0, 1))
     ours = vitkit.create_model(name, checkpoint=tmp_path / "weights.pth", **kw, **features).eval()
     theirs = timm.create_model(name, pretrained=True, pretrained_cfg_overlay={"file": str(tmp_path / "weights.pth")},
                                **kw, **features).eval()

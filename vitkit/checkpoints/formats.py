@@ -1,6 +1,6 @@
 """Every key remapping in one place: state dicts of timm, torchvision, transformers and the official
-Swin / DeiT repositories, renamed to vitkit's (= timm's ViT and Swin) parameter names; timm's Eva class (DINOv3,
-the RoPE ViTs) differs from its ViT in LayerScale's and the q/v biases' names only.
+Swin / DeiT repositories, renamed to vitkit's (= timm's ViT and Swin) parameter names; timm's Eva class (DINOv3)
+names LayerScale differently from its ViT.
 
 A format is recognised by keys only it has; a rule list renames keys with regular expressions in order,
 and separate query / key / value projections are fused into one ``qkv`` as the attention core expects.
@@ -106,7 +106,7 @@ FORMATS: dict[str, tuple[Callable[[dict], bool], Rules]] = {
                           and _has(sd, r"^(swin\.)?encoder\.layers\.\d+\.blocks\."), TRANSFORMERS_SWIN),
     "transformers-vit": (lambda sd: _has(sd, r"^(vit\.)?embeddings\.position_embeddings$"), TRANSFORMERS_VIT),
     "official-swin": (lambda sd: "layers.0.downsample.reduction.weight" in sd, OFFICIAL_SWIN),
-    "timm-eva": (lambda sd: _has(sd, r"^blocks\.\d+\.gamma_1$") or _has(sd, r"\.attn\.q_bias$"), TIMM_EVA),
+    "timm-eva": (lambda sd: _has(sd, r"^blocks\.\d+\.gamma_1$"), TIMM_EVA),
 }
 
 
@@ -159,22 +159,6 @@ def fuse_qkv(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
-def fuse_qv_bias(sd: dict[str, Tensor]) -> dict[str, Tensor]:
-    """EVA's ``attn.q_bias`` and ``attn.v_bias`` (keys have none) -> one ``attn.qkv.bias`` with zeros for k. A key
-    bias shifts every score of a query by the same amount, which softmax ignores, so the zeros stay zeros in
-    training too (their gradient is zero)."""
-    out = {}
-    for k, v in sd.items():
-        m = re.match(r"(.*\.attn\.)([qv])_bias$", k)
-        if not m:
-            out[k] = v
-        elif m[2] == "q":
-            if f"{m[1]}v_bias" not in sd:
-                raise KeyError(f"{m[1]}: found q_bias but not v_bias to fuse")
-            out[f"{m[1]}qkv.bias"] = torch.cat([v, torch.zeros_like(v), sd[f"{m[1]}v_bias"]])
-    return out
-
-
 def detect(sd: dict[str, Tensor]) -> str:
     for name, (recognise, _) in FORMATS.items():
         if recognise(sd):
@@ -187,5 +171,5 @@ def to_vitkit(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
     sd = strip_prefixes(sd)
     fmt = detect(sd)
     if fmt in FORMATS:
-        sd = fuse_qv_bias(fuse_qkv(rename(sd, FORMATS[fmt][1])))
+        sd = fuse_qkv(rename(sd, FORMATS[fmt][1]))
     return {k: v for k, v in sd.items() if not k.endswith(DROPPED)}, fmt

@@ -1,9 +1,8 @@
 """The one attention core of vitkit: softmax(q·kᵀ/√d + bias, masked) · v, and nowhere else.
 
-ViT, Swin and the text encoder-decoder all use :class:`Attention`; they differ only in what they
-pass it: an additive ``bias`` (Swin's relative positions, ALiBi), a boolean ``attn_mask`` (Swin's
-shifted-window regions, sliding windows), a ``key_padding_mask``, ``is_causal``, a ``memory`` for
-cross-attention, ``rope`` tables, or a :class:`KVCache`.
+ViT, Swin and the text encoder-decoder all use :class:`Attention`; they differ only in what they pass it: an
+additive ``bias`` (Swin's relative positions, ALiBi), a boolean ``attn_mask`` (Swin's shifted-window regions,
+sliding windows), a ``key_padding_mask``, ``is_causal``, a ``memory`` for cross-attention, ``rope`` tables, a cache.
 
 Shape legend
     B   batch
@@ -11,24 +10,22 @@ Shape legend
     N   query tokens (Nq);  M   key/value tokens (Nk)
     C   model width;  H   query heads;  Hkv   key/value heads (GQA/MQA when < H);  D   head dim
 
-Inputs may carry extra leading group axes, ``x: (B, G, N, C)``. Groups are folded into the batch axis
-(``(B·G, H, N, D)``): q, k and v stay views of the fused projection (no copies), and the kernel writes
-its output in the layout the output projection reads.
+Inputs may carry extra leading group axes, ``x: (B, G, N, C)``, folded into the batch axis (``(B·G, H, N, D)``):
+q, k and v stay views of the fused projection, and the kernel writes the layout the output projection reads.
 
 Backends (a config field stored on the module, never an environment variable):
-    ``sdpa``  F.scaled_dot_product_attention. With no float mask it can reach FlashAttention on
-              GPU; a float mask (bias, or merged masks) rules flash out, and the memory-efficient
-              and cuDNN kernels remain. On CPU it runs the fused flash-style CPU kernel, except for
-              bf16 inputs on a CPU with native bf16 matmuls (AVX512-BF16, AMX): there the explicit
-              path below (bf16 matmuls and probabilities, softmax accumulated in float32) measured
-              1.3-1.9x faster forward and 2-6x faster forward + backward than that kernel, which works
-              in float32 inside (benchmarks/README.md).
-    ``math``  explicit softmax(q·kᵀ/√d + mask)·v: the reference that tests compare against, and
-              the only path that can return the attention probabilities.
-    ``flex``  torch.nn.attention.flex_attention, compiled; the bias becomes a ``score_mod`` and the
-              boolean masks a ``mask_mod`` / block mask that skips fully masked blocks. PyTorch has
-              no flex backward on CPU, so a CPU forward that needs gradients falls back to ``sdpa``
-              (logged once); so does any CPU forward where torch.compile cannot build flex (no AVX2).
+    ``sdpa``  F.scaled_dot_product_attention. With no float mask it can reach FlashAttention on GPU; a float
+              mask (bias, or merged masks) rules flash out, and the memory-efficient and cuDNN kernels remain.
+              On CPU it runs the fused flash-style CPU kernel, except for bf16 inputs on a CPU with native bf16
+              matmuls (AVX512-BF16, AMX): there the explicit path below (bf16 matmuls and probabilities, softmax
+              accumulated in float32) measured 1.3-1.9x faster forward and 2-6x faster forward + backward than
+              that kernel, which works in float32 inside (benchmarks/README.md).
+    ``math``  explicit softmax(q·kᵀ/√d + mask)·v: the reference that tests compare against, and the only path
+              that can return the attention probabilities.
+    ``flex``  torch.nn.attention.flex_attention, compiled; the bias becomes a ``score_mod`` and the boolean
+              masks a block mask that skips fully masked blocks. PyTorch has no flex backward on CPU, so a CPU
+              forward that needs gradients falls back to ``sdpa`` (logged once); so does any CPU forward where
+              torch.compile cannot build flex (no AVX2).
 """
 
 from __future__ import annotations
@@ -74,7 +71,7 @@ class _Call:
 
 
 def _sdpa(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
-    return sdpa_attention(q, k, v, c.mask, c.is_causal, c.B, c.G, c.dropout_p), None
+    return sdpa_attention(q, k, v, c.mask, c.is_causal, c.B, c.G, c.dropout_p, c.scale), None
 
 
 def _explicit(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, Tensor]:
@@ -82,7 +79,7 @@ def _explicit(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, Tensor
 
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, B: int, G: int,
-                   dropout_p: float) -> Tensor:
+                   dropout_p: float, scale: float) -> Tensor:
     """The fused kernel; ``mask`` is merged (``masks.merge``), broadcastable to (B, G, H, N, M)."""
     N, M = q.shape[-2], k.shape[-2]
     use_causal_flag = is_causal and mask is None and N == M
@@ -91,7 +88,7 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_caus
     if mask is not None:
         mask = fold(mask, B, G, q.shape[1], N, M)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=use_causal_flag,
-                                          enable_gqa=k.shape[1] != q.shape[1])
+                                          scale=scale, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def math_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, keep: Tensor | None, is_causal: bool,
@@ -188,7 +185,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | N
     if return_attn or backend == "math":
         o, p = math_attention(q, k, v, mask, keep, is_causal, B, scale, dropout_p)
         return o, p
-    return sdpa_attention(q, k, v, mask, is_causal, B, G, dropout_p), None
+    return sdpa_attention(q, k, v, mask, is_causal, B, G, dropout_p, scale), None
 
 
 torch.fx.wrap("attention")
@@ -212,8 +209,8 @@ def _backend_for(backend: str, q: Tensor, return_attn: bool) -> str:
 class Attention(nn.Module):
     """Multi-head self-attention (Vaswani et al., 2017) with GQA/MQA, RoPE, a KV cache and three backends.
 
-    Subclasses change where q, k and v come from (:class:`CrossAttention`) or what bias is added
-    (Swin's window attention); the attention itself is :meth:`attend`, here and nowhere else."""
+    Subclasses change where q, k and v come from (:class:`CrossAttention`) or what bias is added (Swin's
+    window attention); the attention itself is :meth:`attend`, here and nowhere else."""
 
     def __init__(
         self,
@@ -221,19 +218,17 @@ class Attention(nn.Module):
         num_heads: int,
         *,
         num_kv_heads: int | None = None,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,  # "qv": q and v only (timm's q_bias, v_bias: EVA, DINOv3, Swin V2)
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         backend: AttnBackend = "sdpa",
     ) -> None:
         super().__init__()
         num_kv_heads = num_kv_heads or num_heads
-        if dim % num_heads:
-            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads})")
-        if num_heads % num_kv_heads:
-            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.head_dim = dim // num_heads
+        if dim % num_heads or num_heads % num_kv_heads:
+            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads}), and num_heads a multiple "
+                             f"of num_kv_heads ({num_kv_heads})")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
         self.scale = self.head_dim**-0.5
         self.backend = check_backend(backend)
         self.in_projections(dim, qkv_bias)
@@ -241,9 +236,13 @@ class Attention(nn.Module):
         self.proj = nn.Linear(num_heads * self.head_dim, dim)  # W_O
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def in_projections(self, dim: int, qkv_bias: bool) -> None:
-        """One fused projection; with Hkv == H its layout is timm's [q | k | v]."""
-        self.qkv = nn.Linear(dim, (self.num_heads + 2 * self.num_kv_heads) * self.head_dim, bias=qkv_bias)
+    def in_projections(self, dim: int, qkv_bias: bool | str) -> None:
+        """One fused projection; with Hkv == H its layout is timm's [q | k | v]. With ``qkv_bias="qv"`` the keys
+        have no bias: under RoPE or cosine attention a key bias would not cancel in softmax."""
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        self.qkv = nn.Linear(dim, (H + 2 * Hkv) * D, bias=qkv_bias is True)
+        self.q_bias = nn.Parameter(torch.zeros(H * D)) if qkv_bias == "qv" else None
+        self.v_bias = nn.Parameter(torch.zeros(Hkv * D)) if qkv_bias == "qv" else None
 
     def forward(self, x: Tensor, bias: Tensor | None = None, attn_mask: Tensor | None = None,
                 key_padding_mask: Tensor | None = None, is_causal: bool = False,
@@ -255,9 +254,8 @@ class Attention(nn.Module):
         key_padding_mask: bool (B, M); True marks padding keys, which are never attended.
         is_causal: query i attends keys j <= i.
         rope: (cos, sin) tables for the query positions, (N, D/2) each, applied to q and k.
-        cache: a :class:`KVCache`; this step's keys are written into it and the queries attend to every
-            key it holds (causality and the sliding window come from the cache's positions). Python state:
-            decoding with a cache runs eagerly or under torch.compile, not in TorchScript.
+        cache: a :class:`KVCache`; this step's keys are written into it and the queries attend to every key
+            it holds (causality and the sliding window come from its positions); eager or compiled, not TorchScript.
         """
         q, k, v = self.project(x, rope)
         if not torch.jit.is_scripting():
@@ -278,9 +276,11 @@ class Attention(nn.Module):
 
     def project(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, [G,] N, C) -> q (B·G, H, N, D), k and v (B·G, Hkv, N, D): views of the fused projection."""
-        N, C = x.shape[-2], x.shape[-1]
-        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = self.qkv(x.reshape(-1, N, C)).split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B·G, N, ·)
+        N, C, H, Hkv, D = x.shape[-2], x.shape[-1], self.num_heads, self.num_kv_heads, self.head_dim
+        qb, vb, x = self.q_bias, self.v_bias, x.reshape(-1, N, C)
+        qkv = F.linear(x, self.qkv.weight, torch.cat([qb, torch.zeros_like(vb), vb])) \
+            if qb is not None and vb is not None else self.qkv(x)  # q and v biases, none for k; or all or none
+        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B·G, N, ·)
         q = q.unflatten(-1, (H, D)).transpose(1, 2)  # (B·G, H, N, D), a view
         k = k.unflatten(-1, (Hkv, D)).transpose(1, 2)  # (B·G, Hkv, N, D)
         v = v.unflatten(-1, (Hkv, D)).transpose(1, 2)

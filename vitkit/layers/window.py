@@ -228,23 +228,31 @@ class WindowAttention(Attention):
     The bias table, one value per head and 2-D offset in a ``table_window``, is this module's own (named as in
     timm's checkpoints); the caller passes ``relative_position_bias(window)`` to :meth:`forward` as the additive
     bias, so every backend runs it. x is (B, nW, N, C), the windows of a map, with an attn_mask (1, nW, 1, N, N)
-    from the window plan."""
+    from the window plan. Subclasses change where the table comes from (:meth:`position_bias_params`,
+    :meth:`bias_table`; Swin V2's is computed by an MLP)."""
 
     def __init__(self, dim: int, num_heads: int, table_window: tuple[int, int], **kw) -> None:
         super().__init__(dim, num_heads, **kw)
         self.rel_pos_window = tuple(table_window)
+        self.position_bias_params()
+
+    def position_bias_params(self) -> None:
         th, tw = self.rel_pos_window
-        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * th - 1) * (2 * tw - 1), num_heads))
+        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * th - 1) * (2 * tw - 1), self.num_heads))
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+
+    def bias_table(self) -> Tensor:
+        """((2·th - 1)·(2·tw - 1), H): the bias of each head for each 2-D offset within the table's window."""
+        return self.relative_position_bias_table
 
     def relative_position_bias(self, window: tuple[int, int]) -> Tensor:
         """(H, N, N) bias for the token pairs of a window (<= the table's window)."""
-        index = relative_position_index_on(tuple(window), self.rel_pos_window, self.relative_position_bias_table.device)
+        index = relative_position_index_on(tuple(window), self.rel_pos_window, self.proj.weight.device)
         return self._gather_bias(index, window[0] * window[1])
 
     def _gather_bias(self, index: Tensor, tokens: int) -> Tensor:
         """(H, N, N) from the table at an (N·N,) relative-position index."""
-        return self.relative_position_bias_table[index].view(tokens, tokens, -1).permute(2, 0, 1)
+        return self.bias_table()[index].view(tokens, tokens, -1).permute(2, 0, 1)
 
     def plan(self, window: tuple[int, int], gather: Tensor, mask: Tensor | None, num_windows: int) -> None:
         """Keep the layout this block runs at its stage's configured map size as buffers (not saved): the

@@ -13,7 +13,8 @@ from typing import Any
 from torch import nn
 
 from .seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
-from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
+from .swin import SwinConfig, SwinTransformer
+from .swin_presets import SWIN_PRESETS
 from .vit import VisionTransformer, ViTConfig
 from .vit_presets import VIT_PRESETS
 

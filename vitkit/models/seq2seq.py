@@ -35,7 +35,8 @@ from ..layers import (
     sinusoidal_1d,
 )
 from ..layers.attention import check_backend
-from .swin import SWIN_PRESETS, SwinConfig, SwinTransformer
+from .swin import SwinConfig, SwinTransformer
+from .swin_presets import SWIN_PRESETS
 from .vit import VisionTransformer, ViTConfig
 from .vit_presets import VIT_PRESETS
 

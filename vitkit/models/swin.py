@@ -1,10 +1,12 @@
-"""Swin Transformer (Liu et al., 2021) on the shared attention core, timm-compatible.
+"""Swin Transformer (Liu et al., 2021) and Swin V2 (Liu et al., 2022) on the shared attention core, timm-compatible.
 
 A Swin block is the pre-norm :class:`vitkit.layers.Block` run on windows (:class:`WindowBlock` only adds
 the relative-position bias of its window): layer norm and MLP act per token, so cutting the map into (shifted)
 windows before the block and stitching it after is the same as windowing only the attention. Windows are
 folded into the attention's group axis, so the relative position bias and the shift mask broadcast over the
-batch inside the fused kernel.
+batch inside the fused kernel. Swin V2 is the same stack with other parts: cosine attention with a continuous
+position bias (:class:`CosineWindowAttention`), residual post-norm blocks and merging that normalises after the
+reduction.
 """
 
 from collections.abc import Sequence
@@ -20,7 +22,8 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import AttnBackend, Mlp, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
 from ..layers.window import WindowAttention, WindowBlock, WindowPlan, is_symbolic, token_index
-from .config import IMAGENET, DataConfig, check_image, pair
+from ..layers.window_v2 import CosineWindowAttention, ResPostNormWindowBlock
+from .config import DataConfig, check_image, pair
 from .features import new_head, resize_patch_conv, take_indices
 
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
@@ -59,6 +62,8 @@ class SwinConfig(DataConfig):
     attn_backend: AttnBackend = "sdpa"
     global_pool: Literal["avg", "max", "avgmax", ""] = "avg"
     crop_pct: float = 0.9
+    version: Literal[1, 2] = 1  # 2: Swin V2's cosine attention, continuous position bias, post-norm blocks
+    pretrained_window_sizes: tuple[int, ...] | None = None  # V2: per stage, the window its bias MLP was trained at
 
     def __post_init__(self) -> None:
         check_backend(self.attn_backend)
@@ -69,6 +74,13 @@ class SwinConfig(DataConfig):
             raise ValueError(f"window_size {self.window_size} needs one entry per stage ({len(self.depths)})")
         if self.global_pool not in POOLS:
             raise ValueError(f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
+        if self.version not in (1, 2):
+            raise ValueError(f"version must be 1 or 2 (Swin V2), got {self.version!r}")
+        if self.pretrained_window_sizes is not None:
+            self.pretrained_window_sizes = tuple(self.pretrained_window_sizes)
+            if len(self.pretrained_window_sizes) != len(self.depths):
+                raise ValueError(f"pretrained_window_sizes {self.pretrained_window_sizes} needs one entry per stage "
+                                 f"({len(self.depths)})")
 
     @property
     def stage_windows(self) -> tuple[tuple[int, int], ...]:
@@ -97,6 +109,10 @@ class PatchMerging(nn.Module):
         self.reduction = nn.Linear(4 * dim, out_dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.reduction(self.norm(self.merge(x)))
+
+    def merge(self, x: Tensor) -> Tensor:
+        """(B, H, W, C) -> (B, H/2, W/2, 4C)."""
         B, H, W, C = x.shape
         if torch.jit.is_scripting():
             odd = H % 2 == 1 or W % 2 == 1
@@ -106,8 +122,18 @@ class PatchMerging(nn.Module):
             x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
             H, W = H + H % 2, W + W % 2
         # (B, H/2, W/2, 4C); the four neighbours in timm's order (0,0), (1,0), (0,1), (1,1)
-        x = x.reshape(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)
-        return self.reduction(self.norm(x))
+        return x.reshape(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)
+
+
+class PatchMergingV2(PatchMerging):
+    """Swin V2's merging: Linear 4C -> 2C, then LayerNorm on 2C."""
+
+    def __init__(self, dim: int, out_dim: int, eps: float) -> None:
+        super().__init__(dim, out_dim, eps)
+        self.norm = nn.LayerNorm(out_dim, eps=eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.norm(self.reduction(self.merge(x)))
 
 
 def _plan_again(stage: "SwinStage", incompatible_keys) -> None:
@@ -123,14 +149,20 @@ class SwinStage(nn.Module):
         w = cfg.stage_windows[i]
         self.window = (min(w[0], H), min(w[1], W))  # a window larger than the map shrinks to it
         self.grad_checkpointing = False
-        self.downsample = PatchMerging(dim, out_dim, cfg.norm_eps) if i else nn.Identity()
+        v2 = cfg.version == 2
+        self.downsample = (PatchMergingV2 if v2 else PatchMerging)(dim, out_dim, cfg.norm_eps) if i else nn.Identity()
+        attn = dict(attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate, backend=cfg.attn_backend)
+        if v2:  # q and v biases (keys none), the bias MLP read at offsets scaled to the pretraining window
+            pretrained = cfg.pretrained_window_sizes[i] if cfg.pretrained_window_sizes else 0
+            attn.update(qkv_bias="qv" if cfg.qkv_bias else False, pretrained_window=pair(pretrained) if pretrained
+                        else None)
+        else:
+            attn.update(qkv_bias=cfg.qkv_bias)
+        block, attention = (ResPostNormWindowBlock, CosineWindowAttention) if v2 else (WindowBlock, WindowAttention)
         self.blocks = nn.Sequential(*[
-            WindowBlock(out_dim,
-                        WindowAttention(out_dim, cfg.num_heads[i], self.window, qkv_bias=cfg.qkv_bias,
-                                        attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate,
-                                        backend=cfg.attn_backend),
-                        Mlp(out_dim, int(out_dim * cfg.mlp_ratio), drop=cfg.proj_drop_rate),
-                        norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), drop_path=dp)
+            block(out_dim, attention(out_dim, cfg.num_heads[i], self.window, **attn),
+                  Mlp(out_dim, int(out_dim * cfg.mlp_ratio), drop=cfg.proj_drop_rate),
+                  norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), drop_path=dp)
             for dp in drop_path
         ])
         self.plan_windows()
@@ -149,7 +181,7 @@ class SwinStage(nn.Module):
         """Lay out every block's windows for the configured map size (``self.size``) once, as buffers:
         TorchScript runs these (it cannot plan at run time); eager and compiled runs plan from the input."""
         H, W = self.size
-        device = self.blocks[0].attn.relative_position_bias_table.device
+        device = self.blocks[0].attn.proj.weight.device
         prev = None
         for j, blk in enumerate(self.blocks):
             plan = WindowPlan.make(H, W, self.window, shifted=j % 2 == 1)
@@ -257,7 +289,9 @@ class SwinTransformer(nn.Module):
                 blk.attn.backend = backend
 
     def no_weight_decay(self) -> set[str]:
-        return {"relative_position_bias_table"}
+        """Swin's bias tables; V2's temperatures and bias MLPs (timm's)."""
+        return {"relative_position_bias_table"} | {n for n, _ in self.named_parameters()
+                                                   if "cpb_mlp" in n or "logit_scale" in n}
 
     def _embed(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) of any size -> patch map (B, H/p, W/p, C); sizes that are not a multiple
@@ -316,7 +350,8 @@ class SwinTransformer(nn.Module):
     def group_matcher(self, coarse: bool = False) -> dict:
         """Parameter groups by depth (timm's), for layer-wise LR decay: the stem, each block (patch merging
         with the first block of its stage), the final norm; ``coarse``: one group per stage."""
-        return dict(stem=r"^patch_embed", blocks=r"^layers\.(\d+)" if coarse else [
+        stem = r"^absolute_pos_embed|patch_embed" if self.cfg.version == 2 else r"^patch_embed"  # timm's regexes
+        return dict(stem=stem, blocks=r"^layers\.(\d+)" if coarse else [
             (r"^layers\.(\d+).downsample", (0,)), (r"^layers\.(\d+)\.\w+\.(\d+)", None), (r"^norm", (99999,))])
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None, norm: bool = False,
@@ -426,19 +461,3 @@ def _per_stage(window: int | Sequence, n: int) -> tuple[tuple[int, int], ...]:
     if len(window) != n:
         raise ValueError(f"window_size {window}: expected an int, an (h, w) pair or one entry per stage ({n})")
     return tuple(pair(w) for w in window)
-
-
-def _row(embed_dim: int, depths: tuple[int, ...], heads: tuple[int, ...], window: int, img: int) -> dict:
-    return dict(embed_dim=embed_dim, depths=depths, num_heads=heads, window_size=window, img_size=img,
-                crop_pct=0.9 if img == 224 else 1.0, **IMAGENET)
-
-
-# Keyed by timm's names.
-SWIN_PRESETS: dict[str, dict] = {
-    "swin_tiny_patch4_window7_224": _row(96, (2, 2, 6, 2), (3, 6, 12, 24), 7, 224),
-    "swin_small_patch4_window7_224": _row(96, (2, 2, 18, 2), (3, 6, 12, 24), 7, 224),
-    "swin_base_patch4_window7_224": _row(128, (2, 2, 18, 2), (4, 8, 16, 32), 7, 224),
-    "swin_base_patch4_window12_384": _row(128, (2, 2, 18, 2), (4, 8, 16, 32), 12, 384),
-    "swin_large_patch4_window7_224": _row(192, (2, 2, 18, 2), (6, 12, 24, 48), 7, 224),
-    "swin_large_patch4_window12_384": _row(192, (2, 2, 18, 2), (6, 12, 24, 48), 12, 384),
-}

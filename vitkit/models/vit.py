@@ -51,7 +51,7 @@ class ViTConfig(DataConfig):
     num_heads: int = 12
     num_kv_heads: int | None = None  # < num_heads: grouped-query attention
     mlp_ratio: float = 4.0
-    qkv_bias: bool = True
+    qkv_bias: bool | Literal["qv"] = True  # "qv": q and v biases only (DINOv3's _qkvb weights)
     class_token: bool = True
     reg_tokens: int = 0  # register tokens (Darcet et al., 2024), after the class (and distillation) token
     distilled: bool = False  # DeiT's distillation token after the class token, with its own head (head_dist)

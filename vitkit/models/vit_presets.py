@@ -17,7 +17,7 @@ SIZES: dict[str, tuple[int, int, int, float]] = {
 
 # DINOv3 (Siméoni et al., 2025): no learned positions, 2-D RoPE, 4 storage (register) tokens, LayerScale, LayerNorm
 # eps 1e-5, any input size; timm pools the patch tokens (pass global_pool='token' for the class token) and ships no
-# head. The _qkvb weights have q and v biases; S+, H+ and 7B use a SwiGLU MLP.
+# head. The _qkvb weights have q and v biases (keys none); S+, H+ and 7B use a SwiGLU MLP.
 DINOV3 = dict(pos_embed="none", rope="dinov3", rope_temperature=100.0, reg_tokens=4, init_values=1e-05, norm_eps=1e-05,
               global_pool="avg", fc_norm=False, dynamic_img_size=True, num_classes=0)
 
@@ -59,7 +59,7 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_base_patch16_clip_384": _row("B/16", 384, CLIP, 1.0, pre_norm=True, norm_eps=1e-05),
     "vit_base_patch16_clip_quickgelu_224": _row("B/16", 224, CLIP, 1.0, pre_norm=True, norm_eps=1e-05, act_layer='quick_gelu', num_classes=512),
     "vit_base_patch16_dinov3": _row("B/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=False),
-    "vit_base_patch16_dinov3_qkvb": _row("B/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=True),
+    "vit_base_patch16_dinov3_qkvb": _row("B/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias="qv"),
     "vit_base_patch16_gap_224": _row("B/16", 224, INCEPTION, 0.9, num_heads=16, class_token=False, global_pool='avg', fc_norm=False),
     "vit_base_patch16_plus_240": _row("B+/16", 240, INCEPTION, 0.95, init_values=1e-05),
     "vit_base_patch16_plus_clip_240": _row("B+/16", 240, CLIP, 1.0, pre_norm=True, norm_eps=1e-05, num_classes=640),
@@ -105,7 +105,7 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_huge_patch14_gap_224": _row("H/14", 224, IMAGENET, 0.9, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
     "vit_huge_patch16_gap_448": _row("H/16", 448, IMAGENET, 1.0, class_token=False, global_pool='avg', fc_norm=False, num_classes=0),
     "vit_huge_plus_patch16_dinov3": _row("H+/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=False, mlp_layer="swiglu"),
-    "vit_huge_plus_patch16_dinov3_qkvb": _row("H+/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=True, mlp_layer="swiglu"),
+    "vit_huge_plus_patch16_dinov3_qkvb": _row("H+/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias="qv", mlp_layer="swiglu"),
     "vit_large_patch14_224": _row("L/14", 224, INCEPTION, 0.9),
     "vit_large_patch14_clip_224": _row("L/14", 224, INCEPTION, 1.0, pre_norm=True, norm_eps=1e-05),
     "vit_large_patch14_clip_336": _row("L/14", 336, INCEPTION, 1.0, pre_norm=True, norm_eps=1e-05),
@@ -117,7 +117,7 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_large_patch16_224": _row("L/16", 224, INCEPTION, 0.9),
     "vit_large_patch16_384": _row("L/16", 384, INCEPTION, 1.0),
     "vit_large_patch16_dinov3": _row("L/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=False),
-    "vit_large_patch16_dinov3_qkvb": _row("L/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=True),
+    "vit_large_patch16_dinov3_qkvb": _row("L/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias="qv"),
     "vit_large_patch16_siglip_256": _row("L/16", 256, INCEPTION, 0.9, class_token=False, global_pool='map', num_classes=0),
     "vit_large_patch16_siglip_384": _row("L/16", 384, INCEPTION, 0.9, class_token=False, global_pool='map', num_classes=0),
     "vit_large_patch16_siglip_512": _row("L/16", 512, INCEPTION, 0.9, act_layer='gelu_tanh', class_token=False, global_pool='map', num_classes=0),
@@ -142,12 +142,12 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_small_patch16_36x1_224": _row("S36/16", 224, INCEPTION, 0.9, init_values=1e-05),
     "vit_small_patch16_384": _row("S/16", 384, INCEPTION, 1.0),
     "vit_small_patch16_dinov3": _row("S/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=False),
-    "vit_small_patch16_dinov3_qkvb": _row("S/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=True),
+    "vit_small_patch16_dinov3_qkvb": _row("S/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias="qv"),
     "vit_small_patch32_224": _row("S/32", 224, INCEPTION, 0.9),
     "vit_small_patch32_384": _row("S/32", 384, INCEPTION, 1.0),
     "vit_small_patch8_224": _row("S/8", 224, IMAGENET, 0.9, num_classes=0),
     "vit_small_plus_patch16_dinov3": _row("S/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=False, mlp_layer="swiglu"),
-    "vit_small_plus_patch16_dinov3_qkvb": _row("S/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=True, mlp_layer="swiglu"),
+    "vit_small_plus_patch16_dinov3_qkvb": _row("S/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias="qv", mlp_layer="swiglu"),
     "vit_so150m2_patch16_reg1_gap_256": _row("So150m2/16", 256, INCEPTION, 1.0, init_values=1e-05, qkv_bias=False, class_token=False, reg_tokens=1, global_pool='avg'),
     "vit_so150m2_patch16_reg1_gap_384": _row("So150m2/16", 384, INCEPTION, 1.0, init_values=1e-05, qkv_bias=False, class_token=False, reg_tokens=1, global_pool='avg'),
     "vit_so150m2_patch16_reg1_gap_448": _row("So150m2/16", 448, INCEPTION, 1.0, init_values=1e-05, qkv_bias=False, class_token=False, reg_tokens=1, global_pool='avg'),
@@ -167,7 +167,7 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_so400m_patch16_siglip_512": _row("So400m/16", 512, INCEPTION, 0.9, act_layer='gelu_tanh', class_token=False, global_pool='map', num_classes=0),
     "vit_tiny_patch16_224": _row("Ti/16", 224, INCEPTION, 0.9),
     "vit_tiny_patch16_384": _row("Ti/16", 384, INCEPTION, 1.0),
-    "vit_tiny_patch16_dinov3_qkvb": _row("Ti/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=True),
+    "vit_tiny_patch16_dinov3_qkvb": _row("Ti/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias="qv"),
     "vit_wee_patch16_reg1_gap_256": _row("Wee/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=1, global_pool='avg'),
     "vit_xsmall_patch16_clip_224": _row("Xs/16", 224, CLIP, 0.9, pre_norm=True, norm_eps=1e-05, num_classes=512),
 }
