@@ -58,6 +58,20 @@ def _require_classifier(net: torch.nn.Module, source: str) -> None:
                          "use the checkpoint that writes")
 
 
+def _refuse_an_embedding(net: torch.nn.Module, tag: str | None) -> None:
+    """CLIP's image towers by tag end in CLIP's projection into the image-text space: those outputs are an
+    embedding, not classes (their fine-tuned tags, ``*_ft_in1k``, have a classifier and label names)."""
+    if tag and "_clip_" in net.name and "." in tag and "_ft_" not in tag and not getattr(net, "class_names", None):
+        import timm
+
+        tuned = timm.list_pretrained(f"{net.name}.*_ft_*")
+        raise SystemExit(f"error: {tag} is CLIP's image tower: its {net.cfg.num_classes} outputs are its image "
+                         "embedding (the projection into CLIP's image-text space), not classes. "
+                         + (f"Take a fine-tuned tag ({', '.join(tuned)}), or fine-tune" if tuned else "Fine-tune")
+                         + f" it: `vitkit train fit --config configs/vit_base_clip_finetune.yaml --model.model_name "
+                         f"{tag} --data.root DATA`")
+
+
 def _image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """(model input (1, C, H, W) after the model's eval transform, the same crop unnormalised in [0, 1])."""
     from PIL import Image, UnidentifiedImageError
@@ -104,6 +118,7 @@ def predict(args: argparse.Namespace) -> int:
     else:
         net = _load(args)
         names = getattr(net, "class_names", None) or [str(i) for i in range(net.cfg.num_classes)]
+        _refuse_an_embedding(net, args.model)
 
         def probabilities(image: str) -> torch.Tensor:
             x, _ = _image(image, net.cfg)

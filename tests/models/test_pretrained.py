@@ -287,6 +287,19 @@ def test_cli_predict_by_tag_prints_label_names_and_download_reports_the_cache(tm
     assert f"timm/{SWIN_TAG}" in out.stderr and "HF_HUB_OFFLINE" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_cli_predict_refuses_a_clip_tower_whose_outputs_are_an_embedding(hf_cache, tmp_path):
+    from PIL import Image
+
+    from vitkit.cli import main
+
+    tag = "vit_base_patch32_clip_quickgelu_224.openai"
+    cache_weights(hf_cache, tag, _randomize(timm.create_model(tag.split(".")[0], num_classes=512, depth=1)), tmp_path)
+    Image.new("RGB", (64, 64), (200, 120, 40)).save(tmp_path / "img.png")
+    with pytest.raises(SystemExit, match=r"is CLIP's image tower: its 512 outputs are its image embedding .* Fine-tune "
+                       r"it: `vitkit train fit --config configs/vit_base_clip_finetune.yaml"):
+        main(["predict", str(tmp_path / "img.png"), "--model", tag, "--overrides", '{"depth": 1}'])
+
+
 def test_cli_predict_without_the_weights_says_how_to_get_them(hf_cache, tmp_path, no_network):
     from vitkit.cli import main
 

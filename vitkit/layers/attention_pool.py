@@ -28,7 +28,7 @@ class AttentionPool(CrossAttention):
     def forward(self, x: Tensor) -> Tensor:
         """Tokens (B, N, C) -> one pooled vector per image (B, C)."""
         B = x.shape[0]
-        q = self.q(self.latent.expand(B, -1, -1))  # (B, 1, C)
+        q = self.q(self.latent).expand(B, -1, -1)  # (B, 1, C): the one query, projected once
         q = q.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, 1, D)
         k, v = self.project_kv(x)  # (B, Hkv, N, D) each
         o = self.attend(q, k, v, [B])[0]  # (B, 1, C)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 import vitkit
+from vitkit.checkpoints.formats import to_vitkit
 from vitkit.checkpoints.hub import TORCHVISION_MODELS
 from vitkit.models.config import pair
 from vitkit.tools.flops import count_gmacs_of, count_params
@@ -60,12 +61,26 @@ class Entry:
 
 
 def build_factories(name: str, peers: list[str], attn_backend: str) -> list[tuple[str, Callable[[], nn.Module]]]:
-    out = [("vitkit", lambda: vitkit.create_model(name, attn_backend=attn_backend))]
+    """Each library's model of the preset with a 1000-class head (backbone presets, CLIP's projection: a classifier
+    head like the others', so that the training step is the same). Beside timm, vitkit's model runs the same random
+    weights as timm's (seed 0 for both): CPU speed depends on the values (denormal floats), and two draws of the
+    same initialisation measured up to 5% apart on ViT-B/16 (a gap that ``torch.set_flush_denormal`` closes)."""
+    def ours() -> nn.Module:
+        model = vitkit.create_model(name, attn_backend=attn_backend, num_classes=1000)
+        if twin is not None:
+            model.load_state_dict(to_vitkit(twin().state_dict())[0])
+        return model
+
+    twin = None
     if "timm" in peers:
         import timm
 
         if name in timm.list_models():
-            out.append(("timm", lambda: timm.create_model(name, pretrained=False)))
+            def twin() -> nn.Module:
+                torch.manual_seed(0)
+                return timm.create_model(name, pretrained=False, num_classes=1000)
+
+    out = [("vitkit", ours)] + ([("timm", twin)] if twin is not None else [])
     if "torchvision" in peers and name in TORCHVISION:
         import torchvision
 
@@ -232,7 +247,7 @@ def run(args) -> list[dict]:
     for name in args.models:
         cfg = vitkit.get_config(name)
         shape = (cfg.in_chans, *pair(cfg.img_size))
-        gmacs[name] = count_gmacs_of(lambda n=name: vitkit.create_model(n), shape)
+        gmacs[name] = count_gmacs_of(lambda n=name: vitkit.create_model(n, num_classes=1000), shape)
         for lib, factory in build_factories(name, peers, args.attn_backend):
             for mode in args.mode:
                 if lib == "onnxruntime" and (mode == "train" or args.precision != "fp32" or device.type != "cpu"
