@@ -108,10 +108,11 @@ def test_a_tag_whose_hosted_weights_are_headless_fine_tunes_with_a_new_head(hf_c
 
 # the backbones people fine-tune: image towers of image-text models, OpenAI's CLIP (pre-norm, QuickGELU, its 512-d
 # projection as the head) and SigLIP 2 (no class token, the attention-pool head, no classifier); DINOv3 (2-D RoPE,
-# storage tokens, LayerScale, timm's Eva names in the file; the _qkvb weights with q and v biases); Swin V2 (cosine
-# attention, the continuous position bias, post-norm)
+# storage tokens, LayerScale, timm's Eva names in the file; the _qkvb weights with q and v biases); NAVER's RoPE ViT
+# (axial RoPE, interleaved); Swin V2 (cosine attention, the continuous position bias, post-norm)
 TOWER_TAGS = ["vit_base_patch32_clip_quickgelu_224.openai", "vit_base_patch16_siglip_224.v2_webli",
-              "vit_small_patch16_dinov3_qkvb.lvd1689m", "swinv2_tiny_window8_256.ms_in1k"]
+              "vit_small_patch16_dinov3_qkvb.lvd1689m", "vit_small_patch16_rope_224.naver_in1k",
+              "swinv2_tiny_window8_256.ms_in1k"]
 
 
 @pytest.mark.slow

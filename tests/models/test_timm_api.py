@@ -18,7 +18,7 @@ VIT_REG_KW = dict(VIT_KW, class_token=False, reg_tokens=2, no_embed_class=True, 
 SWIN_KW = dict(img_size=64, embed_dim=32, depths=(2, 2, 2), num_heads=(2, 4, 4), window_size=4, num_classes=10)
 CASES = {"vit": ("vit_tiny_patch16_224", VIT_KW), "vit_reg_avg": ("vit_tiny_patch16_224", VIT_REG_KW),
          "clip": ("vit_base_patch32_clip_quickgelu_224", VIT_KW), "siglip": ("vit_base_patch16_siglip_224", VIT_KW),
-         "dinov3": ("vit_small_patch16_dinov3_qkvb", VIT_KW),
+         "dinov3": ("vit_small_patch16_dinov3_qkvb", VIT_KW), "rope_ape": ("vit_small_patch16_rope_ape_224", VIT_KW),
          "swin": ("swin_tiny_patch4_window7_224", SWIN_KW), "swinv2": ("swinv2_tiny_window8_256", SWIN_KW)}
 
 

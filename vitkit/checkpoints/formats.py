@@ -1,6 +1,6 @@
 """Every key remapping in one place: state dicts of timm, torchvision, transformers and the official
-Swin / DeiT repositories, renamed to vitkit's (= timm's ViT and Swin) parameter names; timm's Eva class (DINOv3)
-names LayerScale differently from its ViT.
+Swin / DeiT repositories, renamed to vitkit's (= timm's ViT and Swin) parameter names; timm's Eva class (DINOv3,
+the RoPE ViTs) names LayerScale differently from its ViT.
 
 A format is recognised by keys only it has; a rule list renames keys with regular expressions in order,
 and separate query / key / value projections are fused into one ``qkv`` as the attention core expects.

@@ -188,7 +188,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | N
     return sdpa_attention(q, k, v, mask, is_causal, B, G, dropout_p, scale), None
 
 
-torch.fx.wrap("attention")
+torch.fx.wrap("attention"), torch.fx.wrap("apply_rope")  # apply_rope: its layout follows the tables' width
 
 
 def _backend_for(backend: str, q: Tensor, return_attn: bool) -> str:

@@ -128,8 +128,12 @@ def resize_rel_pos_table(table: Tensor, new_window: tuple[int, int],
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotary position embedding (Su et al., 2021): rotate pairs (x[..., :D/2], x[..., D/2:]) by position
-    angles; cos/sin are (N, D/2)."""
+    """Rotary position embedding (Su et al., 2021): rotate pairs of channels by position angles. cos/sin (N, D/2)
+    pair (x[i], x[i + D/2]) (the rotate-half layout); (N, D), each angle twice in a row, pair (x[2i], x[2i+1]) (the
+    interleaved layout of RoFormer and timm's axial ViT RoPE)."""
+    if cos.shape[-1] == x.shape[-1]:  # interleaved: (x0, x1) -> (x0·c - x1·s, x1·c + x0·s), and so on
+        rotated = torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).flatten(-2)
+        return (x * cos + rotated * sin).to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
@@ -148,4 +152,23 @@ def rope_2d(height: int, width: int, head_dim: int, temperature: float, num_pref
     ys, xs = ys[:, None].expand(height, width).reshape(-1), xs[None, :].expand(height, width).reshape(-1)  # (h·w,)
     angles = torch.cat([2 * math.pi * ys[:, None] / periods, 2 * math.pi * xs[:, None] / periods], dim=1)
     angles = torch.cat([angles.new_zeros(num_prefix, head_dim // 2), angles]).to(device)  # (prefix + h·w, D/2)
+    return angles.cos(), angles.sin()
+
+
+def rope_axial(height: int, width: int, head_dim: int, temperature: float, num_prefix: int, device: torch.device,
+               xy: bool = False, ref_grid: int | None = None) -> tuple[Tensor, Tensor]:
+    """Axial 2-D rotary tables of timm's RoPE ViTs (Heo et al., 2024) and EVA-02, in the interleaved layout: patch
+    indices (rescaled to a ``ref_grid`` when given, EVA's fine-tuning rule) times D/4 inverse frequencies
+    temperature^(-4i/D), the row's then the column's (the column's first with ``xy``), each angle used for two
+    adjacent channels. Returns (cos, sin), each (prefix + h·w, D), identity rows for the prefix tokens."""
+    if head_dim % 4:
+        raise ValueError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
+    bands = 1.0 / temperature ** (torch.arange(head_dim // 4, dtype=torch.float32) / (head_dim // 4))  # (D/4,)
+    ys, xs = torch.arange(height, dtype=torch.float32), torch.arange(width, dtype=torch.float32)
+    if ref_grid is not None:
+        ys, xs = ys / height * ref_grid, xs / width * ref_grid
+    ys, xs = ys[:, None].expand(height, width).reshape(-1), xs[None, :].expand(height, width).reshape(-1)  # (h·w,)
+    first, second = (xs, ys) if xy else (ys, xs)
+    angles = torch.cat([first[:, None] * bands, second[:, None] * bands], dim=1).repeat_interleave(2, dim=1)
+    angles = torch.cat([angles.new_zeros(num_prefix, head_dim), angles]).to(device)  # (prefix + h·w, D)
     return angles.cos(), angles.sin()

@@ -17,14 +17,15 @@ from ..layers import Attention, AttnBackend, Block, Mlp, PatchEmbed, drop_path_r
 from ..layers.attention import check_backend
 from ..layers.attention_pool import AttentionPool
 from ..layers.mlp import ACTIVATIONS, SwiGLU
-from ..layers.pos_embed import resample_abs_pos_embed, resize_pos_grid, rope_2d
+from ..layers.pos_embed import resample_abs_pos_embed, resize_pos_grid, rope_2d, rope_axial
 from .config import DataConfig, check_image, pair, shape_of
 from .features import new_head, resize_patch_conv, take_indices
 
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
 # a traced model, and torchvision's and timm's feature extractors built from it, check their input too
 torch.fx.wrap("check_image")
-torch.fx.wrap("rope_2d")  # its tables depend on the input's grid: one node of a traced graph
+torch.fx.wrap("rope_2d")  # their tables depend on the input's grid: one node each of a traced graph
+torch.fx.wrap("rope_axial")
 
 def check_multiple(x: Tensor, patch: int) -> None:
     """With dynamic_img_size: any height and width that are multiples of the patch size."""
@@ -59,8 +60,10 @@ class ViTConfig(DataConfig):
     fc_norm: bool | None = None  # norm after pooling instead of before; None = only for avg pooling
     no_embed_class: bool = False  # positions cover patches only (DeiT III, big_vision)
     pos_embed: Literal["learn", "sincos", "none"] = "learn"  # none: positions from RoPE alone (DINOv3)
-    rope: Literal["", "dinov3"] = ""  # rotary positions on q and k: DINOv3's 2-D RoPE (patches only)
+    rope: Literal["", "dinov3", "axial"] = ""  # rotary positions on q and k (patches only): DINOv3's, or axial
     rope_temperature: float = 100.0
+    rope_xy: bool = False  # axial: the column's frequencies first (timm's grid_indexing "xy")
+    rope_ref_grid: int | None = None  # axial: patch indices rescaled to this grid (EVA's rule for other sizes)
     mlp_layer: Literal["mlp", "swiglu"] = "mlp"  # swiglu: SiLU-gated MLP (DINOv3 S+/H+/7B)
     pre_norm: bool = False  # LayerNorm before the blocks, and a patch conv without bias (CLIP)
     act_layer: Literal["gelu", "gelu_tanh", "quick_gelu"] = "gelu"  # the MLPs' (quick_gelu: OpenAI's CLIP)
@@ -88,8 +91,8 @@ class ViTConfig(DataConfig):
             raise ValueError(f"act_layer must be one of {tuple(ACTIVATIONS)}, got {self.act_layer!r}")
         if self.pos_embed not in ("learn", "sincos", "none"):
             raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {self.pos_embed!r}")
-        if self.rope not in ("", "dinov3"):
-            raise ValueError(f"rope must be '' or 'dinov3', got {self.rope!r}")
+        if self.rope not in ("", "dinov3", "axial"):
+            raise ValueError(f"rope must be '', 'dinov3' or 'axial', got {self.rope!r}")
         if self.mlp_layer not in ("mlp", "swiglu"):
             raise ValueError(f"mlp_layer must be 'mlp' or 'swiglu', got {self.mlp_layer!r}")
         if min(pair(self.img_size)) < self.patch_size:
@@ -185,7 +188,8 @@ class VisionTransformer(nn.Module):
         self.global_pool, self.dynamic_img_size, self.no_embed_class = (cfg.global_pool, cfg.dynamic_img_size,
                                                                         cfg.no_embed_class)
         self.img_size, self.patch_size, self.in_chans = pair(cfg.img_size), cfg.patch_size, cfg.in_chans
-        self.use_rope, self.rope_temperature = cfg.rope == "dinov3", cfg.rope_temperature
+        self.rope_kind, self.rope_temperature, self.rope_xy, self.rope_ref_grid = (cfg.rope, cfg.rope_temperature,
+                                                                                  cfg.rope_xy, cfg.rope_ref_grid)
         self.head_dim = cfg.embed_dim // cfg.num_heads
 
     def _follow_config(self) -> None:
@@ -249,9 +253,11 @@ class VisionTransformer(nn.Module):
             check_multiple(x, p)
         grid = (x.shape[-2] // p, x.shape[-1] // p)
         rope: tuple[Tensor, Tensor] | None = None
-        if self.use_rope:
-            rope = rope_2d(grid[0], grid[1], self.head_dim, self.rope_temperature,
-                           self.num_prefix_tokens, x.device)
+        if self.rope_kind == "dinov3":
+            rope = rope_2d(grid[0], grid[1], self.head_dim, self.rope_temperature, self.num_prefix_tokens, x.device)
+        elif self.rope_kind == "axial":
+            rope = rope_axial(grid[0], grid[1], self.head_dim, self.rope_temperature, self.num_prefix_tokens,
+                              x.device, self.rope_xy, self.rope_ref_grid)
         return self.norm_pre(self._pos_embed(self.patch_embed(x), grid)), rope  # (B, prefix + N, C)
 
     def _block(self, blk: nn.Module, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:

@@ -18,6 +18,11 @@ SIZES: dict[str, tuple[int, int, int, float]] = {
 # DINOv3 (Siméoni et al., 2025): no learned positions, 2-D RoPE, 4 storage (register) tokens, LayerScale, LayerNorm
 # eps 1e-5, any input size; timm pools the patch tokens (pass global_pool='token' for the class token) and ships no
 # head. The _qkvb weights have q and v biases (keys none); S+, H+ and 7B use a SwiGLU MLP.
+# timm's RoPE ViTs: axial RoPE on the patches, no learned positions (_ape: learned ones too), LayerScale. The _224
+# ones are NAVER's (Heo et al., 2024), the _gap_256 ones timm's own, with EVA's reference-grid rescaling.
+ROPE = dict(pos_embed="none", rope="axial", init_values=1e-05)
+ROPE_APE = dict(ROPE, pos_embed="learn")
+
 DINOV3 = dict(pos_embed="none", rope="dinov3", rope_temperature=100.0, reg_tokens=4, init_values=1e-05, norm_eps=1e-05,
               global_pool="avg", fc_norm=False, dynamic_img_size=True, num_classes=0)
 
@@ -64,6 +69,9 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_base_patch16_plus_240": _row("B+/16", 240, INCEPTION, 0.95, init_values=1e-05),
     "vit_base_patch16_plus_clip_240": _row("B+/16", 240, CLIP, 1.0, pre_norm=True, norm_eps=1e-05, num_classes=640),
     "vit_base_patch16_reg4_gap_256": _row("B/16", 256, INCEPTION, 0.9, class_token=False, no_embed_class=True, global_pool='avg', reg_tokens=4),
+    "vit_base_patch16_rope_224": _row("B/16", 224, IMAGENET, 0.9, **ROPE, rope_xy=True),
+    "vit_base_patch16_rope_ape_224": _row("B/16", 224, IMAGENET, 0.9, **ROPE_APE, rope_xy=True, no_embed_class=True),
+    "vit_base_patch16_rope_reg1_gap_256": _row("B/16", 256, INCEPTION, 0.95, **ROPE, rope_temperature=10000.0, rope_ref_grid=16, class_token=False, reg_tokens=1, qkv_bias="qv", global_pool='avg'),
     "vit_base_patch16_siglip_224": _row("B/16", 224, INCEPTION, 0.9, class_token=False, global_pool='map', num_classes=0),
     "vit_base_patch16_siglip_256": _row("B/16", 256, INCEPTION, 0.9, class_token=False, global_pool='map', num_classes=0),
     "vit_base_patch16_siglip_384": _row("B/16", 384, INCEPTION, 0.9, class_token=False, global_pool='map', num_classes=0),
@@ -86,6 +94,7 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_betwixt_patch16_reg1_gap_256": _row("Bx/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=1, global_pool='avg'),
     "vit_betwixt_patch16_reg4_gap_256": _row("Bx/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
     "vit_betwixt_patch16_reg4_gap_384": _row("Bx/16", 384, INCEPTION, 1.0, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
+    "vit_betwixt_patch16_rope_reg4_gap_256": _row("Bx/16", 256, CLIP, 0.95, **ROPE, rope_temperature=10000.0, rope_ref_grid=16, class_token=False, reg_tokens=4, qkv_bias="qv", global_pool='avg'),
     "vit_betwixt_patch32_clip_224": _row("Bx/32", 224, CLIP, 0.9, pre_norm=True, norm_eps=1e-05, num_classes=512),
     "vit_giant_patch14_224": _row("g/14", 224, INCEPTION, 0.9),
     "vit_giant_patch14_clip_224": _row("g/14", 224, CLIP, 1.0, pre_norm=True, norm_eps=1e-05, num_classes=1024),
@@ -118,6 +127,8 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_large_patch16_384": _row("L/16", 384, INCEPTION, 1.0),
     "vit_large_patch16_dinov3": _row("L/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=False),
     "vit_large_patch16_dinov3_qkvb": _row("L/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias="qv"),
+    "vit_large_patch16_rope_224": _row("L/16", 224, IMAGENET, 0.9, **ROPE, rope_xy=True),
+    "vit_large_patch16_rope_ape_224": _row("L/16", 224, IMAGENET, 0.9, **ROPE_APE, rope_xy=True, no_embed_class=True),
     "vit_large_patch16_siglip_256": _row("L/16", 256, INCEPTION, 0.9, class_token=False, global_pool='map', num_classes=0),
     "vit_large_patch16_siglip_384": _row("L/16", 384, INCEPTION, 0.9, class_token=False, global_pool='map', num_classes=0),
     "vit_large_patch16_siglip_512": _row("L/16", 512, INCEPTION, 0.9, act_layer='gelu_tanh', class_token=False, global_pool='map', num_classes=0),
@@ -133,9 +144,11 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_medium_patch16_gap_384": _row("M/16", 384, INCEPTION, 0.95, class_token=False, global_pool='avg', qkv_bias=False, init_values=1e-06, fc_norm=False),
     "vit_medium_patch16_reg1_gap_256": _row("M/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=1, global_pool='avg'),
     "vit_medium_patch16_reg4_gap_256": _row("M/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
+    "vit_medium_patch16_rope_reg1_gap_256": _row("M/16", 256, INCEPTION, 0.95, **ROPE, rope_temperature=10000.0, rope_ref_grid=16, class_token=False, reg_tokens=1, qkv_bias="qv", global_pool='avg'),
     "vit_medium_patch32_clip_224": _row("M/32", 224, CLIP, 0.9, pre_norm=True, norm_eps=1e-05, num_classes=512),
     "vit_mediumd_patch16_reg4_gap_256": _row("Md/16", 256, INCEPTION, 0.95, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
     "vit_mediumd_patch16_reg4_gap_384": _row("Md/16", 384, INCEPTION, 1.0, init_values=1e-05, class_token=False, no_embed_class=True, reg_tokens=4, global_pool='avg'),
+    "vit_mediumd_patch16_rope_reg1_gap_256": _row("Md/16", 256, INCEPTION, 0.95, **ROPE, rope_temperature=10000.0, rope_ref_grid=16, class_token=False, reg_tokens=1, qkv_bias=False, global_pool='avg'),
     "vit_small_patch14_dinov2": _row("S/14", 518, IMAGENET, 1.0, init_values=1e-05, num_classes=0),
     "vit_small_patch14_reg4_dinov2": _row("S/14", 518, IMAGENET, 1.0, init_values=1e-05, reg_tokens=4, no_embed_class=True, num_classes=0),
     "vit_small_patch16_224": _row("S/16", 224, INCEPTION, 0.9),
@@ -143,6 +156,8 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_small_patch16_384": _row("S/16", 384, INCEPTION, 1.0),
     "vit_small_patch16_dinov3": _row("S/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias=False),
     "vit_small_patch16_dinov3_qkvb": _row("S/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias="qv"),
+    "vit_small_patch16_rope_224": _row("S/16", 224, IMAGENET, 0.9, **ROPE, rope_xy=True),
+    "vit_small_patch16_rope_ape_224": _row("S/16", 224, IMAGENET, 0.9, **ROPE_APE, rope_xy=True, no_embed_class=True),
     "vit_small_patch32_224": _row("S/32", 224, INCEPTION, 0.9),
     "vit_small_patch32_384": _row("S/32", 384, INCEPTION, 1.0),
     "vit_small_patch8_224": _row("S/8", 224, IMAGENET, 0.9, num_classes=0),
