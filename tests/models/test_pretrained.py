@@ -112,7 +112,8 @@ def test_a_tag_whose_hosted_weights_are_headless_fine_tunes_with_a_new_head(hf_c
 # (axial RoPE, interleaved); Swin V2 (cosine attention, the continuous position bias, post-norm)
 TOWER_TAGS = ["vit_base_patch32_clip_quickgelu_224.openai", "vit_base_patch16_siglip_224.v2_webli",
               "vit_small_patch16_dinov3_qkvb.lvd1689m", "vit_small_patch16_rope_224.naver_in1k",
-              "swinv2_tiny_window8_256.ms_in1k"]
+              "vit_small_patch16_rope_mixed_224.naver_in1k", "eva02_tiny_patch14_336.mim_in22k_ft_in1k",
+              "eva02_base_patch16_clip_224.merged2b", "swinv2_tiny_window8_256.ms_in1k"]
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ SWIN_KW = dict(img_size=64, embed_dim=32, depths=(2, 2, 2), num_heads=(2, 4, 4),
 CASES = {"vit": ("vit_tiny_patch16_224", VIT_KW), "vit_reg_avg": ("vit_tiny_patch16_224", VIT_REG_KW),
          "clip": ("vit_base_patch32_clip_quickgelu_224", VIT_KW), "siglip": ("vit_base_patch16_siglip_224", VIT_KW),
          "dinov3": ("vit_small_patch16_dinov3_qkvb", VIT_KW), "rope_ape": ("vit_small_patch16_rope_ape_224", VIT_KW),
+         "rope_mixed": ("vit_small_patch16_rope_mixed_224", VIT_KW), "eva02": ("eva02_base_patch14_224", VIT_KW),
          "swin": ("swin_tiny_patch4_window7_224", SWIN_KW), "swinv2": ("swinv2_tiny_window8_256", SWIN_KW)}
 
 
@@ -175,7 +176,9 @@ def test_group_matcher_gives_timms_layer_decay_groups(case):
         names = {id(p): n for n, p in theirs.named_parameters()}
         ref = {names[id(p)]: (g["lr_scale"], g["weight_decay"]) for g in param_groups_layer_decay(
             theirs, weight_decay=0.05, no_weight_decay_list=skip, layer_decay=0.75) for p in g["params"]}
-    ref = {re.sub(r"gamma_(\d)$", r"ls\1.gamma", n): v for n, v in ref.items()}  # timm's Eva names, as converted
+    for pattern, repl in ((r"gamma_(\d)$", r"ls\1.gamma"), (r"attn\.[qkv]_proj\.weight$", "attn.qkv.weight"),
+                          (r"attn\.([qv])_proj\.bias$", r"attn.\1_bias")):  # timm's Eva names, as converted
+        ref = {re.sub(pattern, repl, n): v for n, v in ref.items()}
     got = {n: (g["lr_scale"], g["weight_decay"]) for g in param_groups(ours, 0.05, 0.75) for n in g["names"]}
     assert got.keys() == ref.keys()
     for n in ref:

@@ -88,9 +88,15 @@ TRANSFORMERS_SWIN: Rules = [
 ]
 
 
-TIMM_EVA: Rules = [  # timm's Eva class (DINOv3, the RoPE ViTs, EVA-02): LayerScale as bare gammas
-    (r"\.gamma_1$", ".ls1.gamma"),
+TIMM_EVA: Rules = [  # timm's Eva class (DINOv3, the RoPE ViTs, EVA-02): LayerScale as bare gammas, and EVA-02 B/L's
+    (r"\.gamma_1$", ".ls1.gamma"),  # separate q, k, v projections (no key bias), fused by fuse_qkv
     (r"\.gamma_2$", ".ls2.gamma"),
+    (r"\.attn\.q_proj\.weight$", ".attn.query.weight"),
+    (r"\.attn\.k_proj\.weight$", ".attn.key.weight"),
+    (r"\.attn\.v_proj\.weight$", ".attn.value.weight"),
+    (r"\.attn\.q_proj\.bias$", ".attn.q_bias"),
+    (r"\.attn\.v_proj\.bias$", ".attn.v_bias"),
+    (r"\.attn\.norm\.", ".attn.out_norm."),  # EVA-CLIP's sub-LN on the heads' output
 ]
 
 
@@ -106,7 +112,7 @@ FORMATS: dict[str, tuple[Callable[[dict], bool], Rules]] = {
                           and _has(sd, r"^(swin\.)?encoder\.layers\.\d+\.blocks\."), TRANSFORMERS_SWIN),
     "transformers-vit": (lambda sd: _has(sd, r"^(vit\.)?embeddings\.position_embeddings$"), TRANSFORMERS_VIT),
     "official-swin": (lambda sd: "layers.0.downsample.reduction.weight" in sd, OFFICIAL_SWIN),
-    "timm-eva": (lambda sd: _has(sd, r"^blocks\.\d+\.gamma_1$"), TIMM_EVA),
+    "timm-eva": (lambda sd: _has(sd, r"^blocks\.\d+\.(gamma_1|attn\.q_proj\.weight)$"), TIMM_EVA),
 }
 
 
@@ -159,6 +165,22 @@ def fuse_qkv(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def split_packed_glu(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """timm's packed SwiGLU (``GluMlp``: one ``mlp.fc1`` of 2·hidden rows, the gate's first; EVA-02 Ti/S) ->
+    ``mlp.fc1_g`` and ``mlp.fc1_x``. Told apart from a plain MLP by shape: its fc1 has twice the rows fc2 has
+    columns."""
+    out = dict(sd)
+    for k, w in sd.items():
+        m = re.match(r"(.*\.mlp\.)fc1\.weight$", k)
+        fc2 = sd.get(f"{m[1]}fc2.weight") if m else None
+        if m and fc2 is not None and w.dim() == 2 and w.shape[0] == 2 * fc2.shape[1]:
+            for name in ("weight", "bias"):
+                if f"{m[1]}fc1.{name}" in sd:
+                    gate, value = out.pop(f"{m[1]}fc1.{name}").chunk(2, dim=0)
+                    out[f"{m[1]}fc1_g.{name}"], out[f"{m[1]}fc1_x.{name}"] = gate, value
+    return out
+
+
 def detect(sd: dict[str, Tensor]) -> str:
     for name, (recognise, _) in FORMATS.items():
         if recognise(sd):
@@ -172,4 +194,5 @@ def to_vitkit(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
     fmt = detect(sd)
     if fmt in FORMATS:
         sd = fuse_qkv(rename(sd, FORMATS[fmt][1]))
+    sd = split_packed_glu(sd)
     return {k: v for k, v in sd.items() if not k.endswith(DROPPED)}, fmt

@@ -4,11 +4,8 @@ ViT, Swin and the text encoder-decoder all use :class:`Attention`; they differ o
 additive ``bias`` (Swin's relative positions, ALiBi), a boolean ``attn_mask`` (Swin's shifted-window regions,
 sliding windows), a ``key_padding_mask``, ``is_causal``, a ``memory`` for cross-attention, ``rope`` tables, a cache.
 
-Shape legend
-    B   batch
-    G   groups folded into the batch axis (Swin windows per image); 1 for ViT and text
-    N   query tokens (Nq);  M   key/value tokens (Nk)
-    C   model width;  H   query heads;  Hkv   key/value heads (GQA/MQA when < H);  D   head dim
+Shape legend: B batch; G groups folded into the batch axis (Swin windows per image; 1 for ViT and text); N query
+tokens, M key/value tokens; C model width; H query heads, Hkv key/value heads (GQA/MQA when < H); D head dim.
 
 Inputs may carry extra leading group axes, ``x: (B, G, N, C)``, folded into the batch axis (``(B·G, H, N, D)``):
 q, k and v stay views of the fused projection, and the kernel writes the layout the output projection reads.
@@ -30,6 +27,7 @@ Backends (a config field stored on the module, never an environment variable):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -222,6 +220,7 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         backend: AttnBackend = "sdpa",
+        norm_layer: Callable[[int], nn.Module] | None = None,  # on the heads' output before W_O (EVA-02's sub-LN)
     ) -> None:
         super().__init__()
         num_kv_heads = num_kv_heads or num_heads
@@ -233,6 +232,7 @@ class Attention(nn.Module):
         self.backend = check_backend(backend)
         self.in_projections(dim, qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)  # its rate goes to the backend, in training only
+        self.out_norm = norm_layer(num_heads * self.head_dim) if norm_layer is not None else nn.Identity()
         self.proj = nn.Linear(num_heads * self.head_dim, dim)  # W_O
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -296,5 +296,5 @@ class Attention(nn.Module):
         before N and C."""
         o, attn = attention(q, k, v, lead, bias, attn_mask, key_padding_mask, is_causal, self.backend, self.scale,
                             self.attn_drop.p if self.training else 0.0, return_attn)  # (B·G, H, N, D)
-        o = self.proj_drop(self.proj(o.transpose(1, 2).flatten(2)))  # (B·G, N, C)
+        o = self.proj_drop(self.proj(self.out_norm(o.transpose(1, 2).flatten(2))))  # (B·G, N, C)
         return o.unflatten(0, lead), attn  # (B, [G,] N, C)

@@ -6,7 +6,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def sinusoidal_1d(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
@@ -171,4 +171,34 @@ def rope_axial(height: int, width: int, head_dim: int, temperature: float, num_p
     first, second = (xs, ys) if xy else (ys, xs)
     angles = torch.cat([first[:, None] * bands, second[:, None] * bands], dim=1).repeat_interleave(2, dim=1)
     angles = torch.cat([angles.new_zeros(num_prefix, head_dim), angles]).to(device)  # (prefix + h·w, D)
+    return angles.cos(), angles.sin()
+
+
+class RopeMixed(nn.Module):
+    """The learned frequencies of RoPE-Mixed (Heo et al., 2024): in every block each head turns its D/2 channel
+    pairs by x·f_x + y·f_y, with (f_x, f_y) trained. ``freqs`` (2, depth, heads, D/2) is timm's ``rope.freqs``,
+    initialised at the axial magnitudes temperature^(-4i/D) in one random direction per head and block (the
+    second half of the pairs a quarter turn from the first). :func:`rope_mixed` makes the tables."""
+
+    def __init__(self, depth: int, num_heads: int, head_dim: int, temperature: float = 10.0) -> None:
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
+        mag = temperature ** (-torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim)  # (D/4,)
+        turn = torch.rand(depth, num_heads, 1) * 2 * math.pi
+        fx = torch.cat([mag * turn.cos(), mag * (turn + math.pi / 2).cos()], dim=-1)  # (depth, heads, D/2)
+        fy = torch.cat([mag * turn.sin(), mag * (turn + math.pi / 2).sin()], dim=-1)
+        self.freqs = nn.Parameter(torch.stack([fx, fy]))
+
+
+def rope_mixed(freqs: Tensor, height: int, width: int, num_prefix: int) -> tuple[Tensor, Tensor]:
+    """Tables of :class:`RopeMixed` for an h x w patch grid (column index x, row index y): (cos, sin), each
+    (depth, heads, prefix + h·w, D) in the interleaved layout, identity rows for the prefix tokens. Angles are
+    computed in float32 whatever the parameter's dtype."""
+    f = freqs.float()
+    ys = torch.arange(height, dtype=torch.float32, device=f.device)[:, None].expand(height, width).reshape(-1)
+    xs = torch.arange(width, dtype=torch.float32, device=f.device)[None, :].expand(height, width).reshape(-1)
+    angles = xs[:, None] * f[0][:, :, None, :] + ys[:, None] * f[1][:, :, None, :]  # (depth, heads, h·w, D/2)
+    angles = angles.repeat_interleave(2, dim=-1)
+    angles = torch.cat([angles.new_zeros(f.shape[1], f.shape[2], num_prefix, angles.shape[-1]), angles], dim=2)
     return angles.cos(), angles.sin()

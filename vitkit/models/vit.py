@@ -17,7 +17,7 @@ from ..layers import Attention, AttnBackend, Block, Mlp, PatchEmbed, drop_path_r
 from ..layers.attention import check_backend
 from ..layers.attention_pool import AttentionPool
 from ..layers.mlp import ACTIVATIONS, SwiGLU
-from ..layers.pos_embed import resample_abs_pos_embed, resize_pos_grid, rope_2d, rope_axial
+from ..layers.pos_embed import RopeMixed, resample_abs_pos_embed, resize_pos_grid, rope_2d, rope_axial, rope_mixed
 from .config import DataConfig, check_image, pair, shape_of
 from .features import new_head, resize_patch_conv, take_indices
 
@@ -26,6 +26,7 @@ from .features import new_head, resize_patch_conv, take_indices
 torch.fx.wrap("check_image")
 torch.fx.wrap("rope_2d")  # their tables depend on the input's grid: one node each of a traced graph
 torch.fx.wrap("rope_axial")
+torch.fx.wrap("rope_mixed")
 
 def check_multiple(x: Tensor, patch: int) -> None:
     """With dynamic_img_size: any height and width that are multiples of the patch size."""
@@ -60,11 +61,13 @@ class ViTConfig(DataConfig):
     fc_norm: bool | None = None  # norm after pooling instead of before; None = only for avg pooling
     no_embed_class: bool = False  # positions cover patches only (DeiT III, big_vision)
     pos_embed: Literal["learn", "sincos", "none"] = "learn"  # none: positions from RoPE alone (DINOv3)
-    rope: Literal["", "dinov3", "axial"] = ""  # rotary positions on q and k (patches only): DINOv3's, or axial
-    rope_temperature: float = 100.0
+    rope: Literal["", "dinov3", "axial", "mixed"] = ""  # rotary positions on q and k (patches only): DINOv3's,
+    rope_temperature: float = 100.0  # axial (Heo et al., 2024; EVA-02), or mixed: learned per block and head
     rope_xy: bool = False  # axial: the column's frequencies first (timm's grid_indexing "xy")
     rope_ref_grid: int | None = None  # axial: patch indices rescaled to this grid (EVA's rule for other sizes)
-    mlp_layer: Literal["mlp", "swiglu"] = "mlp"  # swiglu: SiLU-gated MLP (DINOv3 S+/H+/7B)
+    mlp_layer: Literal["mlp", "swiglu"] = "mlp"  # swiglu: SiLU-gated MLP (DINOv3 S+/H+/7B, EVA-02)
+    mlp_norm: bool = False  # a LayerNorm on the SwiGLU's hidden units (EVA-02 B/L's sub-LN)
+    attn_norm: bool = False  # a LayerNorm on the heads' output before the projection (EVA-02 CLIP's sub-LN)
     pre_norm: bool = False  # LayerNorm before the blocks, and a patch conv without bias (CLIP)
     act_layer: Literal["gelu", "gelu_tanh", "quick_gelu"] = "gelu"  # the MLPs' (quick_gelu: OpenAI's CLIP)
     init_values: float | None = None  # LayerScale
@@ -91,10 +94,12 @@ class ViTConfig(DataConfig):
             raise ValueError(f"act_layer must be one of {tuple(ACTIVATIONS)}, got {self.act_layer!r}")
         if self.pos_embed not in ("learn", "sincos", "none"):
             raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {self.pos_embed!r}")
-        if self.rope not in ("", "dinov3", "axial"):
-            raise ValueError(f"rope must be '', 'dinov3' or 'axial', got {self.rope!r}")
+        if self.rope not in ("", "dinov3", "axial", "mixed"):
+            raise ValueError(f"rope must be '', 'dinov3', 'axial' or 'mixed', got {self.rope!r}")
         if self.mlp_layer not in ("mlp", "swiglu"):
             raise ValueError(f"mlp_layer must be 'mlp' or 'swiglu', got {self.mlp_layer!r}")
+        if self.mlp_norm and self.mlp_layer != "swiglu":
+            raise ValueError("mlp_norm=True (a norm on the hidden units) needs mlp_layer='swiglu'")
         if min(pair(self.img_size)) < self.patch_size:
             raise ValueError(f"img_size {pair(self.img_size)} is smaller than patch_size {self.patch_size}")
 
@@ -131,13 +136,16 @@ class VisionTransformer(nn.Module):
             pe = torch.cat([pe.new_zeros(embed_len - gh * gw, C), pe])[None]
             self.register_buffer("pos_embed", pe, persistent=False)
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
+        self.rope = RopeMixed(cfg.depth, cfg.num_heads, C // cfg.num_heads, cfg.rope_temperature) \
+            if cfg.rope == "mixed" else None  # learned frequencies; the other RoPEs are functions of the grid
         self.norm_pre = nn.LayerNorm(C, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
+        norm = partial(nn.LayerNorm, eps=cfg.norm_eps)
         self.blocks = nn.Sequential(*[
             Block(C,
                   Attention(C, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, qkv_bias=cfg.qkv_bias,
-                            attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate, backend=cfg.attn_backend),
-                  self._mlp(cfg),
-                  norm_layer=partial(nn.LayerNorm, eps=cfg.norm_eps), init_values=cfg.init_values, drop_path=dp)
+                            attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate, backend=cfg.attn_backend,
+                            norm_layer=norm if cfg.attn_norm else None),
+                  self._mlp(cfg), norm_layer=norm, init_values=cfg.init_values, drop_path=dp)
             for dp in drop_path_rates(cfg.drop_path_rate, cfg.depth)
         ])
         use_fc_norm = cfg.global_pool == "avg" if cfg.fc_norm is None else cfg.fc_norm
@@ -163,7 +171,7 @@ class VisionTransformer(nn.Module):
     def _mlp(cfg: ViTConfig) -> nn.Module:
         hidden = int(cfg.embed_dim * cfg.mlp_ratio)
         if cfg.mlp_layer == "swiglu":
-            return SwiGLU(cfg.embed_dim, hidden, drop=cfg.proj_drop_rate)
+            return SwiGLU(cfg.embed_dim, hidden, drop=cfg.proj_drop_rate, norm=cfg.mlp_norm, eps=cfg.norm_eps)
         return Mlp(cfg.embed_dim, hidden, drop=cfg.proj_drop_rate, act=ACTIVATIONS[cfg.act_layer])
 
     def reset_parameters(self) -> None:
@@ -215,7 +223,8 @@ class VisionTransformer(nn.Module):
             self.attn_pool.backend = backend
 
     def no_weight_decay(self) -> set[str]:
-        return {"pos_embed", "cls_token", "dist_token", "reg_token"}
+        learned_rope = {"rope.freqs"} if self.rope is not None else set()  # as timm
+        return {"pos_embed", "cls_token", "dist_token", "reg_token"} | learned_rope
 
     def _pos_embed(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         B = x.shape[0]
@@ -258,7 +267,15 @@ class VisionTransformer(nn.Module):
         elif self.rope_kind == "axial":
             rope = rope_axial(grid[0], grid[1], self.head_dim, self.rope_temperature, self.num_prefix_tokens,
                               x.device, self.rope_xy, self.rope_ref_grid)
+        elif self.rope is not None:  # (depth, heads, prefix + N, D) each: block i takes row i (_layer_rope)
+            rope = rope_mixed(self.rope.freqs, grid[0], grid[1], self.num_prefix_tokens)
         return self.norm_pre(self._pos_embed(self.patch_embed(x), grid)), rope  # (B, prefix + N, C)
+
+    def _layer_rope(self, rope: tuple[Tensor, Tensor] | None, i: int) -> tuple[Tensor, Tensor] | None:
+        """Block i's RoPE tables: the shared ones, or with learned per-block frequencies its own."""
+        if rope is None or self.rope is None:
+            return rope
+        return rope[0][i], rope[1][i]
 
     def _block(self, blk: nn.Module, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
         if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
@@ -268,11 +285,11 @@ class VisionTransformer(nn.Module):
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) -> normed tokens (B, prefix + N, C)."""
         x, rope = self._embed(x)
-        for blk in self.blocks:
+        for i, blk in enumerate(self.blocks):
             if torch.jit.is_scripting():  # TorchScript runs no checkpoint (and compiles no module argument)
-                x = blk(x, rope=rope)
+                x = blk(x, rope=self._layer_rope(rope, i))
             else:
-                x = self._block(blk, x, rope)
+                x = self._block(blk, x, self._layer_rope(rope, i))
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
@@ -362,7 +379,7 @@ class VisionTransformer(nn.Module):
         x, rope = self._embed(x)
         out = []
         for i, blk in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
-            x = self._block(blk, x, rope)
+            x = self._block(blk, x, self._layer_rope(rope, i))
             if i in taken:
                 out.append(self.norm(x) if norm else x)
         p = self.num_prefix_tokens
@@ -420,8 +437,9 @@ class VisionTransformer(nn.Module):
         """Per-layer attention probabilities (B, H, N, N), from the `math` reference path."""
         x, rope = self._embed(x)
         maps = []
-        for blk in self.blocks:
-            _, attn = blk.attn.forward_with_attn(blk.norm1(x), rope=rope)
+        for i, blk in enumerate(self.blocks):
+            r = self._layer_rope(rope, i)
+            _, attn = blk.attn.forward_with_attn(blk.norm1(x), rope=r)
             maps.append(attn)
-            x = blk(x, rope=rope)
+            x = blk(x, rope=r)
         return maps

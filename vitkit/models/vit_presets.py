@@ -28,6 +28,17 @@ SIGLIP_GAP = dict(class_token=False, global_pool="avg", fc_norm=False, num_class
 # ones are NAVER's (Heo et al., 2024), the _gap_256 ones timm's own, with EVA's reference-grid rescaling.
 ROPE = dict(pos_embed="none", rope="axial", init_values=1e-05)
 ROPE_APE = dict(ROPE, pos_embed="learn")
+# NAVER's RoPE-Mixed: learned frequencies per block and head (timm's rope.freqs), with or without learned positions.
+ROPE_MIXED = dict(ROPE, rope="mixed", rope_temperature=10.0)
+ROPE_MIXED_APE = dict(ROPE_MIXED, pos_embed="learn", no_embed_class=True)
+
+# EVA-02 (Fang et al., 2024): learned positions and axial RoPE rescaled to the 16x16 pretraining grid, q and v biases,
+# a SwiGLU MLP (hidden 8/3 of the width; Ti/S's stored packed, B/L's with a LayerNorm inside), average pooling. The
+# EVA-CLIP towers also norm the heads' output before the projection, and pool the class token.
+EVA02 = dict(mlp_ratio=4 * 2 / 3, mlp_layer="swiglu", qkv_bias="qv", rope="axial", rope_temperature=10000.0,
+             rope_ref_grid=16, global_pool="avg")
+EVA02_BL = dict(EVA02, mlp_norm=True)
+EVA02_CLIP = dict(EVA02_BL, attn_norm=True, global_pool="token")
 
 DINOV3 = dict(pos_embed="none", rope="dinov3", rope_temperature=100.0, reg_tokens=4, init_values=1e-05, norm_eps=1e-05,
               global_pool="avg", fc_norm=False, dynamic_img_size=True, num_classes=0)
@@ -43,6 +54,17 @@ def _row(size: str, img: int, data: dict, crop_pct: float, **kw) -> dict:
 # Keyed by timm's names: every ViT/DeiT of timm's vision_transformer.py that this config expresses (same weights,
 # same logits), CLIP's image towers and SigLIP's (attention-pooled) among them.
 VIT_PRESETS: dict[str, dict] = {
+    "eva02_base_patch14_224": _row("B/14", 224, CLIP, 0.9, **EVA02_BL, num_classes=0),
+    "eva02_base_patch14_448": _row("B/14", 448, CLIP, 1.0, **EVA02_BL),
+    "eva02_base_patch16_clip_224": _row("B/16", 224, CLIP, 0.9, **EVA02_CLIP, num_classes=512),
+    "eva02_large_patch14_224": _row("L/14", 224, CLIP, 0.9, **EVA02_BL, num_classes=0),
+    "eva02_large_patch14_448": _row("L/14", 448, CLIP, 1.0, **EVA02_BL),
+    "eva02_large_patch14_clip_224": _row("L/14", 224, CLIP, 0.9, **EVA02_CLIP, num_classes=768),
+    "eva02_large_patch14_clip_336": _row("L/14", 336, CLIP, 1.0, **EVA02_CLIP, num_classes=768),
+    "eva02_small_patch14_224": _row("S/14", 224, CLIP, 0.9, **EVA02, num_classes=0),
+    "eva02_small_patch14_336": _row("S/14", 336, CLIP, 1.0, **EVA02),
+    "eva02_tiny_patch14_224": _row("Ti/14", 224, CLIP, 0.9, **EVA02, num_classes=0),
+    "eva02_tiny_patch14_336": _row("Ti/14", 336, CLIP, 1.0, **EVA02),
     "deit3_base_patch16_224": _row("B/16", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
     "deit3_base_patch16_384": _row("B/16", 384, IMAGENET, 1.0, no_embed_class=True, init_values=1e-06),
     "deit3_huge_patch14_224": _row("H/14", 224, IMAGENET, 0.9, no_embed_class=True, init_values=1e-06),
@@ -77,6 +99,8 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_base_patch16_reg4_gap_256": _row("B/16", 256, INCEPTION, 0.9, class_token=False, no_embed_class=True, global_pool='avg', reg_tokens=4),
     "vit_base_patch16_rope_224": _row("B/16", 224, IMAGENET, 0.9, **ROPE, rope_xy=True),
     "vit_base_patch16_rope_ape_224": _row("B/16", 224, IMAGENET, 0.9, **ROPE_APE, rope_xy=True, no_embed_class=True),
+    "vit_base_patch16_rope_mixed_224": _row("B/16", 224, IMAGENET, 0.9, **ROPE_MIXED),
+    "vit_base_patch16_rope_mixed_ape_224": _row("B/16", 224, IMAGENET, 0.9, **ROPE_MIXED_APE),
     "vit_base_patch16_rope_reg1_gap_256": _row("B/16", 256, INCEPTION, 0.95, **ROPE, rope_temperature=10000.0, rope_ref_grid=16, class_token=False, reg_tokens=1, qkv_bias="qv", global_pool='avg'),
     "vit_base_patch16_siglip_224": _row("B/16", 224, INCEPTION, 0.9, **SIGLIP_MAP),
     "vit_base_patch16_siglip_256": _row("B/16", 256, INCEPTION, 0.9, **SIGLIP_MAP),
@@ -135,6 +159,8 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_large_patch16_dinov3_qkvb": _row("L/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias="qv"),
     "vit_large_patch16_rope_224": _row("L/16", 224, IMAGENET, 0.9, **ROPE, rope_xy=True),
     "vit_large_patch16_rope_ape_224": _row("L/16", 224, IMAGENET, 0.9, **ROPE_APE, rope_xy=True, no_embed_class=True),
+    "vit_large_patch16_rope_mixed_224": _row("L/16", 224, IMAGENET, 0.9, **ROPE_MIXED),
+    "vit_large_patch16_rope_mixed_ape_224": _row("L/16", 224, IMAGENET, 0.9, **ROPE_MIXED_APE),
     "vit_large_patch16_siglip_256": _row("L/16", 256, INCEPTION, 0.9, **SIGLIP_MAP),
     "vit_large_patch16_siglip_384": _row("L/16", 384, INCEPTION, 0.9, **SIGLIP_MAP),
     "vit_large_patch16_siglip_512": _row("L/16", 512, INCEPTION, 0.9, act_layer='gelu_tanh', **SIGLIP_MAP),
@@ -164,6 +190,8 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_small_patch16_dinov3_qkvb": _row("S/16", 256, IMAGENET, 1.0, **DINOV3, qkv_bias="qv"),
     "vit_small_patch16_rope_224": _row("S/16", 224, IMAGENET, 0.9, **ROPE, rope_xy=True),
     "vit_small_patch16_rope_ape_224": _row("S/16", 224, IMAGENET, 0.9, **ROPE_APE, rope_xy=True, no_embed_class=True),
+    "vit_small_patch16_rope_mixed_224": _row("S/16", 224, IMAGENET, 0.9, **ROPE_MIXED),
+    "vit_small_patch16_rope_mixed_ape_224": _row("S/16", 224, IMAGENET, 0.9, **ROPE_MIXED_APE),
     "vit_small_patch32_224": _row("S/32", 224, INCEPTION, 0.9),
     "vit_small_patch32_384": _row("S/32", 384, INCEPTION, 1.0),
     "vit_small_patch8_224": _row("S/8", 224, IMAGENET, 0.9, num_classes=0),
