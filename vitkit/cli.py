@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+TOKEN_MERGING = ("ToMe: merge R token pairs in every block (ViT/DeiT; Bolya et al., 2023), faster at some cost in "
+                 "accuracy; 0: off")
 OVERRIDES = "config fields as JSON, for files that do not record them, e.g. '{\"depth\": 6, \"img_size\": 384}'"
 
 
@@ -34,11 +36,18 @@ def _load(args: argparse.Namespace) -> torch.nn.Module:
     if args.checkpoint is None and args.model is None:
         raise SystemExit("error: give --checkpoint FILE, or --model NAME for pretrained weights by name "
                          "(a timm tag such as vit_base_patch16_224.augreg2_in21k_ft_in1k, or torchvision weights)")
+    overrides = json.loads(args.overrides)
+    if getattr(args, "token_merging", None):
+        overrides["token_merging"] = args.token_merging
     try:
         net = vitkit.create_model(args.model, checkpoint=args.checkpoint, pretrained=args.checkpoint is None,
-                                  **json.loads(args.overrides)).eval()
+                                  **overrides).eval()
     except MissingWeightsError as e:
         raise SystemExit(f"error: {e}") from None
+    except ValueError as e:
+        if "token_merging" not in overrides:
+            raise
+        raise SystemExit(f"error: --token-merging {args.token_merging}: {e}") from None
     if vitkit.family(net.name) == "seq2seq":
         raise SystemExit(f"{args.checkpoint} holds an encoder-decoder ({net.name}); this command takes classifiers")
     _require_classifier(net, args.checkpoint or args.model)
@@ -113,6 +122,9 @@ def _onnx_classifier(path: str):
 
 
 def predict(args: argparse.Namespace) -> int:
+    if args.onnx and args.token_merging:
+        raise SystemExit("error: --token-merging applies to PyTorch models; an ONNX file merges tokens as it was "
+                         "exported (vitkit export --token-merging R)")
     if args.onnx:
         names, probabilities = _onnx_classifier(args.onnx)
     else:
@@ -149,6 +161,8 @@ def export(args: argparse.Namespace) -> int:
     overrides = json.loads(args.overrides)
     if args.img_size:
         overrides["img_size"] = args.img_size[0] if len(args.img_size) == 1 else tuple(args.img_size)
+    if args.token_merging and not Path(args.src).exists():
+        overrides["token_merging"] = args.token_merging
     if Path(args.src).exists():
         args.checkpoint, args.overrides = args.src, json.dumps(overrides)
         net = _load(args)
@@ -161,7 +175,11 @@ def export(args: argparse.Namespace) -> int:
             net = vitkit.create_model(name, pretrained=tagged, **overrides).eval()
         except MissingWeightsError as e:
             raise SystemExit(f"error: {e}") from None
-        except (KeyError, ValueError) as e:
+        except ValueError as e:
+            if "token_merging" in overrides:
+                raise SystemExit(f"error: --token-merging {args.token_merging}: {e}") from None
+            raise SystemExit(f"error: {args.src!r} is neither a file nor a model vitkit knows: {e}") from None
+        except KeyError as e:
             raise SystemExit(f"error: {args.src!r} is neither a file nor a model vitkit knows: {e}") from None
         if tagged:
             _require_classifier(net, name)
@@ -361,6 +379,7 @@ def _model_commands(sub) -> None:
     s.add_argument("--overrides", default="{}", help=OVERRIDES)
     s.add_argument("--topk", type=int, default=5)
     s.add_argument("--onnx", help="an exported model.onnx, run by onnxruntime with the preprocessing in its metadata")
+    s.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
     s.set_defaults(fn=predict)
     s = sub.add_parser("export", help="a model or checkpoint -> ONNX (checked in onnxruntime) or torch.export .pt2")
     s.add_argument("src", help="a checkpoint in any format vitkit reads, a preset name, or a timm tag")
@@ -371,6 +390,7 @@ def _model_commands(sub) -> None:
     s.add_argument("--img-size", type=int, nargs="+", help="export at this size (H [W]); positions and windows are "
                                                            "resized as on load")
     s.add_argument("--fixed-size", action="store_true", help="export height and width fixed (default: dynamic)")
+    s.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
     s.add_argument("--opset", type=int, default=18, help="ONNX opset, 18 or newer")
     s.add_argument("--atol", type=float, default=1e-4, help="largest difference to PyTorch the check accepts")
     s.set_defaults(fn=export)

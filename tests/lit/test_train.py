@@ -218,6 +218,32 @@ def test_lightning_checkpoint_loads_without_lightning(digits_run):
         torch.testing.assert_close(model(x), digits_run.model.model.eval()(x))
 
 
+def test_the_command_lines_model_arguments_are_told_from_the_rest():
+    from vitkit.lit.lightning_cli import given_model_args
+
+    args = ["validate", "--model.lr", "1e-3", "--model.init_args.ema_decay=0.9", "--model.model_overrides.depth=6",
+            "--model.class_path", "vitkit.lit.ImageClassifier", "--data.batch_size", "8", "--ckpt_path", "x.ckpt"]
+    assert given_model_args(args) == {"lr", "ema_decay", "model_overrides"}
+
+
+def test_token_merging_validates_in_the_classifier_as_the_bench_curve_measures_it(digits_run, tmp_path):
+    """The bench's token-merging curve on the digits checkpoint: unmerged, its top-1 is Lightning's validation
+    top-1 of the same weights; merged (r=16: the 64 patches halved by the last block), the classifier's validation
+    with the merging set from the command line gives the curve's top-1 too, with fewer GMACs."""
+    from vitkit.tools.bench import main as bench
+
+    ckpt = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    rows = bench(["--checkpoint", str(ckpt), "--token-merging", "0,16", "--batch-sizes", "64", "--rounds", "1",
+                  "--iters", "1", "--out", str(tmp_path / "curve.csv")])
+    assert rows[0]["top1"] == pytest.approx(digits_run.trainer.callback_metrics["val/top1"].item(), abs=1e-4)
+    assert [r["tokens_last_block"] for r in rows] == [65, 33] and rows[1]["gmacs"] < 0.8 * rows[0]["gmacs"]
+    assert (tmp_path / "curve.png").stat().st_size > 0 and rows[1]["val_images"] == 360
+    merged = cli_main(["validate", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                       "--model.model_overrides.token_merging=16", "--ckpt_path", str(ckpt)])
+    assert merged.model.model.merge_r == [16, 16]
+    assert merged.trainer.callback_metrics["val/top1"].item() == pytest.approx(rows[1]["top1"], abs=1e-4)
+
+
 @pytest.fixture(scope="module")
 def few_shot_folder(tmp_path_factory) -> Path:
     return write_few_shot_digits(tmp_path_factory.mktemp("few_shot"))

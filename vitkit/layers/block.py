@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from .attention import Attention
@@ -18,6 +19,9 @@ from .cross_attention import CrossAttention
 from .drop import DropPath
 from .kv_cache import MemoryKV
 from .layer_scale import LayerScale
+from .token_merging import bipartite_merge, proportional_bias
+
+torch.fx.wrap("bipartite_merge")  # its merge count follows the input's token count: one node of a traced graph
 
 NormLayer = Callable[[int], nn.Module]
 
@@ -50,6 +54,18 @@ class Block(nn.Module):
         a = self.attn(self.norm1(x), bias, attn_mask, key_padding_mask, is_causal, rope, cache)
         x = x + self.drop_path1(self.ls1(a))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+    def forward_merging(self, x: Tensor, size: Tensor | None, r: int, num_prefix: int,
+                        where: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """:meth:`forward` with token merging (ToMe) between attention and the MLP: attention adds log(size) of each
+        key to the scores, then r token pairs merge by their keys' similarity (``layers/token_merging.py``).
+        x (B, N, C) -> (B, N - r, C), with the tokens' sizes and ``where`` (see ``bipartite_merge``)."""
+        q, k, v = self.attn.project(self.norm1(x))
+        a = self.attn.attend(q, k, v, [x.shape[0]], proportional_bias(size))[0]
+        x = x + self.drop_path1(self.ls1(a))
+        if r > 0:
+            x, size, where = bipartite_merge(x, k.mean(dim=1), size, r, num_prefix, where)
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, where
 
 
 class PostNormBlock(Block):

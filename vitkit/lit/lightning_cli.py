@@ -92,6 +92,19 @@ def user_error(e: BaseException) -> BaseException | None:
     return None
 
 
+def given_model_args(args: list[str]) -> set[str]:
+    """The module's arguments a command line sets (``--model.lr 1e-3``, ``--model.init_args.lr=1e-3``,
+    ``--model.model_overrides.depth=6`` -> lr, model_overrides)."""
+    out = set()
+    for a in args:
+        if a.startswith("--model."):
+            parts = a[len("--model."):].split("=", 1)[0].split(".")
+            parts = parts[1:] if parts[0] == "init_args" else parts
+            if parts and parts[0] not in ("class_path", "dict_kwargs"):
+                out.add(parts[0])
+    return out
+
+
 def strategy_from_path(path: str) -> Strategy:
     """The Lightning strategy a dotted class path names, built with its defaults."""
     module, _, name = path.rpartition(".")
@@ -116,8 +129,29 @@ class VitkitCLI(LightningCLI):
             sys.argv[1:] = with_recipes(sys.argv[1:])
         else:
             args = with_recipes(args)
+        self._model_args_given = given_model_args(sys.argv[1:] if args is None else args)
         super().__init__(L.LightningModule, None, subclass_mode_model=True, subclass_mode_data=True,
                          trainer_defaults={"callbacks": [TrainingCurves()]}, args=args, run=run, **kwargs)
+
+    def _parse_ckpt_path(self) -> None:
+        """Lightning lays the checkpoint's hyperparameters over the whole parsed config, so a ``--model.X`` given
+        beside ``--ckpt_path`` (``validate --model.model_overrides.token_merging=16``) was dropped without a word.
+        Here the command line wins: its model arguments are put back, and ``model_overrides`` keeps the
+        checkpoint's fields with the given ones on top."""
+        sub = self.config.get("subcommand")
+        before = self.config[sub].get("model") if sub else None
+        before = before.clone() if before is not None else None
+        super()._parse_ckpt_path()
+        if before is None or not self._model_args_given:
+            return
+        after = self.config[sub]["model"]
+        for key in self._model_args_given:
+            if key not in before.init_args:
+                continue
+            if key == "model_overrides":
+                after.init_args[key] = {**(after.init_args.get(key) or {}), **(before.init_args[key] or {})}
+            else:
+                after.init_args[key] = before.init_args[key]
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({"model": {"class_path": f"{ImageClassifier.__module__}.{ImageClassifier.__name__}"}})

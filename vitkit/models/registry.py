@@ -45,6 +45,9 @@ def find(preset: str) -> tuple[str, type, type[nn.Module], dict]:
 def check_fields(name: str, cfg_cls: type, overrides: dict[str, Any]) -> None:
     """Refuse keyword overrides that are not fields of the family's config, naming the fields there are."""
     fields = {f.name for f in dataclasses.fields(cfg_cls)}
+    if "token_merging" in overrides and "token_merging" not in fields:
+        raise ValueError(f"{name}: token merging is for ViT/DeiT presets only; a {cfg_cls.__name__[:-6]} keeps a "
+                         "fixed token grid (Swin's windows partition it), so merged tokens have no place in it")
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise TypeError(f"{name}: unknown config field(s) {unknown}; {cfg_cls.__name__} has {sorted(fields)}")

@@ -18,6 +18,7 @@ from ..layers.attention import check_backend
 from ..layers.attention_pool import AttentionPool
 from ..layers.mlp import ACTIVATIONS, SwiGLU
 from ..layers.pos_embed import RopeMixed, resample_abs_pos_embed, resize_pos_grid, rope_2d, rope_axial, rope_mixed
+from ..layers.token_merging import TokenMerging, merge_schedule
 from .config import DataConfig, check_image, pair, shape_of
 from .features import new_head, resize_patch_conv, take_indices
 
@@ -79,6 +80,7 @@ class ViTConfig(DataConfig):
     drop_path_rate: float = 0.0
     attn_backend: AttnBackend = "sdpa"
     dynamic_img_size: bool = False  # any H, W: positions resampled to each input's patch grid (timm's flag)
+    token_merging: TokenMerging = 0  # ToMe: token pairs merged per block (int, (r, inflection) or per-block list)
 
     def __post_init__(self) -> None:
         check_backend(self.attn_backend)
@@ -100,6 +102,10 @@ class ViTConfig(DataConfig):
             raise ValueError(f"mlp_layer must be 'mlp' or 'swiglu', got {self.mlp_layer!r}")
         if self.mlp_norm and self.mlp_layer != "swiglu":
             raise ValueError("mlp_norm=True (a norm on the hidden units) needs mlp_layer='swiglu'")
+        merge_schedule(self.token_merging, self.depth)  # checks the value
+        if self.token_merging and self.rope:
+            raise ValueError(f"token_merging needs a ViT with absolute positions: RoPE (rope={self.rope!r} here) "
+                             "rotates q and k by each token's grid position, which a merged token no longer has")
         if min(pair(self.img_size)) < self.patch_size:
             raise ValueError(f"img_size {pair(self.img_size)} is smaller than patch_size {self.patch_size}")
 
@@ -199,19 +205,32 @@ class VisionTransformer(nn.Module):
         self.rope_kind, self.rope_temperature, self.rope_xy, self.rope_ref_grid = (cfg.rope, cfg.rope_temperature,
                                                                                   cfg.rope_xy, cfg.rope_ref_grid)
         self.head_dim = cfg.embed_dim // cfg.num_heads
+        self.merge_r = merge_schedule(cfg.token_merging, cfg.depth)  # token pairs merged in each block
+        self._merge_set = cfg.token_merging
+        self.merging = max(self.merge_r + [0]) > 0
 
     def _follow_config(self) -> None:
         """A config field set in place since (``model.cfg.dynamic_img_size = True``) takes effect, as it always
         did; a scripted model keeps the settings it was scripted with."""
         cfg = self.cfg
         if (cfg.global_pool, cfg.dynamic_img_size, cfg.no_embed_class, pair(cfg.img_size), cfg.patch_size,
-                cfg.in_chans) != (self.global_pool, self.dynamic_img_size, self.no_embed_class, self.img_size,
-                                  self.patch_size, self.in_chans):
+                cfg.in_chans, cfg.token_merging) != (self.global_pool, self.dynamic_img_size, self.no_embed_class,
+                                                     self.img_size, self.patch_size, self.in_chans, self._merge_set):
             self.read_config()
 
     def set_dynamic_img_size(self, enable: bool = True) -> None:
         """Take any H, W (multiples of the patch size): positions are resampled to each input's grid."""
         self.cfg.dynamic_img_size = enable
+        self.read_config()
+
+    def set_token_merging(self, r: TokenMerging = 0) -> None:
+        """Merge tokens in every block from now on (ToMe, ``layers/token_merging.py``): ``r`` pairs per block, an
+        ``(r, inflection)`` schedule or a per-block list; 0 turns it off. The weights stay as they are."""
+        merge_schedule(r, self.cfg.depth)
+        if r and self.cfg.rope:
+            raise ValueError(f"token merging needs a ViT with absolute positions: RoPE (rope={self.cfg.rope!r} "
+                             "here) rotates q and k by each token's grid position, which a merged token no longer has")
+        self.cfg.token_merging = r
         self.read_config()
 
     def set_attn_backend(self, backend: AttnBackend) -> None:
@@ -282,9 +301,24 @@ class VisionTransformer(nn.Module):
             return checkpoint(blk, x, None, None, None, False, rope, use_reentrant=False)
         return blk(x, rope=rope)
 
+    def _merging_block(self, blk: nn.Module, x: Tensor, size: Tensor | None, r: int,
+                       where: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(blk.forward_merging, x, size, r, self.num_prefix_tokens, where, use_reentrant=False)
+        return blk.forward_merging(x, size, r, self.num_prefix_tokens, where)
+
     def forward_features(self, x: Tensor) -> Tensor:
-        """Images (B, C_in, H, W) -> normed tokens (B, prefix + N, C)."""
+        """Images (B, C_in, H, W) -> normed tokens (B, prefix + N, C); with token merging fewer than N patch
+        tokens, in the order ``bipartite_merge`` leaves them."""
         x, rope = self._embed(x)
+        if self.merging:
+            size: Tensor | None = None
+            for i, blk in enumerate(self.blocks):
+                if torch.jit.is_scripting():
+                    x, size, _ = blk.forward_merging(x, size, self.merge_r[i], self.num_prefix_tokens, None)
+                else:
+                    x, size, _ = self._merging_block(blk, x, size, self.merge_r[i], None)
+            return self.norm(x)
         for i, blk in enumerate(self.blocks):
             if torch.jit.is_scripting():  # TorchScript runs no checkpoint (and compiles no module argument)
                 x = blk(x, rope=self._layer_rope(rope, i))
@@ -371,20 +405,32 @@ class VisionTransformer(nn.Module):
 
         ``indices``: the last n blocks for an int, the listed ones for a sequence, all for None. Outputs
         are maps (B, C, h, w) for ``NCHW`` or patch tokens (B, N, C) for ``NLC``; ``return_prefix_tokens``
-        pairs each with its class/register tokens (B, prefix, C); ``norm`` applies the final norm to each."""
+        pairs each with its class/register tokens (B, prefix, C); ``norm`` applies the final norm to each.
+
+        With token merging, ``NLC`` gives each block's merged patch tokens (fewer block by block, in the order
+        ``bipartite_merge`` leaves them), and ``NCHW`` the full (B, C, h, w) grid in which every patch shows the
+        merged token it is part of (a token that holds k patches appears at all k)."""
         if output_fmt not in self.output_fmts:
             raise ValueError(f"output_fmt must be one of {self.output_fmts}, got {output_fmt!r}")
         taken, last = take_indices(len(self.blocks), indices)
         B, _, H, W = x.shape
         x, rope = self._embed(x)
-        out = []
+        out, wheres = [], []
+        size, where = None, torch.arange(x.shape[1], device=x.device).expand(B, -1) if self.merging else None
         for i, blk in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
-            x = self._block(blk, x, self._layer_rope(rope, i))
+            if self.merging:
+                x, size, where = self._merging_block(blk, x, size, self.merge_r[i], where)
+            else:
+                x = self._block(blk, x, self._layer_rope(rope, i))
             if i in taken:
                 out.append(self.norm(x) if norm else x)
+                wheres.append(where)
         p = self.num_prefix_tokens
         prefix, out = [y[:, :p] for y in out], [y[:, p:] for y in out]
         if output_fmt == "NCHW":
+            if self.merging:  # each patch takes the token it was merged into
+                out = [torch.cat([y_p, y], 1).gather(1, w[:, p:, None].expand(-1, -1, y.shape[-1]))
+                       for y_p, y, w in zip(prefix, out, wheres, strict=True)]
             gh, gw = H // self.cfg.patch_size, W // self.cfg.patch_size
             out = [y.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous() for y in out]  # (B, C, h, w)
         if return_prefix_tokens and p:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 import vitkit
+from vitkit.builder import family
 from vitkit.checkpoints.formats import to_vitkit
 from vitkit.checkpoints.hub import TORCHVISION_MODELS
 from vitkit.models.config import pair
@@ -41,7 +42,7 @@ from vitkit.tools.flops import count_gmacs_of, count_params
 TORCHVISION = {preset: builder for builder, preset in TORCHVISION_MODELS.items()}
 PRECISIONS = ("fp32", "bf16", "amp_bf16", "fp16")
 COLUMNS = ["library", "model", "mode", "batch_size", "precision", "attn_backend", "compile", "channels_last",
-           "grad_checkpointing",
+           "grad_checkpointing", "token_merging",
            "img_per_s", "img_per_s_min", "img_per_s_max", "step_ms", "peak_mem_mb", "params_m", "gmacs",
            "mfu", "peak_tflops", "oom_backoff", "device", "torch"]
 
@@ -58,9 +59,15 @@ class Entry:
     step: Callable[[], None] | None = field(default=None, repr=False)
     times: list[float] = field(default_factory=list)
     oom_backoff: int = 0  # how many times the batch was halved
+    token_merging: int = 0  # vitkit's ToMe: token pairs merged per block
+
+    @property
+    def label(self) -> str:
+        return f"{self.library} r={self.token_merging}" if self.token_merging else self.library
 
 
-def build_factories(name: str, peers: list[str], attn_backend: str) -> list[tuple[str, Callable[[], nn.Module]]]:
+def build_factories(name: str, peers: list[str], attn_backend: str,
+                    token_merging: int = 0) -> list[tuple[str, Callable[[], nn.Module]]]:
     """Each library's model of the preset with a 1000-class head (backbone presets, CLIP's projection: a classifier
     head like the others', so that the training step is the same). Beside timm, vitkit's model runs the same random
     weights as timm's (seed 0 for both): CPU speed depends on the values (denormal floats), and two draws of the
@@ -69,6 +76,8 @@ def build_factories(name: str, peers: list[str], attn_backend: str) -> list[tupl
         model = vitkit.create_model(name, attn_backend=attn_backend, num_classes=1000)
         if twin is not None:
             model.load_state_dict(to_vitkit(twin().state_dict())[0])
+        if token_merging:
+            model.set_token_merging(token_merging)
         return model
 
     twin = None
@@ -210,7 +219,8 @@ def peak_mem_mb(e: Entry, args, device: torch.device) -> float:
         return torch.cuda.max_memory_allocated(device) / 2**20
     cmd = [sys.executable, "-m", "vitkit.tools.bench", "--_mem-probe", e.library, "--models", e.model, "--mode", e.mode,
            "--batch-sizes", str(e.batch_size), "--precision", args.precision, "--attn-backend", args.attn_backend,
-           "--peers", e.library] + (["--grad-checkpointing"] if args.grad_checkpointing else [])
+           "--peers", e.library, "--token-merging", str(e.token_merging)] + \
+        (["--grad-checkpointing"] if args.grad_checkpointing else [])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     try:
         return float(out.stdout.strip().splitlines()[-1])
@@ -228,8 +238,9 @@ def _proc_status_kib(key: str) -> int:
 def mem_probe(args) -> None:
     """Child process: resident memory added by building the model and running two steps (MiB)."""
     device = torch.device("cpu")
-    factory = dict(build_factories(args.models[0], [args._mem_probe], args.attn_backend))[args._mem_probe]
-    e = Entry(args._mem_probe, args.models[0], args.mode[0], args.batch_sizes[0], factory)
+    r = args.token_merging[0]
+    factory = dict(build_factories(args.models[0], [args._mem_probe], args.attn_backend, r))[args._mem_probe]
+    e = Entry(args._mem_probe, args.models[0], args.mode[0], args.batch_sizes[0], factory, token_merging=r)
     Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark (VmHWM) to the current RSS
     before = _proc_status_kib("VmRSS")
     prepare(e, args, device)
@@ -238,17 +249,23 @@ def mem_probe(args) -> None:
     print((_proc_status_kib("VmHWM") - before) / 1024)
 
 
-def run(args) -> list[dict]:
-    device = torch.device(args.device)
+def build_entries(args, device: torch.device) -> tuple[list[Entry], dict[tuple[str, int], float]]:
+    """Every (library, model, mode, batch size) to time, vitkit's once per ``--token-merging`` value, and the
+    GMACs of each model (and of each merging value) from the FLOP counter."""
     peers = [p for p in args.peers.split(",") if p]
     entries: list[Entry] = []
-    gmacs: dict[str, float] = {}
-    params: dict[tuple[str, str], float] = {}
+    gmacs: dict[tuple[str, int], float] = {}
     for name in args.models:
         cfg = vitkit.get_config(name)
         shape = (cfg.in_chans, *pair(cfg.img_size))
-        gmacs[name] = count_gmacs_of(lambda n=name: vitkit.create_model(n, num_classes=1000), shape)
-        for lib, factory in build_factories(name, peers, args.attn_backend):
+        for r in args.token_merging:
+            gmacs[(name, r)] = count_gmacs_of(
+                lambda n=name, r=r: vitkit.create_model(n, num_classes=1000, token_merging=r), shape)
+        rs = args.token_merging
+        factories = [(lib, f, r) for r in rs for lib, f in build_factories(name, peers, args.attn_backend, r)
+                     if lib == "vitkit" or r == rs[0]]  # the peers once
+        for lib, factory, r in factories:
+            r = r if lib == "vitkit" else 0
             for mode in args.mode:
                 if lib == "onnxruntime" and (mode == "train" or args.precision != "fp32" or device.type != "cpu"
                                              or args.compile or args.channels_last):
@@ -256,9 +273,16 @@ def run(args) -> list[dict]:
                           f"{device.type} is not measured (it runs float32 inference on the CPU)", file=sys.stderr)
                     continue
                 for bs in args.batch_sizes:
-                    entries.append(Entry(lib, name, mode, bs, factory, shape))
+                    entries.append(Entry(lib, name, mode, bs, factory, shape, token_merging=r))
+    return entries, gmacs
+
+
+def run(args) -> list[dict]:
+    device = torch.device(args.device)
+    entries, gmacs = build_entries(args, device)
+    params: dict[tuple[str, str], float] = {}
     for e in entries:
-        print(f"warm-up: {e.library:<12} {e.model} {e.mode} b{e.batch_size}", file=sys.stderr)
+        print(f"warm-up: {e.label:<12} {e.model} {e.mode} b{e.batch_size}", file=sys.stderr)
         warm_up(e, args, device)
         params[(e.library, e.model)] = count_params(e.net) / 1e6
     peak = matmul_peak_tflops(device, args.precision)
@@ -275,14 +299,16 @@ def run(args) -> list[dict]:
     for e in entries:
         med = statistics.median(e.times)
         ips = e.batch_size / med
-        flops_per_img = gmacs[e.model] * 2e9 * (3 if e.mode == "train" else 1)  # backward ~ 2x forward
+        macs = gmacs[(e.model, e.token_merging)]
+        flops_per_img = macs * 2e9 * (3 if e.mode == "train" else 1)  # backward ~ 2x forward
         rows.append(dict(
             library=e.library, model=e.model, mode=e.mode, batch_size=e.batch_size, precision=args.precision,
             attn_backend=args.attn_backend if e.library == "vitkit" else "", compile=args.compile,
-            channels_last=args.channels_last, grad_checkpointing=args.grad_checkpointing, img_per_s=round(ips, 3),
+            channels_last=args.channels_last, grad_checkpointing=args.grad_checkpointing,
+            token_merging=e.token_merging, img_per_s=round(ips, 3),
             img_per_s_min=round(e.batch_size / max(e.times), 3), img_per_s_max=round(e.batch_size / min(e.times), 3),
             step_ms=round(med * 1e3, 2), peak_mem_mb=round(peak_mem_mb(e, args, device), 1) if args.mem else "",
-            params_m=round(params[(e.library, e.model)], 2), gmacs=round(gmacs[e.model], 3),
+            params_m=round(params[(e.library, e.model)], 2), gmacs=round(macs, 3),
             mfu=round(ips * flops_per_img / (peak * 1e12), 4), peak_tflops=round(peak, 3),
             oom_backoff=e.oom_backoff, device=device_name(device), torch=torch.__version__))
         e.net = e.step = None
@@ -312,14 +338,17 @@ def write_outputs(rows: list[dict], out: Path) -> None:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    cols = ["model", "mode", "batch_size", "precision", "library", "img_per_s", "vs_best_peer", "step_ms",
-            "peak_mem_mb", "gmacs", "mfu"]
+    cols = ["model", "mode", "batch_size", "precision", "library", "token_merging", "img_per_s", "vs_best_peer",
+            "vs_unmerged", "step_ms", "peak_mem_mb", "gmacs", "mfu"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        peers = [p["img_per_s"] for p in rows if p["library"] != "vitkit" and
-                 (p["model"], p["mode"], p["batch_size"]) == (r["model"], r["mode"], r["batch_size"])]
-        rel = f"{r['img_per_s'] / max(peers):.2f}x" if peers and r["library"] == "vitkit" else ""
-        lines.append("| " + " | ".join(str(rel if c == "vs_best_peer" else r[c]) for c in cols) + " |")
+        same = [p for p in rows if (p["model"], p["mode"], p["batch_size"]) == (r["model"], r["mode"], r["batch_size"])]
+        peers = [p["img_per_s"] for p in same if p["library"] != "vitkit"]
+        plain = [p["img_per_s"] for p in same if p["library"] == "vitkit" and not p.get("token_merging")]
+        ours = r["library"] == "vitkit"
+        rel = {"vs_best_peer": f"{r['img_per_s'] / max(peers):.2f}x" if peers and ours else "",
+               "vs_unmerged": f"{r['img_per_s'] / plain[0]:.2f}x" if plain and ours and r.get("token_merging") else ""}
+        lines.append("| " + " | ".join(str(rel[c] if c in rel else r.get(c, "")) for c in cols) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -330,11 +359,12 @@ def chart(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups = sorted({(r["model"], r["mode"], r["batch_size"]) for r in rows}, key=str)
-    libs = sorted({r["library"] for r in rows}, key=lambda s: (s != "vitkit", s))
+    label = lambda r: f"{r['library']} r={r['token_merging']}" if r.get("token_merging") else r["library"]  # noqa: E731
+    libs = sorted({label(r) for r in rows}, key=lambda s: (not s.startswith("vitkit"), len(s), s))
     fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(groups)), 4))
     width = 0.8 / len(libs)
     for i, lib in enumerate(libs):
-        vals = [next((r["img_per_s"] for r in rows if r["library"] == lib and (r["model"], r["mode"],
+        vals = [next((r["img_per_s"] for r in rows if label(r) == lib and (r["model"], r["mode"],
                       r["batch_size"]) == g), 0) for g in groups]
         bars = ax.bar([j + i * width for j in range(len(groups))], vals, width, label=lib)
         ax.bar_label(bars, fmt="%.1f", fontsize=7)
@@ -362,20 +392,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--grad-checkpointing", action="store_true",
                    help="set_grad_checkpointing(True) on every model (vitkit, timm): training memory for time")
+    p.add_argument("--token-merging", type=lambda s: [int(r) for r in s.split(",")], default=[0],
+                   help="comma-separated ToMe r values (token pairs merged per block): one vitkit row each, beside "
+                        "vitkit unmerged (0) and the peers; ViT/DeiT presets only")
+    p.add_argument("--checkpoint", help="a trained ViT checkpoint: instead of the throughput table, the token-merging "
+                   "curve (img/s, GMACs, top-1 on its validation data for each --token-merging value) and its plot")
+    p.add_argument("--val-dir", help="with --checkpoint, for checkpoints that record no data module: a folder of "
+                   "class folders (an ImageNet-style val/)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--iters", type=int, default=3, help="timed steps per entry per round")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-mem", dest="mem", action="store_false", help="skip the peak-memory measurement")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads on CPU")
-    p.add_argument("--out", type=Path, default=Path("bench/throughput.csv"),
-                   help="CSV path; the JSON, markdown and PNG are written beside it")
+    p.add_argument("--out", type=Path, default=None,
+                   help="CSV path (default bench/throughput.csv, or bench/token_merging.csv with --checkpoint); the "
+                        "JSON, markdown and PNG are written beside it")
     p.add_argument("--_mem-probe", dest="_mem_probe", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.mode = ["infer", "train"] if args.mode == "both" else [args.mode]
     unknown = [m for m in args.models if m not in vitkit.list_models()]
     if unknown:
         p.error(f"unknown vitkit preset(s) {unknown}; see vitkit.list_models()")
+    not_vit = [m for m in args.models if any(args.token_merging) and family(m) != "vit"]
+    if not_vit:
+        p.error(f"--token-merging is for ViT/DeiT presets only (Swin keeps a fixed token grid): {not_vit}")
     return args
 
 
@@ -387,10 +428,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
         mem_probe(args)
         return []
     torch.manual_seed(0)
+    if args.checkpoint:
+        return merging_curve(args)
+    args.out = args.out or Path("bench/throughput.csv")
     rows = run(args)
     write_outputs(rows, args.out)
     print(markdown_table(rows))
     print(f"wrote {args.out} (+ .json, .md, .png)")
+    return rows
+
+
+def merging_curve(args) -> list[dict]:
+    from vitkit.tools import merging
+
+    out = args.out or Path("bench/token_merging.csv")
+    rows = merging.curve(args)
+    write_rows(rows, out, merging.COLUMNS)
+    out.with_suffix(".md").write_text(merging.markdown(rows))
+    merging.plot(rows, out.with_suffix(".png"), f"token merging: {rows[0]['model']} ({Path(args.checkpoint).name})\n"
+                 f"batch {rows[0]['batch_size']}, {rows[0]['device']}")
+    print(merging.markdown(rows))
+    print(f"wrote {out} (+ .json, .md, .png)")
     return rows
 
 

@@ -10,6 +10,8 @@ Axes: the batch is always dynamic, and so are height and width unless asked othe
 - Swin pads each stage's map to whole windows and builds its shift masks and token gathers in the graph from
   the input size; any size from the one where every stage's map still holds one whole window (193 for Swin-T at
   224) up. A smaller map would shrink the window, which changes the model, not only its sizes.
+- A ViT with token merging exports at its own size by default (``dynamic_size=True`` exports any size, correctly,
+  but the exporter's symbolic token counts took it minutes for a tiny model and over 14 for ViT-B).
 """
 
 from __future__ import annotations
@@ -106,7 +108,9 @@ def _prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bo
     kind = find(model.name)[0]
     if kind not in ("vit", "swin"):
         raise ExportError(f"export takes ViT and Swin classifiers; {model.name} is a {kind} model")
-    dynamic_size = True if dynamic_size is None else dynamic_size
+    if dynamic_size is None:  # dynamic, except with token merging: the exporter's symbolic token counts (each
+        # block merges min(r, half the patches)) nest block by block and took it minutes (ViT-B: over 14)
+        dynamic_size = not getattr(model, "merging", False)
     m = copy.deepcopy(model).float().cpu().eval()
     m.set_attn_backend("math")
     if kind == "vit":
