@@ -68,6 +68,27 @@ class Block(nn.Module):
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), size, where
 
 
+class ResPostNormBlock(Block):
+    """Residual post-norm block (Swin V2, Liu et al., 2022; EVA-02-E): x + norm1(attn(x)), then x + norm2(mlp(x)):
+    each branch is normed before it joins the residual stream, which stays un-normed."""
+
+    def forward(self, x: Tensor, bias: Tensor | None = None, attn_mask: Tensor | None = None,
+                key_padding_mask: Tensor | None = None, is_causal: bool = False,
+                rope: tuple[Tensor, Tensor] | None = None, cache: Any = None) -> Tensor:
+        a = self.attn(x, bias, attn_mask, key_padding_mask, is_causal, rope, cache)
+        x = x + self.drop_path1(self.ls1(self.norm1(a)))
+        return x + self.drop_path2(self.ls2(self.norm2(self.mlp(x))))
+
+    def forward_merging(self, x: Tensor, size: Tensor | None, r: int, num_prefix: int,
+                        where: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        q, k, v = self.attn.project(x)
+        a = self.attn.attend(q, k, v, [x.shape[0]], proportional_bias(size))[0]
+        x = x + self.drop_path1(self.ls1(self.norm1(a)))
+        if r > 0:
+            x, size, where = bipartite_merge(x, k.mean(dim=1), size, r, num_prefix, where)
+        return x + self.drop_path2(self.ls2(self.norm2(self.mlp(x)))), size, where
+
+
 class PostNormBlock(Block):
     """Post-norm block of the original Transformer (Vaswani et al., 2017): norm1(x + attn(x)), then
     norm2(x + mlp(x))."""

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..layers import Attention, AttnBackend, Block, Mlp, PatchEmbed, drop_path_rates, sincos_2d
+from ..layers import Attention, AttnBackend, Block, Mlp, PatchEmbed, ResPostNormBlock, drop_path_rates, sincos_2d
 from ..layers.attention import check_backend
 from ..layers.attention_pool import AttentionPool
 from ..layers.mlp import ACTIVATIONS, SwiGLU
@@ -62,14 +62,17 @@ class ViTConfig(DataConfig):
     fc_norm: bool | None = None  # norm after pooling instead of before; None = only for avg pooling
     no_embed_class: bool = False  # positions cover patches only (DeiT III, big_vision)
     pos_embed: Literal["learn", "sincos", "none"] = "learn"  # none: positions from RoPE alone (DINOv3)
-    rope: Literal["", "dinov3", "axial", "mixed"] = ""  # rotary positions on q and k (patches only): DINOv3's,
-    rope_temperature: float = 100.0  # axial (Heo et al., 2024; EVA-02), or mixed: learned per block and head
+    # rotary positions on q and k (patches only): DINOv3's, axial (Heo et al., 2024; EVA-02), or mixed (learned
+    # frequencies per block and head, NAVER's RoPE-Mixed)
+    rope: Literal["", "dinov3", "axial", "mixed"] = ""
+    rope_temperature: float = 100.0
     rope_xy: bool = False  # axial: the column's frequencies first (timm's grid_indexing "xy")
     rope_ref_grid: int | None = None  # axial: patch indices rescaled to this grid (EVA's rule for other sizes)
     mlp_layer: Literal["mlp", "swiglu"] = "mlp"  # swiglu: SiLU-gated MLP (DINOv3 S+/H+/7B, EVA-02)
     mlp_norm: bool = False  # a LayerNorm on the SwiGLU's hidden units (EVA-02 B/L's sub-LN)
     attn_norm: bool = False  # a LayerNorm on the heads' output before the projection (EVA-02 CLIP's sub-LN)
     pre_norm: bool = False  # LayerNorm before the blocks, and a patch conv without bias (CLIP)
+    res_post_norm: bool = False  # blocks add norm(attn(x)) and norm(mlp(x)) to x (EVA-02-E)
     act_layer: Literal["gelu", "gelu_tanh", "quick_gelu"] = "gelu"  # the MLPs' (quick_gelu: OpenAI's CLIP)
     init_values: float | None = None  # LayerScale
     norm_eps: float = 1e-6
@@ -146,8 +149,9 @@ class VisionTransformer(nn.Module):
             if cfg.rope == "mixed" else None  # learned frequencies; the other RoPEs are functions of the grid
         self.norm_pre = nn.LayerNorm(C, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
         norm = partial(nn.LayerNorm, eps=cfg.norm_eps)
+        block = ResPostNormBlock if cfg.res_post_norm else Block
         self.blocks = nn.Sequential(*[
-            Block(C,
+            block(C,
                   Attention(C, cfg.num_heads, num_kv_heads=cfg.num_kv_heads, qkv_bias=cfg.qkv_bias,
                             attn_drop=cfg.attn_drop_rate, proj_drop=cfg.proj_drop_rate, backend=cfg.attn_backend,
                             norm_layer=norm if cfg.attn_norm else None),
@@ -480,7 +484,8 @@ class VisionTransformer(nn.Module):
 
     @torch.no_grad()
     def attention_maps(self, x: Tensor) -> list[Tensor]:
-        """Per-layer attention probabilities (B, H, N, N), from the `math` reference path."""
+        """Per-layer attention probabilities (B, H, N, N), from the `math` reference path; of the unmerged model
+        (token merging is not applied here)."""
         x, rope = self._embed(x)
         maps = []
         for i, blk in enumerate(self.blocks):

@@ -11,7 +11,7 @@ SIZES: dict[str, tuple[int, int, int, float]] = {
     "L": (1024, 24, 16, 4.0), "H": (1280, 32, 16, 4.0), "g": (1408, 40, 16, 4.363636363636363),
     "G": (1664, 48, 16, 4.923076923076923), "Wee": (256, 14, 4, 5.0), "Little": (320, 14, 5, 5.6),
     "So150m": (896, 18, 14, 2.572), "So150m2": (832, 21, 13, 2.6153846153846154), "So400m": (1152, 27, 16, 3.7362),
-    "So400mT": (1152, 27, 16, 3.736111111111111),
+    "So400mT": (1152, 27, 16, 3.736111111111111), "E": (1792, 64, 16, 15360 / 1792),
     "Xs": (256, 10, 4, 4.0), "Gopt": (1536, 40, 16, 4.0), "H+": (1280, 32, 20, 4.0), "7B": (4096, 40, 32, 2.0),
 }
 
@@ -34,7 +34,8 @@ ROPE_MIXED_APE = dict(ROPE_MIXED, pos_embed="learn", no_embed_class=True)
 
 # EVA-02 (Fang et al., 2024): learned positions and axial RoPE rescaled to the 16x16 pretraining grid, q and v biases,
 # a SwiGLU MLP (hidden 8/3 of the width; Ti/S's stored packed, B/L's with a LayerNorm inside), average pooling. The
-# EVA-CLIP towers also norm the heads' output before the projection, and pool the class token.
+# EVA-CLIP towers also norm the heads' output before the projection, and pool the class token. EVA-02-E (enormous)
+# is a plain ViT with q and v biases and residual post-norm blocks.
 EVA02 = dict(mlp_ratio=4 * 2 / 3, mlp_layer="swiglu", qkv_bias="qv", rope="axial", rope_temperature=10000.0,
              rope_ref_grid=16, global_pool="avg")
 EVA02_BL = dict(EVA02, mlp_norm=True)
@@ -57,6 +58,8 @@ VIT_PRESETS: dict[str, dict] = {
     "eva02_base_patch14_224": _row("B/14", 224, CLIP, 0.9, **EVA02_BL, num_classes=0),
     "eva02_base_patch14_448": _row("B/14", 448, CLIP, 1.0, **EVA02_BL),
     "eva02_base_patch16_clip_224": _row("B/16", 224, CLIP, 0.9, **EVA02_CLIP, num_classes=512),
+    "eva02_enormous_patch14_clip_224": _row("E/14", 224, CLIP, 0.9, qkv_bias="qv", res_post_norm=True,
+                                            global_pool="token", num_classes=1024),
     "eva02_large_patch14_224": _row("L/14", 224, CLIP, 0.9, **EVA02_BL, num_classes=0),
     "eva02_large_patch14_448": _row("L/14", 448, CLIP, 1.0, **EVA02_BL),
     "eva02_large_patch14_clip_224": _row("L/14", 224, CLIP, 0.9, **EVA02_CLIP, num_classes=768),
