@@ -11,9 +11,13 @@ from vitkit.tools import bench as throughput
 def test_smoke_run_writes_csv_json_markdown_and_chart(tmp_path):
     out = tmp_path / "res.csv"
     rows = throughput.main(["--models", "vit_tiny_patch16_224", "--peers", "timm", "--mode", "both",
-                            "--batch-sizes", "2", "--rounds", "2", "--iters", "1", "--warmup", "1", "--out", str(out)])
-    assert {(r["library"], r["mode"]) for r in rows} == {("vitkit", "infer"), ("vitkit", "train"),
-                                                          ("timm", "infer"), ("timm", "train")}
+                            "--batch-sizes", "2", "--rounds", "2", "--iters", "1", "--warmup", "1", "--out", str(out),
+                            "--token-merging", "0,8"])
+    assert sorted((r["library"], r["mode"], r["token_merging"]) for r in rows) == [
+        ("timm", "infer", 0), ("timm", "train", 0), ("vitkit", "infer", 0), ("vitkit", "infer", 8),
+        ("vitkit", "train", 0), ("vitkit", "train", 8)]  # the peers once, vitkit once per r
+    macs = {(r["library"], r["token_merging"]): r["gmacs"] for r in rows}
+    assert macs[("vitkit", 8)] < 0.8 * macs[("vitkit", 0)] and macs[("vitkit", 0)] == macs[("timm", 0)]
     with out.open() as f:
         table = list(csv.DictReader(f))
     assert list(table[0]) == throughput.COLUMNS
@@ -25,7 +29,7 @@ def test_smoke_run_writes_csv_json_markdown_and_chart(tmp_path):
         assert 0 < float(r["mfu"]) < 1.5 and float(r["peak_mem_mb"]) > 0
     assert json.loads(out.with_suffix(".json").read_text()) == rows
     md = out.with_suffix(".md").read_text()
-    assert md.startswith("| model |") and "vs_best_peer" in md
+    assert md.startswith("| model |") and "vs_best_peer" in md and "vs_unmerged" in md
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -42,3 +46,14 @@ def test_unknown_model_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         throughput.parse_args(["--models", "vit_nope"])
     assert "unknown vitkit preset(s) ['vit_nope']" in capsys.readouterr().err
+
+
+def test_swin_rows_build_without_token_merging_and_refuse_it(capsys):
+    import torch
+
+    entries, gmacs = throughput.build_entries(throughput.parse_args(
+        ["--models", "swin_tiny_patch4_window7_224", "--peers", ""]), torch.device("cpu"))
+    assert [(e.library, e.token_merging) for e in entries] == [("vitkit", 0)] and gmacs
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--models", "swin_tiny_patch4_window7_224", "--token-merging", "0,8"])
+    assert "--token-merging is for ViT/DeiT presets only" in capsys.readouterr().err

@@ -161,6 +161,9 @@ def test_forward_intermediates_say_what_merged_tokens_are():
         assert_close(final, m.forward_features(x))
     assert [t.shape[1] for t in tokens] == [64 - 8, 64 - 16, 64 - 24]  # each block's merged patch tokens
     assert all(mp.shape == (2, 32, 8, 8) for mp in maps)  # the grid, each patch showing its merged token
+    features = vitkit.create_model("vit_tiny_patch16_224", features_only=True, out_indices=(1, 2), token_merging=8,
+                                   **{k: v for k, v in TINY.items() if k != "num_classes"})
+    assert [f.shape for f in features(x)] == [(2, 32, 8, 8)] * 2  # backbones keep their maps' grid
     last = maps[-1].flatten(2).transpose(1, 2)  # (B, 64, C)
     for b in range(2):  # the grid's distinct vectors are exactly the last block's tokens
         distinct = torch.unique(last[b], dim=0)

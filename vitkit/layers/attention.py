@@ -7,22 +7,21 @@ sliding windows), a ``key_padding_mask``, ``is_causal``, a ``memory`` for cross-
 Shape legend: B batch; G groups folded into the batch axis (Swin windows per image; 1 for ViT and text); N query
 tokens, M key/value tokens; C model width; H query heads, Hkv key/value heads (GQA/MQA when < H); D head dim.
 
-Inputs may carry extra leading group axes, ``x: (B, G, N, C)``, folded into the batch axis (``(B·G, H, N, D)``):
-q, k and v stay views of the fused projection, and the kernel writes the layout the output projection reads.
+Inputs may carry extra leading group axes, ``x: (B, G, N, C)``, folded into the batch axis (``(B·G, H, N, D)``);
+q, k and v stay views of the fused projection.
 
 Backends (a config field stored on the module, never an environment variable):
     ``sdpa``  F.scaled_dot_product_attention. With no float mask it can reach FlashAttention on GPU; a float
               mask (bias, or merged masks) rules flash out, and the memory-efficient and cuDNN kernels remain.
-              On CPU it runs the fused flash-style CPU kernel, except for bf16 inputs on a CPU with native bf16
-              matmuls (AVX512-BF16, AMX): there the explicit path below (bf16 matmuls and probabilities, softmax
-              accumulated in float32) measured 1.3-1.9x faster forward and 2-6x faster forward + backward than
-              that kernel, which works in float32 inside (benchmarks/README.md).
+              On CPU the explicit path below runs in its place for bf16 on a CPU with native bf16 matmuls (1.3-1.9x
+              faster forward, 2-6x forward + backward than the kernel, which works in float32 inside;
+              benchmarks/README.md), and for a bias that needs its gradient (Swin's tables in training), where
+              SDPA would run its own math path, slower (it scans every score row for a fully masked one).
     ``math``  explicit softmax(q·kᵀ/√d + mask)·v: the reference that tests compare against, and the only path
               that can return the attention probabilities.
     ``flex``  torch.nn.attention.flex_attention, compiled; the bias becomes a ``score_mod`` and the boolean
               masks a block mask that skips fully masked blocks. PyTorch has no flex backward on CPU, so a CPU
-              forward that needs gradients falls back to ``sdpa`` (logged once); so does any CPU forward where
-              torch.compile cannot build flex (no AVX2).
+              forward that needs gradients falls back to ``sdpa`` (logged once), as does a CPU without AVX2.
 """
 
 from __future__ import annotations
@@ -169,8 +168,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | N
               return_attn: bool) -> tuple[Tensor, Tensor | None]:
     """softmax(q·kᵀ·scale + bias, masked)·v on ``backend`` (or the one that runs in its place, see the module
     docstring): q (B·G, H, N, D), k and v (B·G, Hkv, M, D) -> (B·G, H, N, D), and the probabilities when asked;
-    ``lead`` is the input's shape before N and C. Its choices depend on device, dtype and values, so torch.fx
-    keeps it whole, one node of a traced graph (``torch.fx.wrap`` below)."""
+    ``lead`` is the input's shape before N and C. torch.fx keeps it whole (its choices read device, dtype, values)."""
     B, G = lead[0], 1
     for g in lead[1:]:
         G *= g
@@ -178,7 +176,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | N
     mask, keep = merge(bias, attn_mask, key_padding_mask, is_causal, B, N, M, q.device)
     if not torch.jit.is_scripting():
         call = _Call(bias, attn_mask, key_padding_mask, is_causal, mask, keep, B, G, N, M, dropout_p, scale)
-        return BACKENDS[_backend_for(backend, q, return_attn)](q, k, v, call)
+        learned_bias = bias is not None and bias.requires_grad and torch.is_grad_enabled()
+        return BACKENDS[_backend_for(backend, q, return_attn, learned_bias)](q, k, v, call)
     # TorchScript: the same two paths without the Python table (flex is torch.compile's: sdpa here)
     if return_attn or backend == "math":
         o, p = math_attention(q, k, v, mask, keep, is_causal, B, scale, dropout_p)
@@ -189,18 +188,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | N
 torch.fx.wrap("attention"), torch.fx.wrap("apply_rope")  # apply_rope: its layout follows the tables' width
 
 
-def _backend_for(backend: str, q: Tensor, return_attn: bool) -> str:
+def _backend_for(backend: str, q: Tensor, return_attn: bool, learned_bias: bool = False) -> str:
     """The module's backend, or the one that runs in its place here (see the module docstring)."""
-    backend = "math" if return_attn else backend
+    if return_attn:
+        return "math"
     cpu = q.device.type == "cpu"
-    if backend == "sdpa" and cpu and q.dtype == torch.bfloat16 and cpu_has_bf16_matmul():
-        return "math"  # faster there than the CPU sdpa kernel, eager and compiled (see the module docstring)
     if backend == "flex" and cpu and torch.is_grad_enabled() and q.requires_grad:
         _warn_flex_fallback()
-        return "sdpa"
-    if backend == "flex" and cpu and not flex_runs_on_cpu():
+        backend = "sdpa"
+    elif backend == "flex" and cpu and not flex_runs_on_cpu():
         _warn_flex_unsupported()
-        return "sdpa"
+        backend = "sdpa"
+    if backend == "sdpa" and cpu and (learned_bias or q.dtype == torch.bfloat16 and cpu_has_bf16_matmul()):
+        return "math"  # explicit: faster here (see the module docstring)
     return backend
 
 

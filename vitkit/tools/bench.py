@@ -260,7 +260,8 @@ def build_entries(args, device: torch.device) -> tuple[list[Entry], dict[tuple[s
         shape = (cfg.in_chans, *pair(cfg.img_size))
         for r in args.token_merging:
             gmacs[(name, r)] = count_gmacs_of(
-                lambda n=name, r=r: vitkit.create_model(n, num_classes=1000, token_merging=r), shape)
+                lambda n=name, r=r: vitkit.create_model(n, num_classes=1000, **({"token_merging": r} if r else {})),
+                shape)
         rs = args.token_merging
         factories = [(lib, f, r) for r in rs for lib, f in build_factories(name, peers, args.attn_backend, r)
                      if lib == "vitkit" or r == rs[0]]  # the peers once
