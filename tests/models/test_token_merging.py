@@ -9,6 +9,7 @@ import torch
 from torch.testing import assert_close
 
 import vitkit
+from tests.backends import needs_flex
 from vitkit.layers.token_merging import merge_schedule
 
 TINY = dict(img_size=32, patch_size=4, embed_dim=32, depth=3, num_heads=2, num_classes=5)
@@ -238,3 +239,13 @@ def test_the_bench_curve_reads_a_folder_for_checkpoints_without_a_data_module(tm
                   "0,8", "--batch-sizes", "4", "--rounds", "1", "--iters", "1", "--out", str(tmp_path / "c.csv")])
     assert [r["val_images"] for r in rows] == [6, 6] and [r["tokens_last_block"] for r in rows] == [65, 41]
     assert (tmp_path / "c.png").exists() and (tmp_path / "c.md").read_text().count("\n") == 4
+
+
+@needs_flex
+def test_flex_takes_the_size_term_as_its_score_mod():
+    m = _model("deit_tiny_distilled_patch16_224", depth=2, token_merging=6)  # block 1 attends with log(size)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = _reference_forward(m, x, merge_schedule(6, 2))
+        m.set_attn_backend("flex")
+        assert_close(m(x), ref, atol=1e-5, rtol=1e-5)

@@ -128,10 +128,10 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
     score_mod = None
     if bias is not None:
         fb = fold(bias, B, G, H, N, M)
-        bb, bh = fb.shape[0] > 1, fb.shape[1] > 1
+        bb, bh, bq = fb.shape[0] > 1, fb.shape[1] > 1, fb.shape[2] > 1  # a bias may be one row for all queries
 
         def score_mod(score, b, h, qi, ki):
-            return score + fb[b if bb else 0, h if bh else 0, qi, ki]
+            return score + fb[b if bb else 0, h if bh else 0, qi if bq else 0, ki]
 
     conds = []
     if attn_mask is not None:
