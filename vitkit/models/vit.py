@@ -38,6 +38,14 @@ def check_multiple(x: Tensor, patch: int) -> None:
 
 torch.fx.wrap("check_multiple")
 
+def check_token_merging(r: TokenMerging, depth: int, rope: str) -> None:
+    """A valid merging value (``merge_schedule`` checks its form), and absolute positions to merge under."""
+    merge_schedule(r, depth)
+    if r and rope:
+        raise ValueError(f"token_merging needs a ViT with absolute positions: RoPE (rope={rope!r} here) rotates q "
+                         "and k by each token's grid position, which a merged token no longer has")
+
+
 POOLS = ("token", "avg", "max", "avgmax", "map", "")  # "": no pooling, the head sees every token; "map": attention
 
 
@@ -105,10 +113,7 @@ class ViTConfig(DataConfig):
             raise ValueError(f"mlp_layer must be 'mlp' or 'swiglu', got {self.mlp_layer!r}")
         if self.mlp_norm and self.mlp_layer != "swiglu":
             raise ValueError("mlp_norm=True (a norm on the hidden units) needs mlp_layer='swiglu'")
-        merge_schedule(self.token_merging, self.depth)  # checks the value
-        if self.token_merging and self.rope:
-            raise ValueError(f"token_merging needs a ViT with absolute positions: RoPE (rope={self.rope!r} here) "
-                             "rotates q and k by each token's grid position, which a merged token no longer has")
+        check_token_merging(self.token_merging, self.depth, self.rope)
         if min(pair(self.img_size)) < self.patch_size:
             raise ValueError(f"img_size {pair(self.img_size)} is smaller than patch_size {self.patch_size}")
 
@@ -230,10 +235,7 @@ class VisionTransformer(nn.Module):
     def set_token_merging(self, r: TokenMerging = 0) -> None:
         """Merge tokens in every block from now on (ToMe, ``layers/token_merging.py``): ``r`` pairs per block, an
         ``(r, inflection)`` schedule or a per-block list; 0 turns it off. The weights stay as they are."""
-        merge_schedule(r, self.cfg.depth)
-        if r and self.cfg.rope:
-            raise ValueError(f"token merging needs a ViT with absolute positions: RoPE (rope={self.cfg.rope!r} "
-                             "here) rotates q and k by each token's grid position, which a merged token no longer has")
+        check_token_merging(r, self.cfg.depth, self.cfg.rope)
         self.cfg.token_merging = r
         self.read_config()
 
@@ -300,34 +302,30 @@ class VisionTransformer(nn.Module):
             return rope
         return rope[0][i], rope[1][i]
 
-    def _block(self, blk: nn.Module, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
-        if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
-            return checkpoint(blk, x, None, None, None, False, rope, use_reentrant=False)
-        return blk(x, rope=rope)
-
-    def _merging_block(self, blk: nn.Module, x: Tensor, size: Tensor | None, r: int,
-                       where: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        if self.grad_checkpointing and torch.is_grad_enabled():
-            return checkpoint(blk.forward_merging, x, size, r, self.num_prefix_tokens, where, use_reentrant=False)
-        return blk.forward_merging(x, size, r, self.num_prefix_tokens, where)
+    def _run_block(self, i: int, blk: nn.Module, x: Tensor, rope: tuple[Tensor, Tensor] | None,
+                   size: Tensor | None, where: Tensor | None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Block i: plain with its RoPE tables, or merging tokens (then with the tokens' sizes and ``where``);
+        with gradient checkpointing its activations are recomputed in backward."""
+        if self.merging:
+            fn, args = blk.forward_merging, (x, size, self.merge_r[i], self.num_prefix_tokens, where)
+        else:
+            fn, args = blk, (x, None, None, None, False, self._layer_rope(rope, i))
+        out = checkpoint(fn, *args, use_reentrant=False) if self.grad_checkpointing and torch.is_grad_enabled() \
+            else fn(*args)
+        return out if self.merging else (out, size, where)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) -> normed tokens (B, prefix + N, C); with token merging fewer than N patch
         tokens, in the order ``bipartite_merge`` leaves them."""
         x, rope = self._embed(x)
-        if self.merging:
-            size: Tensor | None = None
-            for i, blk in enumerate(self.blocks):
-                if torch.jit.is_scripting():
-                    x, size, _ = blk.forward_merging(x, size, self.merge_r[i], self.num_prefix_tokens, None)
-                else:
-                    x, size, _ = self._merging_block(blk, x, size, self.merge_r[i], None)
-            return self.norm(x)
+        size: Tensor | None = None
         for i, blk in enumerate(self.blocks):
-            if torch.jit.is_scripting():  # TorchScript runs no checkpoint (and compiles no module argument)
-                x = blk(x, rope=self._layer_rope(rope, i))
+            if not torch.jit.is_scripting():
+                x, size, _ = self._run_block(i, blk, x, rope, size, None)
+            elif self.merging:  # TorchScript runs no checkpoint (and compiles no callable argument)
+                x, size, _ = blk.forward_merging(x, size, self.merge_r[i], self.num_prefix_tokens, None)
             else:
-                x = self._block(blk, x, self._layer_rope(rope, i))
+                x = blk(x, rope=self._layer_rope(rope, i))
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
@@ -422,10 +420,7 @@ class VisionTransformer(nn.Module):
         out, wheres = [], []
         size, where = None, torch.arange(x.shape[1], device=x.device).expand(B, -1) if self.merging else None
         for i, blk in enumerate(self.blocks[: last + 1] if stop_early else self.blocks):
-            if self.merging:
-                x, size, where = self._merging_block(blk, x, size, self.merge_r[i], where)
-            else:
-                x = self._block(blk, x, self._layer_rope(rope, i))
+            x, size, where = self._run_block(i, blk, x, rope, size, where)
             if i in taken:
                 out.append(self.norm(x) if norm else x)
                 wheres.append(where)

@@ -16,7 +16,6 @@ Writes the CSV and, beside it, the same rows as JSON, a markdown table and a PNG
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import platform
@@ -25,7 +24,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -37,6 +35,7 @@ from vitkit.checkpoints.formats import to_vitkit
 from vitkit.checkpoints.hub import TORCHVISION_MODELS
 from vitkit.models.config import pair
 from vitkit.tools.flops import count_gmacs_of, count_params
+from vitkit.tools.timing import Entry, prepare, sync, time_rounds, warm_up
 
 # vitkit preset -> torchvision builder name, for the architectures torchvision has
 TORCHVISION = {preset: builder for builder, preset in TORCHVISION_MODELS.items()}
@@ -45,25 +44,6 @@ COLUMNS = ["library", "model", "mode", "batch_size", "precision", "attn_backend"
            "grad_checkpointing", "token_merging",
            "img_per_s", "img_per_s_min", "img_per_s_max", "step_ms", "peak_mem_mb", "params_m", "gmacs",
            "mfu", "peak_tflops", "oom_backoff", "device", "torch"]
-
-
-@dataclass
-class Entry:
-    library: str
-    model: str
-    mode: str
-    batch_size: int
-    factory: Callable[[], nn.Module] = field(repr=False)
-    input_shape: tuple[int, int, int] = (3, 224, 224)
-    net: nn.Module | None = field(default=None, repr=False)
-    step: Callable[[], None] | None = field(default=None, repr=False)
-    times: list[float] = field(default_factory=list)
-    oom_backoff: int = 0  # how many times the batch was halved
-    token_merging: int = 0  # vitkit's ToMe: token pairs merged per block
-
-    @property
-    def label(self) -> str:
-        return f"{self.library} r={self.token_merging}" if self.token_merging else self.library
 
 
 def build_factories(name: str, peers: list[str], attn_backend: str,
@@ -116,76 +96,6 @@ class OnnxRuntimeModule(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(self.session(x.numpy()))
-
-
-def autocast_ctx(precision: str, device: torch.device):
-    if precision == "amp_bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    if precision == "fp16":
-        return torch.autocast(device.type, dtype=torch.float16)
-    return contextlib.nullcontext()
-
-
-def prepare(e: Entry, args, device: torch.device) -> None:
-    """Build the model and a closure that runs one inference or training step."""
-    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    net = e.factory().to(device=device, dtype=dtype)
-    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
-    net = net.to(memory_format=memory_format)
-    if args.grad_checkpointing:
-        if not hasattr(net, "set_grad_checkpointing"):
-            raise SystemExit(f"--grad-checkpointing: {e.library}'s {e.model} has no set_grad_checkpointing()")
-        net.set_grad_checkpointing(True)
-    x = torch.randn(e.batch_size, *e.input_shape, device=device, dtype=dtype).to(memory_format=memory_format)
-    run = torch.compile(net) if args.compile else net
-    ctx = lambda: autocast_ctx(args.precision, device)  # noqa: E731
-    if e.mode == "infer":
-        net.eval()
-
-        def step() -> None:
-            with torch.no_grad(), ctx():
-                run(x)
-    else:
-        net.train()
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
-        target = torch.randint(0, 1000, (e.batch_size,), device=device)
-
-        def step() -> None:
-            with ctx():
-                loss = nn.functional.cross_entropy(run(x).float(), target)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-    e.net, e.step = net, step
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
-
-
-def warm_up(e: Entry, args, device: torch.device) -> None:
-    """Build and run the warm-up steps, halving the batch on OOM."""
-    while True:
-        try:
-            prepare(e, args, device)
-            for _ in range(args.warmup):
-                e.step()
-            sync(device)
-            return
-        except (RuntimeError, torch.OutOfMemoryError) as err:
-            if not is_oom(err) or e.batch_size == 1:
-                raise
-            e.net = e.step = None
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            e.batch_size //= 2
-            e.oom_backoff += 1
-            print(f"  OOM: {e.library} {e.model} {e.mode}: batch halved to {e.batch_size}", file=sys.stderr)
 
 
 def matmul_peak_tflops(device: torch.device, precision: str) -> float:
@@ -262,11 +172,10 @@ def build_entries(args, device: torch.device) -> tuple[list[Entry], dict[tuple[s
             gmacs[(name, r)] = count_gmacs_of(
                 lambda n=name, r=r: vitkit.create_model(n, num_classes=1000, **({"token_merging": r} if r else {})),
                 shape)
-        rs = args.token_merging
-        factories = [(lib, f, r) for r in rs for lib, f in build_factories(name, peers, args.attn_backend, r)
-                     if lib == "vitkit" or r == rs[0]]  # the peers once
-        for lib, factory, r in factories:
-            r = r if lib == "vitkit" else 0
+        ours = [("vitkit", dict(build_factories(name, peers, args.attn_backend, r))["vitkit"], r)
+                for r in args.token_merging]  # vitkit once per merging value, the peers once
+        theirs = [(lib, f, 0) for lib, f in build_factories(name, peers, args.attn_backend) if lib != "vitkit"]
+        for lib, factory, r in ours + theirs:
             for mode in args.mode:
                 if lib == "onnxruntime" and (mode == "train" or args.precision != "fp32" or device.type != "cpu"
                                              or args.compile or args.channels_last):
@@ -287,15 +196,7 @@ def run(args) -> list[dict]:
         warm_up(e, args, device)
         params[(e.library, e.model)] = count_params(e.net) / 1e6
     peak = matmul_peak_tflops(device, args.precision)
-    for r in range(args.rounds):  # interleaved: every entry once per round
-        for e in entries:
-            for _ in range(args.iters):
-                sync(device)
-                t0 = time.perf_counter()
-                e.step()
-                sync(device)
-                e.times.append(time.perf_counter() - t0)
-        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    time_rounds(entries, args, device)
     rows = []
     for e in entries:
         med = statistics.median(e.times)

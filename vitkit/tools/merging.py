@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ from torch import nn
 import vitkit
 from vitkit.models.config import pair
 from vitkit.tools.flops import count_gmacs
+from vitkit.tools.timing import Entry, time_rounds, warm_up
 
 COLUMNS = ["model", "token_merging", "tokens_last_block", "img_per_s", "gmacs", "top1", "top1_drop", "val_images",
            "batch_size", "device"]
@@ -65,23 +65,27 @@ def top1(model: nn.Module, loader) -> tuple[float, int]:
     return right / seen, seen
 
 
-@torch.no_grad()
-def images_per_second(model: nn.Module, rs: list[int], shape: tuple[int, ...], batch: int, rounds: int,
-                      iters: int) -> dict[int, float]:
-    """Median img/s of each r, timed in interleaved rounds on one random batch."""
-    x = torch.randn(batch, *shape)
-    times: dict[int, list[float]] = {r: [] for r in rs}
-    for r in rs:  # warm-up
-        model.set_token_merging(r)
-        model(x)
-    for _ in range(rounds):
-        for r in rs:
-            model.set_token_merging(r)
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                model(x)
-                times[r].append(time.perf_counter() - t0)
-    return {r: batch / statistics.median(t) for r, t in times.items()}
+class _Merging(nn.Module):
+    """The checkpoint's model with r token pairs merged per block: one model, shared by the entry of every r."""
+
+    def __init__(self, model: nn.Module, r: int) -> None:
+        super().__init__()
+        self.model, self.r = model, r
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.model.set_token_merging(self.r)
+        return self.model(x)
+
+
+def images_per_second(model: nn.Module, args, shape: tuple[int, ...]) -> dict[int, float]:
+    """Median img/s of each r, timed by the bench's own warm-up and interleaved rounds."""
+    device, batch = torch.device(args.device), args.batch_sizes[0]
+    entries = [Entry("vitkit", model.name, "infer", batch, lambda r=r: _Merging(model, r), shape, token_merging=r)
+               for r in args.token_merging]
+    for e in entries:
+        warm_up(e, args, device)
+    time_rounds(entries, args, device)
+    return {e.token_merging: e.batch_size / statistics.median(e.times) for e in entries}
 
 
 def curve(args) -> list[dict]:
@@ -99,7 +103,7 @@ def curve(args) -> list[dict]:
         rows.append(dict(model=model.name, token_merging=r, tokens_last_block=tokens, top1=round(acc, 4),
                          gmacs=round(count_gmacs(model), 4), val_images=n, batch_size=args.batch_sizes[0]))
         print(f"r={r}: top-1 {acc:.4f} on {n} images, {tokens} tokens after the last block", file=sys.stderr)
-    speed = images_per_second(model, args.token_merging, shape, args.batch_sizes[0], args.rounds, args.iters)
+    speed = images_per_second(model, args, shape)
     base = rows[0]["top1"]
     for row in rows:
         row.update(img_per_s=round(speed[row["token_merging"]], 2), top1_drop=round(base - row["top1"], 4),
