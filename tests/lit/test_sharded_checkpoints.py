@@ -46,12 +46,12 @@ def _assert_same_weights(a: dict, b: dict) -> None:
 @pytest.mark.timeout(900)
 def test_a_kill_during_a_sharded_save_keeps_the_last_checkpoint_and_the_resumed_run_ends_as_an_unkilled_one(
         tmp_path):
-    """The shipped recipe on 2 processes. Killed while writing the checkpoint of epoch 1 (step 4), after every
-    shard was written: ``last.ckpt`` is still epoch 0's, whole; ``--ckpt_path last`` resumes from it and ends
-    with the weights (EMA included) of the run that was never killed."""
-    full = _recipe(tmp_path / "full", 2, 3)
+    """The shipped recipe on 2 processes. Killed while writing the checkpoint of its last epoch (epoch 1, step 4),
+    after every shard was written: ``last.ckpt`` is still epoch 0's, whole; ``--ckpt_path last`` resumes from it
+    and ends with the weights (EMA included) of the run that was never killed."""
+    full = _recipe(tmp_path / "full", 2, 2)
     assert full.returncode == 0, full.stderr[-3000:]
-    killed = _recipe(tmp_path / "killed", 2, 3, "--trainer.callbacks+=ddp_probe.KillAfterShards",
+    killed = _recipe(tmp_path / "killed", 2, 2, "--trainer.callbacks+=ddp_probe.KillAfterShards",
                      "--trainer.callbacks.step", "4")
     assert killed.returncode != 0
     last = tmp_path / "killed/checkpoints/last.ckpt"
@@ -62,25 +62,39 @@ def test_a_kill_during_a_sharded_save_keeps_the_last_checkpoint_and_the_resumed_
         shutil.rmtree(cut_short)
     shutil.copytree(last, last.with_name("last.ckpt.saving"))
     last.replace(last.with_name("last.ckpt.old"))
-    resumed = _recipe(tmp_path / "killed", 2, 3, "--ckpt_path", "last")
+    resumed = _recipe(tmp_path / "killed", 2, 2, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Restored all states from the checkpoint at" in resumed.stderr + resumed.stdout
-    assert _step(last) == 6 and not list((tmp_path / "killed/checkpoints").glob("*.saving"))
+    assert _step(last) == 4 and not list((tmp_path / "killed/checkpoints").glob("*.saving"))
     assert not list((tmp_path / "killed/checkpoints").glob("*.old"))
     _assert_same_weights(torch.load(tmp_path / "full/weights.pt"), torch.load(tmp_path / "killed/weights.pt"))
 
 
+def _run(root: Path, i: int, devices: int, epochs: int) -> None:
+    extra = ["--trainer.callbacks+=ddp_probe.RecordStartWeights", "--trainer.callbacks.out_dir", str(root / f"run{i}")]
+    if i:
+        extra += ["--ckpt_path", str(root / f"run{i - 1}/checkpoints/last.ckpt")]
+    out = _recipe(root / f"run{i}", devices, epochs, *extra)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory) -> Path:
+    """One epoch of the recipe on 1 process, saved sharded: the start of the resume chain and the folder read,
+    converted, predicted and exported below (one run for both)."""
+    root = tmp_path_factory.mktemp("sharded")
+    _run(root, 0, 1, 1)
+    return root
+
+
 @pytest.mark.timeout(900)
-def test_a_sharded_checkpoint_resumes_on_another_number_of_processes(tmp_path):
+def test_a_sharded_checkpoint_resumes_on_another_number_of_processes(one_process_run):
     """Saved by 1 process, resumed on 2; saved by those 2, resumed on 1: each run starts from the weights the
     previous one ended with."""
+    tmp_path = one_process_run
     for i, (devices, epochs) in enumerate([(1, 1), (2, 2), (1, 3)]):
-        extra = ["--trainer.callbacks+=ddp_probe.RecordStartWeights", "--trainer.callbacks.out_dir",
-                 str(tmp_path / f"run{i}")]
         if i:
-            extra += ["--ckpt_path", str(tmp_path / f"run{i - 1}/checkpoints/last.ckpt")]
-        out = _recipe(tmp_path / f"run{i}", devices, epochs, *extra)
-        assert out.returncode == 0, out.stderr[-3000:]
+            _run(tmp_path, i, devices, epochs)
         assert _step(tmp_path / f"run{i}/checkpoints/last.ckpt") == 2 * epochs
         if i:
             _assert_same_weights(torch.load(tmp_path / f"run{i - 1}/weights.pt"),
@@ -134,7 +148,7 @@ def test_two_nodes_train_save_and_resume_into_one_root(tmp_path, strategy):
 
 
 @pytest.mark.timeout(600)
-def test_a_sharded_checkpoint_is_read_converted_predicted_and_exported_as_saved(tmp_path):
+def test_a_sharded_checkpoint_is_read_converted_predicted_and_exported_as_saved(one_process_run, tmp_path):
     """The folder FSDP2 wrote goes wherever a checkpoint file goes: ``create_model(checkpoint=)`` (name and size
     from its hyper-parameters), ``vitkit convert SHARDED -o model.safetensors``, ``vitkit predict`` and ``vitkit
     export``; a ``.metadata`` that would import anything else is refused before torch unpickles it."""
@@ -143,12 +157,10 @@ def test_a_sharded_checkpoint_is_read_converted_predicted_and_exported_as_saved(
     import vitkit
     from vitkit.checkpoints import UnsafeCheckpointError
 
-    out = _recipe(tmp_path / "run", 1, 1)
-    assert out.returncode == 0, out.stderr[-3000:]
-    sharded = tmp_path / "run/checkpoints/last.ckpt"
+    sharded = one_process_run / "run0/checkpoints/last.ckpt"
     net = vitkit.create_model(checkpoint=sharded)
     assert net.name == "vit_large_patch16_224" and net.load_report.format == "lightning"
-    trained = torch.load(tmp_path / "run/weights.pt")
+    trained = torch.load(one_process_run / "run0/weights.pt")
     for k, v in net.state_dict().items():
         assert torch.equal(v, trained[f"model.{k}"]), k
     converted = tmp_path / "model.safetensors"
@@ -171,6 +183,7 @@ def test_a_sharded_checkpoint_is_read_converted_predicted_and_exported_as_saved(
         def __reduce__(self):
             return (print, ("executed",))
 
-    (sharded / ".metadata").write_bytes(pickle.dumps(Evil()))
+    evil = shutil.copytree(sharded, tmp_path / "evil.ckpt")  # the fixture's folder stays whole for other tests
+    (evil / ".metadata").write_bytes(pickle.dumps(Evil()))
     with pytest.raises(UnsafeCheckpointError, match="builtins.print"):
-        vitkit.create_model(checkpoint=sharded)
+        vitkit.create_model(checkpoint=evil)

@@ -25,6 +25,7 @@ def adapt_input_conv(weight: Tensor, in_chans: int) -> Tensor:
 
 
 HEADS = ("head.", "head_dist.")  # the classifier, and DeiT's distillation head
+ZERO_BIASES = (".attn.q_bias", ".attn.v_bias", ".attn.qkv.bias")  # dropped when all zeros and the model has none
 
 
 def classifier_names(model: nn.Module) -> str | tuple[str, str]:
@@ -56,6 +57,10 @@ def adapt(sd: dict[str, Tensor], model: nn.Module) -> tuple[dict[str, Tensor], l
         notes.append("head: new (not in the checkpoint)")
     for k, v in list(sd.items()):
         want = target.get(k)
+        if want is None and k.endswith(ZERO_BIASES) and not v.any():  # DINOv3 S/B/L: trained with zero biases
+            del sd[k]
+            notes.append(f"{k}: dropped, all zeros, and the model has no such bias")
+            continue
         if want is None and k.startswith(HEADS) and not heads:
             del sd[k]
             notes.append(f"{k}: dropped, the model has no classifier (num_classes=0)")

@@ -1,15 +1,19 @@
-"""Every key remapping in one place: state dicts of timm, torchvision, transformers and the official
-Swin / DeiT repositories, renamed to vitkit's (= timm's ViT and Swin) parameter names; timm's Eva class (DINOv3,
-the RoPE ViTs) names LayerScale differently from its ViT.
+"""Every key remapping in one place: state dicts of timm, torchvision, transformers (ViT, Swin, Swin V2, CLIP,
+SigLIP, DINOv2, DINOv3), OpenAI CLIP / OpenCLIP and the official Swin / DeiT / DINOv2 / DINOv3 repositories,
+renamed to vitkit's (= timm's ViT and Swin) parameter names; timm's Eva class (DINOv3, the RoPE ViTs, EVA-02) names
+LayerScale differently from its ViT.
 
-A format is recognised by keys only it has; a rule list renames keys with regular expressions in order,
-and separate query / key / value projections are fused into one ``qkv`` as the attention core expects.
+A format is recognised by keys only it has. Its ``prepare`` step (if any) keeps the image tower of an image-text
+file and reshapes what is not a rename (a projection matrix into a classifier, a packed pooling attention); its
+rule list then renames keys with regular expressions in order; separate query / key / value projections are fused
+into one ``qkv`` as the attention core expects; class, register and position tokens get their (1, N, D) shape.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -20,7 +24,10 @@ Rules = list[tuple[str, str | Callable[[re.Match], str]]]  # (pattern, replaceme
 WRAPPERS = ("state_dict", "model", "module", "model_state_dict", "encoder")  # encoder: I-JEPA
 EMA_WRAPPERS = ("state_dict_ema", "model_ema", "ema")
 PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
-DROPPED = ("relative_position_index", "attn_mask")  # buffers other libraries persist; vitkit rebuilds them
+# buffers other libraries persist (vitkit rebuilds them) and pretraining-only tensors (masked-image tokens)
+DROPPED = ("relative_position_index", "relative_coords_table", "attn_mask", "position_ids", "mask_token",
+           "rope_embed.periods", ".bias_mask", ".inv_freq")
+TOKENS = ("cls_token", "reg_token", "pos_embed", "attn_pool.latent")  # (1, N, D) in vitkit; 1-D or 2-D elsewhere
 
 TORCHVISION_VIT: Rules = [
     (r"^class_token$", "cls_token"),
@@ -52,11 +59,13 @@ OFFICIAL_SWIN: Rules = [  # microsoft/Swin-Transformer merges patches at the end
     (r"^head\.", "head.fc."),
 ]
 
+QKV = dict(q="query", k="key", v="value")
+
 _HF_BLOCK: Rules = [  # transformers 4.x names, then 5.x names
     (r"\.layernorm_before\.", ".norm1."),
     (r"\.layernorm_after\.", ".norm2."),
     (r"\.attention\.(?:attention|self)\.(query|key|value)\.", r".attn.\1."),
-    (r"\.attention\.([qkv])_proj\.", lambda m: f".attn.{dict(q='query', k='key', v='value')[m[1]]}."),
+    (r"\.attention\.([qkv])_proj\.", lambda m: f".attn.{QKV[m[1]]}."),
     (r"\.attention\.output\.dense\.", ".attn.proj."),
     (r"\.attention\.o_proj\.", ".attn.proj."),
     (r"\.attention\.(?:self\.|relative_position_bias\.)relative_position_bias_table$",
@@ -65,54 +74,196 @@ _HF_BLOCK: Rules = [  # transformers 4.x names, then 5.x names
     (r"\.output\.dense\.", ".mlp.fc2."),
 ]
 
-TRANSFORMERS_VIT: Rules = [
-    (r"^vit\.", ""),
+TRANSFORMERS_VIT: Rules = [  # ViT, DeiT and DINOv2 (with registers too)
+    (r"^(?:vit|dinov2|deit)\.", ""),
     (r"^embeddings\.cls_token$", "cls_token"),
+    (r"^embeddings\.register_tokens$", "reg_token"),
     (r"^embeddings\.position_embeddings$", "pos_embed"),
     (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
     (r"^(?:encoder\.layer|layers)\.(\d+)\.", r"blocks.\1."),
     *_HF_BLOCK,
+    (r"\.layer_scale([12])\.lambda1$", r".ls\1.gamma"),
+    (r"\.mlp\.weights_in\.", ".mlp.fc1."),  # DINOv2-g's packed SwiGLU, split by split_packed_glu
+    (r"\.mlp\.weights_out\.", ".mlp.fc2."),
     (r"^layernorm\.", "norm."),
     (r"^classifier\.", "head."),
 ]
 
-TRANSFORMERS_SWIN: Rules = [
-    (r"^swin\.", ""),
+TRANSFORMERS_SWIN: Rules = [  # Swin and Swin V2
+    (r"^swin(?:v2)?\.", ""),
     (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
     (r"^embeddings\.norm\.", "patch_embed.norm."),
     (r"^encoder\.layers\.(\d+)\.downsample\.", lambda m: f"layers.{int(m[1]) + 1}.downsample."),
     (r"^encoder\.layers\.(\d+)\.blocks\.", r"layers.\1.blocks."),
+    (r"\.attention\.self\.logit_scale$", ".attn.logit_scale"),
+    (r"\.attention\.self\.continuous_position_bias_mlp\.", ".attn.cpb_mlp."),
     *_HF_BLOCK,
     (r"^layernorm\.", "norm."),
     (r"^classifier\.", "head.fc."),
 ]
 
+TRANSFORMERS_TOWER: Rules = [  # CLIP and SigLIP image towers (after _image_tower kept them)
+    (r"^embeddings\.class_embedding$", "cls_token"),
+    (r"^embeddings\.patch_embedding\.", "patch_embed.proj."),
+    (r"^embeddings\.position_embedding\.weight$", "pos_embed"),
+    (r"^pre_layrnorm\.", "norm_pre."),
+    (r"^encoder\.layers\.(\d+)\.", r"blocks.\1."),
+    (r"\.layer_norm([12])\.", r".norm\1."),
+    (r"\.self_attn\.([qkv])_proj\.", lambda m: f".attn.{QKV[m[1]]}."),
+    (r"\.self_attn\.out_proj\.", ".attn.proj."),
+    (r"^post_layernorm\.", "norm."),
+    (r"^head\.probe$", "attn_pool.latent"),  # SigLIP's attention-pool head (MAP)
+    (r"^head\.attention\.out_proj\.", "attn_pool.proj."),
+    (r"^head\.layernorm\.", "attn_pool.norm."),
+    (r"^head\.mlp\.", "attn_pool.mlp."),
+]
+
+TRANSFORMERS_DINOV3: Rules = [
+    (r"^embeddings\.cls_token$", "cls_token"),
+    (r"^embeddings\.register_tokens$", "reg_token"),
+    (r"^embeddings\.patch_embeddings\.", "patch_embed.proj."),
+    (r"^(?:model\.)?layer\.(\d+)\.", r"blocks.\1."),
+    *_HF_BLOCK,
+    (r"\.layer_scale([12])\.lambda1$", r".ls\1.gamma"),
+    (r"\.mlp\.gate_proj\.", ".mlp.fc1_g."),
+    (r"\.mlp\.gated_up_proj\.", ".mlp.fc1_x."),  # up_proj of a gated MLP, told apart by _dinov3_mlp
+    (r"\.mlp\.up_proj\.", ".mlp.fc1."),
+    (r"\.mlp\.down_proj\.", ".mlp.fc2."),
+]
+
+OPENAI_CLIP: Rules = [  # OpenAI's CLIP and OpenCLIP's own ViTs (after _image_tower kept ``visual.``)
+    (r"^class_embedding$", "cls_token"),
+    (r"^positional_embedding$", "pos_embed"),
+    (r"^conv1\.", "patch_embed.proj."),
+    (r"^ln_pre\.", "norm_pre."),
+    (r"^ln_post\.", "norm."),
+    (r"^transformer\.resblocks\.(\d+)\.", r"blocks.\1."),
+    (r"\.ln_([12])\.", r".norm\1."),
+    (r"\.attn\.in_proj_(weight|bias)$", r".attn.qkv.\1"),
+    (r"\.attn\.out_proj\.", ".attn.proj."),
+    (r"\.mlp\.c_fc\.", ".mlp.fc1."),
+    (r"\.mlp\.c_proj\.", ".mlp.fc2."),
+]
 
 TIMM_EVA: Rules = [  # timm's Eva class (DINOv3, the RoPE ViTs, EVA-02): LayerScale as bare gammas, and EVA-02 B/L's
     (r"\.gamma_1$", ".ls1.gamma"),  # separate q, k, v projections (no key bias), fused by fuse_qkv
     (r"\.gamma_2$", ".ls2.gamma"),
-    (r"\.attn\.q_proj\.weight$", ".attn.query.weight"),
-    (r"\.attn\.k_proj\.weight$", ".attn.key.weight"),
-    (r"\.attn\.v_proj\.weight$", ".attn.value.weight"),
-    (r"\.attn\.q_proj\.bias$", ".attn.q_bias"),
-    (r"\.attn\.v_proj\.bias$", ".attn.v_bias"),
+    (r"\.attn\.([qkv])_proj\.", lambda m: f".attn.{QKV[m[1]]}."),
     (r"\.attn\.norm\.", ".attn.out_norm."),  # EVA-CLIP's sub-LN on the heads' output
 ]
 
+OFFICIAL_DINO: Rules = [  # facebookresearch/dinov2 and dinov3 (their SwiGLU: w12 packed or w1, w2; then w3)
+    (r"^register_tokens$", "reg_token"),
+    (r"^storage_tokens$", "reg_token"),
+    (r"\.mlp\.w12\.", ".mlp.fc1."),
+    (r"\.mlp\.w1\.", ".mlp.fc1_g."),
+    (r"\.mlp\.w2\.", ".mlp.fc1_x."),
+    (r"\.mlp\.w3\.", ".mlp.fc2."),
+]
 
 def _has(sd: dict, pattern: str) -> bool:
     return any(re.search(pattern, k) for k in sd)
 
 
-# name -> (recogniser, rules); the first recogniser that matches decides. timm/vitkit is the fallback.
-FORMATS: dict[str, tuple[Callable[[dict], bool], Rules]] = {
-    "torchvision-vit": (lambda sd: "conv_proj.weight" in sd and "encoder.pos_embedding" in sd, TORCHVISION_VIT),
-    "torchvision-swin": (lambda sd: "features.0.0.weight" in sd, TORCHVISION_SWIN),
-    "transformers-swin": (lambda sd: _has(sd, r"^(swin\.)?embeddings\.patch_embeddings\.projection\.")
-                          and _has(sd, r"^(swin\.)?encoder\.layers\.\d+\.blocks\."), TRANSFORMERS_SWIN),
-    "transformers-vit": (lambda sd: _has(sd, r"^(vit\.)?embeddings\.position_embeddings$"), TRANSFORMERS_VIT),
-    "official-swin": (lambda sd: "layers.0.downsample.reduction.weight" in sd, OFFICIAL_SWIN),
-    "timm-eva": (lambda sd: _has(sd, r"^blocks\.\d+\.(gamma_1|attn\.q_proj\.weight)$"), TIMM_EVA),
+def _image_tower(prefix: str, projection: str | None = None, bias: str | None = None,
+                 transposed: bool = False) -> Callable[[dict], dict]:
+    """Keep the image tower of an image-text file (its keys under ``prefix``, the prefix dropped; a file of the
+    tower alone passes whole) and make its projection to the shared embedding vitkit's classifier: ``head``
+    with a zero bias unless it has one, as timm's image towers have (OpenAI stores the matrix transposed)."""
+    def keep(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+        inside = any(k.startswith(prefix) for k in sd)
+        out = {k[len(prefix):] if inside else k: v for k, v in sd.items()
+               if (k.startswith(prefix) or not inside) and k not in (projection, bias)}
+        w = sd.get(projection) if projection else None
+        if w is not None:
+            out["head.weight"] = w.t() if transposed else w
+            out["head.bias"] = sd[bias] if bias in sd else w.new_zeros(out["head.weight"].shape[0])
+        return out
+    return keep
+
+
+def _siglip(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """transformers' SigLIP: the tower, and its pooling attention's packed in_proj cut into the query and the
+    key-value projections of vitkit's AttentionPool."""
+    sd = _image_tower("vision_model.")(sd)
+    for name in ("weight", "bias"):
+        packed = sd.pop(f"head.attention.in_proj_{name}", None)
+        if packed is not None:
+            dim = packed.shape[0] // 3
+            sd[f"attn_pool.q.{name}"], sd[f"attn_pool.kv.{name}"] = packed[:dim], packed[dim:]
+    return sd
+
+
+def _dinov3_mlp(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """transformers' DINOv3: ``up_proj`` is the value half of a gated MLP and the first layer of a plain one."""
+    gated = _has(sd, r"\.mlp\.gate_proj\.")
+    return {k.replace(".mlp.up_proj.", ".mlp.gated_up_proj.") if gated else k: v for k, v in sd.items()}
+
+
+def _fold_class_position(sd: dict[str, Tensor], reg: str = "register_tokens", pos: str = "pos_embed",
+                         cls: str = "cls_token") -> dict[str, Tensor]:
+    """DINOv2 with registers stores one position for the class token and none for the registers; vitkit (as timm)
+    adds the class token's into the token itself and keeps positions for the patches alone."""
+    sd = dict(sd)
+    if reg in sd and pos in sd and cls in sd:
+        sd[cls] = sd[cls] + sd[pos][:, :1]
+        sd[pos] = sd[pos][:, 1:]
+    return sd
+
+
+def _hf_dinov2(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    sd = {k.removeprefix("dinov2."): v for k, v in sd.items()}
+    return _fold_class_position(sd, "embeddings.register_tokens", "embeddings.position_embeddings",
+                                "embeddings.cls_token")
+
+
+def _official_dino(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """facebookresearch/dinov2, dinov3: registers folded (DINOv2); DINOv3's ``qkv.bias`` (its key third masked to
+    zero) cut into q and v biases; the 7B's local-crop norm and EUPE's distillation projectors dropped."""
+    sd = _fold_class_position(sd)
+    out = {}
+    for k, v in sd.items():
+        if k.startswith(("local_cls_norm.", "projectors.")):
+            continue
+        if "storage_tokens" in sd and k.endswith(".attn.qkv.bias"):
+            q, _, val = v.chunk(3)
+            out[k.replace("qkv.bias", "q_bias")], out[k.replace("qkv.bias", "v_bias")] = q, val
+            continue
+        out[k] = v
+    return out
+
+
+class Format(NamedTuple):
+    recognise: Callable[[dict], bool]
+    rules: Rules
+    prepare: Callable[[dict], dict] | None = None  # before renaming: keep the image tower, reshape
+
+
+# name -> format; the first recogniser that matches decides. timm/vitkit is the fallback.
+FORMATS: dict[str, Format] = {
+    "torchvision-vit": Format(lambda sd: "conv_proj.weight" in sd and "encoder.pos_embedding" in sd, TORCHVISION_VIT),
+    "torchvision-swin": Format(lambda sd: "features.0.0.weight" in sd, TORCHVISION_SWIN),
+    "openai-clip": Format(lambda sd: _has(sd, r"^(visual\.)?class_embedding$") and _has(sd, r"^(visual\.)?conv1\."),
+                          OPENAI_CLIP, _image_tower("visual.", "visual.proj", transposed=True)),
+    "openclip-timm": Format(lambda sd: _has(sd, r"^visual\.trunk\."), [],
+                            _image_tower("visual.trunk.", "visual.head.proj.weight",
+                                                                            "visual.head.proj.bias")),
+    "transformers-clip": Format(lambda sd: _has(sd, r"^(vision_model\.)?embeddings\.class_embedding$"),
+                                TRANSFORMERS_TOWER, _image_tower("vision_model.", "visual_projection.weight")),
+    "transformers-siglip": Format(lambda sd: _has(sd, r"^(vision_model\.)?embeddings\.patch_embedding\.weight$"),
+                                  TRANSFORMERS_TOWER, _siglip),
+    "transformers-dinov3": Format(lambda sd: "embeddings.patch_embeddings.weight" in sd, TRANSFORMERS_DINOV3,
+                                  _dinov3_mlp),
+    "transformers-swinv2": Format(lambda sd: _has(sd, r"\.continuous_position_bias_mlp\."), TRANSFORMERS_SWIN),
+    "transformers-swin": Format(lambda sd: _has(sd, r"^(swin\.)?embeddings\.patch_embeddings\.projection\.")
+                                and _has(sd, r"^(swin\.)?encoder\.layers\.\d+\.blocks\."), TRANSFORMERS_SWIN),
+    "transformers-vit": Format(lambda sd: _has(sd, r"^(vit\.|dinov2\.|deit\.)?embeddings\.position_embeddings$"),
+                               TRANSFORMERS_VIT, _hf_dinov2),
+    "official-swin": Format(lambda sd: "layers.0.downsample.reduction.weight" in sd, OFFICIAL_SWIN),
+    "official-dinov3": Format(lambda sd: "storage_tokens" in sd, OFFICIAL_DINO, _official_dino),
+    "official-dinov2": Format(lambda sd: "mask_token" in sd and _has(sd, r"^blocks\.0\.ls1\.gamma$"), OFFICIAL_DINO,
+                              _official_dino),
+    "timm-eva": Format(lambda sd: _has(sd, r"^blocks\.\d+\.(gamma_1|attn\.q_proj\.weight)$"), TIMM_EVA),
 }
 
 
@@ -151,18 +302,31 @@ def rename(sd: dict[str, Tensor], rules: Rules) -> dict[str, Tensor]:
 
 
 def fuse_qkv(sd: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``...attn.query/key/value.{weight,bias}`` -> ``...attn.qkv.{weight,bias}`` (rows q, then k, then v)."""
+    """``...attn.query/key/value.{weight,bias}`` -> ``...attn.qkv.{weight,bias}`` (rows q, then k, then v);
+    query and value biases without a key bias (BEiT's, Swin V2's, DINOv3's) -> ``q_bias`` and ``v_bias``."""
     out = {}
     for k, v in sd.items():
         m = re.match(r"(.*\.attn\.)(query|key|value)\.(weight|bias)$", k)
         if not m:
             out[k] = v
         elif m[2] == "query":
-            parts = [sd.get(f"{m[1]}{p}.{m[3]}") for p in ("query", "key", "value")]
-            if any(p is None for p in parts):
+            q, key, val = (sd.get(f"{m[1]}{p}.{m[3]}") for p in ("query", "key", "value"))
+            if m[3] == "bias" and key is None and val is not None:
+                out[f"{m[1]}q_bias"], out[f"{m[1]}v_bias"] = q, val
+            elif key is None or val is None:
                 raise KeyError(f"{m[1]}: found query but not key and value {m[3]}s to fuse")
-            out[f"{m[1]}qkv.{m[3]}"] = torch.cat(parts, dim=0)
+            else:
+                out[f"{m[1]}qkv.{m[3]}"] = torch.cat([q, key, val], dim=0)
+        elif m[3] == "bias" and f"{m[1]}query.bias" not in sd:
+            raise KeyError(f"{m[1]}: found a {m[2]} bias but no query bias")
     return out
+
+
+def shape_tokens(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Class, register and position tokens and the pooling query as (1, N, D): other libraries keep them 1-D
+    (a class embedding) or 2-D (an embedding table of positions); none of them when there are none."""
+    return {k: v.reshape(1, -1, v.shape[-1]) if k in TOKENS and v.dim() < 3 else v for k, v in sd.items()
+            if not (k in TOKENS and v.numel() == 0)}  # transformers keeps an empty (1, 0, D) for no registers
 
 
 def split_packed_glu(sd: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -182,8 +346,8 @@ def split_packed_glu(sd: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def detect(sd: dict[str, Tensor]) -> str:
-    for name, (recognise, _) in FORMATS.items():
-        if recognise(sd):
+    for name, fmt in FORMATS.items():
+        if fmt.recognise(sd):
             return name
     return "timm"
 
@@ -193,6 +357,7 @@ def to_vitkit(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
     sd = strip_prefixes(sd)
     fmt = detect(sd)
     if fmt in FORMATS:
-        sd = fuse_qkv(rename(sd, FORMATS[fmt][1]))
-    sd = split_packed_glu(sd)
+        prepare = FORMATS[fmt].prepare
+        sd = fuse_qkv(rename(prepare(sd) if prepare else sd, FORMATS[fmt].rules))
+    sd = shape_tokens(split_packed_glu(sd))
     return {k: v for k, v in sd.items() if not k.endswith(DROPPED)}, fmt

@@ -15,6 +15,7 @@ from ..models.registry import preset_config
 from .adapt import adapt, classifier_names, head_keys, headless
 from .files import CheckpointError, read_file, resolve, write_json, write_safetensors
 from .formats import to_vitkit, unwrap
+from .hf_config import preset_for
 
 log = logging.getLogger(__name__)
 
@@ -79,26 +80,6 @@ class LoadReport:
         return "\n".join(lines)
 
 
-def _from_transformers(config: dict) -> tuple[str, dict]:
-    """A vitkit preset and overrides equal to a transformers ViT / Swin config.json."""
-    kind = config.get("model_type")
-    if config.get("hidden_act", "gelu") != "gelu":
-        raise CheckpointError(f"transformers config has hidden_act={config['hidden_act']!r}; vitkit's MLP is GELU")
-    common = dict(img_size=config["image_size"], patch_size=config["patch_size"], in_chans=config["num_channels"],
-                  qkv_bias=config.get("qkv_bias", True), norm_eps=config["layer_norm_eps"])
-    if kind == "vit":
-        return "vit_base_patch16_224", dict(
-            common, embed_dim=config["hidden_size"], depth=config["num_hidden_layers"],
-            num_heads=config["num_attention_heads"], mlp_ratio=config["intermediate_size"] / config["hidden_size"])
-    if kind == "swin":
-        if config.get("use_absolute_embeddings"):
-            raise CheckpointError("transformers Swin with use_absolute_embeddings=True has no vitkit equivalent")
-        return "swin_tiny_patch4_window7_224", dict(
-            common, embed_dim=config["embed_dim"], depths=tuple(config["depths"]),
-            num_heads=tuple(config["num_heads"]), window_size=config["window_size"], mlp_ratio=config["mlp_ratio"])
-    raise CheckpointError(f"config.json has model_type={kind!r}; vitkit reads 'vit' and 'swin'")
-
-
 def _describe(config: dict | None, ckpt: dict) -> tuple[str | None, dict, list[str] | None]:
     """(preset name, config overrides, class names) recorded beside or inside the weights, if any."""
     if "pytorch-lightning_version" in ckpt and "hyper_parameters" in ckpt:
@@ -117,7 +98,7 @@ def _describe(config: dict | None, ckpt: dict) -> tuple[str | None, dict, list[s
         overrides["num_classes"] = config.get("num_classes", pcfg.get("num_classes", 1000))
         return config["architecture"], overrides, config.get("label_names")
     if "model_type" in config:  # transformers' save_pretrained
-        name, overrides = _from_transformers(config)
+        name, overrides = preset_for(config)
         labels = config.get("id2label")
         names = [labels[str(i)] if str(i) in labels else labels[i] for i in range(len(labels))] if labels else None
         return name, overrides, names
