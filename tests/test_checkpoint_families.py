@@ -58,6 +58,21 @@ def test_transformers_clip(whole, tmp_path):
         else:
             assert ours.num_classes == 0
             _close(ours(x), theirs(pixel_values=x).pooler_output)
+    if whole:
+        _predict_refuses_the_embedding(tmp_path)
+
+
+def _predict_refuses_the_embedding(folder):
+    """``vitkit predict`` on a CLIP file: its outputs are the image embedding, not classes; the error says how
+    to fine-tune it, with the command's own arguments."""
+    from PIL import Image
+
+    from vitkit.cli import main
+
+    Image.new("RGB", (40, 40), (200, 120, 40)).save(folder / "img.png")
+    with pytest.raises(SystemExit, match=r"\(transformers-clip\) is CLIP's image tower: its 24 outputs are its image "
+                       r"embedding .* --model.pretrained false --model.checkpoint "):
+        main(["predict", str(folder / "img.png"), "--checkpoint", str(folder)])
 
 
 @pytest.mark.parametrize("whole", [True, False], ids=["SiglipModel", "SiglipVisionModel"])

@@ -67,18 +67,29 @@ def _require_classifier(net: torch.nn.Module, source: str) -> None:
                          "use the checkpoint that writes")
 
 
-def _refuse_an_embedding(net: torch.nn.Module, tag: str | None) -> None:
-    """CLIP's image towers by tag end in CLIP's projection into the image-text space: those outputs are an
-    embedding, not classes (their fine-tuned tags, ``*_ft_in1k``, have a classifier and label names)."""
-    if tag and "_clip_" in net.name and "." in tag and "_ft_" not in tag and not getattr(net, "class_names", None):
-        import timm
+EMBEDDING_FORMATS = ("openai-clip", "openclip-timm", "transformers-clip")  # image towers: head = the projection
 
-        tuned = timm.list_pretrained(f"{net.name}.*_ft_*")
-        raise SystemExit(f"error: {tag} is CLIP's image tower: its {net.cfg.num_classes} outputs are its image "
-                         "embedding (the projection into CLIP's image-text space), not classes. "
-                         + (f"Take a fine-tuned tag ({', '.join(tuned)}), or fine-tune" if tuned else "Fine-tune")
-                         + f" it: `vitkit train fit --config configs/vit_base_clip_finetune.yaml --model.model_name "
-                         f"{tag} --data.root DATA`")
+
+def _refuse_an_embedding(net: torch.nn.Module, tag: str | None, checkpoint: str | None = None) -> None:
+    """CLIP's image towers (by tag, or from an OpenAI / OpenCLIP / transformers CLIP file) end in CLIP's projection
+    into the image-text space: those outputs are an embedding, not classes (the fine-tuned tags, ``*_ft_in1k``,
+    have a classifier and label names)."""
+    report = getattr(net, "load_report", None)
+    by_tag = tag and "_clip_" in net.name and "." in tag and "_ft_" not in tag
+    by_file = checkpoint and report is not None and report.format in EMBEDDING_FORMATS
+    if not (by_tag or by_file) or getattr(net, "class_names", None):
+        return
+    import timm
+
+    tuned = timm.list_pretrained(f"{net.name}.*_ft_*") if by_tag else []
+    source = f"--model.model_name {tag}" if by_tag else \
+        f"--model.model_name {net.name} --model.pretrained false --model.checkpoint {checkpoint}"
+    what = tag if by_tag else f"{checkpoint} ({report.format})"
+    raise SystemExit(f"error: {what} is CLIP's image tower: its {net.cfg.num_classes} outputs are its image "
+                     "embedding (the projection into CLIP's image-text space), not classes. "
+                     + (f"Take a fine-tuned tag ({', '.join(tuned)}), or fine-tune" if tuned else "Fine-tune")
+                     + f" it: `vitkit train fit --config configs/vit_base_clip_finetune.yaml {source} "
+                     "--data.root DATA`")
 
 
 def _image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +141,7 @@ def predict(args: argparse.Namespace) -> int:
     else:
         net = _load(args)
         names = getattr(net, "class_names", None) or [str(i) for i in range(net.cfg.num_classes)]
-        _refuse_an_embedding(net, args.model)
+        _refuse_an_embedding(net, args.model, args.checkpoint)
 
         def probabilities(image: str) -> torch.Tensor:
             x, _ = _image(image, net.cfg)
