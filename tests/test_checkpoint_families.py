@@ -240,3 +240,21 @@ def test_official_dinov2(name, tmp_path):
     x = _images(28)
     with torch.no_grad():
         _close(ours.forward_features(x), theirs.forward_features(x))
+
+
+def test_a_transformers_config_vitkit_cannot_build_is_refused_by_name(tmp_path):
+    """A model_type outside the families, or a DINOv3 whose gated MLP is not SwiGLU, is named in the error, before
+    any weight is read."""
+    import json
+
+    from vitkit.checkpoints import CheckpointError
+
+    for config, message in [({"model_type": "beit"}, r"model_type='beit'; vitkit reads vit, deit, dinov2"),
+                            ({"model_type": "dinov3_vit", "use_gated_mlp": True, "hidden_act": "gelu"},
+                             r"gated MLP and hidden_act='gelu'; vitkit's gated MLP is SwiGLU \(silu\)")]:
+        folder = tmp_path / config["model_type"]
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        save_file({"embeddings.patch_embeddings.weight": torch.zeros(8, 3, 4, 4)}, folder / "model.safetensors")
+        with pytest.raises(CheckpointError, match=message):
+            vitkit.create_model(checkpoint=folder)
