@@ -258,3 +258,18 @@ def test_a_transformers_config_vitkit_cannot_build_is_refused_by_name(tmp_path):
         save_file({"embeddings.patch_embeddings.weight": torch.zeros(8, 3, 4, 4)}, folder / "model.safetensors")
         with pytest.raises(CheckpointError, match=message):
             vitkit.create_model(checkpoint=folder)
+
+
+def test_a_torchscript_archive_is_refused_with_how_to_get_its_weights(tmp_path):
+    """OpenAI's CLIP ``.pt`` files are TorchScript archives: reading one runs its code, so vitkit refuses it and
+    says how to take its state dict; ``torch.save`` files (zips too) are not mistaken for one."""
+    from vitkit.checkpoints import UnsafeCheckpointError
+
+    theirs = _open_clip(dict(layers=1, width=32, head_width=16, patch_size=8, image_size=16))
+    torch.jit.script(theirs.visual).save(tmp_path / "ViT-tiny.pt")
+    with pytest.raises(UnsafeCheckpointError, match=r"TorchScript archive .*torch\.jit\.load\(path\)\.state_dict\(\)"):
+        vitkit.create_model("vit_base_patch16_clip_224", checkpoint=tmp_path / "ViT-tiny.pt")
+    torch.save({f"visual.{k}": v for k, v in theirs.visual.state_dict().items()}, tmp_path / "weights.pth")
+    ours = vitkit.create_model("vit_base_patch16_clip_quickgelu_224", checkpoint=tmp_path / "weights.pth",
+                               img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2)
+    assert ours.load_report.format == "openai-clip" and ours.load_report.ok

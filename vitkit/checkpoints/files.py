@@ -9,6 +9,7 @@ import pathlib
 import pickle
 import re
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,15 @@ def resolve(path: str | os.PathLike) -> tuple[Path, dict | None]:
                           f"{f', found several: {found}' if found else ', found none'}")
 
 
+def _is_torchscript(path: Path) -> bool:
+    """A ``torch.jit.save`` archive: a zip with the module's code (``*/code/``) beside its pickled state."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return any("/code/" in n or n.startswith("code/") for n in z.namelist()[:200])
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
 def read_file(path: Path) -> dict[str, Any]:
     """Load a ``.safetensors`` file, a ``torch.save`` file of tensors and plain containers, or a sharded
     checkpoint's folder (:func:`read_sharded`), on CPU.
@@ -70,6 +80,12 @@ def read_file(path: Path) -> dict[str, Any]:
         except Exception as e:  # whatever the parser raises on bad bytes, the user gets one named error
             raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): "
                                   f"{_first_line(e)}") from None
+    if _is_torchscript(path):
+        raise UnsafeCheckpointError(
+            f"{path} is a TorchScript archive (as OpenAI's CLIP .pt files are): reading it means running its code, "
+            "which vitkit does not do. Where you trust it, save its weights as a state dict "
+            "(`torch.save(torch.jit.load(path).state_dict(), 'weights.pth')`) and load that; OpenCLIP's and timm's "
+            "files of the same weights load as they are.")
     try:
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             obj = torch.load(path, map_location="cpu", weights_only=True)
