@@ -320,3 +320,5 @@ def test_save_pretrained_loads_back_in_vitkit_and_timm(name, kw, size, tmp_path)
     assert back.load_report.format == "vitkit" and back.class_names[3] == "c3"
     _same_logits(back, ours, size, atol=0)
     _same_logits(_timm_load(name, tmp_path / "export" / "model.safetensors", **kw), ours, size)
+    # timm from the folder alone: config.json's model_args carry the sizes that differ from the preset
+    _same_logits(timm.create_model(f"local-dir:{tmp_path / 'export'}", pretrained=True).eval(), ours, size)

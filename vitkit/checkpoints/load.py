@@ -168,6 +168,12 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint
     return report
 
 
+# config fields timm's ViT, Eva and Swin classes take under the same names and meanings: what timm's
+# create_model needs, beside the preset's name, to rebuild a model of another size from config.json alone
+TIMM_ARGS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "depths", "num_heads", "mlp_ratio",
+             "window_size", "global_pool")
+
+
 def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names: list[str] | None = None) -> Path:
     """Write ``model.safetensors`` + ``config.json`` to a folder that vitkit and timm both load.
 
@@ -179,8 +185,7 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names:
     directory = Path(directory)
     cfg = dataclasses.asdict(model.cfg)
     preset = dataclasses.asdict(preset_config(name))
-    model_args = {k: cfg[k] for k in ("img_size", "in_chans", "window_size", "global_pool")
-                  if k in cfg and cfg[k] != preset[k]}
+    model_args = {k: cfg[k] for k in TIMM_ARGS if k in cfg and cfg[k] != preset[k]}
     in_size = cfg["img_size"] if isinstance(cfg["img_size"], (list, tuple)) else [cfg["img_size"]] * 2
     config = {
         "architecture": name,
