@@ -13,13 +13,7 @@ from torch.testing import assert_close
 
 import vitkit
 
-
-def _randomize(model: torch.nn.Module) -> torch.nn.Module:
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    return model.eval()
+from .test_checkpoints import _randomize  # random values everywhere, as there
 
 
 def _images(size: int, n: int = 2) -> torch.Tensor:
@@ -249,7 +243,7 @@ def test_a_transformers_config_vitkit_cannot_build_is_refused_by_name(tmp_path):
 
     from vitkit.checkpoints import CheckpointError
 
-    for config, message in [({"model_type": "beit"}, r"model_type='beit'; vitkit reads vit, deit, dinov2"),
+    for config, message in [({"model_type": "beit"}, r"model_type='beit'; vitkit reads vit, dinov2"),
                             ({"model_type": "dinov3_vit", "use_gated_mlp": True, "hidden_act": "gelu"},
                              r"gated MLP and hidden_act='gelu'; vitkit's gated MLP is SwiGLU \(silu\)")]:
         folder = tmp_path / config["model_type"]

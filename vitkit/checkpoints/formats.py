@@ -74,8 +74,8 @@ _HF_BLOCK: Rules = [  # transformers 4.x names, then 5.x names
     (r"\.output\.dense\.", ".mlp.fc2."),
 ]
 
-TRANSFORMERS_VIT: Rules = [  # ViT, DeiT and DINOv2 (with registers too)
-    (r"^(?:vit|dinov2|deit)\.", ""),
+TRANSFORMERS_VIT: Rules = [  # ViT and DINOv2 (with registers too)
+    (r"^(?:vit|dinov2)\.", ""),
     (r"^embeddings\.cls_token$", "cls_token"),
     (r"^embeddings\.register_tokens$", "reg_token"),
     (r"^embeddings\.position_embeddings$", "pos_embed"),
@@ -212,6 +212,7 @@ def _fold_class_position(sd: dict[str, Tensor], reg: str = "register_tokens", po
 
 
 def _hf_dinov2(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """transformers' DINOv2 (``dinov2.`` inside an image classifier), its registers folded as Meta's."""
     sd = {k.removeprefix("dinov2."): v for k, v in sd.items()}
     return _fold_class_position(sd, "embeddings.register_tokens", "embeddings.position_embeddings",
                                 "embeddings.cls_token")
@@ -246,8 +247,7 @@ FORMATS: dict[str, Format] = {
     "openai-clip": Format(lambda sd: _has(sd, r"^(visual\.)?class_embedding$") and _has(sd, r"^(visual\.)?conv1\."),
                           OPENAI_CLIP, _image_tower("visual.", "visual.proj", transposed=True)),
     "openclip-timm": Format(lambda sd: _has(sd, r"^visual\.trunk\."), [],
-                            _image_tower("visual.trunk.", "visual.head.proj.weight",
-                                                                            "visual.head.proj.bias")),
+                            _image_tower("visual.trunk.", "visual.head.proj.weight", "visual.head.proj.bias")),
     "transformers-clip": Format(lambda sd: _has(sd, r"^(vision_model\.)?embeddings\.class_embedding$"),
                                 TRANSFORMERS_TOWER, _image_tower("vision_model.", "visual_projection.weight")),
     "transformers-siglip": Format(lambda sd: _has(sd, r"^(vision_model\.)?embeddings\.patch_embedding\.weight$"),
@@ -257,7 +257,7 @@ FORMATS: dict[str, Format] = {
     "transformers-swinv2": Format(lambda sd: _has(sd, r"\.continuous_position_bias_mlp\."), TRANSFORMERS_SWIN),
     "transformers-swin": Format(lambda sd: _has(sd, r"^(swin\.)?embeddings\.patch_embeddings\.projection\.")
                                 and _has(sd, r"^(swin\.)?encoder\.layers\.\d+\.blocks\."), TRANSFORMERS_SWIN),
-    "transformers-vit": Format(lambda sd: _has(sd, r"^(vit\.|dinov2\.|deit\.)?embeddings\.position_embeddings$"),
+    "transformers-vit": Format(lambda sd: _has(sd, r"^(vit\.|dinov2\.)?embeddings\.position_embeddings$"),
                                TRANSFORMERS_VIT, _hf_dinov2),
     "official-swin": Format(lambda sd: "layers.0.downsample.reduction.weight" in sd, OFFICIAL_SWIN),
     "official-dinov3": Format(lambda sd: "storage_tokens" in sd, OFFICIAL_DINO, _official_dino),

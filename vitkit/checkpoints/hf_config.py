@@ -1,4 +1,4 @@
-"""A transformers ``config.json`` read as a vitkit preset and its overrides: ViT / DeiT, DINOv2 (with registers),
+"""A transformers ``config.json`` read as a vitkit preset and its overrides: ViT, DINOv2 (with registers),
 DINOv3, Swin, Swin V2, and the image towers of CLIP and SigLIP (a whole image-text model's file included).
 
 transformers may leave a field at its default out of the file, so every field is read with transformers'
@@ -97,9 +97,9 @@ def preset_for(config: dict) -> tuple[str, dict]:
     kind = config.get("model_type")
     if kind in ("clip", "siglip"):  # a whole image-text model: its image tower
         config = config.get("vision_config") or {}
-    if kind not in ("vit", "deit", "clip", "clip_vision_model", "siglip", "siglip_vision_model", "dinov2",
+    if kind not in ("vit", "clip", "clip_vision_model", "siglip", "siglip_vision_model", "dinov2",
                     "dinov2_with_registers", "dinov3_vit", "swin", "swinv2"):
-        raise CheckpointError(f"config.json has model_type={kind!r}; vitkit reads vit, deit, dinov2, "
+        raise CheckpointError(f"config.json has model_type={kind!r}; vitkit reads vit, dinov2, "
                               "dinov2_with_registers, dinov3_vit, swin, swinv2, clip and siglip")
     if kind in ("clip", "clip_vision_model"):
         name, over = _clip(config)
