@@ -267,3 +267,24 @@ def test_a_torchscript_archive_is_refused_with_how_to_get_its_weights(tmp_path):
     ours = vitkit.create_model("vit_base_patch16_clip_quickgelu_224", checkpoint=tmp_path / "weights.pth",
                                img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2)
     assert ours.load_report.format == "openai-clip" and ours.load_report.ok
+
+
+def test_official_swinv2(tmp_path):
+    """microsoft/Swin-Transformer's Swin V2 files: patch merging at the end of a stage, ``head.*``, and the index
+    and coordinate buffers persisted (vitkit rebuilds them)."""
+    import re
+
+    from timm.models.swin_transformer_v2 import checkpoint_filter_fn
+
+    kw = dict(img_size=64, embed_dim=32, depths=(2, 2), num_heads=(2, 4), window_size=8, num_classes=5)
+    theirs = _randomize(timm.create_model("swinv2_tiny_window8_256", **kw))
+    official = {re.sub(r"^layers\.(\d+)\.downsample", lambda m: f"layers.{int(m[1]) - 1}.downsample", k)
+                .replace("head.fc.", "head."): v for k, v in theirs.state_dict().items()}
+    official["layers.0.blocks.0.attn.relative_coords_table"] = torch.zeros(1, 15, 15, 2)
+    assert_close(checkpoint_filter_fn({"model": dict(official)}, theirs), theirs.state_dict(), atol=0, rtol=0)
+    torch.save({"model": official}, tmp_path / "swinv2_official.pth")
+    ours = vitkit.create_model("swinv2_tiny_window8_256", checkpoint=tmp_path / "swinv2_official.pth", **kw).eval()
+    assert ours.load_report.format == "official-swin" and ours.load_report.ok, ours.load_report
+    x = _images(64)
+    with torch.no_grad():
+        _close(ours(x), theirs(x))
