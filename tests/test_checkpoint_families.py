@@ -288,3 +288,28 @@ def test_official_swinv2(tmp_path):
     x = _images(64)
     with torch.no_grad():
         _close(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("name", ["eva02_tiny_patch14_224", "eva02_base_patch14_224", "eva02_base_patch16_clip_224"])
+def test_official_eva02(name, tmp_path):
+    """baaivision/EVA's EVA-02 files: ``q_bias``/``v_bias`` beside separate projections, SwiGLU as w1/w2/w3 (w12
+    packed in Ti/S), ``mlp.ffn_ln``, ``attn.inner_attn_ln`` (EVA-CLIP), persisted RoPE tables."""
+    from timm.models.eva import checkpoint_filter_fn
+
+    kw = dict(depth=2, embed_dim=64, num_heads=2, img_size=28, num_classes=5)
+    theirs = _randomize(timm.create_model(name, **kw))
+    swaps = [("q_proj.bias", "q_bias"), ("v_proj.bias", "v_bias"), ("mlp.fc1_g", "mlp.w1"), ("mlp.fc1_x", "mlp.w2"),
+             ("mlp.fc1.", "mlp.w12."), ("mlp.fc2", "mlp.w3"), ("mlp.norm", "mlp.ffn_ln"),
+             ("attn.norm", "attn.inner_attn_ln")]
+    official = {"rope.freqs_cos": torch.ones(4, 8), "rope.freqs_sin": torch.zeros(4, 8)}
+    for k, v in theirs.state_dict().items():
+        for a, b in swaps:
+            k = k.replace(a, b)
+        official[k] = v
+    assert_close(checkpoint_filter_fn(dict(official), theirs), theirs.state_dict(), atol=0, rtol=0)
+    torch.save({"module": official}, tmp_path / "eva02.pt")
+    ours = vitkit.create_model(name, checkpoint=tmp_path / "eva02.pt", **kw).eval()
+    assert ours.load_report.format == "timm-eva" and ours.load_report.ok, ours.load_report
+    x = _images(28)
+    with torch.no_grad():
+        _close(ours(x), theirs(x))

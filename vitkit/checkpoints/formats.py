@@ -26,7 +26,7 @@ EMA_WRAPPERS = ("state_dict_ema", "model_ema", "ema")
 PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel and torch.compile
 # buffers other libraries persist (vitkit rebuilds them) and pretraining-only tensors (masked-image tokens)
 DROPPED = ("relative_position_index", "relative_coords_table", "attn_mask", "position_ids", "mask_token",
-           "rope_embed.periods", ".bias_mask", ".inv_freq")
+           "rope_embed.periods", ".bias_mask", ".inv_freq", "rope.freqs_cos", "rope.freqs_sin")
 TOKENS = ("cls_token", "reg_token", "pos_embed", "attn_pool.latent")  # (1, N, D) in vitkit; 1-D or 2-D elsewhere
 
 TORCHVISION_VIT: Rules = [
@@ -145,11 +145,19 @@ OPENAI_CLIP: Rules = [  # OpenAI's CLIP and OpenCLIP's own ViTs (after _image_to
     (r"\.mlp\.c_proj\.", ".mlp.fc2."),
 ]
 
-TIMM_EVA: Rules = [  # timm's Eva class (DINOv3, the RoPE ViTs, EVA-02): LayerScale as bare gammas, and EVA-02 B/L's
-    (r"\.gamma_1$", ".ls1.gamma"),  # separate q, k, v projections (no key bias), fused by fuse_qkv
+# timm's Eva class (DINOv3, the RoPE ViTs, EVA-02) and baaivision/EVA's files: LayerScale as bare gammas, EVA-02's
+# separate q, k, v projections (no key bias), fused by fuse_qkv
+TIMM_EVA: Rules = [
+    (r"\.gamma_1$", ".ls1.gamma"),
     (r"\.gamma_2$", ".ls2.gamma"),
     (r"\.attn\.([qkv])_proj\.", lambda m: f".attn.{QKV[m[1]]}."),
     (r"\.attn\.norm\.", ".attn.out_norm."),  # EVA-CLIP's sub-LN on the heads' output
+    (r"\.attn\.inner_attn_ln\.", ".attn.out_norm."),  # baaivision/EVA's own names for the same
+    (r"\.mlp\.ffn_ln\.", ".mlp.norm."),
+    (r"\.mlp\.w12\.", ".mlp.fc1."),  # packed, split by split_packed_glu
+    (r"\.mlp\.w1\.", ".mlp.fc1_g."),
+    (r"\.mlp\.w2\.", ".mlp.fc1_x."),
+    (r"\.mlp\.w3\.", ".mlp.fc2."),
 ]
 
 OFFICIAL_DINO: Rules = [  # facebookresearch/dinov2 and dinov3 (their SwiGLU: w12 packed or w1, w2; then w3)
@@ -263,7 +271,8 @@ FORMATS: dict[str, Format] = {
     "official-dinov3": Format(lambda sd: "storage_tokens" in sd, OFFICIAL_DINO, _official_dino),
     "official-dinov2": Format(lambda sd: "mask_token" in sd and _has(sd, r"^blocks\.0\.ls1\.gamma$"), OFFICIAL_DINO,
                               _official_dino),
-    "timm-eva": Format(lambda sd: _has(sd, r"^blocks\.\d+\.(gamma_1|attn\.q_proj\.weight)$"), TIMM_EVA),
+    "timm-eva": Format(lambda sd: _has(sd, r"^blocks\.\d+\.(gamma_1|attn\.q_proj\.weight|mlp\.w12?\.weight)$"),
+                       TIMM_EVA),
 }
 
 
