@@ -105,16 +105,20 @@ def test_transformers_dinov3(gated, registers, tmp_path):
         _close(ours.forward_features(x), theirs(pixel_values=x).last_hidden_state)
 
 
-@pytest.mark.parametrize("kind", ["Dinov2Model", "Dinov2WithRegistersModel"])
-def test_transformers_dinov2(kind, tmp_path):
+@pytest.mark.parametrize("kind,swiglu", [("Dinov2Model", False), ("Dinov2WithRegistersModel", False),
+                                         ("Dinov2Model", True)])
+def test_transformers_dinov2(kind, swiglu, tmp_path):
+    """DINOv2, with registers, and with DINOv2-g's packed SwiGLU (its width rounded to 8 as transformers')."""
     import transformers as T
 
     config = (T.Dinov2WithRegistersConfig if "Registers" in kind else T.Dinov2Config)(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=8, image_size=32)
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, patch_size=8, image_size=32,
+        use_swiglu_ffn=swiglu)
     theirs = _randomize(getattr(T, kind)(config))
     theirs.save_pretrained(tmp_path)
     ours = vitkit.create_model(checkpoint=tmp_path).eval()
     assert ours.load_report.format == "transformers-vit" and ours.load_report.ok, ours.load_report
+    assert ours.cfg.mlp_layer == ("swiglu" if swiglu else "mlp")
     x = _images(32)
     with torch.no_grad():
         _close(ours.forward_features(x), theirs(pixel_values=x).last_hidden_state)

@@ -67,16 +67,15 @@ def _require_classifier(net: torch.nn.Module, source: str) -> None:
                          "use the checkpoint that writes")
 
 
-EMBEDDING_FORMATS = ("openai-clip", "openclip-timm", "transformers-clip")  # image towers: head = the projection
-
-
 def _refuse_an_embedding(net: torch.nn.Module, tag: str | None, checkpoint: str | None = None) -> None:
     """CLIP's image towers (by tag, or from an OpenAI / OpenCLIP / transformers CLIP file) end in CLIP's projection
     into the image-text space: those outputs are an embedding, not classes (the fine-tuned tags, ``*_ft_in1k``,
     have a classifier and label names)."""
+    from vitkit.checkpoints.formats import FORMATS
+
     report = getattr(net, "load_report", None)
     by_tag = tag and "_clip_" in net.name and "." in tag and "_ft_" not in tag
-    by_file = checkpoint and report is not None and report.format in EMBEDDING_FORMATS
+    by_file = checkpoint and report is not None and report.format in FORMATS and FORMATS[report.format].embedding_head
     if not (by_tag or by_file) or getattr(net, "class_names", None):
         return
     import timm

@@ -61,7 +61,7 @@ def _is_torchscript(path: Path) -> bool:
     """A ``torch.jit.save`` archive: a zip with the module's code (``*/code/``) beside its pickled state."""
     try:
         with zipfile.ZipFile(path) as z:
-            return any("/code/" in n or n.startswith("code/") for n in z.namelist()[:200])
+            return any("/code/" in n or n.startswith("code/") for n in z.namelist())
     except (zipfile.BadZipFile, OSError):
         return False
 

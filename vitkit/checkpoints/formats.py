@@ -75,7 +75,7 @@ _HF_BLOCK: Rules = [  # transformers 4.x names, then 5.x names
 ]
 
 TRANSFORMERS_VIT: Rules = [  # ViT and DINOv2 (with registers too)
-    (r"^(?:vit|dinov2)\.", ""),
+    (r"^vit\.", ""),  # (DINOv2's ``dinov2.`` goes in _hf_dinov2, before its registers are folded)
     (r"^embeddings\.cls_token$", "cls_token"),
     (r"^embeddings\.register_tokens$", "reg_token"),
     (r"^embeddings\.position_embeddings$", "pos_embed"),
@@ -246,6 +246,7 @@ class Format(NamedTuple):
     recognise: Callable[[dict], bool]
     rules: Rules
     prepare: Callable[[dict], dict] | None = None  # before renaming: keep the image tower, reshape
+    embedding_head: bool = False  # its classifier is an image-text projection: outputs are an embedding, not classes
 
 
 # name -> format; the first recogniser that matches decides. timm/vitkit is the fallback.
@@ -253,11 +254,11 @@ FORMATS: dict[str, Format] = {
     "torchvision-vit": Format(lambda sd: "conv_proj.weight" in sd and "encoder.pos_embedding" in sd, TORCHVISION_VIT),
     "torchvision-swin": Format(lambda sd: "features.0.0.weight" in sd, TORCHVISION_SWIN),
     "openai-clip": Format(lambda sd: _has(sd, r"^(visual\.)?class_embedding$") and _has(sd, r"^(visual\.)?conv1\."),
-                          OPENAI_CLIP, _image_tower("visual.", "visual.proj", transposed=True)),
+                          OPENAI_CLIP, _image_tower("visual.", "visual.proj", transposed=True), True),
     "openclip-timm": Format(lambda sd: _has(sd, r"^visual\.trunk\."), [],
-                            _image_tower("visual.trunk.", "visual.head.proj.weight", "visual.head.proj.bias")),
+                            _image_tower("visual.trunk.", "visual.head.proj.weight", "visual.head.proj.bias"), True),
     "transformers-clip": Format(lambda sd: _has(sd, r"^(vision_model\.)?embeddings\.class_embedding$"),
-                                TRANSFORMERS_TOWER, _image_tower("vision_model.", "visual_projection.weight")),
+                                TRANSFORMERS_TOWER, _image_tower("vision_model.", "visual_projection.weight"), True),
     "transformers-siglip": Format(lambda sd: _has(sd, r"^(vision_model\.)?embeddings\.patch_embedding\.weight$"),
                                   TRANSFORMERS_TOWER, _siglip),
     "transformers-dinov3": Format(lambda sd: "embeddings.patch_embeddings.weight" in sd, TRANSFORMERS_DINOV3,
