@@ -1,4 +1,7 @@
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -83,8 +86,29 @@ def shards(id_folder, tmp_path_factory) -> Path:
 
 
 def run_in_repo(args, **kw):
-    import subprocess
-    import sys
-
     env = dict(os.environ, **kw.pop("env", {}))
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, **kw)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_on_two_nodes(args: list[str], env: dict | None = None, timeout: int = 300) -> list:
+    """``python ARGS`` as node 0 and node 1 of a 2-node job, one process each on loopback (``NODE_RANK``,
+    ``MASTER_ADDR``), as a launcher on each node starts them; ARGS name ``--trainer.devices 1`` and
+    ``--trainer.num_nodes 2``. Returns each node's CompletedProcess."""
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1",
+                                              "MASTER_PORT": port, "NODE_RANK": str(node), "LOCAL_RANK": "0"})
+             for node in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, (out, err) in zip(procs, outs,
+                                                                                                 strict=True)]

@@ -218,6 +218,8 @@ def test_a_sharded_save_killed_between_its_renames_is_settled_to_the_newest_whol
     settle_interrupted_saves(tmp_path / "absent")  # a run that has not saved yet
 
 
+
+
 def test_a_strategy_named_by_class_path_is_built_and_the_retired_fsdp1_one_is_refused_with_its_successor(tmp_path):
     base = ["--config", "vit_tiny_digits", "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false"]
     cli = cli_main([*base, "--trainer.strategy", "vitkit.lit.strategies.FSDP2Strategy"], run=False)

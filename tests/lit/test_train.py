@@ -15,7 +15,7 @@ from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule
 from vitkit.lit.lightning_cli import cli_main
 
 from ..hub_cache import cache_weights, use_offline_cache
-from .conftest import ROOT, TINY_VIT, run_in_repo, write_few_shot_digits
+from .conftest import ROOT, TINY_VIT, run_on_two_nodes, write_few_shot_digits
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 CLASSIFIER_CONFIGS = [c for c in CONFIGS if not c.name.startswith(("seq2seq", "transformer", "ocr"))]
@@ -172,14 +172,16 @@ def test_wandb_logs_offline_without_an_account(tmp_path):
     assert runs, list(tmp_path.rglob("*"))[:20]
 
 
-def test_ddp_two_cpu_processes_split_the_data_and_write_one_checkpoint(tmp_path):
+def test_ddp_on_two_nodes_splits_the_data_and_node_0_writes_the_one_checkpoint(tmp_path):
+    """Two 1-process nodes on loopback (``NODE_RANK``, ``MASTER_ADDR``) into one shared root, as a launcher on
+    each node of a 2-node job starts them: each rank trains on its own images, node 0 writes the checkpoints."""
     args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
-            "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_epochs", "1",
-            "--trainer.limit_val_batches", "2", "--trainer.default_root_dir", str(tmp_path),
-            "--model.model_overrides", TINY_VIT, "--data.augment", "false", "--data.batch_size", "32",
+            "--trainer.devices", "1", "--trainer.num_nodes", "2", "--trainer.strategy", "ddp",
+            "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "2", "--trainer.default_root_dir",
+            str(tmp_path), "--model.model_overrides", TINY_VIT, "--data.augment", "false", "--data.batch_size", "32",
             "--trainer.callbacks+=ddp_probe.RecordSamples", "--trainer.callbacks.out_dir", str(tmp_path)]
-    out = run_in_repo(args, env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    for node in run_on_two_nodes(args, env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=600):
+        assert node.returncode == 0, node.stderr[-3000:]
     seen = [(tmp_path / f"rank{r}.txt").read_text().split() for r in (0, 1)]
     assert len(seen[0]) == len(seen[1]) > 0
     assert not set(seen[0]) & set(seen[1]), "ranks trained on the same images"
@@ -187,7 +189,7 @@ def test_ddp_two_cpu_processes_split_the_data_and_write_one_checkpoint(tmp_path)
     dm.setup()
     assert len(seen[0]) + len(seen[1]) <= len(dm.train_set)
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert ckpts[-1] == "last.ckpt" and len(ckpts) == 2, ckpts  # one best + last, written by rank 0 only
+    assert ckpts[-1] == "last.ckpt" and len(ckpts) == 2, ckpts  # one best + last, written by node 0 only
 
 
 @pytest.fixture(scope="module")

@@ -212,8 +212,7 @@ class VitkitCLI(LightningCLI):
     def before_fit(self) -> None:
         for cb in self.trainer.checkpoint_callbacks:
             if isinstance(cb, ModelCheckpoint):  # refuse to replace another run's last.ckpt, before any write
-                if self.trainer.is_global_zero:  # a sharded save killed between its two renames
-                    settle_interrupted_saves(cb.dirpath)
+                settle_interrupted_saves(cb.dirpath)  # a sharded save killed between its two renames
                 try:
                     cb.check_fresh(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
                 except FileExistsError as e:

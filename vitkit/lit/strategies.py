@@ -3,6 +3,8 @@ sharding only, per-block options, and sharded checkpoints written atomically."""
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -62,8 +64,10 @@ def settle_interrupted_saves(folder: str | Path) -> None:
     """Put back in place what a save killed in ``folder`` left: between the two renames of
     :meth:`FSDP2Strategy.save_checkpoint`, ``NAME`` is missing while ``NAME.old`` (the previous checkpoint) and
     ``NAME.saving`` (the new one, complete: it is moved only after every rank has written) are whole; the new one
-    takes the name. A ``NAME.saving`` beside a ``NAME`` was cut short and is removed. vitkit's CLI calls this
-    before ``--ckpt_path last`` is looked up; a Trainer of your own can call it before ``fit``."""
+    takes the name. A ``NAME.saving`` beside a ``NAME`` was cut short and is removed. vitkit's CLI calls this on
+    every process before ``--ckpt_path last`` is looked up (the nodes of a job that share the folder start
+    unsynchronised, before any process group): each move is one rename that only one of them can make, and the
+    folder ends the same whichever makes it. A Trainer of your own can call it before ``fit``."""
     folder = Path(folder)
     if not folder.is_dir():
         return
@@ -71,17 +75,38 @@ def settle_interrupted_saves(folder: str | Path) -> None:
         path = old.with_name(old.name[:-len(".old")])
         saving = path.with_name(path.name + ".saving")
         if not path.exists():
-            (saving if saving.exists() else old).replace(path)
+            _move_unless_taken(saving if saving.exists() else old, path)
         _remove(old)
     for stale in folder.glob("*.saving"):
         _remove(stale)
 
 
+def _move_unless_taken(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst`` unless another process did (``src`` gone) or filled ``dst`` first: a folder is
+    not renamed onto a non-empty one, and a file is hard-linked, which fails where ``dst`` exists (renamed where
+    the file system has no hard links)."""
+    try:
+        if src.is_dir():
+            src.rename(dst)
+            return
+        try:
+            os.link(src, dst)
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOENT):
+                raise
+            src.replace(dst)
+            return
+        src.unlink(missing_ok=True)
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY):
+            raise
+
+
 def _remove(path: Path) -> None:
     if path.is_dir():
-        shutil.rmtree(path)
-    elif path.exists():
-        path.unlink()
+        shutil.rmtree(path, ignore_errors=True)  # another process may be removing it too
+    else:
+        path.unlink(missing_ok=True)
 
 
 class BlockFSDPStrategy(FSDPStrategy):
