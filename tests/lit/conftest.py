@@ -96,15 +96,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_on_two_nodes(args: list[str], env: dict | None = None, timeout: int = 300) -> list:
-    """``python ARGS`` as node 0 and node 1 of a 2-node job, one process each on loopback (``NODE_RANK``,
-    ``MASTER_ADDR``), as a launcher on each node starts them; ARGS name ``--trainer.devices 1`` and
-    ``--trainer.num_nodes 2``. Returns each node's CompletedProcess."""
+def launch(args: list[str], nodes: int, devices: int, env: dict | None = None, timeout: int = 300) -> list:
+    """``python ARGS`` in each of ``nodes`` x ``devices`` processes on loopback, as a launcher on each node of a
+    job starts them (``NODE_RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``): Lightning starts no process of its own. ARGS
+    name the same ``--trainer.devices`` and ``--trainer.num_nodes``. Returns each process's CompletedProcess."""
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env={**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1",
-                                              "MASTER_PORT": port, "NODE_RANK": str(node), "LOCAL_RANK": "0"})
-             for node in (0, 1)]
+                                              "MASTER_PORT": port, "NODE_RANK": str(node), "LOCAL_RANK": str(local)})
+             for node in range(nodes) for local in range(devices)]
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
@@ -112,3 +112,9 @@ def run_on_two_nodes(args: list[str], env: dict | None = None, timeout: int = 30
             p.kill()
     return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, (out, err) in zip(procs, outs,
                                                                                                  strict=True)]
+
+
+def run_on_two_nodes(args: list[str], env: dict | None = None, timeout: int = 300) -> list:
+    """``python ARGS`` as node 0 and node 1 of a 2-node job, one process each; ARGS name ``--trainer.devices 1``
+    and ``--trainer.num_nodes 2``."""
+    return launch(args, 2, 1, env, timeout)

@@ -1,12 +1,13 @@
 """FSDP2 on two CPU processes (gloo): the same training as DDP, step by step, with every part of the recipe on;
 a strategy that would leave gradients unsynchronised is refused before the first step."""
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from .conftest import ROOT, TINY_VIT, run_in_repo
+from .conftest import ROOT, TINY_VIT, launch, run_in_repo
 
 PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
 TINY_SWIN = '{"embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "window_size": 4, "patch_size": 2}'
@@ -15,16 +16,65 @@ RECIPE = ["--trainer.accumulate_grad_batches", "2", "--trainer.gradient_clip_val
           "--model.cutmix", "1.0", "--model.ema_decay", "0.9", "--model.label_smoothing", "0.1"]
 
 
-def _run(root: Path, strategy: str, model: str, overrides: str, *extra: str):
+MODELS = {"vit": ("vit_tiny_patch16_224", TINY_VIT.replace('"depth": 1', '"depth": 2')),
+          "swin": ("swin_tiny_patch4_window7_224", TINY_SWIN)}
+
+
+def _classifier(root: Path, strategy: str, family: str) -> list[str]:
+    """fp32, 2 ranks, 6 batches: accumulation over 2, clipping by norm, layer-wise LR decay, drop path, mixup and
+    cutmix, label smoothing, EMA."""
+    model, overrides = MODELS[family]
+    return ["fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.strategy", strategy,
+            "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1", "--model.model_name", model,
+            "--model.model_overrides", overrides[:-1] + ', "drop_path_rate": 0.2}', *RECIPE, *_common(root)]
+
+
+def _seq2seq(root: Path, strategy: str) -> list[str]:
+    return ["fit", "--config", "configs/seq2seq_reverse.yaml", "--trainer.strategy", strategy,
+            "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2", "--model.val_max_len", "12",
+            *_common(root)]
+
+
+def _common(root: Path) -> list[str]:
     root.mkdir(parents=True)
-    args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
-            "--trainer.devices", "2", "--trainer.strategy", strategy, "--trainer.max_epochs", "1",
-            "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1", "--trainer.logger", "false",
-            "--trainer.default_root_dir", str(root), "--model.model_name", model, "--model.model_overrides", overrides,
-            "--trainer.callbacks+=ddp_probe.RecordTraining", "--trainer.callbacks.out_dir", str(root), *extra]
-    out = run_in_repo(args, env=PROBES, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out
+    return ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.max_epochs", "1",
+            "--trainer.logger", "false", "--trainer.default_root_dir", str(root),
+            "--trainer.callbacks+=ddp_probe.RecordTraining", "--trainer.callbacks.out_dir", str(root)]
+
+
+_EVERY_RUN = """
+import json
+import sys
+
+from torch.distributed.tensor import DTensor
+from vitkit.lit.lightning_cli import cli_main
+
+every, sys.argv = json.load(open(sys.argv[1])), sys.argv[:1]
+for args in every:
+    trainer = cli_main(args).trainer
+    if trainer.is_global_zero:  # what ran: the strategy, and whether it left the parameters sharded
+        sharded = all(isinstance(p, DTensor) for p in trainer.lightning_module.parameters())
+        json.dump([type(trainer.strategy).__name__, sharded], open(trainer.default_root_dir + "/ran.json", "w"))
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Every run of this file's comparisons, DDP's and FSDP2's, one after another in one pair of processes (so
+    that they start once): the training command's runs, ``cli_main(ARGS)`` with the command's arguments."""
+    root = tmp_path_factory.mktemp("sharded")
+    every = [_classifier(root / f"{family}_{strategy}", strategy, family) for family in MODELS
+             for strategy in ("ddp", "fsdp2")]
+    every += [_seq2seq(root / f"seq2seq_{strategy}", strategy) for strategy in ("ddp", "fsdp2")]
+    (root / "runs.json").write_text(json.dumps(every))
+    (root / "every_run.py").write_text(_EVERY_RUN)
+    for rank in launch([str(root / "every_run.py"), str(root / "runs.json")], 1, 2, env=PROBES, timeout=800):
+        assert rank.returncode == 0, rank.stderr[-3000:]
+    return root
+
+
+def _ran(root: Path) -> list:
+    return json.loads((root / "ran.json").read_text())
 
 
 def _losses(root: Path, rank: int) -> list[float]:
@@ -32,20 +82,17 @@ def _losses(root: Path, rank: int) -> list[float]:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("model,overrides", [("vit_tiny_patch16_224", TINY_VIT.replace('"depth": 1', '"depth": 2')),
-                                             ("swin_tiny_patch4_window7_224", TINY_SWIN)], ids=["vit", "swin"])
-def test_fsdp2_trains_as_ddp_does_with_the_whole_recipe_on(tmp_path, model, overrides):
-    """fp32, 2 ranks, 6 batches: accumulation over 2, clipping by norm, layer-wise LR decay, drop path, mixup and
-    cutmix, label smoothing, EMA. Every rank's loss at every batch, and the final weights and EMA weights, equal
-    DDP's within 1e-5."""
-    overrides = overrides[:-1] + ', "drop_path_rate": 0.2}'
-    _run(tmp_path / "ddp", "ddp", model, overrides, *RECIPE)
-    _run(tmp_path / "fsdp2", "fsdp2", model, overrides, *RECIPE)
+@pytest.mark.parametrize("family", list(MODELS))
+def test_fsdp2_trains_as_ddp_does_with_the_whole_recipe_on(runs, family):
+    """The whole recipe (see :func:`_classifier`): every rank's loss at every batch, and the final weights and EMA
+    weights, equal DDP's within 1e-5."""
+    ddp_root, fsdp_root = runs / f"{family}_ddp", runs / f"{family}_fsdp2"
+    assert _ran(ddp_root) == ["DDPStrategy", False] and _ran(fsdp_root) == ["FSDP2Strategy", True]
     for rank in (0, 1):
-        ddp, fsdp = _losses(tmp_path / "ddp", rank), _losses(tmp_path / "fsdp2", rank)
+        ddp, fsdp = _losses(ddp_root, rank), _losses(fsdp_root, rank)
         assert len(ddp) == 6 and len(set(ddp)) == 6
         torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(ddp), atol=1e-5, rtol=0)
-    ddp, fsdp = (torch.load(tmp_path / d / "weights.pt") for d in ("ddp", "fsdp2"))
+    ddp, fsdp = (torch.load(r / "weights.pt") for r in (ddp_root, fsdp_root))
     assert sorted(ddp) == sorted(fsdp) and any(k.startswith("ema.module.") for k in ddp)
     for k in ddp:
         torch.testing.assert_close(fsdp[k], ddp[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
@@ -79,22 +126,14 @@ trainer.fit(Plain(model_overrides=dict(depth=1, embed_dim=32, num_heads=2, patch
 """
 
 
-@pytest.mark.timeout(600)
-def test_the_encoder_decoder_trains_as_under_ddp_and_decodes_in_validation(tmp_path):
+@pytest.mark.timeout(900)
+def test_the_encoder_decoder_trains_as_under_ddp_and_decodes_in_validation(runs):
     """Seq2SeqModule under FSDP2 on 2 processes: the same per-batch losses as DDP, and validation's greedy decoding,
     which stops on each rank when its own batch is done, runs on gathered weights instead of waiting on the other
-    rank's collectives."""
-    for strategy in ("ddp", "fsdp2"):
-        root = tmp_path / strategy
-        root.mkdir()
-        args = ["train.py", "fit", "--config", "configs/seq2seq_reverse.yaml", "--trainer.accelerator", "cpu",
-                "--trainer.devices", "2", "--trainer.strategy", strategy, "--trainer.max_epochs", "1",
-                "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2", "--trainer.logger", "false",
-                "--trainer.default_root_dir", str(root), "--model.val_max_len", "12",
-                "--trainer.callbacks+=ddp_probe.RecordTraining", "--trainer.callbacks.out_dir", str(root)]
-        out = run_in_repo(args, env=PROBES, timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
+    rank's collectives (it ran: the processes ended)."""
+    assert _ran(runs / "seq2seq_ddp") == ["DDPStrategy", False]
+    assert _ran(runs / "seq2seq_fsdp2") == ["FSDP2Strategy", True]
     for rank in (0, 1):
-        ddp, fsdp = _losses(tmp_path / "ddp", rank), _losses(tmp_path / "fsdp2", rank)
+        ddp, fsdp = _losses(runs / "seq2seq_ddp", rank), _losses(runs / "seq2seq_fsdp2", rank)
         assert len(ddp) == 4
         torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(ddp), atol=1e-5, rtol=0)
