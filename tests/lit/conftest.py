@@ -1,3 +1,4 @@
+import json
 import os
 import socket
 import subprocess
@@ -118,3 +119,14 @@ def run_on_two_nodes(args: list[str], env: dict | None = None, timeout: int = 30
     """``python ARGS`` as node 0 and node 1 of a 2-node job, one process each; ARGS name ``--trainer.devices 1``
     and ``--trainer.num_nodes 2``."""
     return launch(args, 2, 1, env, timeout)
+
+
+def run_in_turn(runs: list[list[str]], folder: Path, devices: int = 2, timeout: int = 800) -> list:
+    """The training command's runs (``fit ...`` argument lists) one after another in one set of ``devices``
+    processes on one node (``tests/lit/in_turn.py``); the processes' CompletedProcess, each checked for exit 0."""
+    (folder / "runs.json").write_text(json.dumps(runs))
+    done = launch([str(ROOT / "tests/lit/in_turn.py"), str(folder / "runs.json")], 1, devices,
+                  env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=timeout)
+    for rank in done:
+        assert rank.returncode == 0, rank.stderr[-3000:]
+    return done

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import ROOT, TINY_VIT, launch, run_in_repo
+from .conftest import ROOT, TINY_VIT, run_in_repo, run_in_turn
 
 PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
 TINY_SWIN = '{"embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "window_size": 4, "patch_size": 2}'
@@ -42,22 +42,6 @@ def _common(root: Path) -> list[str]:
             "--trainer.callbacks+=ddp_probe.RecordTraining", "--trainer.callbacks.out_dir", str(root)]
 
 
-_EVERY_RUN = """
-import json
-import sys
-
-from torch.distributed.tensor import DTensor
-from vitkit.lit.lightning_cli import cli_main
-
-every, sys.argv = json.load(open(sys.argv[1])), sys.argv[:1]
-for args in every:
-    trainer = cli_main(args).trainer
-    if trainer.is_global_zero:  # what ran: the strategy, and whether it left the parameters sharded
-        sharded = all(isinstance(p, DTensor) for p in trainer.lightning_module.parameters())
-        json.dump([type(trainer.strategy).__name__, sharded], open(trainer.default_root_dir + "/ran.json", "w"))
-"""
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     """Every run of this file's comparisons, DDP's and FSDP2's, one after another in one pair of processes (so
@@ -66,10 +50,7 @@ def runs(tmp_path_factory) -> Path:
     every = [_classifier(root / f"{family}_{strategy}", strategy, family) for family in MODELS
              for strategy in ("ddp", "fsdp2")]
     every += [_seq2seq(root / f"seq2seq_{strategy}", strategy) for strategy in ("ddp", "fsdp2")]
-    (root / "runs.json").write_text(json.dumps(every))
-    (root / "every_run.py").write_text(_EVERY_RUN)
-    for rank in launch([str(root / "every_run.py"), str(root / "runs.json")], 1, 2, env=PROBES, timeout=800):
-        assert rank.returncode == 0, rank.stderr[-3000:]
+    run_in_turn(every, root)
     return root
 
 
