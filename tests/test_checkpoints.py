@@ -152,6 +152,25 @@ def test_transformers_vit_folder(tmp_path):
     _same_logits(ours, theirs, 32)
 
 
+def test_transformers_distilled_deit_folder(tmp_path):
+    """transformers' DeiT (``model_type: deit``, the facebook/deit-*-distilled-* folders): class and distillation
+    tokens and both heads; its logits, the two heads' mean, are the distilled preset's. The fine-tuning class,
+    whose one classifier reads the class token, loads with a new distillation head for a new class count."""
+    from transformers import DeiTConfig, DeiTForImageClassification, DeiTForImageClassificationWithTeacher
+
+    cfg = DeiTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, image_size=32,
+                     patch_size=8, num_labels=5)
+    theirs = _randomize(DeiTForImageClassificationWithTeacher(cfg))
+    theirs.save_pretrained(tmp_path / "teacher")
+    ours = vitkit.create_model(checkpoint=tmp_path / "teacher")
+    assert ours.load_report.format == "transformers-vit" and ours.name == "deit_base_distilled_patch16_224"
+    assert ours.num_prefix_tokens == 2 and ours.cfg.embed_dim == 64 and ours.cfg.depth == 2
+    _same_logits(ours, theirs, 32)
+    _randomize(DeiTForImageClassification(cfg)).save_pretrained(tmp_path / "plain")
+    tuned = vitkit.create_model(checkpoint=tmp_path / "plain", num_classes=3)
+    assert sorted(tuned.load_report.new_head) == ["head.bias", "head.weight", "head_dist.bias", "head_dist.weight"]
+
+
 def test_transformers_swin_folder(tmp_path):
     from transformers import SwinConfig, SwinForImageClassification
 

@@ -1,5 +1,5 @@
 """Every key remapping in one place: state dicts of timm, torchvision, transformers (ViT, Swin, Swin V2, CLIP,
-SigLIP, DINOv2, DINOv3), OpenAI CLIP / OpenCLIP and the official Swin / DeiT / DINOv2 / DINOv3 repositories,
+SigLIP, DINOv2, DINOv3, DeiT), OpenAI CLIP / OpenCLIP and the official Swin / DeiT / DINOv2 / DINOv3 repositories,
 renamed to vitkit's (= timm's ViT and Swin) parameter names; timm's Eva class (DINOv3, the RoPE ViTs, EVA-02) names
 LayerScale differently from its ViT.
 
@@ -74,9 +74,10 @@ _HF_BLOCK: Rules = [  # transformers 4.x names, then 5.x names
     (r"\.output\.dense\.", ".mlp.fc2."),
 ]
 
-TRANSFORMERS_VIT: Rules = [  # ViT and DINOv2 (with registers too)
-    (r"^vit\.", ""),  # (DINOv2's ``dinov2.`` goes in _hf_dinov2, before its registers are folded)
+TRANSFORMERS_VIT: Rules = [  # ViT, DeiT (distilled) and DINOv2 (with registers too)
+    (r"^(?:vit|deit)\.", ""),  # (DINOv2's ``dinov2.`` goes in _hf_dinov2, before its registers are folded)
     (r"^embeddings\.cls_token$", "cls_token"),
+    (r"^embeddings\.distillation_token$", "dist_token"),
     (r"^embeddings\.register_tokens$", "reg_token"),
     (r"^embeddings\.position_embeddings$", "pos_embed"),
     (r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
@@ -86,7 +87,8 @@ TRANSFORMERS_VIT: Rules = [  # ViT and DINOv2 (with registers too)
     (r"\.mlp\.weights_in\.", ".mlp.fc1."),  # DINOv2-g's packed SwiGLU, split by split_packed_glu
     (r"\.mlp\.weights_out\.", ".mlp.fc2."),
     (r"^layernorm\.", "norm."),
-    (r"^classifier\.", "head."),
+    (r"^(?:cls_)?classifier\.", "head."),
+    (r"^distillation_classifier\.", "head_dist."),
 ]
 
 TRANSFORMERS_SWIN: Rules = [  # Swin and Swin V2
@@ -266,7 +268,7 @@ FORMATS: dict[str, Format] = {
     "transformers-swinv2": Format(lambda sd: _has(sd, r"\.continuous_position_bias_mlp\."), TRANSFORMERS_SWIN),
     "transformers-swin": Format(lambda sd: _has(sd, r"^(swin\.)?embeddings\.patch_embeddings\.projection\.")
                                 and _has(sd, r"^(swin\.)?encoder\.layers\.\d+\.blocks\."), TRANSFORMERS_SWIN),
-    "transformers-vit": Format(lambda sd: _has(sd, r"^(vit\.|dinov2\.)?embeddings\.position_embeddings$"),
+    "transformers-vit": Format(lambda sd: _has(sd, r"^(vit\.|deit\.|dinov2\.)?embeddings\.position_embeddings$"),
                                TRANSFORMERS_VIT, _hf_dinov2),
     "official-swin": Format(lambda sd: "layers.0.downsample.reduction.weight" in sd, OFFICIAL_SWIN),
     "official-dinov3": Format(lambda sd: "storage_tokens" in sd, OFFICIAL_DINO, _official_dino),

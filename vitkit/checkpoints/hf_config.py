@@ -97,9 +97,9 @@ def preset_for(config: dict) -> tuple[str, dict]:
     kind = config.get("model_type")
     if kind in ("clip", "siglip"):  # a whole image-text model: its image tower
         config = config.get("vision_config") or {}
-    if kind not in ("vit", "clip", "clip_vision_model", "siglip", "siglip_vision_model", "dinov2",
+    if kind not in ("vit", "deit", "clip", "clip_vision_model", "siglip", "siglip_vision_model", "dinov2",
                     "dinov2_with_registers", "dinov3_vit", "swin", "swinv2"):
-        raise CheckpointError(f"config.json has model_type={kind!r}; vitkit reads vit, dinov2, "
+        raise CheckpointError(f"config.json has model_type={kind!r}; vitkit reads vit, deit, dinov2, "
                               "dinov2_with_registers, dinov3_vit, swin, swinv2, clip and siglip")
     if kind in ("clip", "clip_vision_model"):
         name, over = _clip(config)
@@ -114,5 +114,5 @@ def preset_for(config: dict) -> tuple[str, dict]:
     else:
         over = _vit_common(config, 16, 224, 1e-12)
         over.update(qkv_bias=config.get("qkv_bias", True), act_layer=_act(config, "gelu"))
-        name = "vit_base_patch16_224"
+        name = "deit_base_distilled_patch16_224" if kind == "deit" else "vit_base_patch16_224"  # deit: distilled
     return name, over
