@@ -63,3 +63,18 @@ def test_swin_rows_build_without_token_merging_and_refuse_it(capsys):
     with pytest.raises(SystemExit):
         throughput.parse_args(["--models", "swin_tiny_patch4_window7_224", "--token-merging", "0,8"])
     assert "--token-merging is for ViT/DeiT presets only" in capsys.readouterr().err
+
+
+def test_rounds_alternate_the_order_of_the_entries():
+    """Every other round runs the entries in reverse, so that no library always runs first after another's step."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vitkit.tools.timing import Entry, time_rounds
+
+    ran = []
+    entries = [Entry(lib, "m", "train", 1, factory=None, step=lambda lib=lib: ran.append(lib)) for lib in "abc"]
+    time_rounds(entries, SimpleNamespace(rounds=4, iters=2), torch.device("cpu"))
+    assert "".join(ran) == "aabbcc" "ccbbaa" "aabbcc" "ccbbaa"
+    assert [len(e.times) for e in entries] == [8, 8, 8]
