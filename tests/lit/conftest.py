@@ -12,6 +12,7 @@ from sklearn.datasets import load_digits
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_VIT = '{"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}'
+PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}  # the test callbacks (ddp_probe) for the processes tests start
 
 
 @pytest.fixture(autouse=True)
@@ -126,7 +127,7 @@ def run_in_turn(runs: list[list[str]], folder: Path, devices: int = 2, timeout: 
     processes on one node (``tests/lit/in_turn.py``); the processes' CompletedProcess, each checked for exit 0."""
     (folder / "runs.json").write_text(json.dumps(runs))
     done = launch([str(ROOT / "tests/lit/in_turn.py"), str(folder / "runs.json")], 1, devices,
-                  env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=timeout)
+                  env=PROBES, timeout=timeout)
     for rank in done:
         assert rank.returncode == 0, rank.stderr[-3000:]
     return done

@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, TINY_VIT, run_in_repo, run_in_turn
-
-PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
+from .conftest import TINY_VIT, run_in_repo, run_in_turn
 
 
 def _ddp(root: Path, *extra: str) -> list[str]:

@@ -11,7 +11,7 @@ import torch
 
 from vitkit.lit.lightning_cli import cli_main
 
-from .conftest import ROOT, TINY_VIT, run_in_repo
+from .conftest import PROBES, ROOT, TINY_VIT, run_in_repo
 
 
 def _cpu(tmp_path: Path) -> list[str]:
@@ -98,7 +98,7 @@ def test_sigkill_mid_epoch_then_resume_ends_like_an_uninterrupted_run(tmp_path):
                 "--model.model_overrides", TINY_VIT, "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "4",
                 "--trainer.limit_val_batches", "1", "--trainer.deterministic", "true",
                 "--trainer.default_root_dir", str(out), *extra]
-        return run_in_repo(args, env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=600)
+        return run_in_repo(args, env=PROBES, timeout=600)
 
     full = train(tmp_path / "full")
     assert full.returncode == 0, full.stderr[-2000:]
@@ -119,7 +119,7 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint_whole(t
     args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
             "--model.model_overrides", TINY_VIT, "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "2",
             "--trainer.limit_val_batches", "1", "--trainer.default_root_dir", str(tmp_path)]
-    env = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
+    env = PROBES
     killed = run_in_repo([*args, "--trainer.callbacks+=ddp_probe.KillDuringSave", "--trainer.callbacks.step", "4"],
                          env=env, timeout=300)
     assert killed.returncode == -9
@@ -141,7 +141,7 @@ def test_one_failing_ddp_rank_ends_the_whole_job(tmp_path):
             "--trainer.callbacks+=ddp_probe.RaiseOnRank", "--trainer.callbacks.rank", "1",
             "--trainer.callbacks.step", "2"]
     # a hang in the next all-reduce would run into the timeout (subprocess.TimeoutExpired fails the test)
-    out = run_in_repo(args, env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=300)
+    out = run_in_repo(args, env=PROBES, timeout=300)
     assert out.returncode != 0
     assert "rank 1 fails on purpose at step 2" in out.stderr
 

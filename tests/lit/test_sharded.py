@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import ROOT, TINY_VIT, run_in_repo, run_in_turn
+from .conftest import PROBES, TINY_VIT, run_in_repo, run_in_turn
 
-PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
 TINY_SWIN = '{"embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "window_size": 4, "patch_size": 2}'
 RECIPE = ["--trainer.accumulate_grad_batches", "2", "--trainer.gradient_clip_val", "0.5",
           "--trainer.gradient_clip_algorithm", "norm", "--model.layer_decay", "0.75", "--model.mixup", "0.8",

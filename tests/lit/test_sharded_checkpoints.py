@@ -8,10 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import ROOT, run_in_repo, run_on_two_nodes
-
-PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
-
+from .conftest import PROBES, run_in_repo, run_on_two_nodes
 
 TINY_L = '{"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 8, "drop_path_rate": 0.1}'
 

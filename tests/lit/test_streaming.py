@@ -19,9 +19,7 @@ from PIL import Image
 
 from vitkit.data.shards import MARKER, prepare_data, read_dataset_info
 
-from .conftest import N_TRAIN, N_VAL, ROOT, TINY_VIT, run_in_repo
-
-PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}
+from .conftest import N_TRAIN, N_VAL, PROBES, TINY_VIT, run_in_repo
 
 
 def test_conversion_keeps_the_original_bytes_labels_and_names_and_leaves_out_bad_files(id_folder, shards):

@@ -15,7 +15,7 @@ from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule
 from vitkit.lit.lightning_cli import cli_main
 
 from ..hub_cache import cache_weights, use_offline_cache
-from .conftest import ROOT, TINY_VIT, run_on_two_nodes, write_few_shot_digits
+from .conftest import PROBES, ROOT, TINY_VIT, run_on_two_nodes, write_few_shot_digits
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 CLASSIFIER_CONFIGS = [c for c in CONFIGS if not c.name.startswith(("seq2seq", "transformer", "ocr"))]
@@ -180,7 +180,7 @@ def test_ddp_on_two_nodes_splits_the_data_and_node_0_writes_the_one_checkpoint(t
             "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "2", "--trainer.default_root_dir",
             str(tmp_path), "--model.model_overrides", TINY_VIT, "--data.augment", "false", "--data.batch_size", "32",
             "--trainer.callbacks+=ddp_probe.RecordSamples", "--trainer.callbacks.out_dir", str(tmp_path)]
-    for node in run_on_two_nodes(args, env={"PYTHONPATH": str(ROOT / "tests" / "lit")}, timeout=600):
+    for node in run_on_two_nodes(args, env=PROBES, timeout=600):
         assert node.returncode == 0, node.stderr[-3000:]
     seen = [(tmp_path / f"rank{r}.txt").read_text().split() for r in (0, 1)]
     assert len(seen[0]) == len(seen[1]) > 0

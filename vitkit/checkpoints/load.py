@@ -152,8 +152,8 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint
     sd, adapted = adapt(ck.state_dict, model)
     target = model.state_dict()
     fresh = {k for k in ck.state_dict if k in target and k not in sd}  # classifier re-initialised by adapt
-    if headless(ck.state_dict) or (fresh and not any(k.startswith("head_dist.") for k in ck.state_dict)):
-        fresh |= head_keys(model)  # a backbone, or a new classifier from a file without DeiT's second head
+    if headless(ck.state_dict) or fresh:  # a backbone, or a new classifier: a head the file lacks is new too
+        fresh |= head_keys(model) - sd.keys()  # (DeiT's second head, from a file with one)
     report = LoadReport(ck.path, ck.format, getattr(model, "name", type(model).__name__), adapted,
                         missing=[k for k in target if k not in sd and k not in fresh],
                         unexpected=[k for k in sd if k not in target],
