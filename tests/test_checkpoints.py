@@ -341,3 +341,25 @@ def test_save_pretrained_loads_back_in_vitkit_and_timm(name, kw, size, tmp_path)
     _same_logits(_timm_load(name, tmp_path / "export" / "model.safetensors", **kw), ours, size)
     # timm from the folder alone: config.json's model_args carry the sizes that differ from the preset
     _same_logits(timm.create_model(f"local-dir:{tmp_path / 'export'}", pretrained=True).eval(), ours, size)
+
+
+class _Evil:
+    def __reduce__(self):
+        return (print, ("executed",))
+
+
+def test_a_sharded_checkpoint_whose_shard_would_run_code_is_refused(tmp_path, capsys):
+    """torch's own conversion unpickles a shard's non-tensor items with weights_only=False; vitkit's reader does
+    not: an item that would call ``print`` is refused by name, and nothing runs."""
+    import torch.distributed.checkpoint as dcp
+
+    model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3)
+    dcp.save({"state_dict": model.state_dict(), "note": _Evil()}, checkpoint_id=tmp_path / "evil", no_dist=True)
+    capsys.readouterr()
+    refused = r"evil: its item 'note' asks to import and call (builtins\.)?print"
+    with pytest.raises(UnsafeCheckpointError, match=refused):
+        vitkit.read_checkpoint(tmp_path / "evil")
+    assert "executed" not in capsys.readouterr().out
+    dcp.save({"state_dict": model.state_dict(), "note": {"epoch": 3}}, checkpoint_id=tmp_path / "fine", no_dist=True)
+    ck = vitkit.read_checkpoint(tmp_path / "fine")
+    assert all(torch.equal(ck.state_dict[k], v) for k, v in model.state_dict().items())

@@ -12,6 +12,7 @@
     vitkit export runs/.../best.ckpt -o model.onnx                # ONNX, checked in onnxruntime
     vitkit predict cat.jpg --onnx model.onnx
     vitkit attention-map cat.jpg --checkpoint best.ckpt -o attention.png
+    vitkit reconstruct img.png --checkpoint runs/mae_vit_tiny_digits/checkpoints/last.ckpt -o grid.png
 """
 
 from __future__ import annotations
@@ -29,6 +30,19 @@ TOKEN_MERGING = ("ToMe: merge R token pairs in every block (ViT/DeiT; Bolya et a
 OVERRIDES = "config fields as JSON, for files that do not record them, e.g. '{\"depth\": 6, \"img_size\": 384}'"
 
 
+def _overrides(text: str) -> dict:
+    """``--overrides``: a JSON object of config fields (their types are checked when the model is built)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise SystemExit(f"error: --overrides expects a JSON object such as '{{\"depth\": 6}}', got {text!r} "
+                         f"({e})") from None
+    if not isinstance(value, dict):
+        raise SystemExit(f"error: --overrides expects a JSON object such as '{{\"depth\": 6}}', got a JSON "
+                         f"{type(value).__name__}: {text!r}")
+    return value
+
+
 def _load(args: argparse.Namespace) -> torch.nn.Module:
     import vitkit
     from vitkit.checkpoints.hub import MissingWeightsError
@@ -36,7 +50,7 @@ def _load(args: argparse.Namespace) -> torch.nn.Module:
     if args.checkpoint is None and args.model is None:
         raise SystemExit("error: give --checkpoint FILE, or --model NAME for pretrained weights by name "
                          "(a timm tag such as vit_base_patch16_224.augreg2_in21k_ft_in1k, or torchvision weights)")
-    overrides = json.loads(args.overrides)
+    overrides = _overrides(args.overrides)
     if getattr(args, "token_merging", None):
         overrides["token_merging"] = args.token_merging
     try:
@@ -49,7 +63,8 @@ def _load(args: argparse.Namespace) -> torch.nn.Module:
             raise
         raise SystemExit(f"error: --token-merging {args.token_merging}: {e}") from None
     if vitkit.family(net.name) == "seq2seq":
-        raise SystemExit(f"{args.checkpoint} holds an encoder-decoder ({net.name}); this command takes classifiers")
+        raise SystemExit(f"error: {args.checkpoint} holds an encoder-decoder ({net.name}); this command takes "
+                         "classifiers")
     _require_classifier(net, args.checkpoint or args.model)
     return net
 
@@ -100,7 +115,7 @@ def _image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         img = Image.open(path).convert("L" if cfg.in_chans == 1 else "RGB")
     except (OSError, UnidentifiedImageError) as e:
-        raise SystemExit(f"cannot read image {path!r}: {e}") from None
+        raise SystemExit(f"error: cannot read image {path!r}: {e}") from None
     x = eval_transform(cfg)(img)[None]
     mean = torch.tensor(cfg.mean[: cfg.in_chans]).view(-1, 1, 1)
     std = torch.tensor(cfg.std[: cfg.in_chans]).view(-1, 1, 1)
@@ -125,7 +140,7 @@ def _onnx_classifier(path: str):
         try:
             img = Image.open(image)
         except (OSError, UnidentifiedImageError) as e:
-            raise SystemExit(f"cannot read image {image!r}: {e}") from None
+            raise SystemExit(f"error: cannot read image {image!r}: {e}") from None
         return torch.from_numpy(model(model.preprocess(img))).softmax(-1)[0]
 
     return names, probabilities
@@ -168,7 +183,7 @@ def export(args: argparse.Namespace) -> int:
     import vitkit
     from vitkit.tools.export import ExportError, export_onnx, export_program
 
-    overrides = json.loads(args.overrides)
+    overrides = _overrides(args.overrides)
     if args.img_size:
         overrides["img_size"] = args.img_size[0] if len(args.img_size) == 1 else tuple(args.img_size)
     if args.token_merging and not Path(args.src).exists():
@@ -216,10 +231,12 @@ def download(args: argparse.Namespace) -> int:
     """Fetch pretrained weights into their cache (the Hugging Face cache, or torch hub's), for offline use."""
     from vitkit.checkpoints.hub import MissingWeightsError, resolve
 
+    if args.dataset:
+        return _download_datasets(args)
     failed = 0
     for name in args.names:
         try:
-            source = resolve(name)
+            source = resolve(name, any_architecture=True)
             path = source.cached()
             state = "already cached"
             if path is None:
@@ -229,6 +246,24 @@ def download(args: argparse.Namespace) -> int:
             failed += 1
             continue
         print(f"{source.name}: {state}: {path}")
+    return 1 if failed else 0
+
+
+def _download_datasets(args: argparse.Namespace) -> int:
+    """Fetch Hugging Face datasets into the datasets cache (HF_DATASETS_CACHE), which training reads offline."""
+    from vitkit.data.hf import cache_dir, download
+
+    failed = 0
+    for name in args.names:
+        try:
+            rows = download(name, args.config_name, args.revision)
+        except Exception as e:  # noqa: BLE001 - the datasets library's own errors (network, no such dataset)
+            from .errors import one_line
+
+            print(f"{name}: {one_line(e)}", file=sys.stderr)
+            failed += 1
+            continue
+        print(f"{name}: in {cache_dir()}: " + ", ".join(f"{k} {v} rows" for k, v in rows.items()))
     return 1 if failed else 0
 
 
@@ -275,7 +310,7 @@ def convert(args: argparse.Namespace) -> int:
 
     if (args.dst is None) == (args.output is None):
         raise SystemExit("error: give the destination once: `vitkit convert SRC DST` or `vitkit convert SRC -o DST`")
-    net = vitkit.create_model(args.model, checkpoint=args.src, **json.loads(args.overrides))
+    net = vitkit.create_model(args.model, checkpoint=args.src, **_overrides(args.overrides))
     args.dst = args.dst or args.output
     dst = Path(args.dst)
     if dst.suffix == ".safetensors":
@@ -285,7 +320,7 @@ def convert(args: argparse.Namespace) -> int:
     elif dst.suffix == "":
         vitkit.save_pretrained(net, dst, class_names=getattr(net, "class_names", None))
     else:
-        raise SystemExit(f"unknown destination {args.dst!r}: expected a folder, .safetensors, .pth, .pt or .bin")
+        raise SystemExit(f"error: unknown destination {args.dst!r}: expected a folder, .safetensors, .pth, .pt or .bin")
     print(f"{args.src} ({net.load_report.format}) -> {dst} as {net.name} in timm / vitkit names")
     return 0
 
@@ -307,6 +342,23 @@ def attention_map(args: argparse.Namespace) -> int:
     return 0
 
 
+def reconstruct(args: argparse.Namespace) -> int:
+    """A masked-image model's original / masked / reconstruction grid for image files."""
+    import vitkit
+
+    from .tools.plots import draw_reconstructions
+
+    mim = {"mask_ratio": args.mask_ratio} if args.mask_ratio is not None else {}
+    net = vitkit.create_mim(args.model, checkpoint=args.checkpoint, objective=args.objective, mim=mim,
+                            **_overrides(args.overrides)).eval()
+    cfg = net.encoder.cfg
+    x = torch.cat([_image(path, cfg)[0] for path in args.images])
+    torch.manual_seed(args.seed)
+    print(draw_reconstructions(net, x, None, cfg.mean, cfg.std, args.output,
+                               f"{net.cfg.__class__.__name__.removesuffix('Config')}: {net.name}"))
+    return 0
+
+
 def pos_embed(args: argparse.Namespace) -> int:
     import vitkit
 
@@ -314,7 +366,7 @@ def pos_embed(args: argparse.Namespace) -> int:
 
     net = _load(args)
     if not hasattr(net, "pos_embed"):
-        raise SystemExit(f"{net.name} has no absolute position embedding (Swin uses relative biases)")
+        raise SystemExit(f"error: {net.name} has no absolute position embedding (Swin uses relative biases)")
     fixed = vitkit.create_model(net.name, **{**vars(net.cfg), "pos_embed": "sincos"})
     print(pos_embed_similarity({f"{net.name} (learned)": net, "2-D sin-cos (fixed)": fixed}, args.output))
     return 0
@@ -349,8 +401,22 @@ def recipes(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand; bad input ends it with one ``error:`` line and exit status 1 (``vitkit/errors.py``)."""
+    from .errors import one_line, take_traceback_flag, user_error, wants_traceback
+
     from_shell = argv is None
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = take_traceback_flag(list(sys.argv[1:] if argv is None else argv))
+    try:
+        return _run(argv, from_shell)
+    except Exception as e:
+        cause = user_error(e)
+        if cause is None or wants_traceback():
+            raise
+        print(one_line(cause), file=sys.stderr)
+        return 1
+
+
+def _run(argv: list[str], from_shell: bool) -> int:
     if argv[:1] == ["train"]:  # everything after `train` belongs to LightningCLI
         from vitkit.lit.lightning_cli import cli_main
 
@@ -367,11 +433,20 @@ def main(argv: list[str] | None = None) -> int:
     return args.fn(args)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one ``error:`` line and exit status 1, as the other errors of vitkit."""
+
+    def error(self, message: str):
+        self.exit(1, f"error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``vitkit`` command's parser (``train`` and ``bench`` pass their arguments on as they are)."""
-    p = argparse.ArgumentParser(prog="vitkit", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 1)[1])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = OneLineParser(prog="vitkit", description=__doc__.split("\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 1)[1])
+    p.add_argument("--traceback", action="store_true", help="show the traceback of an error instead of its one line "
+                                                             "(or set VITKIT_TRACEBACK=1)")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     sub.add_parser("train", help="LightningCLI, the same as `python train.py ...`")
     sub.add_parser("bench", help="img/s, GMACs, MFU and memory beside timm and torchvision (see `vitkit bench --help`)")
     _model_commands(sub)
@@ -405,8 +480,14 @@ def _model_commands(sub) -> None:
     s.add_argument("--atol", type=float, default=1e-4, help="largest difference to PyTorch the check accepts")
     s.set_defaults(fn=export)
     s = sub.add_parser("download", help="fetch pretrained weights by name into their cache, for offline use")
-    s.add_argument("names", nargs="+", help="timm tags (vit_small_patch16_224.augreg_in21k_ft_in1k), torchvision "
-                                            "weights (Swin_T_Weights.IMAGENET1K_V1) or hf-hub:REPO")
+    s.add_argument("names", nargs="+", help="timm tags (vit_small_patch16_224.augreg_in21k_ft_in1k, or any timm "
+                                            "model's, as a teacher's: regnety_160.deit_in1k), torchvision weights "
+                                            "(Swin_T_Weights.IMAGENET1K_V1) or hf-hub:REPO; with --dataset, "
+                                            "Hugging Face dataset names")
+    s.add_argument("--dataset", action="store_true", help="the names are datasets (beans, timm/mini-imagenet), "
+                                                          "fetched into HF_DATASETS_CACHE for --data.name")
+    s.add_argument("--config-name", default=None, help="with --dataset: the dataset's configuration")
+    s.add_argument("--revision", default=None, help="with --dataset: a branch, tag or commit")
     s.set_defaults(fn=download)
     s = sub.add_parser("models", help="table of presets: params, GMACs, image size, family")
     s.add_argument("pattern", nargs="?", default="*")
@@ -415,7 +496,7 @@ def _model_commands(sub) -> None:
 
 
 def _data_and_plot_commands(sub) -> None:
-    """recipes, prepare-data, convert, attention-map, pos-embed."""
+    """recipes, prepare-data, convert, attention-map, reconstruct, pos-embed."""
     s = sub.add_parser("recipes", help="the training recipes that ship with vitkit, one line each")
     s.set_defaults(fn=recipes)
     s = sub.add_parser("prepare-data", help="ImageNet-layout folders -> litdata shards for StreamingImageDataModule")
@@ -443,6 +524,17 @@ def _data_and_plot_commands(sub) -> None:
     s.add_argument("--stage", type=int, default=0, help="Swin: which stage")
     s.add_argument("--block", type=int, default=1, help="Swin: which block (1 = the first shifted one)")
     s.set_defaults(fn=attention_map)
+    s = sub.add_parser("reconstruct", help="a pre-training checkpoint's original / masked / reconstruction grid")
+    s.add_argument("images", nargs="+")
+    s.add_argument("--checkpoint", required=True, help="a pre-training run's checkpoint, Meta's mae_visualize_* file "
+                                                       "or a transformers ViTMAE / MaskedImageModeling folder")
+    s.add_argument("--model", help="the encoder preset, for files that do not record it")
+    s.add_argument("--objective", choices=["mae", "simmim"], help="for files that do not record it")
+    s.add_argument("--mask-ratio", type=float, help="hide this fraction (default: the checkpoint's)")
+    s.add_argument("--overrides", default="{}", help=OVERRIDES)
+    s.add_argument("--seed", type=int, default=0, help="seed of the mask")
+    s.add_argument("-o", "--output", default="reconstruction.png")
+    s.set_defaults(fn=reconstruct)
     s = sub.add_parser("pos-embed", help="similarity of learned position embeddings, beside fixed 2-D sin-cos")
     s.add_argument("--checkpoint", help="any format vitkit reads; without it, --model names pretrained weights")
     s.add_argument("--model")

@@ -239,9 +239,9 @@ def test_bf16_on_cpu_matches_float32_with_either_kernel(native_bf16, monkeypatch
     """bf16 attention on CPU runs the explicit path where bf16 matmuls are native and the sdpa kernel
     elsewhere; both give the float32 result to bf16 accuracy, with a bias, a per-group mask that leaves
     some queries no key (zeros out), and gradients."""
-    from vitkit.layers import attention
+    from vitkit.layers import kernels
 
-    monkeypatch.setattr(attention, "cpu_has_bf16_matmul", lambda: native_bf16)
+    monkeypatch.setattr(kernels, "cpu_has_bf16_matmul", lambda: native_bf16)
     torch.manual_seed(0)
     attn = WindowAttention(32, 4, (4, 4))
     x = torch.randn(2, 3, 16, 32)  # (B, G, N, C)
@@ -267,3 +267,33 @@ def test_the_private_torch_names_the_core_relies_on_still_exist():
     import torch.fx.experimental._config as fx_config  # Swin's dynamic-size export
 
     assert hasattr(fx_config, "backed_size_oblivious")
+
+
+@pytest.mark.parametrize("native_bf16, amx", [(False, False), (True, False), (True, True)])
+def test_auto_follows_the_measured_rule_and_sdpa_always_runs_the_kernel(native_bf16, amx, monkeypatch):
+    """``auto`` picks the explicit path or the kernel by dtype, grad mode, a learned bias and the CPU family
+    (the rule in layers/attention.py); ``sdpa`` runs the kernel and ``math`` the explicit path whatever the CPU."""
+    from vitkit.layers import attention, kernels
+
+    monkeypatch.setattr(kernels, "cpu_has_bf16_matmul", lambda: native_bf16)
+    monkeypatch.setattr(kernels, "cpu_has_amx", lambda: amx)
+    calls = []
+    kernel = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    x = torch.randn(B, N, C)
+    for dtype, grad, learned_bias, expected in [
+        (torch.float32, False, False, "sdpa"),
+        (torch.float32, True, False, "sdpa"),
+        (torch.float32, True, True, "math"),
+        (torch.bfloat16, True, False, "math" if native_bf16 else "sdpa"),
+        (torch.bfloat16, True, True, "math" if native_bf16 else "sdpa"),
+        (torch.bfloat16, False, False, "sdpa" if amx or not native_bf16 else "math"),
+    ]:
+        q = torch.randn(B, H, N, C // H, dtype=dtype, requires_grad=grad)
+        with torch.set_grad_enabled(grad):
+            assert kernels.auto_backend(q, learned_bias) == expected, (dtype, grad, learned_bias)
+    for backend, kernel_calls in (("sdpa", 1), ("math", 0)):
+        calls.clear()
+        with torch.no_grad():
+            Attention(C, H, backend=backend).to(torch.bfloat16)(x.bfloat16())
+        assert len(calls) == kernel_calls, backend

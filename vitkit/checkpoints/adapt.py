@@ -55,6 +55,13 @@ def adapt(sd: dict[str, Tensor], model: nn.Module) -> tuple[dict[str, Tensor], l
     heads = head_keys(model)
     if heads and headless(sd):
         notes.append("head: new (not in the checkpoint)")
+    pools_own_norm = "fc_norm.weight" in target and "norm.weight" not in target
+    if pools_own_norm and "fc_norm.weight" not in sd and "norm.weight" in sd:
+        # a backbone that pooled its class token after the final norm, for a model that pools by average with its
+        # own norm after pooling: the final norm goes, fc_norm starts fresh, as MAE and BEiT fine-tune
+        for k in ("norm.weight", "norm.bias"):
+            sd.pop(k, None)
+        notes.append("norm: dropped, and fc_norm new: the model pools by average with its own norm (fc_norm)")
     for k, v in list(sd.items()):
         want = target.get(k)
         if want is None and k.endswith(ZERO_BIASES) and not v.any():  # DINOv3 S/B/L: trained with zero biases

@@ -45,8 +45,10 @@ def resolve(path: str | os.PathLike) -> tuple[Path, dict | None]:
     if (path / "config.json").is_file():
         try:
             config = json.loads((path / "config.json").read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{path / 'config.json'} is not valid JSON: {e}") from None
+        except (ValueError, RecursionError) as e:  # JSON, UTF-8, nesting too deep
+            raise CheckpointError(f"{path / 'config.json'} is not valid JSON: {_first_line(e)}") from None
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{path / 'config.json'} holds a JSON {type(config).__name__}, expected an object")
     for name in WEIGHT_NAMES:
         if (path / name).is_file():
             return path / name, config
@@ -58,22 +60,34 @@ def resolve(path: str | os.PathLike) -> tuple[Path, dict | None]:
 
 
 def _is_torchscript(path: Path) -> bool:
-    """A ``torch.jit.save`` archive: a zip with the module's code (``*/code/``) beside its pickled state."""
+    """A ``torch.jit.save`` archive: a zip with the module's code (``*/code/``) beside its pickled state.
+
+    A file whose zip listing does not read is not one; torch's reader then names what is wrong with it. zipfile
+    raises more than ``BadZipFile`` on damaged bytes (``UnicodeDecodeError`` for a name whose UTF-8 flag a
+    flipped bit set, ``NotImplementedError``, ``struct.error``, ``EOFError``, ``ValueError``), so any error counts."""
     try:
         with zipfile.ZipFile(path) as z:
             return any("/code/" in n or n.startswith("code/") for n in z.namelist())
-    except (zipfile.BadZipFile, OSError):
+    except Exception:  # noqa: BLE001 - see the docstring
         return False
 
 
 def read_file(path: Path) -> dict[str, Any]:
-    """Load a ``.safetensors`` file, a ``torch.save`` file of tensors and plain containers, or a sharded
-    checkpoint's folder (:func:`read_sharded`), on CPU.
+    """Load a ``.safetensors`` file or a ``torch.save`` file of tensors and plain containers, on CPU.
 
     Pickles go through ``torch.load(weights_only=True)``: a file that would import anything other than
-    tensors, containers and :data:`SAFE_GLOBALS` is refused, and its code never runs."""
-    if is_sharded(path):
-        return read_sharded(path)
+    tensors, containers and :data:`SAFE_GLOBALS` is refused, and its code never runs. Whatever bytes the file
+    holds, what comes out is a dict or a :class:`CheckpointError` that names the file."""
+    try:
+        return _read_file(path)
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a reader's own error on bad bytes, of any type, named once
+        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {_first_line(e)}") \
+            from None
+
+
+def _read_file(path: Path) -> dict[str, Any]:
     if path.suffix == ".safetensors":
         try:
             return load_file(path, device="cpu")
@@ -107,53 +121,10 @@ def read_file(path: Path) -> dict[str, Any]:
     return obj
 
 
-# -- sharded checkpoints: torch's distributed checkpoint (FSDP2, Lightning's ModelParallelStrategy) ---------------
-
-# What a distributed checkpoint's ``.metadata`` pickle may import: torch's checkpoint metadata classes and the few
-# torch and pathlib names they hold (checked on torch 2.14.1).
-_DCP_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
-                ("pathlib", "WindowsPath"), ("collections", "OrderedDict")}
-
-
 def is_sharded(path: Path) -> bool:
-    """A folder of torch's distributed checkpoint: ``.metadata`` and one ``*.distcp`` shard file per rank."""
+    """A folder of torch's distributed checkpoint (``.metadata`` and one ``*.distcp`` shard file per rank), read by
+    :func:`vitkit.checkpoints.sharded.read_sharded`."""
     return path.is_dir() and (path / ".metadata").is_file()
-
-
-class _MetadataCheck(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if not (module.startswith("torch.distributed.checkpoint.") or (module, name) in _DCP_GLOBALS or dtype):
-            raise UnsafeCheckpointError(f"refused to load a sharded checkpoint: its .metadata asks to import and call "
-                                        f"{module}.{name}, which can run arbitrary code; nothing from it was executed")
-        return super().find_class(module, name)
-
-
-def read_sharded(path: Path) -> dict[str, Any]:
-    """Every rank's shards of a distributed checkpoint gathered into one dict on CPU, with Lightning's ``meta.pt``
-    (hyper-parameters, progress) merged in when it is there. The ``.metadata`` pickle torch reads with plain
-    ``pickle`` is checked first (:data:`_DCP_GLOBALS`); the gathered dict is then read like any pickle."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    try:
-        with open(path / ".metadata", "rb") as f:
-            _MetadataCheck(f).load()
-    except UnsafeCheckpointError:
-        raise
-    except Exception as e:
-        raise CheckpointError(f"{path / '.metadata'} is not readable (truncated or corrupt?): "
-                              f"{_first_line(e)}") from None
-    with tempfile.TemporaryDirectory() as tmp:
-        full = Path(tmp) / "full.pt"
-        try:
-            dcp_to_torch_save(path, full)
-        except Exception as e:
-            raise CheckpointError(f"{path} is not a readable sharded checkpoint (a shard missing or torn?): "
-                                  f"{_first_line(e)}") from None
-        obj = read_file(full)
-    if (path / "meta.pt").is_file():
-        obj = {**read_file(path / "meta.pt"), **obj}
-    return obj
 
 
 def _first_line(e: Exception) -> str:

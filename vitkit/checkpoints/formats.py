@@ -364,6 +364,40 @@ def detect(sd: dict[str, Tensor]) -> str:
     return "timm"
 
 
+# -- masked image modeling: the pre-training heads beside the encoder -------------------------------------------------
+# vitkit's own (MaskedAutoencoder, SimMIM) name the encoder ``encoder.*`` and keep their heads' names; Meta's MAE
+# files hold timm's encoder names beside ``decoder_*`` and ``mask_token``, which vitkit's MAE names alike;
+# transformers' ViTMAEForPreTraining, ViTForMaskedImageModeling and SwinForMaskedImageModeling nest them.
+MAE_HEAD = re.compile(r"^(decoder_(embed|pos_embed|blocks|norm|pred)\b|mask_token$)")
+TRANSFORMERS_MAE_DECODER: Rules = [
+    # the hub's files (transformers 4) and what transformers 5 writes
+    (r"^decoder\.(?:decoder_layers|decoder_encoder\.layer)\.(\d+)\.", r"decoder_blocks.\1."),
+    (r"^decoder\.(decoder_embed|decoder_pos_embed|decoder_norm|decoder_pred|mask_token)", r"\1"),
+    *_HF_BLOCK,
+]
+
+
+def split_pretraining_heads(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor], str | None]:
+    """(the encoder's state dict in its file's names, the masked-image-modeling heads in vitkit's names, the
+    objective: "mae", "simmim" or None when the file has no such head)."""
+    sd = strip_prefixes(sd)
+    if any(k.startswith("encoder.") for k in sd) and ("decoder_pred.weight" in sd or "decoder.0.weight" in sd):
+        encoder = {k[len("encoder."):]: v for k, v in sd.items() if k.startswith("encoder.")}
+        heads = {k: v for k, v in sd.items() if not k.startswith("encoder.")}
+        return encoder, heads, "mae" if "decoder_pred.weight" in sd else "simmim"
+    if "decoder_pred.weight" in sd:  # Meta's MAE with its decoder (mae_visualize_*)
+        return ({k: v for k, v in sd.items() if not MAE_HEAD.match(k)}, {k: v for k, v in sd.items()
+                                                                           if MAE_HEAD.match(k)}, "mae")
+    if "decoder.decoder_pred.weight" in sd:  # transformers' ViTMAEForPreTraining
+        heads = fuse_qkv(rename({k: v for k, v in sd.items() if k.startswith("decoder.")}, TRANSFORMERS_MAE_DECODER))
+        return {k: v for k, v in sd.items() if not k.startswith("decoder.")}, heads, "mae"
+    token = next((k for k in sd if re.match(r"^(vit|swin)\.embeddings\.mask_token$", k)), None)
+    if token is not None and "decoder.0.weight" in sd:  # transformers' ViT / Swin ForMaskedImageModeling
+        heads = {"mask_token": sd[token], **{k: v for k, v in sd.items() if k.startswith("decoder.")}}
+        return {k: v for k, v in sd.items() if k != token and not k.startswith("decoder.")}, heads, "simmim"
+    return sd, {}, None
+
+
 def to_vitkit(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], str]:
     """Rename a bare state dict of any known format to vitkit's names; returns it and the format's name."""
     sd = strip_prefixes(sd)

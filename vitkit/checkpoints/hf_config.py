@@ -97,9 +97,9 @@ def preset_for(config: dict) -> tuple[str, dict]:
     kind = config.get("model_type")
     if kind in ("clip", "siglip"):  # a whole image-text model: its image tower
         config = config.get("vision_config") or {}
-    if kind not in ("vit", "deit", "clip", "clip_vision_model", "siglip", "siglip_vision_model", "dinov2",
+    if kind not in ("vit", "vit_mae", "deit", "clip", "clip_vision_model", "siglip", "siglip_vision_model", "dinov2",
                     "dinov2_with_registers", "dinov3_vit", "swin", "swinv2"):
-        raise CheckpointError(f"config.json has model_type={kind!r}; vitkit reads vit, deit, dinov2, "
+        raise CheckpointError(f"config.json has model_type={kind!r}; vitkit reads vit, vit_mae, deit, dinov2, "
                               "dinov2_with_registers, dinov3_vit, swin, swinv2, clip and siglip")
     if kind in ("clip", "clip_vision_model"):
         name, over = _clip(config)
@@ -116,3 +116,21 @@ def preset_for(config: dict) -> tuple[str, dict]:
         over.update(qkv_bias=config.get("qkv_bias", True), act_layer=_act(config, "gelu"))
         name = "deit_base_distilled_patch16_224" if kind == "deit" else "vit_base_patch16_224"  # deit: distilled
     return name, over
+
+
+def mim_config(config: dict | None, raw: dict) -> dict:
+    """The pre-training heads' settings a file records: a transformers ViTMAE config.json's decoder and masking,
+    or the hyper-parameters of vitkit's own pre-training checkpoint (fields of ``MAEConfig`` / ``SimMIMConfig``)."""
+    hp = raw.get("hyper_parameters") if isinstance(raw, dict) else None
+    if isinstance(hp, dict) and hp.get("objective"):
+        keys = ("objective", "mask_ratio", "decoder_embed_dim", "decoder_depth", "decoder_num_heads",
+                "decoder_mlp_ratio", "norm_pix_loss", "mask_patch_size")
+        return {k: hp[k] for k in keys if hp.get(k) is not None}
+    if not config or config.get("model_type") != "vit_mae":
+        return {}
+    dim = config.get("decoder_hidden_size", 512)
+    return dict(objective="mae", mask_ratio=config.get("mask_ratio", 0.75), decoder_embed_dim=dim,
+                decoder_depth=config.get("decoder_num_hidden_layers", 8),
+                decoder_num_heads=config.get("decoder_num_attention_heads", 16),
+                decoder_mlp_ratio=_ratio(config.get("decoder_intermediate_size", 2048), dim),
+                norm_pix_loss=config.get("norm_pix_loss", False), norm_eps=config.get("layer_norm_eps", 1e-12))

@@ -191,16 +191,17 @@ def split_tag(name: str) -> tuple[str, str | None]:
     return preset, tag or None
 
 
-def resolve(name: str) -> Pretrained:
+def resolve(name: str, any_architecture: bool = False) -> Pretrained:
     """The source and config of pretrained ``name``: a timm tag (or a bare preset: its default tag),
-    torchvision weights, or ``hf-hub:REPO``."""
+    torchvision weights, or ``hf-hub:REPO``. With ``any_architecture`` a timm tag of a model vitkit has no preset
+    for (a CNN teacher: ``regnety_160.deit_in1k``) resolves too, its ``preset`` empty."""
     if name.startswith("hf-hub:"):
         repo, _, revision = name[len("hf-hub:"):].partition("@")
         return Pretrained(name, "", {}, {"hf_hub_id": repo}, repo_id=repo, revision=revision or None,
                           with_config=True)
     if TV_WEIGHTS.match(name):
         return _torchvision(name)
-    return _timm(name)
+    return _timm(name, any_architecture)
 
 
 def default_pretrained_cfg(preset: str) -> dict[str, Any]:
@@ -211,12 +212,18 @@ def default_pretrained_cfg(preset: str) -> dict[str, Any]:
     return (get_pretrained_cfg(preset) or PretrainedCfg(architecture=preset)).to_dict()
 
 
-def _timm(name: str) -> Pretrained:
+def _timm(name: str, any_architecture: bool = False) -> Pretrained:
     import timm
     from timm.models import get_pretrained_cfg
 
     preset, tag = split_tag(name)
-    find(preset)  # a readable error for an unknown preset
+    try:
+        find(preset)  # a readable error for an unknown preset
+        fits = preset
+    except ValueError:
+        if not (any_architecture and preset in timm.list_models()):
+            raise
+        fits = ""  # weights of a timm model vitkit does not build (a teacher)
     known = timm.list_pretrained(f"{preset}.*")
     try:
         cfg = get_pretrained_cfg(name)
@@ -238,7 +245,7 @@ def _timm(name: str) -> Pretrained:
         unreadable = f"{full}: timm has no weights for this tag (it describes the architecture only)"
     elif not repo and pcfg.get("custom_load"):
         unreadable = f"{full}: timm hosts these weights in a format vitkit does not read ({url})"
-    return Pretrained(full, preset, config, pcfg, _timm_labels(pcfg), repo_id=repo or None,
+    return Pretrained(full, fits, config, pcfg, _timm_labels(pcfg), repo_id=repo or None,
                       revision=revision or None, filenames=files, url=url, unreadable=unreadable)
 
 

@@ -13,9 +13,10 @@ from torch import Tensor, nn
 
 from ..models.registry import preset_config
 from .adapt import adapt, classifier_names, head_keys, headless
-from .files import CheckpointError, read_file, resolve, write_json, write_safetensors
-from .formats import to_vitkit, unwrap
-from .hf_config import preset_for
+from .files import CheckpointError, is_sharded, read_file, resolve, write_json, write_safetensors
+from .formats import split_pretraining_heads, to_vitkit, unwrap
+from .hf_config import mim_config, preset_for
+from .sharded import read_sharded
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,11 @@ class Checkpoint:
     model_name: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # config fields the file records
     class_names: list[str] | None = None
+    # a masked-image-modeling file's pre-training heads, in vitkit's names (MaskedAutoencoder / SimMIM), apart
+    # from the encoder's state dict; the objective ("mae", "simmim") and the heads' settings the file records
+    heads: dict[str, Tensor] = field(default_factory=dict)
+    objective: str | None = None
+    head_config: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_classes(self) -> int | None:
@@ -110,7 +116,7 @@ def read_checkpoint(path: str | os.PathLike, use_ema: bool = False) -> Checkpoin
 
     ``use_ema`` takes the EMA weights of a training checkpoint (timm's ``state_dict_ema``, vitkit's EMA)."""
     weights, config = resolve(path)
-    raw = read_file(weights)
+    raw = read_sharded(weights) if is_sharded(weights) else read_file(weights)
     try:
         return _interpret(path, weights, config, raw, use_ema)
     except CheckpointError:
@@ -128,16 +134,19 @@ def _interpret(path: str | os.PathLike, weights: Path, config: dict | None, raw:
         if not sd:
             raise CheckpointError(f"{weights}: a Lightning checkpoint without {prefix}* weights"
                                   + (" (was it trained with ema_decay?)" if use_ema else ""))
+        sd, heads, objective = split_pretraining_heads(sd)
         fmt = "lightning"
     else:
         sd = unwrap(raw, use_ema)
         sd = {k: v for k, v in sd.items() if isinstance(v, Tensor)}
         if not sd:
             raise CheckpointError(f"{weights} holds no tensors; its top-level keys are {sorted(map(str, raw))[:12]}")
+        sd, heads, objective = split_pretraining_heads(sd)
         sd, fmt = to_vitkit(sd)
         if config and "vitkit" in config:
             fmt = "vitkit"
-    return Checkpoint(Path(path), fmt, sd, name, overrides, class_names)
+    head_config = mim_config(config, raw) if objective else {}
+    return Checkpoint(Path(path), fmt, sd, name, overrides, class_names, heads, objective, head_config)
 
 
 def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint, strict: bool = True,
@@ -154,6 +163,8 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint
     fresh = {k for k in ck.state_dict if k in target and k not in sd}  # classifier re-initialised by adapt
     if headless(ck.state_dict) or fresh:  # a backbone, or a new classifier: a head the file lacks is new too
         fresh |= head_keys(model) - sd.keys()  # (DeiT's second head, from a file with one)
+    if any(n.startswith("norm: dropped, and fc_norm new") for n in adapted):
+        fresh |= {k for k in target if k.startswith("fc_norm.")}
     report = LoadReport(ck.path, ck.format, getattr(model, "name", type(model).__name__), adapted,
                         missing=[k for k in target if k not in sd and k not in fresh],
                         unexpected=[k for k in sd if k not in target],
@@ -164,6 +175,29 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint
         raise CheckpointMismatchError(f"the checkpoint does not fit the model (strict=True):\n{report}")
     bad = {k for k, _, _ in report.mismatched}
     model.load_state_dict({k: v for k, v in sd.items() if k in target and k not in bad}, strict=False)
+    log.info("%s", report)
+    return report
+
+
+def load_heads(model: nn.Module, ck: Checkpoint) -> LoadReport:
+    """Load a file's masked-image-modeling heads (``ck.heads``) into a MaskedAutoencoder / SimMIM whose encoder is
+    loaded already; every head tensor must fit, except the decoder's fixed sin-cos positions, which are the
+    model's own for another grid."""
+    target = {k: v for k, v in model.state_dict().items() if not k.startswith("encoder.")}
+    heads = dict(ck.heads)
+    adapted = []
+    pos = heads.get("decoder_pos_embed")
+    if pos is not None and "decoder_pos_embed" in target and pos.shape != target["decoder_pos_embed"].shape:
+        del heads["decoder_pos_embed"]
+        adapted.append(f"decoder_pos_embed: the model's own sin-cos for its grid (the file's is {tuple(pos.shape)})")
+    report = LoadReport(ck.path, ck.format, f"{getattr(model, 'name', type(model).__name__)} heads", adapted,
+                        missing=[k for k in target if k not in heads and not k.startswith("decoder_pos_embed")],
+                        unexpected=[k for k in heads if k not in target],
+                        mismatched=[(k, tuple(v.shape), tuple(target[k].shape)) for k, v in heads.items()
+                                    if k in target and v.shape != target[k].shape])
+    if not report.ok:
+        raise CheckpointMismatchError(f"the checkpoint's pre-training heads do not fit the model:\n{report}")
+    model.load_state_dict({k: v for k, v in heads.items() if k in target}, strict=False)
     log.info("%s", report)
     return report
 

@@ -11,14 +11,12 @@ Inputs may carry extra leading group axes, ``x: (B, G, N, C)``, folded into the 
 q, k and v stay views of the fused projection.
 
 Backends (a config field stored on the module, never an environment variable):
-    ``sdpa``  F.scaled_dot_product_attention. With no float mask it can reach FlashAttention on GPU; a float
+    ``auto``  the default: on CPU ``sdpa`` or ``math`` by a rule measured per CPU family (``kernels.auto_backend``:
+              static, the same in every process); ``sdpa`` elsewhere.
+    ``sdpa``  always F.scaled_dot_product_attention. With no float mask it can reach FlashAttention on GPU; a float
               mask (bias, or merged masks) rules flash out, and the memory-efficient and cuDNN kernels remain.
-              On CPU the explicit path below runs in its place for bf16 on a CPU with native bf16 matmuls (1.3-1.9x
-              faster forward, 2-6x forward + backward than the kernel, which works in float32 inside;
-              benchmarks/README.md), and for a bias that needs its gradient (Swin's tables in training), where
-              SDPA would run its own math path, slower (it scans every score row for a fully masked one).
-    ``math``  explicit softmax(q·kᵀ/√d + mask)·v: the reference that tests compare against, and the only path
-              that can return the attention probabilities.
+    ``math``  explicit softmax(q·kᵀ/√d + mask)·v: the reference tests compare against, the only path that returns
+              the probabilities. Its matmuls need q, k, v head-major: three copies the kernel does not make.
     ``flex``  torch.nn.attention.flex_attention, compiled; the bias becomes a ``score_mod`` and the boolean
               masks a block mask that skips fully masked blocks. PyTorch has no flex backward on CPU, so a CPU
               forward that needs gradients falls back to ``sdpa`` (logged once), as does a CPU without AVX2.
@@ -34,11 +32,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .kernels import _compiled_flex, _warn_flex_fallback, _warn_flex_unsupported, cpu_has_bf16_matmul, flex_runs_on_cpu
+from .kernels import _compiled_flex, _warn_flex_fallback, _warn_flex_unsupported, auto_backend, flex_runs_on_cpu
 from .masks import causal, fold, merge
 from .pos_embed import apply_rope
 
-AttnBackend = Literal["sdpa", "math", "flex"]
+AttnBackend = Literal["auto", "sdpa", "math", "flex"]
 
 
 def check_backend(backend: str) -> str:
@@ -104,7 +102,9 @@ def math_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, keep: T
     if k.shape[1] != q.shape[1]:  # GQA: each kv head serves H / Hkv query heads
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = (q * scale) @ k.transpose(-2, -1)  # (B·G, H, N, M)
+    BG, H, N, D = q.shape  # q and k head-major (a copy each); the scale rides on the matmul (beta=0: input unread)
+    scores = torch.baddbmm(q.new_zeros(1, 1, 1), q.reshape(BG * H, N, D), k.reshape(BG * H, -1, D).transpose(1, 2),
+                           beta=0.0, alpha=scale).view(BG, H, N, -1)  # (B·G, H, N, M)
     if mask is not None:
         s = scores.view([B, -1] + list(scores.shape[1:]))  # (B, G, H, N, M)
         s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask  # float if a bias
@@ -160,7 +160,7 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
 
 
 BACKENDS = {"sdpa": _sdpa, "math": _explicit, "flex": _flex}  # a new backend is one entry here
-ATTN_BACKENDS: tuple[str, ...] = tuple(BACKENDS)
+ATTN_BACKENDS: tuple[str, ...] = ("auto", *BACKENDS)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | None, attn_mask: Tensor | None,
@@ -178,7 +178,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | N
         call = _Call(bias, attn_mask, key_padding_mask, is_causal, mask, keep, B, G, N, M, dropout_p, scale)
         learned_bias = bias is not None and bias.requires_grad and torch.is_grad_enabled()
         return BACKENDS[_backend_for(backend, q, return_attn, learned_bias)](q, k, v, call)
-    # TorchScript: the same two paths without the Python table (flex is torch.compile's: sdpa here)
+    # TorchScript: the same two paths without the Python table (auto and flex, torch.compile's: sdpa here)
     if return_attn or backend == "math":
         o, p = math_attention(q, k, v, mask, keep, is_causal, B, scale, dropout_p)
         return o, p
@@ -189,19 +189,18 @@ torch.fx.wrap("attention"), torch.fx.wrap("apply_rope")  # apply_rope: its layou
 
 
 def _backend_for(backend: str, q: Tensor, return_attn: bool, learned_bias: bool = False) -> str:
-    """The module's backend, or the one that runs in its place here (see the module docstring)."""
+    """The backend that runs: the module's, what ``auto`` picks here, or ``sdpa`` where flex cannot run (see the
+    module docstring)."""
     if return_attn:
         return "math"
     cpu = q.device.type == "cpu"
     if backend == "flex" and cpu and torch.is_grad_enabled() and q.requires_grad:
         _warn_flex_fallback()
-        backend = "sdpa"
-    elif backend == "flex" and cpu and not flex_runs_on_cpu():
+        return "sdpa"
+    if backend == "flex" and cpu and not flex_runs_on_cpu():
         _warn_flex_unsupported()
-        backend = "sdpa"
-    if backend == "sdpa" and cpu and (learned_bias or q.dtype == torch.bfloat16 and cpu_has_bf16_matmul()):
-        return "math"  # explicit: faster here (see the module docstring)
-    return backend
+        return "sdpa"
+    return auto_backend(q, learned_bias) if backend == "auto" else backend
 
 
 class Attention(nn.Module):
@@ -219,7 +218,7 @@ class Attention(nn.Module):
         qkv_bias: bool | str = True,  # "qv": q and v only (timm's q_bias, v_bias: EVA, DINOv3, Swin V2)
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        backend: AttnBackend = "sdpa",
+        backend: AttnBackend = "auto",
         norm_layer: Callable[[int], nn.Module] | None = None,  # on the heads' output before W_O (EVA-02's sub-LN)
     ) -> None:
         super().__init__()

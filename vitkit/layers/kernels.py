@@ -1,6 +1,7 @@
 """What the kernels of this machine can do, for the attention core to choose its path: native bf16 matmuls
-on the CPU, and whether torch.compile can build flex attention here; flex attention compiled once per process;
-the warnings logged once when the core runs ``sdpa`` in place of ``flex``. No attention is computed here."""
+and AMX tiles on the CPU, the rule ``attn_backend="auto"`` follows, and whether torch.compile can build flex
+attention here; flex attention compiled once per process; the warnings logged once when the core runs ``sdpa`` in
+place of ``flex``. No attention is computed here."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import sys
 
 import torch
+from torch import Tensor
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,20 @@ def cpu_has_bf16_matmul() -> bool:
     """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX) and oneDNN may use it
     (``ONEDNN_MAX_CPU_ISA`` can cap it below that); without it bf16 GEMMs are emulated and slow."""
     return _detect_bf16_matmul()
+
+
+@functools.cache
+def _detect_amx() -> bool:
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() not in (
+        "ALL", "DEFAULT", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16")
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()) and not capped
+
+
+@torch.compiler.assume_constant_result  # a fact of the machine, as cpu_has_bf16_matmul
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Xeon since Sapphire Rapids) and oneDNN may use them
+    (``ONEDNN_MAX_CPU_ISA`` can cap it below that)."""
+    return _detect_amx()
 
 
 @functools.cache
@@ -62,3 +78,28 @@ def _warn_flex_fallback() -> None:
 def _warn_flex_unsupported() -> None:
     log.warning("attn_backend='flex' cannot be compiled for this CPU (it needs AVX2; capability %s); using 'sdpa'",
                 torch.backends.cpu.get_cpu_capability())
+
+
+def auto_backend(q: Tensor, learned_bias: bool = False) -> str:
+    """What ``auto`` runs for queries ``q``: the path measured faster for their device, dtype and grad mode on this CPU
+    family, the first row that applies (2 cores, PyTorch 2.14.1; benchmarks/README.md)::
+
+        bf16 emulated (no AVX512-BF16 or AMX: AVX2 only)                 sdpa: 5-20x the explicit bf16 matmuls
+        a bias that needs its gradient (Swin's tables in training)       math: SDPA runs its own slower path for it
+        bf16, native bf16 matmuls (AVX512-BF16 / AMX), with gradients    math: forward + backward 2-2.5x the kernel's
+        bf16, AVX512-BF16 without AMX, inference                         math: forward 1.3-1.8x the kernel's
+        bf16, AMX, inference                                             sdpa: the kernel is faster there
+        float32, float16                                                 sdpa
+    """
+    if q.device.type != "cpu":
+        return "sdpa"
+    native_bf16 = q.dtype == torch.bfloat16 and cpu_has_bf16_matmul()
+    if q.dtype == torch.bfloat16 and not native_bf16:
+        return "sdpa"  # emulated bf16 matmuls: the kernel, which works in float32 inside, is 5-20x faster
+    if learned_bias:
+        return "math"
+    if native_bf16:
+        if torch.is_grad_enabled() and q.requires_grad:
+            return "math"
+        return "sdpa" if cpu_has_amx() else "math"
+    return "sdpa"

@@ -202,3 +202,33 @@ def rope_mixed(freqs: Tensor, height: int, width: int, num_prefix: int) -> tuple
     angles = angles.repeat_interleave(2, dim=-1)
     angles = torch.cat([angles.new_zeros(f.shape[1], f.shape[2], num_prefix, angles.shape[-1]), angles], dim=2)
     return angles.cos(), angles.sin()
+
+
+def rope_tables(kind: str, grid: tuple[int, int], head_dim: int, temperature: float, num_prefix: int,
+                device: torch.device, xy: bool = False, ref_grid: int | None = None,
+                freqs: Tensor | None = None) -> tuple[Tensor, Tensor] | None:
+    """A ViT's RoPE tables for a patch grid: DINOv3's, axial, or with learned frequencies (``freqs``, RoPE-Mixed:
+    (depth, heads, prefix + h·w, D) each, block i takes row i); None without RoPE."""
+    if kind == "dinov3":
+        return rope_2d(grid[0], grid[1], head_dim, temperature, num_prefix, device)
+    if kind == "axial":
+        return rope_axial(grid[0], grid[1], head_dim, temperature, num_prefix, device, xy, ref_grid)
+    if freqs is not None:
+        return rope_mixed(freqs, grid[0], grid[1], num_prefix)
+    return None
+
+
+def keep_tokens(x: Tensor, rope: tuple[Tensor, Tensor] | None, keep: Tensor,
+                num_prefix: int) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+    """Of tokens (B, prefix + N, C), the prefix and the patches ``keep`` (B, K) indexes, in that order, and their
+    rows of the RoPE tables, which become per sample: (B, 1, prefix + K, D') for shared tables, (depth, B, heads,
+    prefix + K, D') for per-block ones."""
+    B, _, C = x.shape
+    patches = x[:, num_prefix:].gather(1, keep[..., None].expand(-1, -1, C))  # (B, K, C)
+    x = torch.cat([x[:, :num_prefix], patches], dim=1)
+    if rope is None:
+        return x, None
+    rows = torch.cat([torch.arange(num_prefix, device=keep.device).expand(B, -1), keep + num_prefix], dim=1)
+    if rope[0].dim() == 2:  # (prefix + N, D') shared by every block and head
+        return x, (rope[0][rows][:, None], rope[1][rows][:, None])
+    return x, (rope[0][:, :, rows].transpose(1, 2), rope[1][:, :, rows].transpose(1, 2))

@@ -12,6 +12,7 @@ from typing import Any
 
 from torch import nn
 
+from .fields import check_values
 from .seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
 from .swin import SwinConfig, SwinTransformer
 from .swin_presets import SWIN_PRESETS
@@ -43,7 +44,8 @@ def find(preset: str) -> tuple[str, type, type[nn.Module], dict]:
 
 
 def check_fields(name: str, cfg_cls: type, overrides: dict[str, Any]) -> None:
-    """Refuse keyword overrides that are not fields of the family's config, naming the fields there are."""
+    """Refuse keyword overrides that are not fields of the family's config, naming the fields there are, and
+    values of the wrong type or range, naming what the field takes (``fields.check_values``)."""
     fields = {f.name for f in dataclasses.fields(cfg_cls)}
     if "token_merging" in overrides and "token_merging" not in fields:
         raise ValueError(f"{name}: token merging is for ViT/DeiT presets only; a {cfg_cls.__name__[:-6]} keeps a "
@@ -51,6 +53,7 @@ def check_fields(name: str, cfg_cls: type, overrides: dict[str, Any]) -> None:
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise TypeError(f"{name}: unknown config field(s) {unknown}; {cfg_cls.__name__} has {sorted(fields)}")
+    check_values(name, cfg_cls, overrides)
 
 
 def preset_config(preset: str, **overrides: Any):

@@ -1,0 +1,58 @@
+"""Which errors are about the user's input, and the one line each becomes on the command line.
+
+vitkit's commands end bad input (an argument, a file, a config value, an override, a trainer this machine cannot
+run) with ``error: ...`` and exit status 1; ``--traceback`` (or ``VITKIT_TRACEBACK=1``) shows the traceback instead.
+What vitkit itself checked is such an error: its own exception types, and a ValueError, TypeError or OSError raised
+in vitkit's code. Anything else is a fault to report, and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import TracebackType
+
+from .checkpoints.files import CheckpointError
+from .checkpoints.hub import MissingWeightsError
+
+PACKAGE_DIR = str(Path(__file__).resolve().parent)  # vitkit/
+TRACEBACK_FLAG, TRACEBACK_ENV = "--traceback", "VITKIT_TRACEBACK"
+
+
+def _raised_by_vitkit(tb: TracebackType | None) -> bool:
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.startswith(PACKAGE_DIR)
+
+
+def user_error(e: BaseException | None) -> BaseException | None:
+    """The error vitkit raised about the user's input inside ``e``, following what it was raised from (jsonargparse
+    wraps whatever a class raises while it is built in a "Does not validate against any of the Union subtypes"
+    error); None when ``e`` is not about such input."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (CheckpointError, MissingWeightsError)) or (
+                isinstance(e, (ValueError, TypeError, OSError)) and _raised_by_vitkit(e.__traceback__)):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def one_line(e: BaseException) -> str:
+    """``error: <message>``, the message on one line (a long listing keeps its first lines, joined)."""
+    text = " ".join(line.strip() for line in str(e).strip().splitlines()[:6] if line.strip()) or type(e).__name__
+    return text if text.startswith("error:") else f"error: {text}"
+
+
+def wants_traceback(argv: list[str] | None = None) -> bool:
+    """Whether the command line (``argv``) or the environment asks for tracebacks."""
+    return TRACEBACK_FLAG in (argv or []) or os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+
+
+def take_traceback_flag(argv: list[str]) -> list[str]:
+    """``argv`` without ``--traceback``; given, it sets ``VITKIT_TRACEBACK=1``, which the processes a multi-device
+    run starts inherit."""
+    if TRACEBACK_FLAG in argv:
+        os.environ[TRACEBACK_ENV] = "1"
+    return [a for a in argv if a != TRACEBACK_FLAG]
