@@ -1,9 +1,10 @@
 # Two commands on a fresh clone: `make demo` and `make test`. Each creates .venv first if it is missing.
 PY := .venv/bin/python
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist); each gets its share of the cores. TEST_WORKERS=0 runs in this process.
+# Test processes (pytest-xdist); each gets its share of the cores. TEST_WORKERS=0 runs in this process. They take
+# work longest first (tests/conftest.py).
 TEST_WORKERS ?= 2
-XDIST = -n $(TEST_WORKERS) --dist loadfile
+XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: demo demo-ocr test test-fast fuzz bench lint
 

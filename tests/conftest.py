@@ -1,5 +1,7 @@
+import json
 import os
 import tempfile
+from pathlib import Path
 
 # torch.compile's on-disk cache is not keyed on ATEN_CPU_CAPABILITY: kernels cached by a run on another
 # kernel path were reused, and flex attention then disagreed with the reference by up to 0.8. A run that
@@ -17,6 +19,8 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "OMP_NUM_THREAD
 import pytest  # noqa: E402
 import torch
 from hypothesis import HealthCheck, settings
+
+pytest_plugins = ["tests.timing"]  # VITKIT_TEST_TIMES=FILE: each test's wall and CPU seconds
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" in os.environ:  # torch may predate the variable
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -36,33 +40,47 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile("fuzz" if fuzz else "ci" if os.environ.get("CI") else "dev")
 
 
-# The files that run longest start first, longest first (their seconds in one `--durations` run, 2 workers), so
-# that under `--dist loadfile` the two workers finish together instead of one starting a two-minute file while the
-# other runs out of work. A file not listed starts after these, in collection order.
-LONGEST_FIRST = (
-    "tests/lit/test_sharded_checkpoints.py",  # 166 s: multi-process runs
-    "tests/lit/test_headless.py",  # 150
-    "tests/models/test_swin.py",  # 140 with a cold torch.compile cache
-    "tests/models/test_vit.py",  # 119
-    "tests/lit/test_train.py",  # 95
-    "tests/test_export.py",  # 84
-    "tests/models/test_pretrained.py",  # 82
-    "tests/lit/test_streaming_mix.py",  # 67
-    "tests/lit/test_streaming.py",  # 66
-    "tests/lit/test_faults.py",  # 52
-    "tests/test_cli.py",  # 44
-    "tests/models/test_seq2seq.py",  # 42
-    "tests/benchmarks/test_sharded_memory.py",  # 40
-    "tests/lit/test_sharded.py",  # 40
-    "tests/lit/test_distributed.py",  # 38
-    "tests/layers/test_attention.py",  # 38
-    "tests/lit/test_seq2seq_train.py",  # 36
-)
+# The two test processes of `make test` (pytest-xdist, --dist loadgroup) take work units in the order of the
+# collection, each when it is almost out of work. A unit is one test, or every test of a file that shares a
+# fixture of module scope (built once, in one process): an ``xdist_group`` named after the file, or every test that
+# uses one of the expensive session fixtures of SHARED_EXPENSIVE. Units go longest
+# first by their seconds in a measured run (tests/durations.json, written by `python -m tests.timing FILE
+# --write tests/durations.json`), so that the two processes finish together; a test not measured yet counts as
+# DEFAULT_SECONDS.
+DURATIONS = json.loads((Path(__file__).parent / "durations.json").read_text()) \
+    if (Path(__file__).parent / "durations.json").exists() else {}
+DEFAULT_SECONDS = 2.0
+
+
+# session fixtures of a conftest that take long to build: the tests that use one are one work unit, whatever their file
+SHARED_EXPENSIVE = {"digits_run"}
+
+
+def _work_unit(item: pytest.Item) -> str | None:
+    """The group an item runs in: the name of an expensive shared fixture it uses, else its file when it uses a fixture
+    of module scope or one of session scope its own file defines (a conftest's others are cheap and built in each
+    process); None for a test that can run anywhere."""
+    module = getattr(getattr(item, "module", None), "__name__", None)
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    for name in SHARED_EXPENSIVE & set(defs):
+        return name
+    for fixture in defs.values():
+        d = fixture[-1] if fixture else None
+        if d is not None and (d.scope in ("module", "class", "package") or
+                              d.scope == "session" and getattr(d.func, "__module__", None) == module):
+            return item.nodeid.split("::")[0]
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        group = _work_unit(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        units.setdefault(group or item.nodeid, []).append(item)
+    cost = {key: sum(DURATIONS.get(i.nodeid, DEFAULT_SECONDS) for i in unit) for key, unit in units.items()}
+    items[:] = [i for key in sorted(units, key=lambda k: -cost[k]) for i in units[key]]  # stable for ties
 
 
 @pytest.fixture(autouse=True)

@@ -14,10 +14,11 @@ from torch import nn
 
 from .checkpoints import hub
 from .checkpoints.adapt import classifier_names
-from .checkpoints.files import WEIGHT_SUFFIXES
-from .checkpoints.load import Checkpoint, load_checkpoint, read_checkpoint
+from .checkpoints.files import WEIGHT_SUFFIXES, CheckpointError
+from .checkpoints.load import Checkpoint, load_checkpoint, load_heads, read_checkpoint
 from .models.config import pair
 from .models.features import FeatureNet, default_out_indices
+from .models.mim import MAEConfig, MaskedAutoencoder, SimMIM, SimMIMConfig
 from .models.registry import check_fields, find
 
 
@@ -97,6 +98,33 @@ def _plan(name: str | None, pretrained: bool | str, checkpoint, overrides: dict[
     return plan
 
 
+def _config(plan: _Plan, ck: Checkpoint | None, given: bool):
+    """The plan's config; what only a file recorded and vitkit cannot build is the file's error."""
+    try:
+        return get_config(plan.name, **plan.overrides)
+    except (ValueError, TypeError) as e:
+        if ck is None or given:  # the caller's values take part: theirs to change
+            raise
+        raise CheckpointError(f"{ck.path} records a config vitkit cannot build: {e}") from None
+
+
+def _checked_record(ck: Checkpoint, name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_recorded`, with what the file records refused as the file's fault: a model vitkit does not know,
+    or a value its field does not take (those the caller overrides are not looked at)."""
+    try:
+        _, cfg_cls, _, _ = find(name if isinstance(name, str) else repr(name))
+    except ValueError as e:
+        if name != ck.model_name:  # the caller's name: their mistake, not the file's
+            raise
+        raise CheckpointError(f"{ck.path} records a model vitkit cannot build: {e}") from None
+    try:
+        recorded = _recorded(ck, name)
+        check_fields(name, cfg_cls, {k: v for k, v in recorded.items() if k not in given})
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{ck.path} records a config vitkit cannot build: {e}") from None
+    return recorded
+
+
 def _recorded(ck: Checkpoint, name: str) -> dict[str, Any]:
     """The config fields a checkpoint records that apply to preset ``name``, and its class count (0 for a
     backbone saved without a head: timm's ``num_classes=0``)."""
@@ -111,7 +139,7 @@ def _recorded(ck: Checkpoint, name: str) -> dict[str, Any]:
 
 
 def create_model(name: str | None = None, *, pretrained: bool | str = False,
-                 checkpoint: str | os.PathLike | None = None, strict: bool = True, use_ema: bool = False,
+                 checkpoint: str | os.PathLike | Checkpoint | None = None, strict: bool = True, use_ema: bool = False,
                  features_only: bool = False, out_indices: int | tuple[int, ...] | None = None,
                  output_fmt: str | None = None, feature_cls: str | None = None,
                  feature_cfg: dict[str, Any] | None = None, **overrides: Any) -> nn.Module:
@@ -142,15 +170,15 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
     plan = _plan(name, pretrained, checkpoint, overrides)
     ck = None
     if plan.checkpoint is not None:
-        ck = read_checkpoint(plan.checkpoint, use_ema)
+        ck = plan.checkpoint if isinstance(plan.checkpoint, Checkpoint) else read_checkpoint(plan.checkpoint, use_ema)
         plan.name = plan.name or ck.model_name
         if plan.name is None:
-            raise ValueError(f"{plan.checkpoint} does not record which model it holds ({ck.format} format); "
+            raise CheckpointError(f"{plan.checkpoint} does not record which model it holds ({ck.format} format); "
                              "pass the preset name, e.g. create_model('vit_base_patch16_224', checkpoint=...)")
-        plan.overrides = {**_recorded(ck, plan.name), **plan.overrides}
+        plan.overrides = {**_checked_record(ck, plan.name, plan.overrides), **plan.overrides}
     if plan.name is None:
         raise TypeError("create_model needs a preset name (or a checkpoint that records one)")
-    model = find(plan.name)[2](get_config(plan.name, **plan.overrides))
+    model = find(plan.name)[2](_config(plan, ck, bool(overrides)))
     model.name = plan.name
     model.class_names = plan.label_names
     if ck is not None:
@@ -214,3 +242,45 @@ def _pretrained_cfg(model: nn.Module, source: hub.Pretrained | None) -> dict[str
         reduction = model.feature_info[-1]["reduction"]
         out["pool_size"] = (size[0] // reduction, size[1] // reduction)
     return out
+
+
+def create_mim(name: str | None = None, *, objective: str | None = None, pretrained: bool | str = False,
+               checkpoint: str | os.PathLike | None = None, mim: dict[str, Any] | None = None,
+               **overrides: Any) -> nn.Module:
+    """A masked-image-modeling model around encoder preset ``name``: a :class:`~vitkit.models.mim.MaskedAutoencoder`
+    (``objective="mae"``, ViT) or a :class:`~vitkit.models.mim.SimMIM` (``"simmim"``, Swin or ViT; Swin's default).
+
+    ``checkpoint`` is any file or folder vitkit reads: its encoder is loaded as by :func:`create_model` and, where
+    it holds pre-training heads (vitkit's own pre-training checkpoints, Meta's ``mae_visualize_*`` files,
+    transformers' ``ViTMAEForPreTraining``, ``ViT/SwinForMaskedImageModeling``), those too, with the settings it
+    records; ``mim`` sets the objective's fields (``MAEConfig`` / ``SimMIMConfig``: mask ratio, decoder sizes, ...)
+    over them, and ``overrides`` the encoder's."""
+    ck = read_checkpoint(checkpoint) if checkpoint is not None else None
+    name = name or (ck.model_name if ck is not None else None)
+    if name is None:
+        raise TypeError("create_mim needs an encoder preset name (or a checkpoint that records one)")
+    fam = family(name)
+    objective = objective or (ck.objective if ck is not None else None) or ("simmim" if fam == "swin" else "mae")
+    if objective not in ("mae", "simmim"):
+        raise ValueError(f"objective must be 'mae' or 'simmim', got {objective!r}")
+    if objective == "mae" and fam != "vit":
+        raise ValueError(f"MAE drops the hidden patches, which {name}'s windows cannot do (they partition the whole "
+                         "grid): pre-train Swin with SimMIM (objective='simmim')")
+    cfg_cls = MAEConfig if objective == "mae" else SimMIMConfig
+    fields = {f.name for f in dataclasses.fields(cfg_cls)} - {"encoder", "encoder_overrides"}
+    recorded = ck.head_config if ck is not None and ck.objective == objective else {}
+    settings = {k: v for k, v in {**recorded, **(mim or {})}.items() if k in fields}
+    unknown = sorted(set(mim or {}) - fields)
+    if unknown:
+        raise TypeError(f"{cfg_cls.__name__} has no field(s) {unknown}; it has {sorted(fields)}")
+    encoder = create_model(name, pretrained=pretrained, checkpoint=ck, num_classes=0, **overrides)
+    cfg = cfg_cls(encoder=encoder.name, encoder_overrides=dict(overrides), **settings)
+    model = (MaskedAutoencoder if objective == "mae" else SimMIM)(cfg, encoder)
+    model.name = encoder.name
+    model.load_report = getattr(encoder, "load_report", None)
+    if ck is not None and ck.heads:
+        if ck.objective != objective:
+            raise CheckpointError(f"{ck.path} holds {ck.objective} pre-training heads, not {objective}'s: pass "
+                                  f"objective={ck.objective!r}, or a file without heads")
+        model.heads_report = load_heads(model, ck)
+    return model

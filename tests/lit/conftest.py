@@ -2,13 +2,14 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 from sklearn.datasets import load_digits
+
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_VIT = '{"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}'
@@ -87,9 +88,10 @@ def shards(id_folder, tmp_path_factory) -> Path:
     return out
 
 
-def run_in_repo(args, **kw):
-    env = dict(os.environ, **kw.pop("env", {}))
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, **kw)
+def run_in_repo(args, env: dict | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """``python ARGS`` in the repository, its output captured: a child of the tests' prepared interpreter
+    (``tests/forkserver.py``), which has torch, Lightning and vitkit imported already."""
+    return forkserver.run(list(args), env={**os.environ, **(env or {})}, cwd=ROOT, timeout=timeout)
 
 
 def _free_port() -> int:
@@ -103,9 +105,9 @@ def launch(args: list[str], nodes: int, devices: int, env: dict | None = None, t
     job starts them (``NODE_RANK``, ``LOCAL_RANK``, ``MASTER_ADDR``): Lightning starts no process of its own. ARGS
     name the same ``--trainer.devices`` and ``--trainer.num_nodes``. Returns each process's CompletedProcess."""
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1",
-                                              "MASTER_PORT": port, "NODE_RANK": str(node), "LOCAL_RANK": str(local)})
+    procs = [forkserver.popen(list(args), cwd=ROOT, env={**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1",
+                                                       "MASTER_PORT": port, "NODE_RANK": str(node),
+                                                       "LOCAL_RANK": str(local)})
              for node in range(nodes) for local in range(devices)]
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]
@@ -131,3 +133,17 @@ def run_in_turn(runs: list[list[str]], folder: Path, devices: int = 2, timeout: 
     for rank in done:
         assert rank.returncode == 0, rank.stderr[-3000:]
     return done
+
+
+@pytest.fixture(scope="session")
+def digits_run(tmp_path_factory):
+    """The demo's recipe for 12 epochs (``test_train.py::test_tiny_vit_learns_digits`` gives its spread): a trained
+    model of the digits for the tests that need one (fine-tuning, token merging, a teacher, evaluation). Built once:
+    the tests that use it are one work unit (tests/conftest.py)."""
+    from vitkit.lit.lightning_cli import cli_main
+
+    tmp_path = tmp_path_factory.mktemp("digits")
+    return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), "--trainer.accelerator", "cpu",
+                     "--trainer.devices", "1", "--trainer.num_nodes", "1", "--trainer.strategy", "auto",
+                     "--trainer.precision", "32-true", "--trainer.default_root_dir", str(tmp_path),
+                     "--trainer.max_epochs", "12", "--model.warmup_epochs", "1"])

@@ -67,18 +67,19 @@ class PoisonWeights(Callback):
 
 
 class NanLogitsOnce(Callback):
-    """The model returns NaN logits for one training step only (a transient overflow), on every rank or one."""
+    """The model's training loss is NaN for one training step only (a transient overflow in its logits or its
+    reconstruction), on every rank or one; any vitkit module (``step_loss``)."""
 
     def __init__(self, step: int, rank: int | None = None) -> None:
         self.step, self.rank = step, rank
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
-            forward = pl_module.model.forward
-            pl_module.model.forward = lambda x: forward(x) * float("nan")
+            loss = pl_module.step_loss
+            pl_module.step_loss = lambda batch: loss(batch) * float("nan")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        pl_module.model.__dict__.pop("forward", None)  # back to the class's forward
+        pl_module.__dict__.pop("step_loss", None)  # back to the class's step_loss
 
 
 class RecordRng(Callback):

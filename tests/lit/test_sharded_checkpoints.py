@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import PROBES, run_in_repo, run_on_two_nodes
+from .conftest import PROBES, launch, run_in_repo, run_on_two_nodes
 
 TINY_L = '{"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 8, "drop_path_rate": 0.1}'
 
@@ -26,7 +26,12 @@ def _recipe_args(root: Path, devices: int, epochs: int, *extra: str) -> list[str
 
 
 def _recipe(root: Path, devices: int, epochs: int, *extra: str):
-    return run_in_repo(_recipe_args(root, devices, epochs, *extra), env=PROBES, timeout=300)
+    """The recipe on ``devices`` processes of one node, started as a launcher would; rank 0's outcome (every rank's
+    must be a success)."""
+    ranks = launch(_recipe_args(root, devices, epochs, *extra), 1, devices, env=PROBES, timeout=300)
+    for rank in ranks[1:]:
+        assert rank.returncode == 0, rank.stderr[-3000:]
+    return ranks[0]
 
 
 def _on_two_nodes(root: Path, epochs: int, *extra: str) -> list:

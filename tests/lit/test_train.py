@@ -18,7 +18,8 @@ from ..hub_cache import cache_weights, use_offline_cache
 from .conftest import PROBES, ROOT, TINY_VIT, run_on_two_nodes, write_few_shot_digits
 
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
-CLASSIFIER_CONFIGS = [c for c in CONFIGS if not c.name.startswith(("seq2seq", "transformer", "ocr"))]
+CLASSIFIER_CONFIGS = [c for c in CONFIGS if yaml.safe_load(c.read_text())["model"]["class_path"].endswith(
+    "ImageClassifier")]
 TINY_SWIN = '{"embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "window_size": 2, "patch_size": 2}'
 
 
@@ -37,11 +38,18 @@ def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_
         data = ["--data.root", str(request.getfixturevalue("shards"))]
     else:
         data = ["--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder)]
-    if "finetune" in config.stem:  # the config's timm tag as it stands, from a hub cache of tiny weights at 48 px
-        use_offline_cache(monkeypatch, tmp_path / "hf")
+    from_file = []
+    if "finetune" in config.stem and cfg["model"]["init_args"].get("pretrained"):  # the config's timm tag as it
+        use_offline_cache(monkeypatch, tmp_path / "hf")  # stands, from a hub cache of tiny weights at 48 px
         cache_weights(tmp_path / "hf", name, vitkit.create_model(name, img_size=48, **json.loads(tiny)), tmp_path)
+    elif "finetune" in config.stem:  # a recipe for a file the user gives: a tiny backbone saved without a head
+        backbone = vitkit.create_model(name, img_size=48, num_classes=0, **json.loads(tiny))
+        from_file = ["--model.checkpoint", str(vitkit.save_pretrained(backbone, tmp_path / "backbone"))]
+    if cfg["model"]["init_args"].get("teacher"):  # the recipe's teacher as a tiny model of the folder's classes
+        teacher = vitkit.create_model("vit_tiny_patch16_224", num_classes=3, img_size=32, **json.loads(TINY_VIT))
+        from_file += ["--model.teacher", str(vitkit.save_pretrained(teacher, tmp_path / "teacher"))]
     cli = cli_main(["fit", "--config", str(config), *_cpu(tmp_path), "--trainer.fast_dev_run", "2",
-                    "--model.model_overrides", tiny, "--model.compile", "false",
+                    "--model.model_overrides", tiny, "--model.compile", "false", *from_file,
                     *data, "--data.img_size", "32", "--data.batch_size", "4", "--data.num_workers", "0"])
     assert cli.model.num_classes == 3
     assert cli.model.hparams.class_names == ["class_0", "class_1", "class_2"]
@@ -53,7 +61,7 @@ def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_
         (weights.mean, weights.std, weights.crop_pct, weights.interpolation)
     if "finetune" in config.stem:
         report = cli.model.model.load_report  # the tag's weights, with a new head for the folder's 3 classes
-        headless = vitkit.get_config(name).num_classes == 0  # DINOv3 ships no head: one is made
+        headless = vitkit.get_config(name).num_classes == 0 or bool(from_file)  # DINOv3 ships no head
         note = "head: new (not in the checkpoint)" if headless else "new classifier"
         assert report.ok and any(note in a for a in report.adapted), report
         assert report.new_head and all(k.startswith("head.") for k in report.new_head), report
@@ -190,14 +198,6 @@ def test_ddp_on_two_nodes_splits_the_data_and_node_0_writes_the_one_checkpoint(t
     assert len(seen[0]) + len(seen[1]) <= len(dm.train_set)
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert ckpts[-1] == "last.ckpt" and len(ckpts) == 2, ckpts  # one best + last, written by node 0 only
-
-
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("digits")
-    return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
-                     "--trainer.max_epochs", "12",
-                     "--model.warmup_epochs", "1"])
 
 
 def test_tiny_vit_learns_digits(digits_run):

@@ -178,7 +178,8 @@ def test_compile_script_and_trace_give_the_eager_output():
         ref = m(x)
         assert_close(torch.jit.script(m)(x), ref)
         assert_close(torch.fx.symbolic_trace(m)(x), ref)
-        assert_close(torch.compile(m, fullgraph=True)(x), ref, atol=1e-5, rtol=1e-5)
+        # captured whole and traced by AOTAutograd (inductor's build of a ViT is checked in test_vit.py)
+        assert_close(torch.compile(m, fullgraph=True, backend="aot_eager")(x), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_export_and_predict_take_token_merging_and_agree(tmp_path, capsys):

@@ -114,3 +114,32 @@ def collate_skipping(items: list) -> tuple[Tensor | None, Tensor | None, int]:
     if not good:
         return None, None, len(items)
     return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good]), len(items) - len(good)
+
+
+def scan_unlabeled(root: Path) -> list[Path]:
+    """Every image file under ``root``, at any depth (no class folders needed), sorted; refuses a folder with none."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {str(root)!r} does not exist or is not a folder")
+    files = _image_files(root)
+    if not files:
+        raise ValueError(f"no images under {str(root)!r} (looked at every depth for {', '.join(IMG_EXTENSIONS)})")
+    return files
+
+
+class UnlabeledImages(Dataset):
+    """Image files without labels, as (image, 0) for the loaders of labelled data; a file that cannot be decoded
+    yields None (skipped and counted, as by :class:`SkippingImageFolder`)."""
+
+    def __init__(self, files: list[Path], transform, decoder: Decoder = "pil") -> None:
+        self.files, self.transform, self.decoder = list(files), transform, decoder
+        self.samples = [(str(f), 0) for f in self.files]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        try:
+            return self.transform(_read_image(str(self.files[i]), self.decoder)), 0
+        except (OSError, SyntaxError, ValueError) as e:
+            log.debug("skipping unreadable image %s: %s", self.files[i], e)
+            return None

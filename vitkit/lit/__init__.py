@@ -4,15 +4,17 @@ from vitkit.data.text import Tokenizer
 
 from .callbacks import AtomicCheckpointIO, CSVLogger, ModelCheckpoint, TrainingCurves
 from .classifier import EMA, ImageClassifier
-from .data import DigitsDataModule, ImageFolderDataModule
+from .data import DigitsDataModule, ImageFolderDataModule, UnlabeledImageDataModule
 from .lightning_cli import VitkitCLI, cli_main
+from .mim import MaskedImageModeling
 from .seq2seq import Seq2SeqModule
 from .strategies import FSDP2Strategy
 from .text_data import OcrDigitsDataModule, Seq2SeqDataModule
 
-__all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DigitsDataModule", "ImageClassifier", "ImageFolderDataModule",
-           "FSDP2Strategy", "ModelCheckpoint", "OcrDigitsDataModule", "Seq2SeqDataModule", "Seq2SeqModule", "Tokenizer",
-           "StreamingImageDataModule", "TrainingCurves", "VitkitCLI", "cli_main"]
+__all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DigitsDataModule", "FSDP2Strategy", "HFDataModule",
+           "ImageClassifier", "ImageFolderDataModule", "MaskedImageModeling", "ModelCheckpoint", "OcrDigitsDataModule",
+           "Seq2SeqDataModule", "Seq2SeqModule", "StreamingImageDataModule", "Tokenizer", "TrainingCurves",
+           "UnlabeledImageDataModule", "VitkitCLI", "cli_main"]
 
 
 def __getattr__(name: str):
@@ -20,4 +22,8 @@ def __getattr__(name: str):
         from .streaming import StreamingImageDataModule
 
         return StreamingImageDataModule
+    if name == "HFDataModule":  # imports the datasets library, likewise
+        from .hf import HFDataModule
+
+        return HFDataModule
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,77 +2,52 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from typing import Any, Literal
 
-import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from timm.data import Mixup
 from timm.data.mixup import mixup_target
 from torch import Tensor, nn
-from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitkit
 
-from .hparams import gather_rng_states, keep_own_hparams, restore_rng_states, seed_rank
-from .optim import build_adamw, scaled_lambda, warmup_cosine
-from .sharding import check_gradients_sync, data_parallel_mesh, shard
+from .base import EMA, TrainingModule
+from .distill import (
+    Distillation,
+    Preprocessing,
+    build_teacher,
+    check_distillation,
+    classes_of,
+    distillation_loss,
+    to_teacher,
+)
+from .hparams import keep_own_hparams
 
+__all__ = ["EMA", "ImageClassifier"]
 log = logging.getLogger(__name__)
 
 
-class EMA(nn.Module):
-    """Exponential moving average of a model's weights (Polyak averaging, as in DeiT's model EMA)."""
-
-    def __init__(self, model: nn.Module, decay: float) -> None:
-        super().__init__()
-        self.decay = decay
-        self.module = copy.deepcopy(model).eval().requires_grad_(False)
-        # optimizer steps averaged in; not saved, so checkpoints keep the keys they always had
-        self.register_buffer("updates", torch.zeros((), dtype=torch.long), persistent=False)
-
-    def train(self, mode: bool = True) -> EMA:
-        """The average is always evaluated as an inference model: its dropout and drop path stay off."""
-        super().train(mode)
-        self.module.eval()
-        return self
-
-    @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
-        ema = list(self.module.state_dict().values())
-        live = list(model.state_dict().values())
-        floats = [(e, m) for e, m in zip(ema, live, strict=True) if e.is_floating_point()]
-        get_ema_multi_avg_fn(self.decay)([e for e, _ in floats], [m.detach() for _, m in floats], None)
-        self.updates += 1
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.module(x)
+def _build_model(name: str, pretrained: bool, checkpoint: str | None, num_classes: int | None,
+                 img_size: int | None, overrides: dict[str, Any] | None) -> nn.Module:
+    if vitkit.family(name) == "seq2seq":
+        raise ValueError(f"{name!r} is an encoder-decoder preset; train it with "
+                         "--model vitkit.lit.Seq2SeqModule (class_path: vitkit.lit.Seq2SeqModule in a config)")
+    overrides = dict(overrides or {})
+    if num_classes is not None:
+        overrides["num_classes"] = num_classes
+    if img_size is not None:
+        overrides["img_size"] = img_size
+    model = vitkit.create_model(name, pretrained=pretrained, checkpoint=checkpoint, **overrides)
+    if getattr(model, "load_report", None) is not None:
+        rank_zero_info(str(model.load_report))
+    return model
 
 
-class WarmupCosine:
-    """The LR multiplier of an optimizer step: linear warmup over ``warmup_epochs``, then cosine down to
-    ``min_lr_ratio`` at the last step; 1 until :meth:`set_length` gives the run's length."""
-
-    def __init__(self, warmup_epochs: float, min_lr_ratio: float) -> None:
-        self.warmup_epochs, self.min_lr_ratio = warmup_epochs, min_lr_ratio
-        self.total: int | None = None
-        self.warmup = 0
-
-    def set_length(self, total: int, max_epochs: int | None) -> None:
-        steps_per_epoch = total / max_epochs if max_epochs and max_epochs > 0 else total
-        self.total = total
-        self.warmup = min(total, max(1, round(self.warmup_epochs * steps_per_epoch))) if self.warmup_epochs > 0 else 0
-
-    def __call__(self, step: int) -> float:
-        return 1.0 if self.total is None else warmup_cosine(step, self.warmup, self.total, self.min_lr_ratio)
-
-
-class ImageClassifier(L.LightningModule):
+class ImageClassifier(TrainingModule):
     """A vitkit preset trained with AdamW, warmup + cosine, label smoothing, mixup/cutmix and EMA.
 
     Every argument is serializable, so ``ImageClassifier.load_from_checkpoint(path)`` rebuilds the model
@@ -105,6 +80,12 @@ class ImageClassifier(L.LightningModule):
             reads nothing else.
         compile: run the model under ``torch.compile`` (compiled in place in ``configure_model``, so the
             state_dict and checkpoints keep the plain parameter names).
+        teacher: knowledge distillation from a frozen teacher (``vitkit/lit/distill.py``): a vitkit preset or timm
+            tag (pretrained, offline-first), any timm model by name (``regnety_160.deit_in1k``), or a file or folder
+            vitkit reads; it must predict the data's classes. ``teacher_checkpoint``: the weights of a named one.
+        distillation: ``hard`` (DeiT's: the teacher's argmax for the distillation head, or the one head),
+            ``soft`` (KL at temperature ``distill_tau``, scaled by tau²) or ``none``; default ``hard`` with a teacher.
+        distill_alpha: the distillation term's share of the loss (the label loss has the rest).
     """
 
     def __init__(
@@ -131,26 +112,27 @@ class ImageClassifier(L.LightningModule):
         checkpoint: str | None = None,
         nonfinite_loss: Literal["stop", "skip"] = "stop",
         compile: bool = False,
+        teacher: str | None = None,
+        teacher_checkpoint: str | None = None,
+        distillation: Distillation | None = None,
+        distill_alpha: float = 0.5,
+        distill_tau: float = 1.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         keep_own_hparams(self)
-        if vitkit.family(model_name) == "seq2seq":
-            raise ValueError(f"{model_name!r} is an encoder-decoder preset; train it with "
-                             "--model vitkit.lit.Seq2SeqModule (class_path: vitkit.lit.Seq2SeqModule in a config)")
-        overrides = dict(model_overrides or {})
-        if num_classes is not None:
-            overrides["num_classes"] = num_classes
-        if img_size is not None:
-            overrides["img_size"] = img_size
-        self.model = vitkit.create_model(model_name, pretrained=pretrained, checkpoint=checkpoint, **overrides)
-        if getattr(self.model, "load_report", None) is not None:
-            rank_zero_info(str(self.model.load_report))
+        self.check_nonfinite(nonfinite_loss)
+        self.distillation = check_distillation(distillation, teacher, distill_alpha, distill_tau)
+        self.model = _build_model(model_name, pretrained, checkpoint, num_classes, img_size, model_overrides)
         if freeze_backbone:
             for name, p in self.model.named_parameters():
                 p.requires_grad_(name.startswith("head"))
+            self._backbone_to_eval()
         self.num_classes = self.model.cfg.num_classes
-        self.ema = EMA(self.model, ema_decay) if ema_decay else None
+        self._teacher = None
+        if self.distillation != "none":
+            self._set_teacher(teacher, teacher_checkpoint)
+        self.make_ema(ema_decay)
         self.mixup = None
         if mixup > 0 or cutmix > 0:
             self.mixup = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, prob=mixup_prob,
@@ -161,109 +143,75 @@ class ImageClassifier(L.LightningModule):
             f"{split}_{k}": MulticlassAccuracy(self.num_classes, top_k=t, average="micro")
             for split in ("val", "val_ema", "test") for k, t in (("top1", 1), ("top5", k5))
         })
-        if nonfinite_loss not in ("stop", "skip"):
-            raise ValueError(f"nonfinite_loss must be 'stop' or 'skip', got {nonfinite_loss!r}")
-        self.bad_steps = 0  # consecutive steps skipped for a non-finite loss
-        self._stepped = False  # whether a micro-batch of the coming optimizer step had a loss
-        self._compiled = False
-        self._rank_seeded = False
-
-    def configure_model(self) -> None:
-        if self._compiled:  # called again by every trainer.fit / test
-            return
-        self._compiled = True
-        strategy = self._trainer.strategy if self._trainer is not None else None
-        if isinstance(strategy, ModelParallelStrategy):  # FSDP2: every block, then the root; the EMA alike
-            options = getattr(strategy, "block_options", {})
-            mesh = data_parallel_mesh(self)
-            shard(self.model, mesh, self.trainer.precision, **options)
-            if self.ema is not None:
-                shard(self.ema.module, mesh)
-        elif self.hparams.compile:
-            self.model.compile()  # in place: parameter names stay those of the plain model
-
-    def on_fit_start(self) -> None:
-        check_gradients_sync(self.trainer, self.model)
-
-    def on_train_start(self) -> None:
-        # The schedule's length is read here, not in configure_optimizers: asking Lightning for the number of
-        # steps builds the training loader's iterator, which draws from the global generator; at set-up time a
-        # sharded strategy has not yet restored a resumed run's generators, so that draw would not be the one
-        # the uninterrupted run made.
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        self._schedule.set_length(total, self.trainer.max_epochs)
-        sched = self.lr_schedulers()
-        for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
-            group["lr"] = base * fn(sched.last_epoch)  # the current step's LR, now that the length is known
-
-    def setup(self, stage: str) -> None:
-        if not self._rank_seeded:  # once: a later fit or test in the same process must not add it again
-            seed_rank(self.trainer)  # before a resumed run restores every rank's own stream
-            self._rank_seeded = True
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x)
 
+    # -- a teacher (lit/distill.py) -----------------------------------------------------------------------------
+
+    def _set_teacher(self, teacher: str, checkpoint: str | None) -> None:
+        model, self._teacher_prep = build_teacher(teacher, checkpoint)
+        classes = classes_of(model)
+        if classes != self.num_classes:
+            raise ValueError(f"the teacher {teacher!r} predicts {classes} classes, the data has {self.num_classes}: a "
+                             "teacher must classify the same classes (fine-tune it on the data first)")
+        # not a submodule: outside the optimizer, the state dict, the checkpoint, DDP and FSDP2 (replicated)
+        object.__setattr__(self, "_teacher", model)
+        cfg = self.model.cfg
+        size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
+        self._student_prep = Preprocessing(tuple(cfg.mean), tuple(cfg.std), tuple(size))
+        if getattr(self.model, "head_dist", None) is not None:
+            self.model.set_distilled_training(True)  # training returns (class head, distillation head)
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        if self._teacher is not None:  # the student's device and, for a *-true precision, its dtype
+            dtype = next(self.model.parameters()).dtype
+            self._teacher.to(device=self.device, dtype=dtype if dtype.is_floating_point else None)
+            data_cfg = getattr(getattr(self.trainer, "datamodule", None), "data_cfg", None)
+            if data_cfg is not None:  # the batch is normalised as the data module does it
+                self._student_prep.mean, self._student_prep.std = tuple(data_cfg.mean), tuple(data_cfg.std)
+
+    # -- a frozen backbone is an inference model: its drop path and dropout stay off --------------------------
+
+    def _backbone_to_eval(self) -> None:
+        """With ``freeze_backbone``, every module of the model but the head (``head*``) in eval mode."""
+        for name, child in self.model.named_children():
+            if not name.startswith("head"):
+                child.eval()
+
+    def train(self, mode: bool = True) -> ImageClassifier:
+        """``nn.Module.train``, which puts a frozen backbone back in eval mode: the head learns from the features
+        the backbone gives at inference, not from features noised by its drop path."""
+        super().train(mode)
+        if mode and self.hparams.freeze_backbone:
+            self._backbone_to_eval()
+        return self
+
+    def on_train_epoch_start(self) -> None:
+        if self.hparams.freeze_backbone:  # a module's mode set without train() (a callback, a strategy) too
+            self._backbone_to_eval()
+
     # -- steps -------------------------------------------------------------------------------------
 
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
-        # A batch with no sample arrives empty: every file of it was unreadable (counted by the data module), or
-        # a streaming rank had no batch left in the epoch. Such a rank adds no gradient; the step is skipped
-        # only when no rank has a sample. Decided on all ranks together: a rank that skipped its backward
-        # alone would leave the others waiting in the gradient all-reduce. One small all-reduce per step,
-        # only when a skip can happen.
-        loss = None if len(batch[1]) == 0 else self._loss(*batch)
-        empty, nonfinite = loss is None, loss is not None and not bool(torch.isfinite(loss))
-        all_empty = empty
-        if self.trainer.world_size > 1 and self._may_skip:
-            flags = torch.tensor([empty, nonfinite], dtype=torch.float32, device=self.device)
-            n_empty, n_nonfinite = self.trainer.strategy.reduce(flags, reduce_op="sum").tolist()
-            all_empty, nonfinite = n_empty == self.trainer.world_size, n_nonfinite > 0
-        if nonfinite:
-            value = "nan/inf on another rank" if loss is None or torch.isfinite(loss) else loss.item()
-            self.bad_steps += 1
-            if self.hparams.nonfinite_loss == "stop" or self.bad_steps > 10:
-                raise FloatingPointError(
-                    f"non-finite training loss ({value}) at global step {self.global_step}"
-                    f"{f', {self.bad_steps} steps in a row' if self.bad_steps > 1 else ''}; the run stops here "
-                    "and the last checkpoint written before this step is left as it was. Lower the lr, check "
-                    "the data, or set model.nonfinite_loss=skip to drop such steps.")
-            log.warning("skipping step %d: non-finite training loss %s", self.global_step, value)
-            self.log("train/skipped_steps", float(self.bad_steps), on_step=True)
-            return self._no_update_loss()
-        if all_empty:
-            log.warning("skipping step %d: no rank has a readable image in its batch", self.global_step)
-            return self._no_update_loss()
-        self.bad_steps = 0
-        self._stepped = True  # on every rank, so that each applies the same all-reduced gradient
-        if empty:
-            log.debug("step %d: no sample in this rank's batch; the other ranks' samples make the step",
-                      self.global_step)
-            return self._no_update_loss()
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=len(batch[1]))
-        return loss
-
-    def _no_update_loss(self) -> Tensor:
-        """A zero loss over every trainable weight, for a skipped step. Lightning cannot skip a step under DDP
-        (returning None there is an error), so the backward runs on every rank, DDP's gradient all-reduce
-        with it, and ``on_before_optimizer_step`` then drops the update."""
-        return sum(p.sum() for p in self.parameters() if p.requires_grad) * 0.0
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if not self._stepped:  # no micro-batch of this step had a loss: no gradient, so AdamW leaves every weight
-            optimizer.zero_grad(set_to_none=True)
-
-    @property
-    def _may_skip(self) -> bool:
-        """Whether any rank could skip a step: its data can yield empty batches, or NaN steps are skipped."""
-        datamodule = getattr(self.trainer, "datamodule", None)
-        return self.hparams.nonfinite_loss == "skip" or getattr(datamodule, "may_yield_empty", False)
+    def step_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        return self._loss(*batch)
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
-        if self.mixup is not None:
-            soft = self._mix(x, y)  # soft targets already carry the label smoothing; x is mixed in place
-            return torch.sum(-soft * F.log_softmax(self(x).float(), dim=-1), dim=-1).mean()
-        return F.cross_entropy(self(x).float(), y, label_smoothing=self.hparams.label_smoothing)
+        soft = self._mix(x, y) if self.mixup is not None else None  # with label smoothing; x is mixed in place
+        out = self(x)
+        logits, distilled = out if isinstance(out, tuple) else (out, out)  # DeiT's two heads, or the one
+        if soft is not None:
+            loss = torch.sum(-soft * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+        else:
+            loss = F.cross_entropy(logits.float(), y, label_smoothing=self.hparams.label_smoothing)
+        if self._teacher is None:
+            return loss
+        with torch.no_grad():  # the same (mixed) images, as the teacher wants them
+            teacher = self._teacher(to_teacher(x, self._student_prep, self._teacher_prep))
+        alpha = self.hparams.distill_alpha
+        return (1 - alpha) * loss + alpha * distillation_loss(self.distillation, distilled, teacher,
+                                                              self.hparams.distill_tau)
 
     def _mix(self, x: Tensor, y: Tensor) -> Tensor:
         """timm's Mixup/CutMix, which mixes a batch with its reverse and so takes even batches only. An odd batch
@@ -276,6 +224,7 @@ class ImageClassifier(L.LightningModule):
         return soft
 
     def on_train_epoch_end(self) -> None:
+        super().on_train_epoch_end()
         self._report_skipped("train")
 
     def on_validation_epoch_end(self) -> None:
@@ -288,12 +237,6 @@ class ImageClassifier(L.LightningModule):
         dm = getattr(self.trainer, "datamodule", None)
         if hasattr(dm, "report_skipped"):
             self.log(f"{split}/skipped_files", float(dm.report_skipped(split)))
-
-    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
-        super().optimizer_step(*args, **kwargs)
-        if self.ema is not None and self._stepped:  # once per optimizer step, never for a skipped one
-            self.ema.update(self.model)
-        self._stepped = False
 
     def _evaluate(self, batch: tuple[Tensor, Tensor], split: str) -> None:
         x, y = batch
@@ -320,34 +263,3 @@ class ImageClassifier(L.LightningModule):
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(x).softmax(dim=-1)
-
-    # -- exact resume ---------------------------------------------------------------------------------
-    # Lightning restores weights, optimizer, schedule and loop counters; the random streams that decide
-    # shuffling, augmentation, mixup and drop path are saved here too, one per rank, so a resumed run
-    # draws what the uninterrupted run would have drawn.
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint["rng_states"] = gather_rng_states(self.trainer)  # every rank calls this hook
-        hp = checkpoint.get("hyper_parameters")
-        if hp is not None:  # the state dict holds every weight: rebuilding the module needs no other file
-            hp.update(pretrained=False, checkpoint=None)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        # restored here, before the fit loop draws its first shuffle from the global generator; not when the
-        # module is only loaded (load_from_checkpoint), which must leave the caller's generators alone
-        try:
-            trainer = self.trainer
-        except RuntimeError:  # not attached to a Trainer
-            return
-        if checkpoint.get("rng_states"):
-            restore_rng_states(trainer, checkpoint["rng_states"])
-
-    # -- optimisation ------------------------------------------------------------------------------
-
-    def configure_optimizers(self) -> dict:
-        hp = self.hparams
-        opt = build_adamw(self.model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.layer_decay)
-        self._schedule = WarmupCosine(hp.warmup_epochs, hp.min_lr / hp.lr)  # its length is set in on_train_start
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, scaled_lambda(self._schedule, [g["lr_scale"] for g in opt.param_groups]))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

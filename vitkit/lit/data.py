@@ -13,7 +13,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
-from vitkit.data.folder import Decoder, SkippingImageFolder, collate_skipping, scan_image_folder
+from vitkit.data.folder import (
+    Decoder,
+    SkippingImageFolder,
+    UnlabeledImages,
+    collate_skipping,
+    scan_image_folder,
+    scan_unlabeled,
+)
 from vitkit.data.transforms import TRAIN_AUGMENT, data_config, eval_transform, random_affine, train_transform
 
 log = logging.getLogger(__name__)
@@ -38,6 +45,19 @@ class EpochSampler(DistributedSampler):
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
         self.generator.manual_seed((self.seed * 1_000_003 + epoch) * 1_009 + self.rank)
+
+
+def check_one_batch(samples: int, batch_size: int, trainer: L.Trainer | None, where: str) -> None:
+    """Refuse, before training, a training split in which no rank gets one whole batch: with the last incomplete
+    batch dropped, nothing would train, and Lightning would end the run with no error and no checkpoint."""
+    world = trainer.world_size if trainer is not None else 1
+    per_rank = -(-samples // world)  # the distributed sampler pads every rank to the same count
+    if per_rank >= batch_size:
+        return
+    ranks = f" on {world} ranks ({per_rank} per rank)" if world > 1 else ""
+    raise ValueError(f"the training split of {where} has {samples} sample(s){ranks}, fewer than one batch of "
+                     f"{batch_size}; the last incomplete batch of an epoch is dropped, so nothing would train. Lower "
+                     f"--data.batch_size to {max(1, per_rank)} or less, or add images")
 
 
 class _TrainValLoaders(L.LightningDataModule):
@@ -66,6 +86,8 @@ class _TrainValLoaders(L.LightningDataModule):
                           num_workers=hp.num_workers, pin_memory=pin, persistent_workers=hp.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:
+        if self.drop_last_train:
+            check_one_batch(len(self.train_set), self.hparams.batch_size, self.trainer, self.describe())
         return self._loader(self.train_set, True)
 
     def val_dataloader(self) -> DataLoader:
@@ -88,16 +110,20 @@ class DigitsDataModule(_TrainValLoaders):
     """The 1,797 real 8x8 handwritten digits bundled with scikit-learn, upsampled; no download.
 
     A fixed, seeded, stratified train/val split (and a test split when ``test_fraction`` > 0, held out
-    before the others); training batches get a random affine jitter."""
+    before the others); training batches get a random affine jitter. ``train_per_class`` keeps that many training
+    digits of each class (a few labels, as after pre-training on unlabeled images); validation keeps its split."""
 
     classes: list[str] = [str(i) for i in range(10)]
     num_classes: int = 10
 
     def __init__(self, img_size: int = 32, batch_size: int = 64, num_workers: int = 0, val_fraction: float = 0.2,
                  seed: int = 0, augment: bool = True, model_name: str | None = None, test_fraction: float = 0.0,
-                 mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None) -> None:
+                 mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
+                 train_per_class: int | None = None) -> None:
         super().__init__()
         self.save_hyperparameters()
+        if train_per_class is not None and train_per_class < 1:
+            raise ValueError(f"train_per_class must be >= 1 (or null: every training digit), got {train_per_class}")
         self.data_cfg = data_config(model_name, img_size, mean=mean, std=std)
 
     def _tensors(self) -> tuple[Tensor, Tensor]:
@@ -125,6 +151,8 @@ class DigitsDataModule(_TrainValLoaders):
             self.test_set = TensorDataset(x[idx_test], y[idx_test])
         idx_train, idx_val = train_test_split(idx, test_size=hp.val_fraction, random_state=hp.seed,
                                               stratify=y[idx].numpy())
+        if hp.train_per_class is not None:  # few labels: the first of each class in the split's seeded order
+            idx_train = [i for c in range(10) for i in idx_train[y[idx_train].numpy() == c][: hp.train_per_class]]
         self.train_set = TensorDataset(x[idx_train], y[idx_train])
         self.val_set = TensorDataset(x[idx_val], y[idx_val])
 
@@ -224,3 +252,37 @@ class ImageFolderDataModule(_SkippingImages):
 
     def split_location(self, split: str) -> str:
         return str(self.root / getattr(self.hparams, split + "_dir"))
+
+
+class UnlabeledImageDataModule(_SkippingImages):
+    """A folder of images without labels (``root/**/*.jpg``, any layout, class folders or none) for self-supervised
+    pre-training: a fixed, seeded ``val_fraction`` of the files is held out for validation, the same on every rank
+    and run. Transforms and unreadable-file skipping as ``ImageFolderDataModule``'s (MAE's recipe turns the
+    augmentation down to RandomResizedCrop and flips)."""
+
+    classes: list[str] = []
+    num_classes: int = 0
+
+    def __init__(self, root: str, val_fraction: float = 0.05, seed: int = 0, decoder: Decoder = "pil",
+                 **image_args) -> None:
+        super().__init__(**image_args)
+        if not 0 <= val_fraction < 1:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        self.root = Path(root).expanduser()
+        self.files = scan_unlabeled(self.root)
+
+    def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        order = torch.randperm(len(self.files), generator=torch.Generator().manual_seed(hp.seed)).tolist()
+        n_val = max(1, round(len(self.files) * hp.val_fraction)) if hp.val_fraction > 0 and len(self.files) > 1 \
+            else 0
+        val, train = [self.files[i] for i in sorted(order[:n_val])], [self.files[i] for i in sorted(order[n_val:])]
+        self.train_set = UnlabeledImages(train, self.train_transform(), hp.decoder)
+        self.val_set = UnlabeledImages(val, eval_transform(self.data_cfg), hp.decoder)
+        self.reset_counts()
+
+    def describe(self) -> str:
+        return str(self.root)
+
+    def split_location(self, split: str) -> str:
+        return f"{self.root} ({split})"

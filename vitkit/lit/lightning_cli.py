@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import lightning as L
@@ -27,10 +27,10 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import Strategy, StrategyRegistry
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from .. import recipes
-from ..checkpoints import CheckpointError
-from ..checkpoints.hub import MissingWeightsError
+from ..errors import one_line, take_traceback_flag, user_error, wants_traceback
 from .callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
 from .classifier import ImageClassifier
 from .strategies import settle_interrupted_saves
@@ -42,15 +42,6 @@ DATA_TO_MODEL = {"num_classes": "num_classes", "classes": "class_names", "src_vo
 
 def _attribute(name: str):
     return lambda datamodule: getattr(datamodule, name, None)
-
-
-PACKAGE_DIR = str(Path(__file__).resolve().parents[1])  # vitkit/
-
-
-def _raised_by_vitkit(tb: TracebackType | None) -> bool:
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code.co_filename.startswith(PACKAGE_DIR)
 
 
 def with_recipes(args: list[str]) -> list[str]:
@@ -76,20 +67,6 @@ def with_recipes(args: list[str]) -> list[str]:
         else:
             out[i + 1] = str(resolved)
     return out
-
-
-def user_error(e: BaseException) -> BaseException | None:
-    """The error vitkit raised about the user's input (a checkpoint, weights, a preset, a data folder) inside
-    ``e``: jsonargparse wraps whatever a class raises while it is built in a "Does not validate against any of
-    the Union subtypes" error, raised from the original one. None when ``e`` is not about such input."""
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, (CheckpointError, MissingWeightsError)) or (
-                isinstance(e, (ValueError, TypeError, OSError)) and _raised_by_vitkit(e.__traceback__)):
-            return e
-        e = e.__cause__ or e.__context__
-    return None
 
 
 def given_model_args(args: list[str]) -> set[str]:
@@ -119,16 +96,58 @@ def strategy_from_path(path: str) -> Strategy:
     return cls()
 
 
+def condense(message: str) -> str:
+    """jsonargparse's message for a value that does not parse (a nested listing of every type it tried) as one
+    line: ``--model.lr expects a float or null, got 'abc'``; other messages have their lines joined."""
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    expected = list(dict.fromkeys(re.findall(r"Expected a <class '([\w.]+)'>", message)))
+    got = re.search(r"Got value: (.*)", message) or re.search(r"Given value: (.*)", message)
+    if keys and expected and got:
+        names = {"NoneType": "null", "int": "an int", "float": "a float", "bool": "true or false", "str": "a string"}
+        kinds = " or ".join(names.get(e, e) for e in expected)
+        return f"--{'.'.join(keys)} expects {kinds}, got {got.group(1).strip()!r}"
+    return " ".join(line.strip() for line in message.strip().splitlines() if line.strip())
+
+
+class OneLineParser(LightningArgumentParser):
+    """Lightning's parser, whose errors end the command with one ``error:`` line and exit status 1 (instead of the
+    usage listing and a nested message); where jsonargparse asks for an exception instead, it still gets one."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error:
+            return super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"error: {condense(message)} (`{prog} --help` lists the options)\n")
+        sys.exit(1)
+
+
+def _trainer_line(e: Exception, cfg: Namespace) -> str:
+    """A trainer the machine cannot run, said once: what the config asked for, what is here, and the flags that run
+    it here."""
+    import torch
+
+    asked = f"accelerator={cfg.get('accelerator')}, devices={cfg.get('devices')}, precision={cfg.get('precision')}"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    line = f"error: the trainer cannot start as configured ({asked}): {condense(str(e))}; this machine has {gpus} " \
+           "CUDA GPU(s)"
+    if not gpus:
+        line += ("; to run on its CPU add --trainer.accelerator cpu --trainer.devices 1 --trainer.precision 32-true "
+                 "(or bf16-mixed)")
+    return line
+
+
 class VitkitCLI(LightningCLI):
     """LightningCLI with the module and data chosen by class path, facts linked between them (image size,
     classes, vocabularies, normalisation), and every output under the run's root folder."""
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("parser_class", OneLineParser)
         if args is None:  # from the shell: LightningCLI reads sys.argv itself
-            sys.argv[1:] = with_recipes(sys.argv[1:])
+            sys.argv[1:] = with_recipes(take_traceback_flag(sys.argv[1:]))
         else:
-            args = with_recipes(args)
+            args = with_recipes(take_traceback_flag(args))
         self._model_args_given = given_model_args(sys.argv[1:] if args is None else args)
         super().__init__(L.LightningModule, None, subclass_mode_model=True, subclass_mode_data=True,
                          trainer_defaults={"callbacks": [TrainingCurves()]}, args=args, run=run, **kwargs)
@@ -191,9 +210,9 @@ class VitkitCLI(LightningCLI):
             super().instantiate_classes()
         except Exception as e:
             cause = user_error(e)
-            if cause is None:
+            if cause is None or wants_traceback(sys.argv):
                 raise
-            raise SystemExit(f"error: {cause}") from None
+            raise SystemExit(one_line(cause)) from None
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         cfg = self._section().trainer
@@ -201,7 +220,12 @@ class VitkitCLI(LightningCLI):
             kwargs.setdefault("plugins", [AtomicCheckpointIO()])
         if isinstance(cfg.strategy, str) and "." in cfg.strategy:  # `--trainer.strategy pkg.Class`: the class,
             kwargs["strategy"] = strategy_from_path(cfg.strategy)  # not a registered name that Lightning lowercases
-        trainer = super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except MisconfigurationException as e:  # no such GPU here, too many devices, ...
+            if wants_traceback(sys.argv):
+                raise
+            raise SystemExit(_trainer_line(e, cfg)) from None
         for cb in trainer.checkpoint_callbacks:  # known before fit, so that --ckpt_path last finds last.ckpt
             if isinstance(cb, _LightningModelCheckpoint) and cb.dirpath is None:
                 cb.dirpath = checkpoints_dir(trainer)
@@ -221,5 +245,13 @@ class VitkitCLI(LightningCLI):
 
 def cli_main(args: list[str] | None = None, run: bool = True, prog: str | None = None) -> LightningCLI:
     """``python train.py fit --config configs/vit_tiny_digits.yaml``; ``args`` replaces sys.argv[1:], ``prog`` names
-    the program in ``--help``."""
-    return VitkitCLI(args=args, run=run, **({"parser_kwargs": {"prog": prog}} if prog else {}))
+    the program in ``--help``. An error vitkit raised about the input, while the classes are built or while the
+    subcommand runs (a training split smaller than one batch, a checkpoint that does not fit), ends the command with
+    its one line and exit status 1 (``--traceback`` or ``VITKIT_TRACEBACK=1``: the traceback instead)."""
+    try:
+        return VitkitCLI(args=args, run=run, **({"parser_kwargs": {"prog": prog}} if prog else {}))
+    except Exception as e:
+        cause = user_error(e)
+        if cause is None or wants_traceback(sys.argv):
+            raise
+        raise SystemExit(one_line(cause)) from None

@@ -7,24 +7,23 @@ match of greedily decoded sequences and BLEU on the decoded text; predict return
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-import lightning as L
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor
 from torchmetrics.text import BLEUScore
 
 import vitkit
 from vitkit.data.text import Tokenizer
 
+from .base import TrainingModule
 from .hparams import keep_own_hparams
 from .optim import inverse_sqrt
-from .sharding import check_gradients_sync, data_parallel_mesh, gathered, shard
+from .sharding import gathered
 
 
-class Seq2SeqModule(L.LightningModule):
+class Seq2SeqModule(TrainingModule):
     """A vitkit encoder-decoder preset (text-to-text or image-to-text) trained with teacher forcing.
 
     Args:
@@ -37,6 +36,8 @@ class Seq2SeqModule(L.LightningModule):
         warmup_steps: linear warmup, then lr x sqrt(warmup / step).
         label_smoothing: on the target tokens; pads are ignored.
         val_beam_size, val_max_len: decoding used for exact match and BLEU at validation.
+        nonfinite_loss: ``stop`` (a NaN/Inf training loss ends the run) or ``skip`` (that step is dropped on every
+            rank), as for the classifier.
     """
 
     def __init__(
@@ -54,25 +55,16 @@ class Seq2SeqModule(L.LightningModule):
         label_smoothing: float = 0.1,
         val_beam_size: int = 1,
         val_max_len: int = 64,
+        nonfinite_loss: Literal["stop", "skip"] = "stop",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         keep_own_hparams(self)
+        self.check_nonfinite(nonfinite_loss)
         self.model = vitkit.create_model(model_name, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
                                          **(model_overrides or {}))
-        self._sharded = False
         self.tgt_tokenizer = Tokenizer.from_dict(tokenizers["tgt"]) if tokenizers else None
         self.bleu = torch.nn.ModuleDict({split: BLEUScore(n_gram=4, smooth=True) for split in ("val", "test")})
-
-    def configure_model(self) -> None:
-        strategy = self._trainer.strategy if self._trainer is not None else None
-        if isinstance(strategy, ModelParallelStrategy) and not self._sharded:  # FSDP2: every block, then the root
-            options = getattr(strategy, "block_options", {})
-            shard(self.model, data_parallel_mesh(self), self.trainer.precision, **options)
-            self._sharded = True
-
-    def on_fit_start(self) -> None:
-        check_gradients_sync(self.trainer, self.model)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.model(src, tgt_in)
@@ -81,13 +73,14 @@ class Seq2SeqModule(L.LightningModule):
         return F.cross_entropy(logits.float().flatten(0, 1), tgt_out.flatten(), ignore_index=self.model.cfg.pad_id,
                                label_smoothing=self.hparams.label_smoothing)
 
-    def training_step(self, batch: tuple[Tensor, Tensor, Tensor], batch_idx: int) -> Tensor:
+    def step_loss(self, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
         src, tgt_in, tgt_out = batch
-        loss = self._loss(self(src, tgt_in), tgt_out)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"non-finite training loss {loss.item()} at step {self.global_step}")
-        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=src.shape[0])
-        return loss
+        return self._loss(self(src, tgt_in), tgt_out)
+
+    def lr_multiplier(self):
+        """The paper's schedule: linear warmup over ``warmup_steps``, then 1/sqrt(step)."""
+        warmup = self.hparams.warmup_steps
+        return lambda step: inverse_sqrt(step, warmup)
 
     def _texts(self, ids: Tensor) -> list[str]:
         if self.tgt_tokenizer is None:
@@ -125,13 +118,6 @@ class Seq2SeqModule(L.LightningModule):
         hyps, refs = self._texts(out), self._texts(ref)
         self.bleu[split].update(hyps, [[r] for r in refs])
         self.log(f"{split}/bleu", self.bleu[split], batch_size=B)
-
-    def configure_optimizers(self) -> dict:
-        hp = self.hparams
-        opt = torch.optim.AdamW(self.model.parameters(), lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps,
-                                weight_decay=hp.weight_decay)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: inverse_sqrt(step, hp.warmup_steps))
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     @torch.no_grad()
     def translate(self, src: Tensor, beam_size: int = 1, max_len: int | None = None) -> list[str]:

@@ -92,7 +92,8 @@ class StreamingImageDataModule(_SkippingImages):
         return {"train_positions": gather_from_ranks(self.trainer, self._train_loader.position())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # called before the loaders are built (the module's optimizer setup asks for their length first)
+        # Lightning restores a data module's state before the fit loop builds its loaders; the loader built then
+        # takes the positions (and when a loader already exists, it takes them now)
         self._resume = state.get("train_positions")
         if self._train_loader is not None and self._resume is not None:
             self._restore_train_loader()

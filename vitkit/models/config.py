@@ -58,3 +58,10 @@ def check_image(x: Tensor, in_chans: int, size: tuple[int, int] | None, model: s
     if size is not None and (x.shape[-2] != size[0] or x.shape[-1] != size[1]):
         raise ValueError(f"{model} expects images of shape {expected}, got {shape_of(x)}; "
                          f"create the model with img_size=({x.shape[-2]}, {x.shape[-1]}) to change it")
+
+
+def check_multiple(x: Tensor, patch: int) -> None:
+    """With dynamic_img_size: any height and width that are multiples of the patch size."""
+    if x.shape[-2] % patch or x.shape[-1] % patch:
+        raise ValueError(f"VisionTransformer with dynamic_img_size takes any height and width that are "
+                         f"multiples of the patch size {patch}, got {shape_of(x)}")

@@ -35,10 +35,7 @@ from ..layers import (
     sinusoidal_1d,
 )
 from ..layers.attention import check_backend
-from .swin import SwinConfig, SwinTransformer
-from .swin_presets import SWIN_PRESETS
-from .vit import VisionTransformer, ViTConfig
-from .vit_presets import VIT_PRESETS
+from .encoders import vision_encoder
 
 PosEncoding = Literal["sinusoidal", "learned", "rope", "alibi"]
 
@@ -70,7 +67,7 @@ class Seq2SeqConfig:
     eos_id: int = 2
     vision_encoder: str | None = None  # a ViT / Swin preset: image-to-text, the source is images
     vision_overrides: dict[str, Any] = field(default_factory=dict)
-    attn_backend: AttnBackend = "sdpa"
+    attn_backend: AttnBackend = "auto"
 
     def __post_init__(self) -> None:
         check_backend(self.attn_backend)
@@ -162,18 +159,6 @@ class DecoderState:
     def reorder(self, index: Tensor) -> None:
         for c in self.self_caches:
             c.reorder(index)
-
-
-def vision_encoder(name: str, **overrides: Any) -> nn.Module:
-    """The image encoder of an image-to-text model: a ViT or Swin preset without its classifier."""
-    for presets, cfg_cls, model_cls in ((VIT_PRESETS, ViTConfig, VisionTransformer),
-                                        (SWIN_PRESETS, SwinConfig, SwinTransformer)):
-        if name in presets:
-            net = model_cls(cfg_cls(**{**presets[name], **overrides, "num_classes": 0}))
-            net.name = name
-            return net
-    raise ValueError(f"vision_encoder {name!r} is not a ViT or Swin preset (vitkit.list_models('vit*'), "
-                     "vitkit.list_models('swin*'))")
 
 
 class Seq2SeqTransformer(nn.Module):

@@ -59,7 +59,7 @@ class SwinConfig(DataConfig):
     proj_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.1
-    attn_backend: AttnBackend = "sdpa"
+    attn_backend: AttnBackend = "auto"
     global_pool: Literal["avg", "max", "avgmax", ""] = "avg"
     crop_pct: float = 0.9
     version: Literal[1, 2] = 1  # 2: Swin V2's cosine attention, continuous position bias, post-norm blocks
@@ -293,7 +293,7 @@ class SwinTransformer(nn.Module):
         return {"relative_position_bias_table"} | {n for n, _ in self.named_parameters()
                                                    if "cpb_mlp" in n or "logit_scale" in n}
 
-    def _embed(self, x: Tensor) -> Tensor:
+    def embed_patches(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) of any size -> patch map (B, H/p, W/p, C); sizes that are not a multiple
         of the patch are zero-padded, as the official detection backbone does."""
         if torch.jit.is_scripting():
@@ -316,7 +316,7 @@ class SwinTransformer(nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) of any size -> final map (B, H/32, W/32, C)."""
-        return self.norm(self.layers(self._embed(x)))
+        return self.norm(self.layers(self.embed_patches(x)))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         return self.head(x, pre_logits=pre_logits)
@@ -364,7 +364,7 @@ class SwinTransformer(nn.Module):
         if output_fmt not in self.output_fmts:
             raise ValueError(f"output_fmt must be one of {self.output_fmts}, got {output_fmt!r}")
         taken, last = take_indices(len(self.layers), indices)
-        x = self._embed(x)
+        x = self.embed_patches(x)
         out, final = [], len(self.layers) - 1
         for i, stage in enumerate(self.layers[: last + 1] if stop_early else self.layers):
             x = stage(x)  # (B, h, w, C)

@@ -17,24 +17,15 @@ from ..layers import Attention, AttnBackend, Block, Mlp, PatchEmbed, ResPostNorm
 from ..layers.attention import check_backend
 from ..layers.attention_pool import AttentionPool
 from ..layers.mlp import ACTIVATIONS, SwiGLU
-from ..layers.pos_embed import RopeMixed, resample_abs_pos_embed, resize_pos_grid, rope_2d, rope_axial, rope_mixed
+from ..layers.pos_embed import RopeMixed, keep_tokens, resample_abs_pos_embed, resize_pos_grid, rope_tables
 from ..layers.token_merging import TokenMerging, merge_schedule
-from .config import DataConfig, check_image, pair, shape_of
+from .config import DataConfig, check_image, check_multiple, pair
 from .features import new_head, resize_patch_conv, take_indices
 
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
 # a traced model, and torchvision's and timm's feature extractors built from it, check their input too
 torch.fx.wrap("check_image")
-torch.fx.wrap("rope_2d")  # their tables depend on the input's grid: one node each of a traced graph
-torch.fx.wrap("rope_axial")
-torch.fx.wrap("rope_mixed")
-
-def check_multiple(x: Tensor, patch: int) -> None:
-    """With dynamic_img_size: any height and width that are multiples of the patch size."""
-    if x.shape[-2] % patch or x.shape[-1] % patch:
-        raise ValueError(f"VisionTransformer with dynamic_img_size takes any height and width that are "
-                         f"multiples of the patch size {patch}, got {shape_of(x)}")
-
+torch.fx.wrap("rope_tables")  # its tables depend on the input's grid: one node of a traced graph
 
 torch.fx.wrap("check_multiple")
 
@@ -89,7 +80,7 @@ class ViTConfig(DataConfig):
     proj_drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
-    attn_backend: AttnBackend = "sdpa"
+    attn_backend: AttnBackend = "auto"
     dynamic_img_size: bool = False  # any H, W: positions resampled to each input's patch grid (timm's flag)
     token_merging: TokenMerging = 0  # ToMe: token pairs merged per block (int, (r, inflection) or per-block list)
 
@@ -277,24 +268,32 @@ class VisionTransformer(nn.Module):
             x = torch.cat(prefix + [x], dim=1) + pos
         return self.pos_drop(x)
 
-    def _embed(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
-        """Images -> (tokens (B, prefix + N, C), the RoPE tables of this input's grid or None)."""
+    def embed_patches(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+        """Images (B, C_in, H, W), checked -> patch tokens (B, N, C) before positions, and the patch grid."""
         if not torch.jit.is_scripting():
             self._follow_config()
         p = self.patch_size
         check_image(x, self.in_chans, None if self.dynamic_img_size else self.img_size, "VisionTransformer")
         if self.dynamic_img_size:
             check_multiple(x, p)
-        grid = (x.shape[-2] // p, x.shape[-1] // p)
-        rope: tuple[Tensor, Tensor] | None = None
-        if self.rope_kind == "dinov3":
-            rope = rope_2d(grid[0], grid[1], self.head_dim, self.rope_temperature, self.num_prefix_tokens, x.device)
-        elif self.rope_kind == "axial":
-            rope = rope_axial(grid[0], grid[1], self.head_dim, self.rope_temperature, self.num_prefix_tokens,
-                              x.device, self.rope_xy, self.rope_ref_grid)
-        elif self.rope is not None:  # (depth, heads, prefix + N, D) each: block i takes row i (_layer_rope)
-            rope = rope_mixed(self.rope.freqs, grid[0], grid[1], self.num_prefix_tokens)
-        return self.norm_pre(self._pos_embed(self.patch_embed(x), grid)), rope  # (B, prefix + N, C)
+        return self.patch_embed(x), (x.shape[-2] // p, x.shape[-1] // p)
+
+    def embed_tokens(self, patches: Tensor, grid: tuple[int, int],
+                     keep: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """Patch tokens (B, N, C) -> the blocks' input (B, prefix + N, C) and its RoPE tables (or None): the prefix
+        tokens and positions added, then with ``keep`` ((B, K) patch indices) only those patches, in that order, with
+        their RoPE rows (MAE's encoder; timm's patch_drop sits here), then ``norm_pre``."""
+        rope = rope_tables(self.rope_kind, grid, self.head_dim, self.rope_temperature, self.num_prefix_tokens,
+                           patches.device, self.rope_xy, self.rope_ref_grid,
+                           self.rope.freqs if self.rope is not None else None)
+        x = self._pos_embed(patches, grid)
+        if keep is not None:
+            x, rope = keep_tokens(x, rope, keep, self.num_prefix_tokens)
+        return self.norm_pre(x), rope  # (B, prefix + N, C), or prefix + K
+
+    def _embed(self, x: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        patches, grid = self.embed_patches(x)
+        return self.embed_tokens(patches, grid)
 
     def _layer_rope(self, rope: tuple[Tensor, Tensor] | None, i: int) -> tuple[Tensor, Tensor] | None:
         """Block i's RoPE tables: the shared ones, or with learned per-block frequencies its own."""
@@ -318,6 +317,10 @@ class VisionTransformer(nn.Module):
         """Images (B, C_in, H, W) -> normed tokens (B, prefix + N, C); with token merging fewer than N patch
         tokens, in the order ``bipartite_merge`` leaves them."""
         x, rope = self._embed(x)
+        return self.forward_blocks(x, rope)
+
+    def forward_blocks(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """The blocks' input (``embed_tokens``) -> normed tokens."""
         size: Tensor | None = None
         for i, blk in enumerate(self.blocks):
             if not torch.jit.is_scripting():

@@ -289,7 +289,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=["infer", "train", "both"], default="infer")
     p.add_argument("--batch-sizes", type=lambda s: [int(b) for b in s.split(",")], default=[16])
     p.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    p.add_argument("--attn-backend", choices=["sdpa", "math", "flex"], default="sdpa")
+    p.add_argument("--attn-backend", choices=["auto", "sdpa", "math", "flex"], default="auto")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--grad-checkpointing", action="store_true",

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitkit.checkpoints.files import CheckpointError
 from vitkit.models.config import pair
 from vitkit.models.registry import find
 
@@ -248,6 +249,50 @@ def _accept(report: ExportReport, tmp: Path, atol: float, what: str) -> ExportRe
     return report
 
 
+# what each vitkit.* metadata entry of an export holds, as (JSON type check, what the message says it should be)
+_METADATA = {
+    "input_size": (lambda v: _ints(v, 3), "a list of 3 positive ints (C, H, W)"),
+    "dynamic_size": (lambda v: isinstance(v, bool), "true or false"),
+    "size_multiple": (lambda v: _ints([v], 1), "a positive int"),
+    "min_size": (lambda v: _ints(v, 2), "a list of 2 positive ints"),
+    "mean": (lambda v: _numbers(v), "a list of numbers"),
+    "std": (lambda v: _numbers(v) and all(x > 0 for x in v), "a list of positive numbers"),
+    "crop_pct": (lambda v: _numbers([v]) and 0 < v <= 1, "a number in (0, 1]"),
+    "labels": (lambda v: v is None or isinstance(v, list) and all(isinstance(x, str) for x in v),
+               "null or a list of strings"),
+}
+
+
+def _ints(v: Any, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                       for x in v)
+
+
+def _numbers(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+
+
+def _read_metadata(path: str, meta: dict[str, str]) -> dict[str, Any]:
+    """The ``vitkit.*`` metadata of an export, each entry checked; a damaged one is the file's error."""
+    out: dict[str, Any] = {}
+    for key, text in meta.items():
+        name = key.removeprefix("vitkit.")
+        if not key.startswith("vitkit.") or name == "model":
+            continue
+        if name == "interpolation":
+            out[name] = text
+            continue
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise CheckpointError(f"{path}: its metadata {key} is not valid JSON ({e})") from None
+        check, what = _METADATA.get(name, (lambda v: True, ""))
+        if not check(value):
+            raise CheckpointError(f"{path}: its metadata {key} should be {what}, got {text[:60]!r}")
+        out[name] = value
+    return out
+
+
 class OnnxModel:
     """An exported classifier in onnxruntime (CPU), with its preprocessing from the file's metadata.
 
@@ -259,13 +304,17 @@ class OnnxModel:
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = threads
+        opts.log_severity_level = 4  # what onnxruntime would log about a damaged graph, vitkit's error says once
         self.path = str(path)
-        self.session = ort.InferenceSession(self.path, opts, providers=["CPUExecutionProvider"])
-        meta = self.session.get_modelmeta().custom_metadata_map
-        self.meta = {k.removeprefix("vitkit."): json.loads(v) if k != "vitkit.interpolation" else v
-                     for k, v in meta.items() if k.startswith("vitkit.") and k != "vitkit.model"}
+        try:  # onnxruntime's own error types for a missing, damaged or foreign file
+            self.session = ort.InferenceSession(self.path, opts, providers=["CPUExecutionProvider"])
+            meta = self.session.get_modelmeta().custom_metadata_map
+            self.input = self.session.get_inputs()[0]
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{self.path} is not an ONNX model onnxruntime can load: "
+                                  f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+        self.meta = _read_metadata(self.path, meta)
         self.name = meta.get("vitkit.model", Path(self.path).stem)
-        self.input = self.session.get_inputs()[0]
 
     @property
     def labels(self) -> list[str] | None:
@@ -298,7 +347,12 @@ class OnnxModel:
                             "with the model's mean/std (OnnxModel.preprocess does) and pass float32")
         if x.ndim != 4 or x.shape[1] != c or not ok_size or x.shape[0] == 0:
             raise ValueError(f"{self.path} expects {self.expected()}, got shape {tuple(x.shape)}")
-        return self.session.run(None, {self.input.name: x})[0]
+        try:
+            return self.session.run(None, {self.input.name: x})[0]
+        except Exception as e:  # noqa: BLE001 - the input passed the checks above: the graph is at fault
+            raise CheckpointError(f"{self.path}: onnxruntime could not run the model on an input of shape "
+                                  f"{tuple(x.shape)}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}") \
+                from None
 
     def preprocess(self, image) -> np.ndarray:
         """A PIL image -> the (1, C, H, W) float32 input, with the eval transform the metadata records."""
@@ -306,7 +360,14 @@ class OnnxModel:
 
         from vitkit.data.transforms import eval_transform
 
+        missing = [k for k in ("input_size", "mean", "std", "crop_pct", "interpolation") if k not in self.meta]
+        if missing:
+            raise CheckpointError(f"{self.path} has no vitkit.{missing[0]} metadata: it was not written by `vitkit "
+                                  "export`, so its preprocessing is unknown; feed it prepared arrays instead")
         c, h, w = self.meta["input_size"]
+        if len(self.meta["mean"]) < c or len(self.meta["std"]) < c:
+            raise CheckpointError(f"{self.path}: its metadata has {len(self.meta['mean'])} mean and "
+                                  f"{len(self.meta['std'])} std values for {c} input channels")
         cfg = SimpleNamespace(img_size=(h, w), in_chans=c, mean=tuple(self.meta["mean"]),
                               std=tuple(self.meta["std"]), crop_pct=self.meta["crop_pct"],
                               interpolation=self.meta["interpolation"])

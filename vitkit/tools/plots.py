@@ -1,4 +1,5 @@
-"""Pictures: attention maps over an image, training curves from a CSV log, position-embedding similarity.
+"""Pictures: attention maps over an image, training curves from a CSV log, position-embedding similarity,
+masked-image-modeling reconstructions.
 
 Each function writes one PNG with matplotlib's Agg backend (no display needed) and returns its path.
 """
@@ -122,3 +123,50 @@ def pos_embed_similarity(models: dict[str, nn.Module], path: str | Path, rows: i
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def reconstruction_grid(originals: Tensor, masked: Tensor, reconstructions: Tensor, path: str | Path,
+                        title: str = "") -> Path:
+    """Masked image modeling at a glance: a column per image, its original, masked input and reconstruction in
+    rows; each (B, C, H, W) in [0, 1]."""
+    plt = _plt()
+    rows = (("original", originals), ("masked", masked), ("reconstruction", reconstructions))
+    n = originals.shape[0]
+    fig, axes = plt.subplots(3, n, figsize=(1.4 * n + 1.2, 4.6), squeeze=False)
+    for r, (name, images) in enumerate(rows):
+        for i in range(n):
+            ax = axes[r][i]
+            img = images[i].permute(1, 2, 0).numpy()
+            ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray" if img.shape[-1] == 1 else None,
+                      vmin=0, vmax=1, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if i == 0:
+                ax.set_ylabel(name, fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+@torch.no_grad()
+def draw_reconstructions(model: nn.Module, images: Tensor, masking: Tensor | None, mean, std, path: str | Path,
+                         title: str = "") -> Path:
+    """Original / masked / reconstruction of ``images`` (normalised with ``mean`` and ``std``) by a masked-image
+    model (``reconstruct``: MAE's noise or SimMIM's mask, drawn when None), hidden patches grey."""
+    was_training = model.training
+    model.eval()
+    masked, recon, hidden = model.reconstruct(images, masking)
+    model.train(was_training)
+    c = images.shape[1]
+    m = torch.tensor(mean if mean is not None else (0.0,) * c, device=images.device)[:c].view(1, -1, 1, 1)
+    s = torch.tensor(std if std is not None else (1.0,) * c, device=images.device)[:c].view(1, -1, 1, 1)
+
+    def show(x: Tensor) -> Tensor:
+        return (x.float() * s + m).clamp(0, 1).cpu()
+
+    return reconstruction_grid(show(images), show(masked).masked_fill(hidden.cpu(), 0.5), show(recon), path, title)

@@ -1,0 +1,127 @@
+"""An MAE training step beside a classifier training step of the same ViT: images per second, interleaved in one
+process, beside the ratio of their multiply-adds (forward + backward, counted on the meta device), and the peak
+memory per image of each (a fresh process per step kind).
+
+The encoder of MAE sees a quarter of the patches (mask ratio 0.75); its decoder (512 wide, 8 blocks by default)
+sees every position. So a step does far less work than a classifier step: the ratio of multiply-adds is about
+1.8 for ViT-B/16 and about 3 for ViT-L/16, and the measured speed-up should reach most of it.
+
+    python benchmarks/mae_speed.py --models vit_base_patch16_224,vit_large_patch16_224 --batch-size 8 \
+        --out benchmarks/results/mae_speed_cpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import vitkit
+from vitkit.tools.flops import count_gmacs_of
+
+
+def build(kind: str, name: str):
+    if kind == "mae":
+        return vitkit.create_mim(name, objective="mae")
+    return vitkit.create_model(name, num_classes=1000)
+
+
+def step_fn(kind: str, model, batch: int, size: int, precision: str, device: torch.device):
+    x = torch.randn(batch, 3, size, size, device=device)
+    y = torch.randint(0, 1000, (batch,), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ctx = (lambda: torch.autocast(device.type, torch.bfloat16)) if precision == "amp_bf16" else torch.enable_grad
+
+    def step() -> None:
+        with ctx():
+            out = model(x)
+            loss = out.loss if kind == "mae" else torch.nn.functional.cross_entropy(out.float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    return step
+
+
+def gmacs(kind: str, name: str, size: int) -> float:
+    """Multiply-adds of one training step per image (forward and backward)."""
+    if kind == "mae":
+        cfg = vitkit.create_mim(name, objective="mae").cfg
+
+        class Loss(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = vitkit.create_mim(name, objective="mae", mim={"mask_ratio": cfg.mask_ratio})
+
+            def forward(self, x):
+                return self.m(x).loss
+
+        return count_gmacs_of(Loss, (3, size, size), train=True)
+    return count_gmacs_of(lambda: vitkit.create_model(name, num_classes=1000), (3, size, size), train=True)
+
+
+def peak_mb(kind: str, name: str, batch: int, size: int, precision: str) -> float:
+    """Peak resident memory of a fresh process running two steps, per image (MiB)."""
+    code = (f"import resource, torch, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import mae_speed as b; "
+            f"m = b.build({kind!r}, {name!r}); s = b.step_fn({kind!r}, m, {batch}, {size}, {precision!r}, "
+            "torch.device('cpu')); s(); s(); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1]) / batch
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="vit_base_patch16_224,vit_large_patch16_224")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--precision", choices=["fp32", "amp_bf16"], default="fp32")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--iters", type=int, default=2)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--no-mem", action="store_true")
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    head = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+            f"{torch.__version__}, device {device}, batch {args.batch_size}, {args.img_size} px, {args.precision}")
+    rows = [head, "", "| model | classifier img/s | MAE img/s | measured speed-up | MAC ratio | speed-up / MAC ratio |"
+            " classifier MiB/img | MAE MiB/img |", "|---|---|---|---|---|---|---|---|"]
+    print(head)
+    for name in args.models.split(","):
+        steps, times = {}, {"cls": [], "mae": []}
+        for kind in ("cls", "mae"):
+            torch.manual_seed(0)
+            steps[kind] = step_fn(kind, build(kind, name).to(device).train(), args.batch_size, args.img_size,
+                                  args.precision, device)
+            steps[kind]()  # warm-up
+        for r in range(args.rounds):
+            for kind in (("cls", "mae") if r % 2 == 0 else ("mae", "cls")):
+                t0 = time.perf_counter()
+                for _ in range(args.iters):
+                    steps[kind]()
+                times[kind].append(args.batch_size * args.iters / (time.perf_counter() - t0))
+        ips = {k: statistics.median(v) for k, v in times.items()}
+        ratio = gmacs("cls", name, args.img_size) / gmacs("mae", name, args.img_size)
+        speed = ips["mae"] / ips["cls"]
+        measure = not args.no_mem and device.type == "cpu"
+        mem = {k: f"{peak_mb(k, name, args.batch_size, args.img_size, args.precision):.0f}" if measure else "-"
+               for k in ("cls", "mae")}
+        row = (f"| {name} | {ips['cls']:.2f} | {ips['mae']:.2f} | {speed:.2f}x | {ratio:.2f} | {speed / ratio:.2f} | "
+               f"{mem['cls']} | {mem['mae']} |")
+        rows.append(row)
+        print(row, flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()

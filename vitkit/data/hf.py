@@ -1,0 +1,317 @@
+"""Hugging Face datasets as labelled images: opening a hub name or local files through the ``datasets`` library
+(offline-first), finding the image and label columns, and the torch datasets that decode, transform and skip.
+
+The ``datasets`` library reads every format (parquet, arrow, imagefolder, webdataset, a ``save_to_disk``
+folder); vitkit only decodes the image bytes, with the same decoder and transforms as for folders, so a row
+whose image is broken is skipped and counted as an unreadable file is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from .folder import IMG_EXTENSIONS, Decoder, decode
+
+log = logging.getLogger(__name__)
+
+# the packaged reader of local data files, by how their names end
+BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".tar": "webdataset"}
+
+
+class MissingDatasetError(FileNotFoundError):
+    """A hub dataset that is not in the datasets cache and cannot be downloaded (offline, or no network)."""
+
+
+def require() -> None:
+    """The datasets library, or the line that installs it."""
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        raise ImportError("reading Hugging Face datasets needs the datasets library: pip install 'vitkit[hf]'") \
+            from None
+
+
+def cache_dir() -> str:
+    import datasets
+
+    return str(datasets.config.HF_DATASETS_CACHE)
+
+
+@contextmanager
+def _offline():
+    """The datasets library without network calls: its cache alone answers (as ``HF_DATASETS_OFFLINE=1``)."""
+    import datasets
+
+    was, datasets.config.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE, True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE = was
+
+
+def _builder_of(data_files: str | list[str] | dict) -> str:
+    files = data_files.values() if isinstance(data_files, dict) else [data_files]
+    first = next(iter(files))
+    first = str(first[0] if isinstance(first, (list, tuple)) else first)
+    suffix = Path(first.split("::")[0]).suffix.lower()
+    if suffix in BUILDERS:
+        return BUILDERS[suffix]
+    if suffix in IMG_EXTENSIONS or Path(first).is_dir() or suffix == ".zip":
+        return "imagefolder"
+    raise ValueError(f"--data.data_files {first!r}: expected parquet, arrow, webdataset (.tar) or image files")
+
+
+def open_dataset(name: str | None, *, config_name: str | None = None, revision: str | None = None,
+                 data_files: Any = None, streaming: bool = False) -> dict[str, Any]:
+    """Every split of a dataset, by split name: a hub name (offline-first: the cache answers before the network),
+    a folder written by ``save_to_disk``, a folder of data files, or ``data_files`` in a packaged format."""
+    require()
+    import datasets
+
+    if data_files is not None:
+        return dict(datasets.load_dataset(_builder_of(data_files), name=config_name, data_files=data_files,
+                                          streaming=streaming))
+    if name is None:
+        raise ValueError("give --data.name (a hub dataset or a local folder) or --data.data_files")
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():  # save_to_disk
+            loaded = datasets.load_from_disk(str(path))
+            splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
+            return {k: v.to_iterable_dataset(num_shards=max(1, min(256, len(v)))) if streaming else v
+                    for k, v in splits.items()}
+        return dict(datasets.load_dataset(str(path), name=config_name, streaming=streaming))
+    if path.exists() or os.sep in name and not _hub_like(name):
+        raise FileNotFoundError(f"--data.name {name!r} is neither a folder nor a hub dataset name")
+    return _from_hub(name, config_name, revision, streaming)
+
+
+def _hub_like(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~"))
+
+
+def _from_hub(name: str, config_name: str | None, revision: str | None, streaming: bool) -> dict[str, Any]:
+    import datasets
+
+    kw = dict(name=config_name, revision=revision, streaming=streaming)
+    try:
+        with _offline():
+            return dict(datasets.load_dataset(name, **kw))
+    except (FileNotFoundError, ConnectionError, ValueError) as cached_error:
+        if datasets.config.HF_HUB_OFFLINE:
+            raise _missing(name, "offline mode is on (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE)") from None
+        try:
+            return dict(datasets.load_dataset(name, **kw))
+        except (ConnectionError, OSError) as e:
+            raise _missing(name, f"it could not be downloaded ({type(e).__name__})") from None
+        except datasets.exceptions.DatasetNotFoundError:
+            raise _missing(name, f"the hub has no such dataset ({cached_error})") from None
+
+
+def _missing(name: str, why: str) -> MissingDatasetError:
+    return MissingDatasetError(f"dataset {name!r} is not in the datasets cache ({cache_dir()}) and {why}; fetch it "
+                               f"where there is a network with `vitkit download --dataset {name}` (the same cache "
+                               "folder, HF_DATASETS_CACHE), or give a local folder or --data.data_files")
+
+
+def download(name: str, config_name: str | None = None, revision: str | None = None) -> dict[str, int]:
+    """Fetch a hub dataset into the datasets cache; returns the rows of each split."""
+    import datasets
+
+    loaded = datasets.load_dataset(name, name=config_name, revision=revision)
+    return {split: len(ds) for split, ds in loaded.items()}
+
+
+# -- columns --------------------------------------------------------------------------------------------------
+
+
+def describe_columns(features) -> str:
+    return ", ".join(f"{k} ({_kind(v)})" for k, v in features.items())
+
+
+def _kind(feature) -> str:
+    import datasets
+
+    if isinstance(feature, datasets.ClassLabel):
+        return f"ClassLabel, {feature.num_classes} classes"
+    if isinstance(feature, datasets.Value):
+        return feature.dtype
+    return type(feature).__name__
+
+
+def find_columns(features, image_column: str | None, label_column: str | None, where: str) -> tuple[str, str]:
+    """The image column (the one ``Image`` feature unless named) and the label column (the one ``ClassLabel``
+    unless named; a named one may hold integers or strings); an error names the columns there are."""
+    import datasets
+
+    if features is None:
+        raise ValueError(f"{where}: the dataset does not declare its columns; name them with --data.image_column "
+                         "and --data.label_column")
+    columns = describe_columns(features)
+    for arg, col in (("image_column", image_column), ("label_column", label_column)):
+        if col is not None and col not in features:
+            raise ValueError(f"{where}: --data.{arg} {col!r} is not a column; its columns are {columns}")
+    images = [k for k, v in features.items() if isinstance(v, datasets.Image)]
+    if image_column is None:
+        if len(images) != 1:
+            raise ValueError(f"{where} has {'no' if not images else len(images)} image column(s), expected one; "
+                             f"its columns are {columns}" + ("; name one with --data.image_column" if images else ""))
+        image_column = images[0]
+    elif not isinstance(features[image_column], (datasets.Image, datasets.Value)) or \
+            isinstance(features[image_column], datasets.Value) and features[image_column].dtype not in ("binary",
+                                                                                                           "string"):
+        raise ValueError(f"{where}: --data.image_column {image_column!r} is {_kind(features[image_column])}, not "
+                         f"images; its columns are {columns}")
+    labels = [k for k, v in features.items() if isinstance(v, datasets.ClassLabel)]
+    if label_column is None:
+        if len(labels) != 1:
+            raise ValueError(f"{where} has {'no' if not labels else len(labels)} ClassLabel column(s), expected one; "
+                             f"its columns are {columns}; name the label column with --data.label_column")
+        label_column = labels[0]
+    feature = features[label_column]
+    if not (isinstance(feature, datasets.ClassLabel) or isinstance(feature, datasets.Value)
+            and (feature.dtype.startswith(("int", "uint")) or feature.dtype in ("string", "large_string"))):
+        raise ValueError(f"{where}: --data.label_column {label_column!r} is {_kind(feature)}, not a label (a "
+                         f"ClassLabel, integers or strings); its columns are {columns}")
+    return image_column, label_column
+
+
+def class_names(ds, label_column: str, given: list[str] | None, where: str) -> list[str]:
+    """The class names: a ClassLabel's own, else ``given``, else (map-style data) the sorted values of the column;
+    integer labels 0..N-1 are named by their number."""
+    import datasets
+
+    feature = ds.features[label_column]
+    if isinstance(feature, datasets.ClassLabel):
+        return list(feature.names)
+    if given:
+        return list(given)
+    if isinstance(ds, datasets.IterableDataset):
+        raise ValueError(f"{where}: the label column {label_column!r} holds {feature.dtype} values, and a stream "
+                         "cannot be read through to find its classes; give them with --data.classes")
+    values = ds.unique(label_column)
+    if feature.dtype.startswith(("int", "uint")):
+        top = max(values) if values else -1
+        if min(values, default=0) < 0:
+            raise ValueError(f"{where}: the label column {label_column!r} holds negative labels")
+        return [str(i) for i in range(top + 1)]
+    return sorted(values)
+
+
+def label_index(feature, classes: list[str]):
+    """A function from a row's label value to its class index."""
+    import datasets
+
+    if isinstance(feature, datasets.ClassLabel) or feature.dtype.startswith(("int", "uint")):
+        return int
+    index = {c: i for i, c in enumerate(classes)}
+
+    def lookup(value: str) -> int:
+        try:
+            return index[value]
+        except KeyError:
+            raise ValueError(f"label {value!r} is not one of the {len(classes)} classes") from None
+
+    return lookup
+
+
+def image_of(value: Any, decoder: Decoder):
+    """A row's image (bytes and/or a path, as ``Image(decode=False)`` gives it, or raw bytes) as an RGB image."""
+    if isinstance(value, dict):
+        data, path = value.get("bytes"), value.get("path")
+        if data is None:
+            if not path:
+                raise OSError("the row has no image bytes and no path")
+            with open(path, "rb") as f:
+                data = f.read()
+        return decode(data, decoder)
+    if isinstance(value, (bytes, bytearray)):
+        return decode(bytes(value), decoder)
+    if isinstance(value, str):
+        with open(value, "rb") as f:
+            return decode(f.read(), decoder)
+    raise OSError(f"an image value of type {type(value).__name__}")
+
+
+def undecoded(ds, image_column: str):
+    """The dataset with its image column as bytes and paths, for vitkit's decoder (PIL or torchvision)."""
+    import datasets
+
+    if isinstance(ds.features[image_column], datasets.Image):
+        return ds.cast_column(image_column, datasets.Image(decode=False))
+    return ds
+
+
+class HFImages(Dataset):
+    """A map-style split as ``(image, label)``; a row whose image does not decode yields None (skipped and
+    counted by the data module). ``samples`` gives each row's path (or row number) and label, as folders do."""
+
+    def __init__(self, ds, image_column: str, label_column: str, to_index, transform,
+                 decoder: Decoder = "pil") -> None:
+        self.ds = undecoded(ds.select_columns([image_column, label_column]), image_column)
+        self.image_column, self.label_column, self.to_index = image_column, label_column, to_index
+        self.transform, self.decoder = transform, decoder
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        images = self.ds.select_columns([self.image_column]).to_dict()[self.image_column]
+        paths = [v.get("path") if isinstance(v, dict) else None for v in images]
+        labels = self.ds[self.label_column]
+        return [(p or f"row {i}", self.to_index(y)) for i, (p, y) in enumerate(zip(paths, labels, strict=True))]
+
+    def __getitem__(self, i: int):
+        row = self.ds[int(i)]
+        try:
+            img = image_of(row[self.image_column], self.decoder)
+        except (OSError, SyntaxError, ValueError) as e:  # PIL: UnidentifiedImageError, truncated data
+            log.debug("skipping row %d: its image does not decode: %s", i, e)
+            return None
+        return self.transform(img), self.to_index(row[self.label_column])
+
+
+class HFStream(IterableDataset):
+    """A streamed split as ``(image, label)`` (None for a row that does not decode). Its position is the
+    ``datasets`` stream's own ``state_dict``, which a ``StatefulDataLoader`` saves per loader worker."""
+
+    def __init__(self, ds, image_column: str, label_column: str, to_index, transform,
+                 decoder: Decoder = "pil") -> None:
+        self.ds = undecoded(ds.select_columns([image_column, label_column]), image_column)
+        self.image_column, self.label_column, self.to_index = image_column, label_column, to_index
+        self.transform, self.decoder = transform, decoder
+
+    def set_epoch(self, epoch: int) -> None:
+        self.ds.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return self.ds.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ds.load_state_dict(state)
+
+    def __iter__(self):
+        for row in self.ds:
+            try:
+                img = image_of(row[self.image_column], self.decoder)
+            except (OSError, SyntaxError, ValueError) as e:
+                log.debug("skipping a streamed row: its image does not decode: %s", e)
+                yield None
+                continue
+            yield self.transform(img), self.to_index(row[self.label_column])
+
+
+def carve(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Row indices of (train, val) for a dataset without a validation split: a seeded draw of ``fraction`` of
+    its ``n`` rows, the same on every rank and run."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    n_val = max(1, round(n * fraction))
+    return sorted(order[n_val:]), sorted(order[:n_val])

@@ -1,0 +1,253 @@
+"""What every vitkit training module carries, in one place: sharding or compiling the model in ``configure_model``,
+the refusal of unsynchronised ranks, per-rank random streams saved for an exact resume, the learning-rate schedule
+stepped per optimizer step, an EMA of the weights, and a non-finite loss that stops the run or is skipped on every
+rank together. :class:`~vitkit.lit.ImageClassifier`, :class:`~vitkit.lit.Seq2SeqModule` and
+:class:`~vitkit.lit.MaskedImageModeling` derive from :class:`TrainingModule` and add their loss and metrics.
+
+A subclass sets ``self.model`` (and ``self.ema`` with :meth:`make_ema`), saves its hyper-parameters, which include
+``lr``, ``weight_decay``, ``betas``, ``nonfinite_loss`` and ``compile``, and implements :meth:`step_loss`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import Tensor, nn
+from torch.optim.swa_utils import get_ema_multi_avg_fn
+from torchmetrics import MeanMetric
+
+from .hparams import gather_rng_states, restore_rng_states, seed_rank
+from .optim import build_adamw, scaled_lambda, warmup_cosine
+from .sharding import check_gradients_sync, data_parallel_mesh, shard
+
+log = logging.getLogger(__name__)
+NONFINITE = ("stop", "skip")
+
+
+class EMA(nn.Module):
+    """Exponential moving average of a model's weights (Polyak averaging, as in DeiT's model EMA)."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        super().__init__()
+        self.decay = decay
+        self.module = copy.deepcopy(model).eval().requires_grad_(False)
+        # optimizer steps averaged in; not saved, so checkpoints keep the keys they always had
+        self.register_buffer("updates", torch.zeros((), dtype=torch.long), persistent=False)
+
+    def train(self, mode: bool = True) -> EMA:
+        """The average is always evaluated as an inference model: its dropout and drop path stay off."""
+        super().train(mode)
+        self.module.eval()
+        return self
+
+    @torch.no_grad()
+    def update(self, model: nn.Module) -> None:
+        ema = list(self.module.state_dict().values())
+        live = list(model.state_dict().values())
+        floats = [(e, m) for e, m in zip(ema, live, strict=True) if e.is_floating_point()]
+        get_ema_multi_avg_fn(self.decay)([e for e, _ in floats], [m.detach() for _, m in floats], None)
+        self.updates += 1
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+
+class WarmupCosine:
+    """The LR multiplier of an optimizer step: linear warmup over ``warmup_epochs``, then cosine down to
+    ``min_lr_ratio`` at the last step; 1 until :meth:`set_length` gives the run's length."""
+
+    def __init__(self, warmup_epochs: float, min_lr_ratio: float) -> None:
+        self.warmup_epochs, self.min_lr_ratio = warmup_epochs, min_lr_ratio
+        self.total: int | None = None
+        self.warmup = 0
+
+    def set_length(self, total: int, max_epochs: int | None) -> None:
+        steps_per_epoch = total / max_epochs if max_epochs and max_epochs > 0 else total
+        self.total = total
+        self.warmup = min(total, max(1, round(self.warmup_epochs * steps_per_epoch))) if self.warmup_epochs > 0 else 0
+
+    def __call__(self, step: int) -> float:
+        return 1.0 if self.total is None else warmup_cosine(step, self.warmup, self.total, self.min_lr_ratio)
+
+
+class TrainingModule(L.LightningModule):
+    """The training machinery the vitkit modules share (see the module docstring)."""
+
+    model: nn.Module
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ema: EMA | None = None  # an attribute, not a class default: nn.Module keeps submodules apart
+        self.train_loss = MeanMetric()  # the epoch's loss, weighted by each batch's samples
+        self.bad_steps = 0  # consecutive steps skipped for a non-finite loss
+        self._stepped = False  # whether a micro-batch of the coming optimizer step had a loss
+        self._configured = False
+        self._rank_seeded = False
+
+    def make_ema(self, decay: float | None) -> None:
+        self.ema = EMA(self.model, decay) if decay else None
+
+    @staticmethod
+    def check_nonfinite(value: str) -> None:
+        if value not in NONFINITE:
+            raise ValueError(f"nonfinite_loss must be 'stop' or 'skip', got {value!r}")
+
+    # -- what a subclass gives ---------------------------------------------------------------------------------
+
+    def step_loss(self, batch: Any) -> Tensor:
+        """The training loss of a batch that holds at least one sample."""
+        raise NotImplementedError
+
+    def batch_size(self, batch: Any) -> int:
+        """Samples in a batch (0: every file of it was unreadable, or a streaming rank ran out)."""
+        return len(batch[1])
+
+    def lr_multiplier(self):
+        """The schedule: a function of the optimizer step (its length is known at ``on_train_start``)."""
+        self._schedule = WarmupCosine(self.hparams.warmup_epochs, self.hparams.min_lr / self.hparams.lr)
+        return self._schedule
+
+    # -- set-up ------------------------------------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        if self._configured:  # called again by every trainer.fit / test
+            return
+        self._configured = True
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if isinstance(strategy, ModelParallelStrategy):  # FSDP2: every block, then the root; the EMA alike
+            options = getattr(strategy, "block_options", {})
+            mesh = data_parallel_mesh(self)
+            shard(self.model, mesh, self.trainer.precision, **options)
+            if self.ema is not None:
+                shard(self.ema.module, mesh)
+        elif self.hparams.get("compile"):
+            self.model.compile()  # in place: parameter names stay those of the plain model
+
+    def on_fit_start(self) -> None:
+        check_gradients_sync(self.trainer, self.model)
+
+    def setup(self, stage: str) -> None:
+        if not self._rank_seeded:  # once: a later fit or test in the same process must not add it again
+            seed_rank(self.trainer)  # before a resumed run restores every rank's own stream
+            self._rank_seeded = True
+
+    def on_train_start(self) -> None:
+        # The schedule's length is read here, not in configure_optimizers: asking Lightning for the number of
+        # steps builds the training loader's iterator, which draws from the global generator; at set-up time a
+        # sharded strategy has not yet restored a resumed run's generators, so that draw would not be the one
+        # the uninterrupted run made.
+        schedule = getattr(self, "_schedule", None)
+        if schedule is None:
+            return
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        schedule.set_length(total, self.trainer.max_epochs)
+        sched = self.lr_schedulers()
+        for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+            group["lr"] = base * fn(sched.last_epoch)  # the current step's LR, now that the length is known
+
+    def configure_optimizers(self) -> dict:
+        hp = self.hparams
+        opt = build_adamw(self.model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.get("layer_decay"),
+                          eps=hp.get("eps", 1e-8))
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, scaled_lambda(self.lr_multiplier(), [g["lr_scale"] for g in opt.param_groups]))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -- a training step, skipped on every rank together when it must be ---------------------------------------
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        # A batch with no sample arrives empty: every file of it was unreadable (counted by the data module), or
+        # a streaming rank had no batch left in the epoch. Such a rank adds no gradient; the step is skipped only
+        # when no rank has a sample. Decided on all ranks together: a rank that skipped its backward alone would
+        # leave the others waiting in the gradient all-reduce. One small all-reduce per step, only when a skip
+        # can happen.
+        n = self.batch_size(batch)
+        loss = None if n == 0 else self.step_loss(batch)
+        empty, nonfinite = loss is None, loss is not None and not bool(torch.isfinite(loss))
+        all_empty = empty
+        if self.trainer.world_size > 1 and self._may_skip:
+            flags = torch.tensor([empty, nonfinite], dtype=torch.float32, device=self.device)
+            n_empty, n_nonfinite = self.trainer.strategy.reduce(flags, reduce_op="sum").tolist()
+            all_empty, nonfinite = n_empty == self.trainer.world_size, n_nonfinite > 0
+        if nonfinite:
+            value = "nan/inf on another rank" if loss is None or torch.isfinite(loss) else loss.item()
+            self.bad_steps += 1
+            if self.hparams.nonfinite_loss == "stop" or self.bad_steps > 10:
+                raise FloatingPointError(
+                    f"non-finite training loss ({value}) at global step {self.global_step}"
+                    f"{f', {self.bad_steps} steps in a row' if self.bad_steps > 1 else ''}; the run stops here "
+                    "and the last checkpoint written before this step is left as it was. Lower the lr, check "
+                    "the data, or set model.nonfinite_loss=skip to drop such steps.")
+            log.warning("skipping step %d: non-finite training loss %s", self.global_step, value)
+            self.log("train/skipped_steps", float(self.bad_steps), on_step=True)
+            return self._no_update_loss()
+        if all_empty:
+            log.warning("skipping step %d: no rank has a readable image in its batch", self.global_step)
+            return self._no_update_loss()
+        self.bad_steps = 0
+        self._stepped = True  # on every rank, so that each applies the same all-reduced gradient
+        if empty:
+            log.debug("step %d: no sample in this rank's batch; the other ranks' samples make the step",
+                      self.global_step)
+            return self._no_update_loss()
+        self.log_train_loss(loss, n)
+        return loss
+
+    def log_train_loss(self, loss: Tensor, n: int) -> None:
+        """``train/loss_step``: this rank's loss, shown in the progress bar. ``train/loss_epoch``: the mean over every
+        rank's samples of the epoch, synchronised once at its end (``on_train_epoch_end``), so that a rank whose
+        batch was empty, and so logs nothing in that step, never leaves the others waiting in a collective."""
+        self.log("train/loss_step", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=n)
+        self.train_loss.update(loss.detach().float(), n)
+
+    def on_train_epoch_end(self) -> None:
+        self.log("train/loss_epoch", self.train_loss.compute())  # a collective: every rank calls this hook
+        self.train_loss.reset()
+
+    def _no_update_loss(self) -> Tensor:
+        """A zero loss over every trainable weight, for a skipped step. Lightning cannot skip a step under DDP
+        (returning None there is an error), so the backward runs on every rank, DDP's gradient all-reduce
+        with it, and ``on_before_optimizer_step`` then drops the update."""
+        return sum(p.sum() for p in self.parameters() if p.requires_grad) * 0.0
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._stepped:  # no micro-batch of this step had a loss: no gradient, so AdamW leaves every weight
+            optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def _may_skip(self) -> bool:
+        """Whether any rank could skip a step: its data can yield empty batches, or NaN steps are skipped."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        return self.hparams.nonfinite_loss == "skip" or getattr(datamodule, "may_yield_empty", False)
+
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        super().optimizer_step(*args, **kwargs)
+        if self.ema is not None and self._stepped:  # once per optimizer step, never for a skipped one
+            self.ema.update(self.model)
+        self._stepped = False
+
+    # -- exact resume ------------------------------------------------------------------------------------------
+    # Lightning restores weights, optimizer, schedule and loop counters; the random streams that decide
+    # shuffling, augmentation, mixup, masks and drop path are saved here too, one per rank, so a resumed run
+    # draws what the uninterrupted run would have drawn.
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rng_states"] = gather_rng_states(self.trainer)  # every rank calls this hook
+        hp = checkpoint.get("hyper_parameters")
+        if hp is not None and "checkpoint" in hp:  # the state dict holds every weight: no other file to read
+            hp.update(pretrained=False, checkpoint=None)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # restored here, before the fit loop draws its first shuffle from the global generator; not when the
+        # module is only loaded (load_from_checkpoint), which must leave the caller's generators alone
+        try:
+            trainer = self.trainer
+        except RuntimeError:  # not attached to a Trainer
+            return
+        if checkpoint.get("rng_states"):
+            restore_rng_states(trainer, checkpoint["rng_states"])

@@ -1,0 +1,233 @@
+"""Hugging Face datasets for training: a hub name or local parquet / arrow / imagefolder / webdataset files, map-style
+(each rank its part through the epoch sampler folders use) or streamed (split by node and loader worker, the same
+number of steps on every rank, the stream's position in the checkpoint).
+
+The readers and columns are in ``vitkit/data/hf.py``; the transforms, augmentation and skipping are the folder
+module's (``_SkippingImages``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from vitkit.data.folder import Decoder, collate_skipping
+from vitkit.data.hf import (
+    HFImages,
+    HFStream,
+    MissingDatasetError,
+    carve,
+    class_names,
+    find_columns,
+    label_index,
+    open_dataset,
+)
+from vitkit.data.transforms import eval_transform
+from vitkit.errors import one_line
+
+from .data import _SkippingImages
+from .hparams import gather_from_ranks
+
+log = logging.getLogger(__name__)
+
+
+class HFDataModule(_SkippingImages):
+    """A dataset the ``datasets`` library opens: ``name`` is a hub name (``beans``, ``timm/mini-imagenet``; with
+    ``revision`` and ``config_name``) or a local folder (``save_to_disk``'s, or one of data files);
+    ``data_files`` are local parquet, arrow, imagefolder or webdataset files. The cache (``HF_DATASETS_CACHE``)
+    answers first, without a network call.
+
+    Columns: the one ``Image`` and the one ``ClassLabel`` column unless named; a label column of strings maps to
+    the sorted class names (``classes`` gives them for a stream). Splits: ``train_split`` / ``val_split`` /
+    ``test_split``; without a validation split, ``val_fraction`` of train is held out by ``seed``, the same on
+    every rank and run. ``streaming``: an iterable dataset with a ``shuffle_buffer``, split by node and worker."""
+
+    def __init__(self, name: str | None = None, data_files: Any = None, config_name: str | None = None,
+                 revision: str | None = None, image_column: str | None = None, label_column: str | None = None,
+                 classes: list[str] | None = None, train_split: str = "train", val_split: str = "validation",
+                 test_split: str | None = "test", val_fraction: float = 0.05, seed: int = 0, streaming: bool = False,
+                 shuffle_buffer: int = 10_000, decoder: Decoder = "pil", **image_args) -> None:
+        super().__init__(**image_args)
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        self.where = name if name is not None else str(data_files)
+        try:
+            self.splits = open_dataset(name, config_name=config_name, revision=revision, data_files=data_files,
+                                       streaming=streaming)
+        except (MissingDatasetError, ValueError, FileNotFoundError) as e:
+            if "corresponds to no data" in str(e):  # the datasets library on files without a row
+                raise ValueError(f"{self.where} has no rows") from None
+            if isinstance(e, MissingDatasetError) or "vitkit" in type(e).__module__ or "--data." in str(e):
+                raise
+            raise ValueError(f"{self.where} cannot be opened by the datasets library: {one_line(e)[7:]}") from None
+        if train_split not in self.splits:
+            raise ValueError(f"{self.where} has no split {train_split!r} (--data.train_split); its splits are "
+                             f"{', '.join(self.splits) or 'none'}")
+        if val_split == "validation" and val_split not in self.splits:  # the other names datasets give it
+            val_split = next((k for k in ("val", "valid") if k in self.splits), val_split)
+            self.hparams.val_split = val_split
+        for arg, split, default in (("val_split", val_split, "validation"), ("test_split", test_split, "test")):
+            if split is not None and split not in self.splits and split != default:
+                raise ValueError(f"{self.where} has no split {split!r} (--data.{arg}); its splits are "
+                                 f"{', '.join(self.splits)}")
+        train = self.splits[train_split]
+        self.image_column, self.label_column = find_columns(train.features, image_column, label_column, self.where)
+        self.classes = class_names(train, self.label_column, classes, self.where)
+        self.num_classes = len(self.classes)
+        if not streaming and len(train) == 0:
+            raise ValueError(f"{self.where}: the split {train_split!r} has no rows")
+        self._train_loader = self._resume = None
+
+    def describe(self) -> str:
+        return self.where
+
+    def split_location(self, split: str) -> str:
+        return f"{self.where} ({split})"
+
+    def _wrap(self, ds, transform):
+        hp = self.hparams
+        to_index = label_index(ds.features[self.label_column], self.classes)
+        kind = HFStream if hp.streaming else HFImages
+        return kind(ds, self.image_column, self.label_column, to_index, transform, hp.decoder)
+
+    def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        train, val = self.splits[hp.train_split], self.splits.get(hp.val_split)
+        if val is None:
+            if hp.streaming:
+                raise ValueError(f"{self.where} has no split {hp.val_split!r}, and a stream cannot be carved; name "
+                                 f"one with --data.val_split (its splits are {', '.join(self.splits)})")
+            keep, held = carve(len(train), hp.val_fraction, hp.seed)
+            train, val = train.select(keep), train.select(held)
+            rank_zero_info(f"{self.where}: no {hp.val_split!r} split; {len(held)} of the {len(keep) + len(held)} "
+                           f"rows of {hp.train_split!r} held out for validation (seed {hp.seed})")
+        if hp.streaming:
+            train, val = self._streams(train, shuffle=True), self._streams(val, shuffle=False)
+        self.train_set = self._wrap(train, self.train_transform())
+        self.val_set = self._wrap(val, eval_transform(self.data_cfg))
+        test = self.splits.get(hp.test_split) if hp.test_split else None
+        if test is not None:
+            self.test_set = self._wrap(self._streams(test, False) if hp.streaming else test,
+                                       eval_transform(self.data_cfg))
+        self.reset_counts()
+
+    def _streams(self, ds, shuffle: bool):
+        """This rank's part of a stream (shards when they divide evenly among the ranks, else every n-th row),
+        shuffled by the seed and the epoch (``set_epoch``) through a buffer when training."""
+        from datasets.distributed import split_dataset_by_node
+
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        if shuffle:
+            ds = ds.shuffle(seed=self.hparams.seed, buffer_size=self.hparams.shuffle_buffer)
+        return split_dataset_by_node(ds, rank=rank, world_size=world) if world > 1 else ds
+
+    # -- loaders ------------------------------------------------------------------------------------------------
+
+    def _loader(self, ds, train: bool):
+        if not self.hparams.streaming:
+            return super()._loader(ds, train)
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        hp = self.hparams
+        loader = StatefulDataLoader(ds, batch_size=hp.batch_size, num_workers=hp.num_workers,
+                                    collate_fn=collate_skipping, pin_memory=hp.pin_memory and torch.cuda.is_available())
+        return EvenSteps(loader, self, train)
+
+    def train_dataloader(self):
+        if not self.hparams.streaming:
+            return super().train_dataloader()
+        self._train_loader = self._loader(self.train_set, True)
+        if self._resume is not None:
+            self._restore()
+        return self._train_loader
+
+    def val_dataloader(self):
+        return self._loader(self.val_set, False)
+
+    def test_dataloader(self):
+        if not self.hparams.streaming:
+            return super().test_dataloader()
+        return self._loader(self.test_set if self.test_set is not None else self.val_set, False)
+
+    predict_dataloader = val_dataloader
+
+    # -- a stream's position, one per rank, in the checkpoint (map-style data resumes by the epoch sampler) ----
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self.hparams.streaming or self.trainer is None or self._train_loader is None:
+            return {}
+        return {"train_positions": gather_from_ranks(self.trainer, self._train_loader.position())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume = state.get("train_positions")
+        if self._train_loader is not None and self._resume is not None:
+            self._restore()
+
+    def _restore(self) -> None:
+        positions, self._resume = self._resume, None
+        world = self.trainer.world_size if self.trainer is not None else 1
+        if len(positions) != world:
+            raise ValueError(f"the checkpoint holds the stream positions of {len(positions)} rank(s), this run has "
+                             f"{world}: resume on as many ranks as the run that wrote it")
+        self._train_loader.restore(positions[self.trainer.global_rank if self.trainer is not None else 0])
+
+
+class EvenSteps:
+    """A streaming loader with the same number of batches on every rank: at each step the ranks agree (one small
+    all-reduce) whether any still has data; a rank whose part ended first yields empty batches, which the module
+    trains on as "no sample here", until all have ended. No sample is dropped and no rank waits on a collective
+    the others never reach."""
+
+    def __init__(self, loader, module: HFDataModule, train: bool) -> None:
+        self.loader, self.module, self.train = loader, module, train
+        self.fetched, self._before, self._resume = 0, {}, None
+
+    def _progress(self) -> tuple[int, int]:
+        """(epoch, batches trained on in it): Lightning fetches one batch ahead of training from a loader
+        without a length, so what the loader has handed out is not what the run has used."""
+        trainer = self.module.trainer
+        if trainer is None:
+            return 0, self.fetched
+        return trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+    def __iter__(self):
+        resume, self._resume = self._resume, None
+        epoch = self._progress()[0]
+        if resume is not None and resume["epoch"] == epoch:  # continue the epoch the checkpoint was written in
+            self.loader.load_state_dict(resume["loader"])
+            self.fetched = resume["batches"]
+        else:
+            self.fetched = 0
+        if self.train:
+            self.loader.dataset.set_epoch(epoch)  # a new shuffle each epoch, from the seed and the epoch
+        self._before = {}
+        it = iter(self.loader)
+        dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+        device = torch.device("cuda", torch.cuda.current_device()) if dist and \
+            torch.distributed.get_backend() == "nccl" else torch.device("cpu")
+        while True:
+            if self.train:  # where the stream stood before this batch, for a checkpoint written after the last
+                self._before = {k: v for k, v in self._before.items() if k >= self.fetched - 2}
+                self._before[self.fetched] = self.loader.state_dict()
+            batch = next(it, None)
+            alive = torch.tensor([batch is not None], dtype=torch.int32, device=device)
+            if dist:
+                torch.distributed.all_reduce(alive)
+            if not alive.item():
+                return
+            self.fetched += 1
+            yield batch if batch is not None else (None, None, 0)
+
+    def position(self) -> dict[str, Any]:
+        """The stream's state on this rank (``datasets``' ``state_dict``, per loader worker) after the batches
+        trained on so far, and the epoch."""
+        epoch, used = self._progress()
+        state = self._before.get(used, self.loader.state_dict())
+        return {"loader": state, "epoch": epoch, "batches": used}
+
+    def restore(self, position: dict[str, Any]) -> None:
+        """Continue from ``position`` at the next ``iter()`` if that is in the same epoch."""
+        self._resume = position
