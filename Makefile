@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-.PHONY: demo demo-ocr test test-fast fuzz bench lint
+.PHONY: demo demo-ocr test test-fast fuzz bench lint docs docs-serve
 
 .venv: pyproject.toml
 	python3 -m venv .venv
@@ -31,6 +31,13 @@ test-fast: .venv
 # The property tests alone, with 2,000 examples each instead of 25 (a few minutes).
 fuzz: .venv
 	$(PY) -m pytest -q -m fuzz $(PYTEST_ARGS)
+
+# The manual (docs/, mkdocs with the material theme) into site/; docs-serve serves it at http://127.0.0.1:8000.
+docs: .venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+docs-serve: .venv
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
 bench: .venv
 	$(PY) -m vitkit.tools.bench

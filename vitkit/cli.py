@@ -429,6 +429,10 @@ def _run(argv: list[str], from_shell: bool) -> int:
         return 0
     if argv[:1] == ["bench"]:
         return bench(argv[1:])
+    if argv[:1] == ["evaluate"]:  # its data arguments are the training command's (--data CLASS, --data.root DIR)
+        from vitkit.lit.evaluate import main as evaluate
+
+        return evaluate(argv[1:])
     args = parser().parse_args(argv)
     return args.fn(args)
 
@@ -456,6 +460,8 @@ def parser() -> argparse.ArgumentParser:
 
 def _model_commands(sub) -> None:
     """predict, export, download, models."""
+    sub.add_parser("evaluate", help="scores, per-class metrics, confusion matrix, mistakes and calibration of a "
+                                    "classifier on a data split; k-NN / linear probe of a backbone", add_help=False)
     s = sub.add_parser("predict", help="top-k classes for image files")
     s.add_argument("images", nargs="+")
     s.add_argument("--checkpoint", help="any format vitkit reads (a .ckpt keeps the class names)")

@@ -22,7 +22,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
 from .hparams import gather_rng_states, restore_rng_states, seed_rank
-from .optim import build_adamw, scaled_lambda, warmup_cosine
+from .optim import build_adamw, build_sgd, scaled_lambda, warmup_cosine
 from .sharding import check_gradients_sync, data_parallel_mesh, shard
 
 log = logging.getLogger(__name__)
@@ -152,8 +152,11 @@ class TrainingModule(L.LightningModule):
 
     def configure_optimizers(self) -> dict:
         hp = self.hparams
-        opt = build_adamw(self.model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.get("layer_decay"),
-                          eps=hp.get("eps", 1e-8))
+        if hp.get("optimizer", "adamw") == "sgd":
+            opt = build_sgd(self.model, hp.lr, hp.weight_decay, hp.get("momentum", 0.9))
+        else:
+            opt = build_adamw(self.model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.get("layer_decay"),
+                              eps=hp.get("eps", 1e-8))
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, scaled_lambda(self.lr_multiplier(), [g["lr_scale"] for g in opt.param_groups]))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

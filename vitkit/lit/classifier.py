@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitkit
+from vitkit.tools.evaluate import Predictions
 
 from .base import EMA, TrainingModule
 from .distill import (
@@ -25,10 +26,25 @@ from .distill import (
     distillation_loss,
     to_teacher,
 )
+from .evaluate import collect, write_test_report
 from .hparams import keep_own_hparams
+from .probe import HeadNorm, fold_into_checkpoint, unfold_from_checkpoint
 
 __all__ = ["EMA", "ImageClassifier"]
 log = logging.getLogger(__name__)
+
+
+def _warn_whole_model_augmentation(hp, datamodule) -> None:
+    """A frozen backbone with a fine-tuning recipe's augmentation, made for training the whole model: its head
+    learns from features of mixed, erased and RandAugmented images, and lands far below a probe of the same
+    features."""
+    data = getattr(datamodule, "hparams", {})
+    heavy = [f"{k} {v}" for k, v in (("mixup", hp.mixup), ("cutmix", hp.cutmix), ("re_prob", data.get("re_prob")),
+                                      ("auto_augment", data.get("auto_augment"))) if v]
+    if heavy:
+        log.warning("--model.freeze_backbone with %s: this augmentation is meant for training the whole model; a "
+                    "frozen backbone's head learns better with the linear-probe recipe: `vitkit train fit -c "
+                    "linear_probe --model.checkpoint BACKBONE --data.root DATA`", ", ".join(heavy))
 
 
 def _build_model(name: str, pretrained: bool, checkpoint: str | None, num_classes: int | None,
@@ -117,6 +133,9 @@ class ImageClassifier(TrainingModule):
         distillation: Distillation | None = None,
         distill_alpha: float = 0.5,
         distill_tau: float = 1.0,
+        optimizer: Literal["adamw", "sgd"] = "adamw",
+        momentum: float = 0.9,
+        head_norm: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -129,6 +148,7 @@ class ImageClassifier(TrainingModule):
                 p.requires_grad_(name.startswith("head"))
             self._backbone_to_eval()
         self.num_classes = self.model.cfg.num_classes
+        self.head_norm = HeadNorm(self.model) if head_norm else None  # MAE's linear probe (lit/probe.py)
         self._teacher = None
         if self.distillation != "none":
             self._set_teacher(teacher, teacher_checkpoint)
@@ -145,7 +165,17 @@ class ImageClassifier(TrainingModule):
         })
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.model(x)
+        return self.model(x) if self.head_norm is None else self.head_norm(self.model, x)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if self.head_norm is not None:  # the file is a plain classifier; the probe as trained rides beside it
+            fold_into_checkpoint(self.head_norm, self.model, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if self.head_norm is not None:
+            unfold_from_checkpoint(self.model, checkpoint)
 
     # -- a teacher (lit/distill.py) -----------------------------------------------------------------------------
 
@@ -165,6 +195,8 @@ class ImageClassifier(TrainingModule):
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
+        if self.hparams.freeze_backbone:
+            _warn_whole_model_augmentation(self.hparams, getattr(self.trainer, "datamodule", None))
         if self._teacher is not None:  # the student's device and, for a *-true precision, its dtype
             dtype = next(self.model.parameters()).dtype
             self._teacher.to(device=self.device, dtype=dtype if dtype.is_floating_point else None)
@@ -230,18 +262,23 @@ class ImageClassifier(TrainingModule):
     def on_validation_epoch_end(self) -> None:
         self._report_skipped("val")
 
+    def on_test_epoch_start(self) -> None:
+        self._test_predictions = Predictions(torch.empty(0), torch.empty(0, dtype=torch.long), [])
+
     def on_test_epoch_end(self) -> None:
         self._report_skipped("test")
+        for name, value in write_test_report(self, self._test_predictions).items():
+            self.log(f"test/{name}", value)
 
     def _report_skipped(self, split: str) -> None:
         dm = getattr(self.trainer, "datamodule", None)
         if hasattr(dm, "report_skipped"):
             self.log(f"{split}/skipped_files", float(dm.report_skipped(split)))
 
-    def _evaluate(self, batch: tuple[Tensor, Tensor], split: str) -> None:
+    def _evaluate(self, batch: tuple[Tensor, Tensor], split: str) -> Tensor | None:
         x, y = batch
         if len(y) == 0:  # every file of the batch was unreadable
-            return
+            return None
         logits = self(x)
         self.log(f"{split}/loss", F.cross_entropy(logits.float(), y), prog_bar=split == "val", sync_dist=True,
                  batch_size=x.shape[0])
@@ -253,12 +290,15 @@ class ImageClassifier(TrainingModule):
             for k in ("top1", "top5"):
                 self.metrics[f"val_ema_{k}"](ema_logits, y)
                 self.log(f"val/{k}_ema", self.metrics[f"val_ema_{k}"], batch_size=x.shape[0])
+        return logits
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._evaluate(batch, "test")
+        logits = self._evaluate(batch, "test")
+        if logits is not None:  # for the report of `vitkit train test` (lit/evaluate.py)
+            collect(self._test_predictions, self.trainer, batch, logits, batch_idx)
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch

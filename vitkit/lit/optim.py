@@ -83,3 +83,12 @@ def build_adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[f
     for g in groups:
         g.pop("names")
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+
+
+def build_sgd(model: nn.Module, lr: float, weight_decay: float, momentum: float) -> torch.optim.SGD:
+    """SGD with momentum over the trainable parameters (the groups of :func:`param_groups`): MAE's linear probe
+    (there with LARS, which equals SGD for a single linear layer up to its trust ratio)."""
+    groups = param_groups(model, weight_decay)
+    for g in groups:
+        g.pop("names")
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum)

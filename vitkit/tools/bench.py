@@ -280,7 +280,7 @@ def chart(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vitkit bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", type=lambda s: s.split(","), default=["vit_base_patch16_224"])
     p.add_argument("--peers", default="timm,torchvision",
@@ -311,6 +311,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="CSV path (default bench/throughput.csv, or bench/token_merging.csv with --checkpoint); the "
                         "JSON, markdown and PNG are written beside it")
     p.add_argument("--_mem-probe", dest="_mem_probe", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser()
     args = p.parse_args(argv)
     args.mode = ["infer", "train"] if args.mode == "both" else [args.mode]
     unknown = [m for m in args.models if m not in vitkit.list_models()]
