@@ -72,6 +72,16 @@ def _work_unit(item: pytest.Item) -> str | None:
     return None
 
 
+# `make test-fast` (pytest --fast): the work units measured under FAST_UNIT_SECONDS and not marked slow. A unit
+# goes whole or not at all (its tests share one expensive fixture). tests/test_imports.py imports every module,
+# so the tier reaches each at least once.
+FAST_UNIT_SECONDS = 6.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true", help="only the quick work units (`make test-fast`)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
@@ -80,6 +90,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
         units.setdefault(group or item.nodeid, []).append(item)
     cost = {key: sum(DURATIONS.get(i.nodeid, DEFAULT_SECONDS) for i in unit) for key, unit in units.items()}
+    if config.getoption("--fast"):
+        slow = {k for k, unit in units.items() if cost[k] > FAST_UNIT_SECONDS
+                or any(i.get_closest_marker("slow") for i in unit)}
+        config.hook.pytest_deselected(items=[i for k in slow for i in units[k]])
+        units = {k: v for k, v in units.items() if k not in slow}
     items[:] = [i for key in sorted(units, key=lambda k: -cost[k]) for i in units[key]]  # stable for ties
 
 

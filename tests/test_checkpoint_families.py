@@ -247,7 +247,7 @@ def test_a_transformers_config_vitkit_cannot_build_is_refused_by_name(tmp_path):
 
     from vitkit.checkpoints import CheckpointError
 
-    for config, message in [({"model_type": "beit"}, r"model_type='beit'; vitkit reads vit, deit, dinov2"),
+    for config, message in [({"model_type": "beit"}, r"model_type='beit'; vitkit reads vit, vit_mae, deit, dinov2"),
                             ({"model_type": "dinov3_vit", "use_gated_mlp": True, "hidden_act": "gelu"},
                              r"gated MLP and hidden_act='gelu'; vitkit's gated MLP is SwiGLU \(silu\)")]:
         folder = tmp_path / config["model_type"]

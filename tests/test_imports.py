@@ -92,3 +92,13 @@ def test_the_check_finds_a_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
     assert imports("vitkit.models.vit") >= {"vitkit.layers", "vitkit.models.config"}
+
+
+def test_every_module_imports():
+    """Every module of the package imports on its own (the quick tier, `make test-fast`, reaches each one here)."""
+    import importlib
+
+    for name in sorted(MODULES):
+        if name.endswith("__main__"):
+            continue
+        importlib.import_module(name)

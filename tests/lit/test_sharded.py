@@ -34,6 +34,33 @@ def _seq2seq(root: Path, strategy: str) -> list[str]:
             *_common(root)]
 
 
+def _mim(root: Path, strategy: str, *extra: str) -> list[str]:
+    """MAE on the digits, fp32, 6 batches accumulated over 2, clipped, with the decoder on the same core."""
+    return ["fit", "--config", "configs/mae_vit_tiny_digits.yaml", "--trainer.strategy", strategy,
+            "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1", "--model.model_overrides",
+            TINY_VIT.replace('"depth": 1', '"depth": 2'), "--model.decoder_embed_dim", "32", "--model.num_pictures",
+            "0", "--trainer.accumulate_grad_batches", "2", "--trainer.gradient_clip_val", "0.5", *extra,
+            *_common(root)]
+
+
+def _distilled(root: Path, strategy: str, teacher: Path, *extra: str) -> list[str]:
+    """A student taught by a frozen teacher (soft loss), with mixup: the teacher replicated on every rank."""
+    return ["fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.strategy", strategy,
+            "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1", "--model.model_overrides",
+            TINY_VIT, "--model.teacher", str(teacher), "--model.distillation", "soft", "--model.distill_alpha", "0.5",
+            "--model.distill_tau", "2.0", "--model.mixup", "0.8", "--trainer.accumulate_grad_batches", "2", *extra,
+            *_common(root)]
+
+
+def _teacher(root: Path) -> Path:
+    import vitkit
+
+    torch.manual_seed(5)
+    net = vitkit.create_model("vit_tiny_patch16_224", num_classes=10, img_size=32, depth=1, embed_dim=48,
+                              num_heads=3, patch_size=8)
+    return vitkit.save_pretrained(net, root / "teacher")
+
+
 def _common(root: Path) -> list[str]:
     root.mkdir(parents=True)
     return ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.max_epochs", "1",
@@ -49,6 +76,11 @@ def runs(tmp_path_factory) -> Path:
     every = [_classifier(root / f"{family}_{strategy}", strategy, family) for family in MODELS
              for strategy in ("ddp", "fsdp2")]
     every += [_seq2seq(root / f"seq2seq_{strategy}", strategy) for strategy in ("ddp", "fsdp2")]
+    teacher = _teacher(root)
+    for strategy in ("ddp", "fsdp2"):
+        every += [_mim(root / f"mim_{strategy}", strategy), _distilled(root / f"distill_{strategy}", strategy, teacher)]
+    bf16 = ["--trainer.precision", "bf16-mixed"]
+    every += [_mim(root / "mim_bf16", "fsdp2", *bf16), _distilled(root / "distill_bf16", "fsdp2", teacher, *bf16)]
     run_in_turn(every, root)
     return root
 
@@ -117,3 +149,27 @@ def test_the_encoder_decoder_trains_as_under_ddp_and_decodes_in_validation(runs)
         ddp, fsdp = _losses(runs / "seq2seq_ddp", rank), _losses(runs / "seq2seq_fsdp2", rank)
         assert len(ddp) == 4
         torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(ddp), atol=1e-5, rtol=0)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("kind", ["mim", "distill"])
+def test_pretraining_and_distillation_train_under_fsdp2_as_under_ddp(runs, kind):
+    """MAE (masks drawn per rank from the same seeds) and a distilled student (the teacher outside the sharded
+    module, replicated): per-batch losses and final weights equal DDP's within 1e-5, with accumulation over 2;
+    and a bf16-mixed FSDP2 run of each trains with finite losses."""
+    ddp_root, fsdp_root = runs / f"{kind}_ddp", runs / f"{kind}_fsdp2"
+    assert _ran(ddp_root) == ["DDPStrategy", False] and _ran(fsdp_root) == ["FSDP2Strategy", True]
+    for rank in (0, 1):
+        ddp, fsdp = _losses(ddp_root, rank), _losses(fsdp_root, rank)
+        assert len(ddp) == 6 and len(set(ddp)) == 6
+        torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(ddp), atol=1e-5, rtol=0)
+    ddp, fsdp = (torch.load(r / "weights.pt") for r in (ddp_root, fsdp_root))
+    assert sorted(ddp) == sorted(fsdp) and not any("teacher" in k for k in ddp)
+    for k in ddp:
+        torch.testing.assert_close(fsdp[k], ddp[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+    bf16 = runs / f"{kind}_bf16"
+    assert _ran(bf16) == ["FSDP2Strategy", True]
+    losses = _losses(bf16, 0) + _losses(bf16, 1)
+    assert len(losses) == 12 and all(torch.isfinite(torch.tensor(losses)))
+    start = _losses(fsdp_root, 0)[0]
+    assert abs(_losses(bf16, 0)[0] - start) < 0.05 * abs(start) + 0.05  # the same first batch, in bf16

@@ -204,6 +204,13 @@ def rope_mixed(freqs: Tensor, height: int, width: int, num_prefix: int) -> tuple
     return angles.cos(), angles.sin()
 
 
+# torch.fx traces through rope_tables (its branch is on the config) and keeps each table builder as one node: the
+# tables depend on the input's grid
+torch.fx.wrap("rope_2d")
+torch.fx.wrap("rope_axial")
+torch.fx.wrap("rope_mixed")
+
+
 def rope_tables(kind: str, grid: tuple[int, int], head_dim: int, temperature: float, num_prefix: int,
                 device: torch.device, xy: bool = False, ref_grid: int | None = None,
                 freqs: Tensor | None = None) -> tuple[Tensor, Tensor] | None:

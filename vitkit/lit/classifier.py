@@ -26,9 +26,9 @@ from .distill import (
     distillation_loss,
     to_teacher,
 )
-from .evaluate import collect, write_test_report
 from .hparams import keep_own_hparams
 from .probe import HeadNorm, fold_into_checkpoint, unfold_from_checkpoint
+from .report import collect, write_test_report
 
 __all__ = ["EMA", "ImageClassifier"]
 log = logging.getLogger(__name__)

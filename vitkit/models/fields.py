@@ -106,7 +106,9 @@ def check_values(owner: str, cfg_cls: type, values: dict[str, Any]) -> None:
         if name not in hints:
             continue  # unknown names are refused by the caller, with the list of fields
         if not conforms(value, hints[name]):
-            raise TypeError(f"{owner}: {name} must be {describe(hints[name])}, got {_shown(value)}")
+            wanted = describe(hints[name])  # a string that is not one of the choices is a wrong value, not type
+            error = ValueError if isinstance(value, str) and "one of" in wanted else TypeError
+            raise error(f"{owner}: {name} must be {wanted}, got {_shown(value)}")
         nums = _numbers(value)
         if name in AT_LEAST_ONE and any(n < 1 for n in nums):
             raise ValueError(f"{owner}: {name} must be >= 1, got {_shown(value)}")

@@ -25,7 +25,6 @@ from .features import new_head, resize_patch_conv, take_indices
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
 # a traced model, and torchvision's and timm's feature extractors built from it, check their input too
 torch.fx.wrap("check_image")
-torch.fx.wrap("rope_tables")  # its tables depend on the input's grid: one node of a traced graph
 
 torch.fx.wrap("check_multiple")
 
