@@ -25,7 +25,7 @@ demo-ocr: .venv
 test: .venv
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
-# The quick tier, for the loop while working: the work units measured under 6 s (tests/conftest.py).
+# The quick tier, for the loop while working: the work units measured under 4 s (tests/conftest.py).
 test-fast: .venv
 	$(PY) -m pytest -q $(XDIST) --fast $(PYTEST_ARGS)
 

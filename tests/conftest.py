@@ -72,10 +72,12 @@ def _work_unit(item: pytest.Item) -> str | None:
     return None
 
 
-# `make test-fast` (pytest --fast): the work units measured under FAST_UNIT_SECONDS and not marked slow. A unit
-# goes whole or not at all (its tests share one expensive fixture). tests/test_imports.py imports every module,
+# `make test-fast` (pytest --fast): the work units measured under FAST_UNIT_SECONDS and not marked slow, and of a
+# test swept over many parameters its first FAST_CASES. A unit goes whole or not at all (its tests share one
+# expensive fixture). tests/test_imports.py imports every module,
 # so the tier reaches each at least once.
-FAST_UNIT_SECONDS = 6.0
+FAST_UNIT_SECONDS = 4.0
+FAST_CASES = 2
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -93,6 +95,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if config.getoption("--fast"):
         slow = {k for k, unit in units.items() if cost[k] > FAST_UNIT_SECONDS
                 or any(i.get_closest_marker("slow") for i in unit)}
+        seen: dict[tuple[str, str], int] = {}
+        for k, unit in units.items():  # of a test swept over many parameters, the first FAST_CASES
+            if len(unit) == 1 and k not in slow:
+                fn = (unit[0].nodeid.split("::")[0], getattr(unit[0], "originalname", unit[0].name))
+                seen[fn] = seen.get(fn, 0) + 1
+                if seen[fn] > FAST_CASES:
+                    slow.add(k)
         config.hook.pytest_deselected(items=[i for k in slow for i in units[k]])
         units = {k: v for k, v in units.items() if k not in slow}
     items[:] = [i for key in sorted(units, key=lambda k: -cost[k]) for i in units[key]]  # stable for ties
