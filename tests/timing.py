@@ -35,7 +35,7 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     t1, (c1, k1) = time.time(), _cpu()
     with open(OUT, "a") as f:
-        f.write(json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        f.write(json.dumps({"test": _measured_id(item.nodeid), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
                             "start": t0, "end": t1, "wall": t1 - t0, "cpu": c1 - c0, "children": k1 - k0}) + "\n")
 
 
@@ -88,3 +88,10 @@ if __name__ == "__main__":
     report(sys.argv[1])
     if "--write" in sys.argv:
         write_durations(sys.argv[1], sys.argv[sys.argv.index("--write") + 1])
+
+
+def _measured_id(nodeid: str) -> str:
+    """The node id without pytest-xdist's "@group" suffix."""
+    while nodeid.rfind("@") > nodeid.rfind("]"):
+        nodeid = nodeid.rpartition("@")[0]
+    return nodeid

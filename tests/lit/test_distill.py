@@ -139,6 +139,26 @@ def test_a_deit_student_learns_from_the_teacher_through_its_second_head(tmp_path
         assert_close(module.model(x), (cls + dist) / 2)
 
 
+def test_a_distilled_student_predicts_exports_and_evaluates_with_its_heads_averaged(tmp_path):
+    """Trained with a teacher through the command, the DeiT student's checkpoint loads without the teacher, gives
+    the average of its two heads, and exports to ONNX with the same logits."""
+    pytest.importorskip("onnxruntime")
+    from vitkit.tools.export import OnnxModel, export_onnx
+
+    cli_main(["fit", "-c", "vit_tiny_digits", *_cpu(tmp_path), "--trainer.max_steps", "2",
+              "--trainer.limit_val_batches", "1", "--model.model_name", "deit_tiny_distilled_patch16_224",
+              "--model.model_overrides", str(TINY).replace("'", '"'), "--model.teacher", str(_teacher_file(tmp_path)),
+              "--model.distillation", "hard"])
+    student = vitkit.create_model(checkpoint=tmp_path / "checkpoints/last.ckpt").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        feats = student.forward_features(x)
+        cls, dist = student.head(feats[:, 0]), student.head_dist(feats[:, 1])
+        assert_close(student(x), (cls + dist) / 2)
+        export_onnx(student, tmp_path / "student.onnx")
+        assert_close(torch.from_numpy(OnnxModel(tmp_path / "student.onnx")(x)), student(x), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("teacher, says", [
     ("three_classes", "the teacher '{teacher}' predicts 3 classes, the data has 10"),
     ("missing.pth", "checkpoint 'missing.pth' does not exist"),
