@@ -108,6 +108,18 @@ def _config(plan: _Plan, ck: Checkpoint | None, given: bool):
         raise CheckpointError(f"{ck.path} records a config vitkit cannot build: {e}") from None
 
 
+def _build(plan: _Plan, ck: Checkpoint | None, given: bool) -> nn.Module:
+    """The model of the plan; a combination of recorded fields the model refuses (heads that do not divide the
+    width) is the file's error, as a recorded value is."""
+    cfg = _config(plan, ck, given)
+    try:
+        return find(plan.name)[2](cfg)
+    except (ValueError, TypeError) as e:
+        if ck is None or given:
+            raise
+        raise CheckpointError(f"{ck.path} records a config vitkit cannot build: {e}") from None
+
+
 def _checked_record(ck: Checkpoint, name: str, given: dict[str, Any]) -> dict[str, Any]:
     """:func:`_recorded`, with what the file records refused as the file's fault: a model vitkit does not know,
     or a value its field does not take (those the caller overrides are not looked at)."""
@@ -178,7 +190,7 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
         plan.overrides = {**_checked_record(ck, plan.name, plan.overrides), **plan.overrides}
     if plan.name is None:
         raise TypeError("create_model needs a preset name (or a checkpoint that records one)")
-    model = find(plan.name)[2](_config(plan, ck, bool(overrides)))
+    model = _build(plan, ck, bool(overrides))
     model.name = plan.name
     model.class_names = plan.label_names
     if ck is not None:

@@ -93,13 +93,14 @@ def main(argv: list[str]) -> int:
     if backbone:
         result = _backbone(model, dm, ds, cfg, device)
         write_backbone_report(result, out)
-        print(", ".join(f"{k} {v:.4f}" for k, v in result.items() if isinstance(v, float)) + f"  -> {out}")
+        print(", ".join(f"{k} {v:.4f}" for k, v in result.items() if k.endswith("_top1")) + f"  -> {out}")
         return 0
     if len(names) != _width(model, dm, ds, device):
         raise ValueError(f"the model has {_width(model, dm, ds, device)} classes and the data "
                          f"{len(getattr(dm, 'classes', names))}: evaluate it on data of its own classes")
     pred = predict(model, dm, ds, device)
-    result = write_report(pred, names, out, cfg.topk)
+    skipped = sum(getattr(dm, "skipped", {}).values())  # unreadable images, counted by the data module
+    result = write_report(pred, names, out, cfg.topk, {"skipped": skipped, "split": split})
     print(f"{dm.describe()} ({split}):\n{summary(result)}\n-> {out}")
     return 0
 
@@ -176,14 +177,18 @@ def _batches(dm, ds, device: torch.device):
     samples = getattr(ds, "samples", None)
     seen = 0
     for batch in track(loader, description="evaluating", transient=True, disable=not sys.stderr.isatty()):
+        skipped = int(batch[2]) if len(batch) == 3 else 0
         x, y = dm.on_after_batch_transfer(batch, 0)[:2]
-        n = len(batch[1]) if batch[1] is not None else 0
-        rows = list(range(seen, seen + len(y)))
-        seen += n if len(batch) == 3 else len(y)
+        rows = list(range(seen, seen + len(y) + skipped))
+        seen += len(y) + skipped
         if len(y) == 0:
             continue
-        sources = [samples[i][0] for i in rows] if samples is not None and len(batch) == 2 else \
-            [str(i) for i in rows]
+        if skipped:  # which rows were dropped is not known here: name the batch's rows
+            sources = [f"rows {rows[0]}-{rows[-1]}"] * len(y)
+        elif samples is not None:  # a file path (or a dataset's row name)
+            sources = [str(samples[i][0]) for i in rows]
+        else:
+            sources = [str(i) for i in rows]
         yield x.to(device), y, sources
 
 

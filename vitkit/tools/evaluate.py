@@ -106,12 +106,13 @@ def linear_probe_top1(train: Tensor, train_labels: Tensor, val: Tensor, val_labe
 # -- the folder of results --------------------------------------------------------------------------------------
 
 
-def write_report(pred: Predictions, names: list[str], out: str | Path, topk: int = 5) -> dict:
+def write_report(pred: Predictions, names: list[str], out: str | Path, topk: int = 5,
+                 extra: dict | None = None) -> dict:
     """``metrics.json``, ``predictions.csv``, ``confusion_matrix.png``, ``mistakes.png`` and ``reliability.png``
     into ``out``; returns the scores."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    result = scores(pred.probs, pred.labels, names)
+    result = {**scores(pred.probs, pred.labels, names), **(extra or {})}
     write_json(result, out / "metrics.json")
     k = min(topk, len(names))
     top = pred.probs.topk(k, dim=1)
