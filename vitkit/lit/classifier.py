@@ -102,6 +102,10 @@ class ImageClassifier(TrainingModule):
         distillation: ``hard`` (DeiT's: the teacher's argmax for the distillation head, or the one head),
             ``soft`` (KL at temperature ``distill_tau``, scaled by tau²) or ``none``; default ``hard`` with a teacher.
         distill_alpha: the distillation term's share of the loss (the label loss has the rest).
+        optimizer, momentum: ``adamw`` (the default; ``betas``) or ``sgd`` with ``momentum`` (the linear
+            probe's).
+        head_norm: MAE's linear probe: a BatchNorm without affine parameters between the pooled features and the
+            head (``vitkit/lit/probe.py``), folded into the head in every checkpoint.
     """
 
     def __init__(
