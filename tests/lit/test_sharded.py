@@ -93,21 +93,29 @@ def _losses(root: Path, rank: int) -> list[float]:
     return [float(line.split()[1]) for line in (root / f"losses{rank}.txt").read_text().splitlines()]
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("family", list(MODELS))
-def test_fsdp2_trains_as_ddp_does_with_the_whole_recipe_on(runs, family):
-    """The whole recipe (see :func:`_classifier`): every rank's loss at every batch, and the final weights and EMA
-    weights, equal DDP's within 1e-5."""
-    ddp_root, fsdp_root = runs / f"{family}_ddp", runs / f"{family}_fsdp2"
+def _fsdp2_equals_ddp(ddp_root: Path, fsdp_root: Path) -> dict[str, torch.Tensor]:
+    """The strategies ran as named (FSDP2 sharding every parameter), each rank's 6 losses and the final weights
+    are DDP's within 1e-5; returns DDP's weights."""
     assert _ran(ddp_root) == ["DDPStrategy", False] and _ran(fsdp_root) == ["FSDP2Strategy", True]
     for rank in (0, 1):
         ddp, fsdp = _losses(ddp_root, rank), _losses(fsdp_root, rank)
         assert len(ddp) == 6 and len(set(ddp)) == 6
         torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(ddp), atol=1e-5, rtol=0)
     ddp, fsdp = (torch.load(r / "weights.pt") for r in (ddp_root, fsdp_root))
-    assert sorted(ddp) == sorted(fsdp) and any(k.startswith("ema.module.") for k in ddp)
+    assert sorted(ddp) == sorted(fsdp)
     for k in ddp:
         torch.testing.assert_close(fsdp[k], ddp[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+    return ddp
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("family", list(MODELS))
+def test_fsdp2_trains_as_ddp_does_with_the_whole_recipe_on(runs, family):
+    """The whole recipe (see :func:`_classifier`): every rank's loss at every batch, and the final weights and EMA
+    weights, equal DDP's within 1e-5."""
+    ddp_root, fsdp_root = runs / f"{family}_ddp", runs / f"{family}_fsdp2"
+    ddp = _fsdp2_equals_ddp(ddp_root, fsdp_root)
+    assert any(k.startswith("ema.module.") for k in ddp)
 
 
 def test_a_model_parallel_strategy_without_sharding_is_refused(tmp_path):
@@ -158,15 +166,8 @@ def test_pretraining_and_distillation_train_under_fsdp2_as_under_ddp(runs, kind)
     module, replicated): per-batch losses and final weights equal DDP's within 1e-5, with accumulation over 2;
     and a bf16-mixed FSDP2 run of each trains with finite losses."""
     ddp_root, fsdp_root = runs / f"{kind}_ddp", runs / f"{kind}_fsdp2"
-    assert _ran(ddp_root) == ["DDPStrategy", False] and _ran(fsdp_root) == ["FSDP2Strategy", True]
-    for rank in (0, 1):
-        ddp, fsdp = _losses(ddp_root, rank), _losses(fsdp_root, rank)
-        assert len(ddp) == 6 and len(set(ddp)) == 6
-        torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(ddp), atol=1e-5, rtol=0)
-    ddp, fsdp = (torch.load(r / "weights.pt") for r in (ddp_root, fsdp_root))
-    assert sorted(ddp) == sorted(fsdp) and not any("teacher" in k for k in ddp)
-    for k in ddp:
-        torch.testing.assert_close(fsdp[k], ddp[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+    ddp = _fsdp2_equals_ddp(ddp_root, fsdp_root)
+    assert not any("teacher" in k for k in ddp)
     bf16 = runs / f"{kind}_bf16"
     assert _ran(bf16) == ["FSDP2Strategy", True]
     losses = _losses(bf16, 0) + _losses(bf16, 1)

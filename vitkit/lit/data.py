@@ -223,6 +223,37 @@ class _SkippingImages(_TrainValLoaders):
         return skipped
 
 
+class RankPositions:
+    """A streaming training loader's position on every rank, in the checkpoint: ``self._train_loader`` has
+    ``position()`` / ``restore()``, and ``train_dataloader`` calls :meth:`_restore_train_loader` when
+    ``self._resume`` is set. (Not the loader's own ``state_dict``: Lightning would save rank 0's alone.)"""
+
+    _train_loader = None
+    _resume: list | None = None
+
+    def state_dict(self) -> dict:
+        if self.trainer is None or self._train_loader is None:
+            return {}
+        from .hparams import gather_from_ranks
+
+        return {"train_positions": gather_from_ranks(self.trainer, self._train_loader.position())}
+
+    def load_state_dict(self, state: dict) -> None:
+        # Lightning restores a data module's state before the fit loop builds its loaders; the loader built then
+        # takes the positions (and when a loader already exists, it takes them now)
+        self._resume = state.get("train_positions")
+        if self._train_loader is not None and self._resume is not None:
+            self._restore_train_loader()
+
+    def _restore_train_loader(self) -> None:
+        positions, self._resume = self._resume, None
+        world = self.trainer.world_size if self.trainer is not None else 1
+        if len(positions) != world:
+            raise ValueError(f"the checkpoint holds the streaming loader positions of {len(positions)} rank(s), "
+                             f"this run has {world}: resume on as many ranks as the run that wrote it")
+        self._train_loader.restore(positions[self.trainer.global_rank if self.trainer is not None else 0])
+
+
 class ImageFolderDataModule(_SkippingImages):
     """ImageNet layout (``root/train/<class>/*``, ``root/val/<class>/*``, optionally ``root/test/<class>/*``)
     with timm's transforms. ``test`` evaluates ``test_dir`` when it exists, else the val split (and says so).

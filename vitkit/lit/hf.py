@@ -28,13 +28,12 @@ from vitkit.data.hf import (
 from vitkit.data.transforms import eval_transform
 from vitkit.errors import one_line
 
-from .data import _SkippingImages
-from .hparams import gather_from_ranks
+from .data import RankPositions, _SkippingImages
 
 log = logging.getLogger(__name__)
 
 
-class HFDataModule(_SkippingImages):
+class HFDataModule(RankPositions, _SkippingImages):
     """A dataset the ``datasets`` library opens: ``name`` is a hub name (``beans``, ``timm/mini-imagenet``; with
     ``revision`` and ``config_name``) or a local folder (``save_to_disk``'s, or one of data files);
     ``data_files`` are local parquet, arrow, imagefolder or webdataset files. The cache (``HF_DATASETS_CACHE``)
@@ -53,6 +52,8 @@ class HFDataModule(_SkippingImages):
         super().__init__(**image_args)
         if not 0 < val_fraction < 1:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        if shuffle_buffer < 1:
+            raise ValueError(f"shuffle_buffer must be >= 1 (rows held for shuffling a stream), got {shuffle_buffer}")
         self.where = name if name is not None else str(data_files)
         try:
             self.splits = open_dataset(name, config_name=config_name, revision=revision, data_files=data_files,
@@ -79,7 +80,6 @@ class HFDataModule(_SkippingImages):
         self.num_classes = len(self.classes)
         if not streaming and len(train) == 0:
             raise ValueError(f"{self.where}: the split {train_split!r} has no rows")
-        self._train_loader = self._resume = None
 
     def describe(self) -> str:
         return self.where
@@ -141,7 +141,7 @@ class HFDataModule(_SkippingImages):
             return super().train_dataloader()
         self._train_loader = self._loader(self.train_set, True)
         if self._resume is not None:
-            self._restore()
+            self._restore_train_loader()
         return self._train_loader
 
     def val_dataloader(self):
@@ -153,26 +153,6 @@ class HFDataModule(_SkippingImages):
         return self._loader(self.test_set if self.test_set is not None else self.val_set, False)
 
     predict_dataloader = val_dataloader
-
-    # -- a stream's position, one per rank, in the checkpoint (map-style data resumes by the epoch sampler) ----
-
-    def state_dict(self) -> dict[str, Any]:
-        if not self.hparams.streaming or self.trainer is None or self._train_loader is None:
-            return {}
-        return {"train_positions": gather_from_ranks(self.trainer, self._train_loader.position())}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._resume = state.get("train_positions")
-        if self._train_loader is not None and self._resume is not None:
-            self._restore()
-
-    def _restore(self) -> None:
-        positions, self._resume = self._resume, None
-        world = self.trainer.world_size if self.trainer is not None else 1
-        if len(positions) != world:
-            raise ValueError(f"the checkpoint holds the stream positions of {len(positions)} rank(s), this run has "
-                             f"{world}: resume on as many ranks as the run that wrote it")
-        self._train_loader.restore(positions[self.trainer.global_rank if self.trainer is not None else 0])
 
 
 class EvenSteps:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -21,13 +20,12 @@ from vitkit.data.shards import read_dataset_info
 from vitkit.data.streaming import EvenBatches, ImageShards
 from vitkit.data.transforms import eval_transform
 
-from .data import _SkippingImages
-from .hparams import gather_from_ranks
+from .data import RankPositions, _SkippingImages
 
 log = logging.getLogger(__name__)
 
 
-class StreamingImageDataModule(_SkippingImages):
+class StreamingImageDataModule(RankPositions, _SkippingImages):
     """A dataset converted by ``vitkit prepare-data`` (a local folder, or an object-store URL such as
     ``s3://bucket/imagenet`` that litdata reads), streamed with litdata, with the transforms, preset-linked
     normalisation and skipping of ``ImageFolderDataModule``.
@@ -43,8 +41,6 @@ class StreamingImageDataModule(_SkippingImages):
         self.info = read_dataset_info(self.root)
         self.classes = self.info["classes"]
         self.num_classes = len(self.classes)
-        self._train_loader: EvenBatches | None = None
-        self._resume: list[dict] | None = None
 
     def split_location(self, split: str) -> str:
         return self.root.rstrip("/") + "/" + split
@@ -83,25 +79,3 @@ class StreamingImageDataModule(_SkippingImages):
             rank_zero_info(f"streaming {self.split_location('train')}: {len(self._train_loader)} batches per rank "
                            "per epoch")
         return self._train_loader
-
-    # -- the training loader's position, one per rank, in the checkpoint -----------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        if self.trainer is None or self._train_loader is None:
-            return {}
-        return {"train_positions": gather_from_ranks(self.trainer, self._train_loader.position())}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        # Lightning restores a data module's state before the fit loop builds its loaders; the loader built then
-        # takes the positions (and when a loader already exists, it takes them now)
-        self._resume = state.get("train_positions")
-        if self._train_loader is not None and self._resume is not None:
-            self._restore_train_loader()
-
-    def _restore_train_loader(self) -> None:
-        positions, self._resume = self._resume, None
-        world = self.trainer.world_size if self.trainer is not None else 1
-        if len(positions) != world:
-            raise ValueError(f"the checkpoint holds the streaming loader positions of {len(positions)} rank(s), "
-                             f"this run has {world}: resume on as many ranks as the run that wrote it")
-        self._train_loader.restore(positions[self.trainer.global_rank if self.trainer is not None else 0])
