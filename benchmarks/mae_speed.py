@@ -1,6 +1,6 @@
 """An MAE training step beside a classifier training step of the same ViT: images per second, interleaved in one
 process, beside the ratio of their multiply-adds (forward + backward, counted on the meta device), and the peak
-memory per image of each (a fresh process per step kind).
+activation memory per image of each (counted by a saved-tensors hook, see ``activation_mib``).
 
 The encoder of MAE sees a quarter of the patches (mask ratio 0.75); its decoder (512 wide, 8 blocks by default)
 sees every position. So a step does far less work than a classifier step: the ratio of multiply-adds is about
@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -68,13 +66,36 @@ def gmacs(kind: str, name: str, size: int) -> float:
     return count_gmacs_of(lambda: vitkit.create_model(name, num_classes=1000), (3, size, size), train=True)
 
 
-def peak_mb(kind: str, name: str, batch: int, size: int, precision: str) -> float:
-    """Peak resident memory of a fresh process running two steps, per image (MiB)."""
-    code = (f"import resource, torch, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import mae_speed as b; "
-            f"m = b.build({kind!r}, {name!r}); s = b.step_fn({kind!r}, m, {batch}, {size}, {precision!r}, "
-            "torch.device('cpu')); s(); s(); print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1]) / batch
+def activation_mib(kind: str, name: str, size: int, precision: str, device: torch.device, batch: int = 2) -> float:
+    """MiB per image that autograd keeps for the backward pass (the activations): the bytes of every tensor saved
+    for backward, each storage once, the parameters left out, counted at ``batch`` and at twice it; the difference
+    over ``batch`` is the cost of one more image (autocast's weight copies and other per-step tensors cancel). It
+    grows linearly with the batch, so two images tell it for any batch without holding a big one's activations.
+
+    The whole step's peak is this times the batch plus the model state (weights, gradients, AdamW's two moments:
+    16 bytes a parameter in fp32), which is the same for both kinds of step. Peak RSS was tried first and is the
+    wrong probe on CPU: at batch 8 the optimizer step's temporaries set the peak, the same for both kinds."""
+    torch.manual_seed(0)
+    model = build(kind, name).to(device).train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    ctx = (lambda: torch.autocast(device.type, torch.bfloat16)) if precision == "amp_bf16" else torch.enable_grad
+
+    def saved(n: int) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in weights:
+                seen[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        x = torch.randn(n, 3, size, size, device=device)
+        with ctx(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = model(x)
+        del out
+        return sum(seen.values())
+
+    return (saved(2 * batch) - saved(batch)) / batch / 2**20
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -93,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     head = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
             f"{torch.__version__}, device {device}, batch {args.batch_size}, {args.img_size} px, {args.precision}")
     rows = [head, "", "| model | classifier img/s | MAE img/s | measured speed-up | MAC ratio | speed-up / MAC ratio |"
-            " classifier MiB/img | MAE MiB/img |", "|---|---|---|---|---|---|---|---|"]
+            " classifier activations MiB/img | MAE activations MiB/img | model state MiB, classifier / MAE |",
+            "|---|---|---|---|---|---|---|---|---|"]
     print(head)
     for name in args.models.split(","):
         steps, times = {}, {"cls": [], "mae": []}
@@ -111,11 +133,13 @@ def main(argv: list[str] | None = None) -> None:
         ips = {k: statistics.median(v) for k, v in times.items()}
         ratio = gmacs("cls", name, args.img_size) / gmacs("mae", name, args.img_size)
         speed = ips["mae"] / ips["cls"]
-        measure = not args.no_mem and device.type == "cpu"
-        mem = {k: f"{peak_mb(k, name, args.batch_size, args.img_size, args.precision):.0f}" if measure else "-"
+        mem = {k: "-" if args.no_mem else
+               f"{activation_mib(k, name, args.img_size, args.precision, device):.1f}"
                for k in ("cls", "mae")}
+        with torch.device("meta"):
+            state = {k: sum(p.numel() for p in build(k, name).parameters()) * 16 / 2**20 for k in ("cls", "mae")}
         row = (f"| {name} | {ips['cls']:.2f} | {ips['mae']:.2f} | {speed:.2f}x | {ratio:.2f} | {speed / ratio:.2f} | "
-               f"{mem['cls']} | {mem['mae']} |")
+               f"{mem['cls']} | {mem['mae']} | {state['cls']:.0f} / {state['mae']:.0f} |")
         rows.append(row)
         print(row, flush=True)
     if args.out:
