@@ -6,8 +6,8 @@ The encoder of MAE sees a quarter of the patches (mask ratio 0.75); its decoder 
 sees every position. So a step does far less work than a classifier step: the ratio of multiply-adds is about
 1.8 for ViT-B/16 and about 3 for ViT-L/16, and the measured speed-up should reach most of it.
 
-    python benchmarks/mae_speed.py --models vit_base_patch16_224,vit_large_patch16_224 --batch-size 8 \
-        --out benchmarks/results/mae_speed_cpu.md
+    python benchmarks/mae_speed.py --models vit_base_patch16_224,vit_large_patch16_224 --batch-size 32 --rounds 3 \
+        --iters 1 --out benchmarks/results/mae_speed_cpu.md
 """
 
 from __future__ import annotations

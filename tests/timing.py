@@ -21,6 +21,16 @@ import pytest
 OUT = os.environ.get("VITKIT_TEST_TIMES")
 
 
+def _idle() -> float:
+    """Seconds the machine's CPUs have been idle since boot, summed over CPUs (Linux; 0 elsewhere): the report
+    tells from it how much of the run's CPU time went unused (processes waiting, a worker alone at the end)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")  # idle + iowait
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def _cpu() -> tuple[float, float]:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
@@ -31,12 +41,13 @@ def pytest_runtest_protocol(item, nextitem):
     if not OUT:
         yield
         return
-    t0, (c0, k0) = time.time(), _cpu()
+    t0, (c0, k0), i0 = time.time(), _cpu(), _idle()
     yield
-    t1, (c1, k1) = time.time(), _cpu()
+    t1, (c1, k1), i1 = time.time(), _cpu(), _idle()
     with open(OUT, "a") as f:
         f.write(json.dumps({"test": _measured_id(item.nodeid), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
-                            "start": t0, "end": t1, "wall": t1 - t0, "cpu": c1 - c0, "children": k1 - k0}) + "\n")
+                            "start": t0, "end": t1, "wall": t1 - t0, "cpu": c1 - c0, "children": k1 - k0,
+                            "idle_start": i0, "idle_end": i1}) + "\n")
 
 
 KINDS = [  # (kind, substrings of a test id), the first that matches
@@ -57,6 +68,10 @@ def report(path: str) -> None:
     rows = [json.loads(line) for line in open(path)]
     start, end = min(r["start"] for r in rows), max(r["end"] for r in rows)
     print(f"{len(rows)} tests, {end - start:.0f} s from the first start to the last end")
+    if all(r.get("idle_end") for r in rows):
+        idle = max(r["idle_end"] for r in rows) - min(r["idle_start"] for r in rows)
+        print(f"  the machine's {os.cpu_count()} CPUs idle {idle:.0f} s of {os.cpu_count() * (end - start):.0f} "
+              f"({idle / (os.cpu_count() * (end - start)):.0%}; read on the machine that ran it)")
     by_worker = collections.defaultdict(list)
     for r in rows:
         by_worker[r["worker"]].append(r)

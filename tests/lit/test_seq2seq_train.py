@@ -35,13 +35,15 @@ def _tsv(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_reverse_task_is_learned(tmp_path):
-    """4 epochs of 188 steps take an untrained model (exact match 0) to reversing most held-out strings. Over
-    seeds 0-4 with the native and the AVX2 kernels, exact match was 0.78-1.00, BLEU 0.94-1.00 and token
-    accuracy 0.97-1.00; the bounds below sit well outside that spread."""
+    """4 epochs of 94 steps take an untrained model (exact match 0) to reversing most held-out strings. Over
+    seeds 0-4 with the native (Zen 4) and the AVX2 kernels, exact match was 0.70-0.97, BLEU 0.87-0.99, token
+    accuracy 0.95-1.00 and new strings reversed 37-49 of 50 (at 188 steps an epoch: 0.78-1.00, 0.94-1.00,
+    0.97-1.00); the bounds below sit well outside that spread. Without the causal mask in training (the
+    decoder sees the token it is to predict) the same run fails them."""
     cli = cli_main(["fit", "--config", str(ROOT / "configs/seq2seq_reverse.yaml"), *_cpu(tmp_path),
-                    "--data.num_train", "12000"])
+                    "--data.num_train", "6000"])
     m = cli.trainer.callback_metrics
-    assert m["val/exact_match"] >= 0.5 and m["val/bleu"] >= 0.8 and m["val/token_acc"] >= 0.9, m
+    assert m["val/exact_match"] >= 0.5 and m["val/bleu"] >= 0.7 and m["val/token_acc"] >= 0.9, m
     # the checkpoint's own tokenizer decodes new strings, greedy and with a beam
     g = torch.Generator().manual_seed(1)
     words = ["".join("abcdefghij"[i] for i in torch.randint(10, (int(n),), generator=g))

@@ -174,7 +174,7 @@ def _val_top1(tmp_path: Path, *data: str) -> float:
     cli = cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), "--trainer.accelerator", "cpu",
                     "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false",
                     "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false",
-                    "--trainer.callbacks", "[]", "--trainer.max_epochs", "20", "--model.warmup_epochs", "1",
+                    "--trainer.callbacks", "[]", "--trainer.max_epochs", "10", "--model.warmup_epochs", "1",
                     "--model.model_overrides", '{"depth": 1, "embed_dim": 48, "num_heads": 2, "patch_size": 4}',
                     *data, "--data.img_size", "16", "--data.batch_size", "32", "--data.num_workers", "1",
                     "--data.auto_augment", "null", "--data.re_prob", "0", "--data.color_jitter", "null",
@@ -184,12 +184,13 @@ def _val_top1(tmp_path: Path, *data: str) -> float:
 
 @pytest.mark.timeout(600)
 def test_a_streamed_run_learns_the_digits_as_well_as_the_folder_it_came_from(digits_folder, tmp_path):
-    """The same recipe, seed and arguments from both sources, 20 epochs. Over seeds 0-4 the folder reached
-    0.844-0.894 and the shards 0.856-0.942 val top-1, the shards minus the folder -0.036 to +0.097 per seed; the
-    class-sorted shards of before stayed at chance (0.10). The bounds sit well outside that spread."""
+    """The same recipe, seed and arguments from both sources, 10 epochs. Over seeds 0-4 the folder reached
+    0.686-0.811 and the shards 0.711-0.839 val top-1, the shards minus the folder -0.042 to +0.153 per seed (at
+    20 epochs: 0.844-0.894, 0.856-0.942, -0.036 to +0.097); shards written class after class (the order before
+    the shuffled write) stay at chance (0.09 at seed 0). The bounds sit well outside that spread."""
     folder = _val_top1(tmp_path / "folder", "--data", "vitkit.lit.ImageFolderDataModule",
                        "--data.root", str(digits_folder))
     stream = _val_top1(tmp_path / "stream", "--data", "vitkit.lit.StreamingImageDataModule",
                        "--data.root", str(digits_folder.parent / "digits_shards"))
-    assert folder > 0.7, folder  # chance is 0.1
-    assert stream > folder - 0.1, (stream, folder)
+    assert folder > 0.5, folder  # chance is 0.1
+    assert stream > folder - 0.2, (stream, folder)
