@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import timm
@@ -25,6 +24,7 @@ from vitkit.checkpoints.hub import MissingWeightsError
 from vitkit.models.config import pair
 
 from ..hub_cache import FakeHub, cache_weights, use_offline_cache, write_hub_repo
+from ..inits import skipped_inits
 from ..test_checkpoints import _randomize
 
 VIT_TAG = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
@@ -192,10 +192,7 @@ def test_every_timm_tag_of_every_preset_builds_the_shapes_of_timms_model():
     tags = _every_tag()
     assert len(tags) > 150
     timm_shapes = {}
-    # shapes only: the truncated-normal inits (a slow reference path on the meta device, most of this test's
-    # time) are skipped in both libraries
-    with mock.patch("timm.layers.weight_init._trunc_normal_", lambda t, *a, **k: t), \
-            mock.patch("torch.nn.init.trunc_normal_", lambda t, *a, **k: t):
+    with skipped_inits():  # shapes only: the inits, decomposed op by op on meta, were most of the time
         _compare_every_tag(tags, timm_shapes)
 
 
