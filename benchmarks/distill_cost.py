@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def main() -> None:
 
     device = torch.device(args.device)
     teacher = timm.create_model(args.teacher, num_classes=1000)
-    path = Path("/tmp") / f"distill_cost_{args.teacher}.pth"
+    path = Path(tempfile.mkdtemp()) / f"{args.teacher}.pth"
     torch.save(teacher.state_dict(), path)
     alone = ImageClassifier(args.student, num_classes=1000).to(device).train()
     taught = ImageClassifier(args.student, num_classes=1000, teacher=args.teacher, teacher_checkpoint=str(path),

@@ -23,19 +23,7 @@ import timm
 import torch
 
 import vitkit
-
-
-def saved_activations_mib(model: torch.nn.Module, x: torch.Tensor) -> float:
-    """MiB of the distinct tensors autograd keeps for the backward pass of one forward."""
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x)
-    return sum(seen.values()) / 2**20
+from vitkit.tools.flops import saved_activations_mib
 
 
 def peak_rss_mib(library: str, model: str, batch: int, grad_ckpt: bool) -> float:

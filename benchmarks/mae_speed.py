@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import vitkit
-from vitkit.tools.flops import count_gmacs_of
+from vitkit.tools.flops import count_gmacs_of, saved_activations_mib
 
 
 def build(kind: str, name: str):
@@ -67,35 +67,21 @@ def gmacs(kind: str, name: str, size: int) -> float:
 
 
 def activation_mib(kind: str, name: str, size: int, precision: str, device: torch.device, batch: int = 2) -> float:
-    """MiB per image that autograd keeps for the backward pass (the activations): the bytes of every tensor saved
-    for backward, each storage once, the parameters left out, counted at ``batch`` and at twice it; the difference
-    over ``batch`` is the cost of one more image (autocast's weight copies and other per-step tensors cancel). It
-    grows linearly with the batch, so two images tell it for any batch without holding a big one's activations.
+    """MiB per image that autograd keeps for the backward pass (the activations): the saved tensors of a forward
+    of ``2 * batch`` images minus those of ``batch``, over ``batch``; the weights (and autocast's copies of them),
+    kept alike by both, cancel. It grows linearly with the batch, so two images tell it for any batch without
+    holding a big one's activations.
 
     The whole step's peak is this times the batch plus the model state (weights, gradients, AdamW's two moments:
-    16 bytes a parameter in fp32), which is the same for both kinds of step. Peak RSS was tried first and is the
-    wrong probe on CPU: at batch 8 the optimizer step's temporaries set the peak, the same for both kinds."""
+    16 bytes a parameter in fp32). Peak RSS was tried first and is the wrong probe on CPU: at batch 8 the
+    optimizer step's temporaries set the peak, the same for both kinds of step."""
     torch.manual_seed(0)
     model = build(kind, name).to(device).train()
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     ctx = (lambda: torch.autocast(device.type, torch.bfloat16)) if precision == "amp_bf16" else torch.enable_grad
-
-    def saved(n: int) -> int:
-        seen: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in weights:
-                seen[storage.data_ptr()] = storage.nbytes()
-            return t
-
-        x = torch.randn(n, 3, size, size, device=device)
-        with ctx(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = model(x)
-        del out
-        return sum(seen.values())
-
-    return (saved(2 * batch) - saved(batch)) / batch / 2**20
+    with ctx():
+        two, one = (saved_activations_mib(model, torch.randn(n, 3, size, size, device=device))
+                    for n in (2 * batch, batch))
+    return (two - one) / batch
 
 
 def main(argv: list[str] | None = None) -> None:

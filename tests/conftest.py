@@ -21,6 +21,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 pytest_plugins = ["tests.timing"]  # VITKIT_TEST_TIMES=FILE: each test's wall and CPU seconds
+from tests.timing import measured_id  # noqa: E402
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" in os.environ:  # torch may predate the variable
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -66,13 +67,6 @@ def _rename(item: pytest.Item, nodeid: str) -> None:
         item._id = coerce_node_id(nodeid)
     else:
         item._nodeid = nodeid
-
-
-def measured_id(nodeid: str) -> str:
-    """A node id without the "@group" pytest-xdist's loadgroup appends (a parameter may hold "@" itself)."""
-    while nodeid.rfind("@") > nodeid.rfind("]"):
-        nodeid = nodeid.rpartition("@")[0]
-    return nodeid
 
 
 def _work_unit(item: pytest.Item) -> str | None:

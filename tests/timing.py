@@ -21,6 +21,14 @@ import pytest
 OUT = os.environ.get("VITKIT_TEST_TIMES")
 
 
+def measured_id(nodeid: str) -> str:
+    """A node id without the "@group" pytest-xdist's loadgroup appends (a parameter may hold "@" itself): the id
+    the durations are kept under."""
+    while nodeid.rfind("@") > nodeid.rfind("]"):
+        nodeid = nodeid.rpartition("@")[0]
+    return nodeid
+
+
 def _idle() -> float:
     """Seconds the machine's CPUs have been idle since boot, summed over CPUs (Linux; 0 elsewhere): the report
     tells from it how much of the run's CPU time went unused (processes waiting, a worker alone at the end)."""
@@ -45,7 +53,7 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     t1, (c1, k1), i1 = time.time(), _cpu(), _idle()
     with open(OUT, "a") as f:
-        f.write(json.dumps({"test": _measured_id(item.nodeid), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        f.write(json.dumps({"test": measured_id(item.nodeid), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
                             "start": t0, "end": t1, "wall": t1 - t0, "cpu": c1 - c0, "children": k1 - k0,
                             "idle_start": i0, "idle_end": i1}) + "\n")
 
@@ -103,10 +111,3 @@ if __name__ == "__main__":
     report(sys.argv[1])
     if "--write" in sys.argv:
         write_durations(sys.argv[1], sys.argv[sys.argv.index("--write") + 1])
-
-
-def _measured_id(nodeid: str) -> str:
-    """The node id without pytest-xdist's "@group" suffix."""
-    while nodeid.rfind("@") > nodeid.rfind("]"):
-        nodeid = nodeid.rpartition("@")[0]
-    return nodeid

@@ -98,24 +98,13 @@ def _plan(name: str | None, pretrained: bool | str, checkpoint, overrides: dict[
     return plan
 
 
-def _config(plan: _Plan, ck: Checkpoint | None, given: bool):
-    """The plan's config; what only a file recorded and vitkit cannot build is the file's error."""
+def _build(plan: _Plan, ck: Checkpoint | None, given: bool) -> nn.Module:
+    """The model of the plan. What only a file recorded and vitkit cannot build (a value its field refuses, or a
+    combination the model refuses: heads that do not divide the width) is the file's error."""
     try:
-        return get_config(plan.name, **plan.overrides)
+        return find(plan.name)[2](get_config(plan.name, **plan.overrides))
     except (ValueError, TypeError) as e:
         if ck is None or given:  # the caller's values take part: theirs to change
-            raise
-        raise CheckpointError(f"{ck.path} records a config vitkit cannot build: {e}") from None
-
-
-def _build(plan: _Plan, ck: Checkpoint | None, given: bool) -> nn.Module:
-    """The model of the plan; a combination of recorded fields the model refuses (heads that do not divide the
-    width) is the file's error, as a recorded value is."""
-    cfg = _config(plan, ck, given)
-    try:
-        return find(plan.name)[2](cfg)
-    except (ValueError, TypeError) as e:
-        if ck is None or given:
             raise
         raise CheckpointError(f"{ck.path} records a config vitkit cannot build: {e}") from None
 

@@ -25,8 +25,8 @@ def test_a_tiny_run_writes_the_row_with_its_ratio_and_memory(tmp_path):
 
 
 def test_the_activation_count_grows_by_the_same_amount_per_image():
-    """Counted at 1 and 2 images and at 2 and 4: the same bytes per image (the weights, saved too, are left out,
-    and per-step tensors cancel); without the mask the MAE encoder would keep more than a quarter of them."""
+    """Counted at 1 and 2 images and at 2 and 4: the same bytes per image (the weights, saved too, cancel in the
+    difference, as do other per-step tensors)."""
     cpu = torch.device("cpu")
     for kind in ("cls", "mae"):
         one, two = (mae_speed.activation_mib(kind, "vit_tiny_patch16_224", 224, "fp32", cpu, batch=b) for b in (1, 2))

@@ -98,9 +98,10 @@ def test_rounds_alternate_the_order_of_the_entries():
 
 
 def test_the_memory_probe_counts_the_model_not_the_imports():
-    """In a fresh process (as the bench runs it), vitkit's and timm's ViT-Ti take about the same memory: before the
-    probe imported what building a vitkit model imports (hub and image code) ahead of the measurement, vitkit's
-    figure carried ~60 MiB of modules (117.7 vs 52.7 MiB for this inference step; now 49.3 vs 46.7)."""
+    """In a fresh process (as the bench runs it), vitkit's and timm's ViT-Ti take about the same memory. Before the
+    probe imported what building a vitkit model imports (timm for the pretrained config, and through it torchvision
+    and PIL) ahead of the measurement, vitkit's figure carried ~60 MiB of modules (117.7 vs 52.7 MiB for this
+    inference step; now 49.3 vs 46.7)."""
     cmd = ["--models", "vit_tiny_patch16_224", "--mode", "infer", "--batch-sizes", "2", "--precision", "fp32",
            "--attn-backend", "auto", "--token-merging", "0"]
     mib = {}

@@ -151,8 +151,8 @@ def mem_probe(args) -> None:
     r = args.token_merging[0]
     factory = dict(build_factories(args.models[0], [args._mem_probe], args.attn_backend, r))[args._mem_probe]
     e = Entry(args._mem_probe, args.models[0], args.mode[0], args.batch_sizes[0], factory, token_merging=r)
-    with torch.device("meta"):  # the modules building it imports (vitkit's hub and image code: ~50 MiB) are not
-        factory()               # the model's memory: imported here, before the measurement starts
+    with torch.device("meta"):  # what building it imports is not the model's memory (vitkit reads timm's pretrained
+        factory()               # config, and timm brings torchvision and PIL: ~60 MiB): imported before the count
     Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark (VmHWM) to the current RSS
     before = _proc_status_kib("VmRSS")
     prepare(e, args, device)

@@ -1,4 +1,5 @@
-"""Counting multiply-accumulates with PyTorch's own FLOP counter, on the meta device (no memory, no compute)."""
+"""What a model costs: multiply-accumulates with PyTorch's own FLOP counter, on the meta device (no memory, no
+compute), and the activations a forward keeps for the backward pass."""
 
 from __future__ import annotations
 
@@ -34,3 +35,17 @@ def count_gmacs(model: nn.Module, img_size: int | tuple[int, int] | None = None)
 
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def saved_activations_mib(model: nn.Module, x: torch.Tensor) -> float:
+    """MiB of the distinct tensors autograd keeps for the backward pass of one forward of ``x`` (each storage
+    once; weights saved for their matmuls included: the difference between two batch sizes leaves them out)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+    return sum(seen.values()) / 2**20
