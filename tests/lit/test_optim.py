@@ -39,6 +39,61 @@ def test_layer_decay_scales_lr_from_head_to_embeddings():
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(m.parameters()))
 
 
+
+def test_adamw_is_fused_where_it_can_be_and_updates_as_the_loop_over_weights_does():
+    """The fused kernel is the default (one kernel for every weight); given the same gradients for five steps,
+    with weight decay groups and layer decay, it ends where torch's loop over weights ends. (Each model's own
+    gradients would not do: Adam divides by the root of tiny second moments, so rounding apart grows.)"""
+    torch.manual_seed(0)
+    m = vitkit.create_model("vit_tiny_patch16_224", depth=2, img_size=32, patch_size=8, num_classes=3)
+    twin = vitkit.create_model("vit_tiny_patch16_224", depth=2, img_size=32, patch_size=8, num_classes=3)
+    twin.load_state_dict(m.state_dict())
+    start = {k: v.clone() for k, v in m.state_dict().items()}
+    fused = build_adamw(m, lr=1e-2, weight_decay=0.05, betas=(0.9, 0.95), layer_decay=0.75)
+    loop = build_adamw(twin, lr=1e-2, weight_decay=0.05, betas=(0.9, 0.95), layer_decay=0.75, fused=False)
+    assert all(g["fused"] for g in fused.param_groups) and not any(g["fused"] for g in loop.param_groups)
+    x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 0])
+    for _ in range(5):
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        for a, b in zip(m.parameters(), twin.parameters(), strict=True):
+            b.grad = a.grad.clone()
+        for opt in (fused, loop):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for (k, a), b in zip(m.state_dict().items(), twin.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=k)
+        assert not torch.equal(a, start[k]), f"{k} did not move"
+
+
+@pytest.mark.parametrize("precision,clip,fused", [
+    ("32-true", 1.0, True), ("bf16-mixed", None, True), ("bf16-mixed", 1.0, False), ("16-mixed, scaled", None, False)])
+def test_the_training_module_takes_the_loop_under_a_scaler_or_clipping_in_mixed_precision(precision, clip, fused):
+    """A gradient scaler (fp16 on GPUs; CPU's 16-mixed has none) unscales the gradients before the step, which a
+    fused optimizer does itself; Lightning's mixed precision refuses clipping with one, scaler or not. Elsewhere
+    the fused kernel. Each trains a step as Lightning runs it."""
+    import lightning.pytorch as L
+    from lightning.pytorch.plugins import MixedPrecision
+
+    from vitkit.lit import ImageClassifier
+
+    class Digits(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return torch.randn(3, 32, 32), i % 3
+
+    module = ImageClassifier("vit_tiny_patch16_224", num_classes=3, warmup_epochs=0,
+                             model_overrides={"depth": 1, "img_size": 32, "patch_size": 8})
+    how = ({"plugins": [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))]}
+           if precision.endswith("scaled") else {"precision": precision})
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, gradient_clip_val=clip, max_steps=1, limit_val_batches=0, **how)
+    before = module.model.head.weight.detach().clone()
+    trainer.fit(module, torch.utils.data.DataLoader(Digits(), batch_size=4))
+    assert all(bool(g["fused"]) == fused for g in trainer.optimizers[0].param_groups), precision
+    assert trainer.global_step == 1 and not torch.equal(module.model.head.weight, before)
+
 def test_warmup_then_cosine():
     lrs = [warmup_cosine(s, 10, 110, 0.01) for s in range(110)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)

@@ -104,7 +104,14 @@ def _fsdp2_equals_ddp(ddp_root: Path, fsdp_root: Path) -> dict[str, torch.Tensor
     ddp, fsdp = (torch.load(r / "weights.pt") for r in (ddp_root, fsdp_root))
     assert sorted(ddp) == sorted(fsdp)
     for k in ddp:
-        torch.testing.assert_close(fsdp[k], ddp[k], atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+        a, b = fsdp[k], ddp[k]
+        if k.endswith("attn.qkv.bias"):  # the keys' bias apart: its gradient is zero but for rounding (softmax over
+            # keys ignores a shift that is the same for every key), which AdamW scales up to steps of the LR's size,
+            # so there the two reductions' rounding shows (1e-5 seen, every other weight within 3e-7)
+            (qa, ka, va), (qb, kb, vb) = a.chunk(3), b.chunk(3)
+            torch.testing.assert_close(ka, kb, atol=1e-4, rtol=0, msg=lambda m, k=k: f"{k} (keys): {m}")
+            a, b = torch.cat([qa, va]), torch.cat([qb, vb])
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
     return ddp
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
@@ -156,10 +157,20 @@ class TrainingModule(L.LightningModule):
             opt = build_sgd(self.model, hp.lr, hp.weight_decay, hp.get("momentum", 0.9))
         else:
             opt = build_adamw(self.model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.get("layer_decay"),
-                              eps=hp.get("eps", 1e-8))
+                              eps=hp.get("eps", 1e-8), fused=None if self._may_fuse() else False)
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, scaled_lambda(self.lr_multiplier(), [g["lr_scale"] for g in opt.param_groups]))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def _may_fuse(self) -> bool:
+        """Whether AdamW may be the fused kernel. Not under a gradient scaler (fp16 on GPUs), which must unscale the
+        gradients before the step that a fused optimizer unscales in; not with gradient clipping under Lightning's
+        mixed precision, which refuses such an optimizer then (it cannot tell whether a scaler is at work)."""
+        if self._trainer is None:
+            return True
+        plugin = self.trainer.precision_plugin
+        clipped = bool(self.trainer.gradient_clip_val)
+        return getattr(plugin, "scaler", None) is None and not (clipped and isinstance(plugin, MixedPrecision))
 
     # -- a training step, skipped on every rank together when it must be ---------------------------------------
 
