@@ -29,14 +29,17 @@ def measured_id(nodeid: str) -> str:
     return nodeid
 
 
-def _idle() -> float:
-    """Seconds the machine's CPUs have been idle since boot, summed over CPUs (Linux; 0 elsewhere): the report
-    tells from it how much of the run's CPU time went unused (processes waiting, a worker alone at the end)."""
+def _machine() -> tuple[float, float]:
+    """Seconds the machine's CPUs have been idle, and in the kernel, since boot, summed over CPUs (Linux; 0
+    elsewhere): the report tells from them how much of the run's CPU time went unused (processes waiting, a
+    worker alone at the end) and how much the kernel took (page faults of fresh memory, system calls), the
+    processes the fork server starts included."""
     try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-        return (int(fields[4]) + int(fields[5])) / os.sysconf("SC_CLK_TCK")  # idle + iowait
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+        tick = os.sysconf("SC_CLK_TCK")
+        return (fields[3] + fields[4]) / tick, (fields[2] + fields[5] + fields[6]) / tick  # idle + iowait; system
     except (OSError, ValueError, IndexError):
-        return 0.0
+        return 0.0, 0.0
 
 
 def _cpu() -> tuple[float, float]:
@@ -49,13 +52,13 @@ def pytest_runtest_protocol(item, nextitem):
     if not OUT:
         yield
         return
-    t0, (c0, k0), i0 = time.time(), _cpu(), _idle()
+    t0, (c0, k0), (i0, s0) = time.time(), _cpu(), _machine()
     yield
-    t1, (c1, k1), i1 = time.time(), _cpu(), _idle()
+    t1, (c1, k1), (i1, s1) = time.time(), _cpu(), _machine()
     with open(OUT, "a") as f:
         f.write(json.dumps({"test": measured_id(item.nodeid), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
                             "start": t0, "end": t1, "wall": t1 - t0, "cpu": c1 - c0, "children": k1 - k0,
-                            "idle_start": i0, "idle_end": i1}) + "\n")
+                            "idle_start": i0, "idle_end": i1, "system_start": s0, "system_end": s1}) + "\n")
 
 
 KINDS = [  # (kind, substrings of a test id), the first that matches
@@ -80,6 +83,10 @@ def report(path: str) -> None:
         idle = max(r["idle_end"] for r in rows) - min(r["idle_start"] for r in rows)
         print(f"  the machine's {os.cpu_count()} CPUs idle {idle:.0f} s of {os.cpu_count() * (end - start):.0f} "
               f"({idle / (os.cpu_count() * (end - start)):.0%}; read on the machine that ran it)")
+    if all(r.get("system_end") for r in rows):
+        system = max(r["system_end"] for r in rows) - min(r["system_start"] for r in rows)
+        print(f"  in the kernel {system:.0f} s of {os.cpu_count() * (end - start):.0f} "
+              f"({system / (os.cpu_count() * (end - start)):.0%}: page faults, system calls)")
     by_worker = collections.defaultdict(list)
     for r in rows:
         by_worker[r["worker"]].append(r)
