@@ -85,8 +85,8 @@ def build_adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[f
     """AdamW over :func:`param_groups`. ``fused`` (by default wherever every weight is a floating-point tensor on
     a device with the kernel) updates all weights in one kernel: the same update as the loop over weights that
     is torch's default on CPU, in a fifth of the time there (ViT-B/16: 0.05 against 0.29 s a step on 2 cores).
-    Not with a gradient scaler that unscales outside the step (fp16 mixed precision with clipping): the
-    caller says ``fused=False`` then."""
+    ``fused=False`` gives torch's default, for where Lightning refuses a fused optimizer (the training modules
+    decide: ``_may_fuse``)."""
     groups = param_groups(model, weight_decay, layer_decay)
     for g in groups:
         g.pop("names")
