@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-mem", action="store_true")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    for flag in ("batch_size", "rounds", "iters"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} expects a whole number >= 1, got {getattr(args, flag)}")
     device = torch.device(args.device)
     head = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
             f"{torch.__version__}, device {device}, batch {args.batch_size}, {args.img_size} px, {args.precision}")

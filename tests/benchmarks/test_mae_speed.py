@@ -2,6 +2,7 @@
 
 import sys
 
+import pytest
 import torch
 
 from tests.lit.conftest import ROOT
@@ -33,3 +34,12 @@ def test_the_activation_count_grows_by_the_same_amount_per_image():
     for kind in ("cls", "mae"):
         one, two = (mae_speed.activation_mib(kind, "vit_tiny_patch16_224", 224, "fp32", cpu, batch=b) for b in (1, 2))
         assert abs(one - two) / two < 0.01, (kind, one, two)
+
+
+def test_a_count_below_one_is_one_line(capsys):
+    for flag in ("--rounds", "--iters", "--batch-size"):
+        with pytest.raises(SystemExit) as exit_:
+            mae_speed.main(["--models", "vit_tiny_patch16_224", flag, "0"])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.endswith(f"{flag} expects a whole number >= 1, got 0"), err

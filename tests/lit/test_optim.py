@@ -76,7 +76,7 @@ def test_the_training_module_takes_the_loop_under_a_scaler_or_clipping_in_mixed_
 
     from vitkit.lit import ImageClassifier
 
-    class Digits(torch.utils.data.Dataset):
+    class Noise(torch.utils.data.Dataset):  # four random images, three classes
         def __len__(self):
             return 4
 
@@ -90,7 +90,7 @@ def test_the_training_module_takes_the_loop_under_a_scaler_or_clipping_in_mixed_
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, gradient_clip_val=clip, max_steps=1, limit_val_batches=0, **how)
     before = module.model.head.weight.detach().clone()
-    trainer.fit(module, torch.utils.data.DataLoader(Digits(), batch_size=4))
+    trainer.fit(module, torch.utils.data.DataLoader(Noise(), batch_size=4))
     assert all(bool(g["fused"]) == fused for g in trainer.optimizers[0].param_groups), precision
     assert trainer.global_step == 1 and not torch.equal(module.model.head.weight, before)
 

@@ -92,6 +92,8 @@ def build_adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[f
         g.pop("names")
     if fused is None:
         fused = all(p.device.type in FUSED_DEVICES and p.is_floating_point() for g in groups for p in g["params"])
+    # Not fused means None, not False: torch then picks its own default (foreach on GPUs); an explicit False
+    # would also turn foreach off there.
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
