@@ -196,3 +196,34 @@ def test_bad_input_is_named(tmp_path):
                                        tmp_path / "swin_backbone")
     with pytest.raises(CheckpointError, match="does not fit the model"):
         vitkit.create_mim("vit_tiny_patch16_224", checkpoint=swin_file, **TINY_VIT)
+
+
+@pytest.mark.parametrize("channels,size,title", [(3, 32, "epoch 3: val loss 0.123"), (1, 20, "a title"), (3, 224, "")],
+                         ids=["rgb_digits", "grey_wide_title", "photo_size_untitled"])
+def test_the_reconstruction_grid_holds_each_image_exactly_in_its_row_and_column(channels, size, title, tmp_path):
+    """The picture a pre-training run draws every epoch: originals, masked inputs and reconstructions in rows of
+    cells ``GRID_GAP`` apart at the bottom right, each image scaled by ``cell_scale`` (nearest neighbour), its
+    pixels exact."""
+    import numpy as np
+    from PIL import Image
+
+    from vitkit.tools.plots import GRID_GAP, cell_scale, reconstruction_grid
+
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.rand(3, channels, size, size, generator=g) for _ in range(3)]
+    title = title and title * (4 if size == 20 else 1)  # wider than the cells too
+    with Image.open(reconstruction_grid(*rows, tmp_path / "sub" / "grid.png", title)) as im:
+        assert im.format == "PNG" and im.mode == "RGB"
+        picture = np.asarray(im)
+    s = cell_scale(size, size)
+    assert s == (5 if size == 20 else 3 if size == 32 else 1) and size * s >= 96
+    step = size * s + GRID_GAP
+    top, left = picture.shape[0] - 3 * step, picture.shape[1] - 3 * step
+    assert top >= (20 if title else GRID_GAP) and left >= 60  # room for the title and the row names
+    for r, images in enumerate(rows):
+        for i, image in enumerate(images):
+            expected = (image * 255).round().to(torch.uint8).expand(3, -1, -1)
+            expected = expected.repeat_interleave(s, 1).repeat_interleave(s, 2).permute(1, 2, 0).numpy()
+            cell = picture[top + r * step:top + r * step + size * s, left + i * step:left + i * step + size * s]
+            assert np.array_equal(cell, expected), (r, i)
+    assert (picture[:top] == 255).all() == (not title)  # the title is written above the cells

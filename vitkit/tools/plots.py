@@ -1,7 +1,8 @@
 """Pictures: attention maps over an image, training curves from a CSV log, position-embedding similarity,
 masked-image-modeling reconstructions.
 
-Each function writes one PNG with matplotlib's Agg backend (no display needed) and returns its path.
+Each function writes one PNG and returns its path: matplotlib's Agg backend (no display needed) draws the
+figures, Pillow the reconstruction grid, which a pre-training run draws every epoch.
 """
 
 from __future__ import annotations
@@ -128,29 +129,52 @@ def pos_embed_similarity(models: dict[str, nn.Module], path: str | Path, rows: i
 def reconstruction_grid(originals: Tensor, masked: Tensor, reconstructions: Tensor, path: str | Path,
                         title: str = "") -> Path:
     """Masked image modeling at a glance: a column per image, its original, masked input and reconstruction in
-    rows; each (B, C, H, W) in [0, 1]."""
-    plt = _plt()
+    rows; each (B, C, H, W) in [0, 1]. Drawn as one mosaic (Pillow, not a figure: a training run draws it every
+    epoch, and 24 matplotlib panels took 0.65 s against the digits recipe's 2.4 s epoch): the cells fill the
+    bottom right, ``GRID_GAP`` px apart after each, every image scaled by the whole factor ``cell_scale``
+    (nearest neighbour, at least 96 px a side); the rows are named on the left, the title above."""
+    from PIL import Image, ImageDraw, ImageFont
+
     rows = (("original", originals), ("masked", masked), ("reconstruction", reconstructions))
-    n = originals.shape[0]
-    fig, axes = plt.subplots(3, n, figsize=(1.4 * n + 1.2, 4.6), squeeze=False)
-    for r, (name, images) in enumerate(rows):
-        for i in range(n):
-            ax = axes[r][i]
-            img = images[i].permute(1, 2, 0).numpy()
-            ax.imshow(img[..., 0] if img.shape[-1] == 1 else img, cmap="gray" if img.shape[-1] == 1 else None,
-                      vmin=0, vmax=1, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if i == 0:
-                ax.set_ylabel(name, fontsize=9)
+    n, c, h, w = originals.shape
+    scale = cell_scale(h, w)
+    try:
+        font = ImageFont.load_default(12)
+    except TypeError:  # Pillow before 10.1: its one bitmap font
+        font = ImageFont.load_default()
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+
+    def size(text: str) -> tuple[int, int]:
+        x0, y0, x1, y1 = measure.textbbox((0, 0), text, font=font)
+        return int(x1 - x0), int(y1 - y0)
+
+    cw, ch = w * scale + GRID_GAP, h * scale + GRID_GAP
+    left = max(max(size(name)[0] for name, _ in rows) + 3 * GRID_GAP, size(title)[0] + 2 * GRID_GAP - n * cw)
+    top = size(title)[1] + 3 * GRID_GAP if title else GRID_GAP
+    canvas = Image.new("RGB", (left + n * cw, top + 3 * ch), "white")
+    draw = ImageDraw.Draw(canvas)
     if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+        draw.text(((canvas.width - size(title)[0]) // 2, GRID_GAP), title, fill="black", font=font)
+    for r, (name, images) in enumerate(rows):
+        y = top + r * ch
+        draw.text((GRID_GAP, y + (h * scale - size(name)[1]) // 2), name, fill="black", font=font)
+        pixels = (images.float().clamp(0, 1) * 255).round().to(torch.uint8).expand(-1, 3 if c == 1 else c, -1, -1)
+        pixels = pixels[:, :3].repeat_interleave(scale, 2).repeat_interleave(scale, 3).permute(0, 2, 3, 1).numpy()
+        for i in range(n):
+            canvas.paste(Image.fromarray(pixels[i]), (left + i * cw, y))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    canvas.save(path, format="PNG")
     return path
+
+
+GRID_GAP = 4  # px between the cells of a reconstruction grid
+
+
+def cell_scale(h: int, w: int) -> int:
+    """The whole factor a reconstruction grid draws an ``h`` x ``w`` image at: the least that makes it 96 px a
+    side or more (1 for images already that large)."""
+    return max(1, -(-96 // min(h, w)))
 
 
 @torch.no_grad()
