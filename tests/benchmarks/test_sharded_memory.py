@@ -2,17 +2,17 @@
 most 0.55x of what a DDP rank holds."""
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
+
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_fsdp2_ranks_hold_half_of_what_ddp_ranks_hold(tmp_path):
     out = tmp_path / "mem.csv"
-    run = subprocess.run([sys.executable, "benchmarks/sharded_memory.py", "--models", "vit_tiny_patch16_224",
-                          "--img-size", "32", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=280)
+    run = forkserver.run(["benchmarks/sharded_memory.py", "--models", "vit_tiny_patch16_224", "--img-size", "32",
+                          "--out", str(out)], cwd=ROOT, timeout=280)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = list(csv.DictReader(out.open()))
     assert [(r["strategy"], r["rank"]) for r in rows] == [("ddp", "0"), ("ddp", "1"), ("fsdp2", "0"), ("fsdp2", "1")]
