@@ -6,8 +6,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests import forkserver
 from vitkit.data.shards import MARKER, prepare_data, read_dataset_info
 
 from .conftest import N_TRAIN, N_VAL, PROBES, TINY_VIT, run_in_repo
@@ -91,10 +90,8 @@ def test_prepare_data_killed_mid_split_resumes_to_the_same_dataset(tmp_path):
     Image.new("RGB", (8000, 8000), (10, 20, 30)).save(big)
     for k in (1, 2):
         shutil.copyfile(big, root / f"train/c1/zz{k}.png")
-    cmd = [sys.executable, "-m", "vitkit.cli", "prepare-data", str(root), str(tmp_path / "out"), "--workers", "1",
-           "--chunk-bytes", "4KB"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = forkserver.popen(["-m", "vitkit.cli", "prepare-data", str(root), str(tmp_path / "out"), "--workers", "1",
+                             "--chunk-bytes", "4KB"], cwd=tmp_path, new_group=True)  # its own process group
     deadline = time.time() + 120
     while len(list((tmp_path / "out/train").glob("chunk-*.bin"))) < 5 and time.time() < deadline:
         time.sleep(0.01)
