@@ -126,6 +126,15 @@ def pos_embed_similarity(models: dict[str, nn.Module], path: str | Path, rows: i
     return Path(path)
 
 
+GRID_GAP = 4  # px between the cells of a reconstruction grid
+
+
+def cell_scale(h: int, w: int) -> int:
+    """The whole factor a reconstruction grid draws an ``h`` x ``w`` image at: the least that makes it 96 px a
+    side or more (1 for images already that large)."""
+    return max(1, -(-96 // min(h, w)))
+
+
 def reconstruction_grid(originals: Tensor, masked: Tensor, reconstructions: Tensor, path: str | Path,
                         title: str = "") -> Path:
     """Masked image modeling at a glance: a column per image, its original, masked input and reconstruction in
@@ -166,15 +175,6 @@ def reconstruction_grid(originals: Tensor, masked: Tensor, reconstructions: Tens
     path.parent.mkdir(parents=True, exist_ok=True)
     canvas.save(path, format="PNG")
     return path
-
-
-GRID_GAP = 4  # px between the cells of a reconstruction grid
-
-
-def cell_scale(h: int, w: int) -> int:
-    """The whole factor a reconstruction grid draws an ``h`` x ``w`` image at: the least that makes it 96 px a
-    side or more (1 for images already that large)."""
-    return max(1, -(-96 // min(h, w)))
 
 
 @torch.no_grad()
