@@ -167,8 +167,9 @@ def reconstruction_grid(originals: Tensor, masked: Tensor, reconstructions: Tens
     for r, (name, images) in enumerate(rows):
         y = top + r * ch
         draw.text((GRID_GAP, y + (h * scale - size(name)[1]) // 2), name, fill="black", font=font)
-        pixels = (images.float().clamp(0, 1) * 255).round().to(torch.uint8).expand(-1, 3 if c == 1 else c, -1, -1)
-        pixels = pixels[:, :3].repeat_interleave(scale, 2).repeat_interleave(scale, 3).permute(0, 2, 3, 1).numpy()
+        images = images.expand(-1, 3, -1, -1) if c == 1 else images[:, :3]  # grey drawn as RGB
+        pixels = (images.float().clamp(0, 1) * 255).round().to(torch.uint8)
+        pixels = pixels.repeat_interleave(scale, 2).repeat_interleave(scale, 3).permute(0, 2, 3, 1).numpy()
         for i in range(n):
             canvas.paste(Image.fromarray(pixels[i]), (left + i * cw, y))
     path = Path(path)
