@@ -118,9 +118,10 @@ class PatchMerging(nn.Module):
             odd = H % 2 == 1 or W % 2 == 1
         else:  # traced (fx, export): pad always, a no-op when the sizes are even
             odd = tracing(x) or is_symbolic(H, W) or H % 2 == 1 or W % 2 == 1
-        if odd:
-            x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
-            H, W = H + H % 2, W + W % 2
+        if odd:  # to even sizes, written as whole pairs: a traced size stays one short expression
+            He, We = (H + 1) // 2 * 2, (W + 1) // 2 * 2
+            x = F.pad(x, (0, 0, 0, We - W, 0, He - H))
+            H, W = He, We
         # (B, H/2, W/2, 4C); the four neighbours in timm's order (0,0), (1,0), (0,1), (1,1)
         return x.reshape(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)
 
@@ -303,8 +304,9 @@ class SwinTransformer(nn.Module):
                 return self._embed_configured(x)
             p = self.patch_size
             check_image(x, self.in_chans, None, "SwinTransformer")
-            if is_symbolic(x.shape[-2], x.shape[-1]) or x.shape[-2] % p or x.shape[-1] % p:
-                x = F.pad(x, (0, (p - x.shape[-1] % p) % p, 0, (p - x.shape[-2] % p) % p))
+            H, W = x.shape[-2:]
+            if is_symbolic(H, W) or H % p or W % p:  # to whole patches (as a multiple: see PatchMerging.merge)
+                x = F.pad(x, (0, (W + p - 1) // p * p - W, 0, (H + p - 1) // p * p - H))
             return self.patch_embed(x)
 
     def _embed_configured(self, x: Tensor) -> Tensor:
