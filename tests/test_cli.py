@@ -45,6 +45,20 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and "attention-map" in out.stdout
 
 
+def test_help_and_recipes_answer_without_importing_torch():
+    """The first commands a newcomer types answer at once: torch (2 s to import, 4 s with the rest of vitkit) is
+    imported by the commands that need it, and `import vitkit` gives its names when first used."""
+    code = ("import sys\nfrom vitkit.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "assert main(['recipes']) == 0\nassert 'torch' not in sys.modules, 'torch was imported'\n"
+            "import vitkit\nassert 'torch' not in sys.modules\nassert callable(vitkit.create_model) and 'torch' in "
+            "sys.modules\nassert vitkit.models.list_models('vit_tiny_*') == vitkit.list_models('vit_tiny_*')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "attention-map" in out.stdout and "vit_tiny_digits" in out.stdout
+    with pytest.raises(AttributeError, match="module 'vitkit' has no attribute 'no_such_name'"):
+        vitkit.no_such_name  # noqa: B018
+
+
 def test_predict_prints_topk_class_names(exports, tmp_path, capsys):
     a, b = _png(tmp_path / "a.png"), _png(tmp_path / "b.png", seed=1)
     (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")

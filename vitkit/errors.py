@@ -12,9 +12,6 @@ import os
 from pathlib import Path
 from types import TracebackType
 
-from .checkpoints.files import CheckpointError
-from .checkpoints.hub import MissingWeightsError
-
 PACKAGE_DIR = str(Path(__file__).resolve().parent)  # vitkit/
 TRACEBACK_FLAG, TRACEBACK_ENV = "--traceback", "VITKIT_TRACEBACK"
 
@@ -29,6 +26,10 @@ def user_error(e: BaseException | None) -> BaseException | None:
     """The error vitkit raised about the user's input inside ``e``, following what it was raised from (jsonargparse
     wraps whatever a class raises while it is built in a "Does not validate against any of the Union subtypes"
     error); None when ``e`` is not about such input."""
+    # imported here, not at the top: they load torch, which `vitkit --help` does without
+    from .checkpoints.files import CheckpointError
+    from .checkpoints.hub import MissingWeightsError
+
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))

@@ -253,7 +253,8 @@ def few_shot_folder(tmp_path_factory) -> Path:
 
 def fine_tune_args(root: Path, data: Path, *extra: str) -> list[str]:
     return ["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(root), "--trainer.max_epochs", "10",
-            "--trainer.check_val_every_n_epoch", "10", "--model.warmup_epochs", "0", "--model.lr", "2e-3", "--model.layer_decay", "0.65", *extra,
+            "--trainer.check_val_every_n_epoch", "10", "--model.warmup_epochs", "0", "--model.lr", "2e-3",
+            "--model.layer_decay", "0.65", *extra,
             "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(data), "--data.img_size", "40",
             "--data.batch_size", "3", "--data.num_workers", "0", "--data.auto_augment", "null", "--data.re_prob", "0",
             "--data.scale", "[0.8, 1.0]", "--data.hflip", "0"]
