@@ -155,7 +155,7 @@ def test_a_distilled_student_predicts_exports_and_evaluates_with_its_heads_avera
         feats = student.forward_features(x)
         cls, dist = student.head(feats[:, 0]), student.head_dist(feats[:, 1])
         assert_close(student(x), (cls + dist) / 2)
-        export_onnx(student, tmp_path / "student.onnx")
+        export_onnx(student, tmp_path / "student.onnx", dynamic_size=False)  # the heads are what is checked
         assert_close(torch.from_numpy(OnnxModel(tmp_path / "student.onnx")(x)), student(x), atol=1e-4, rtol=1e-4)
 
 
