@@ -37,6 +37,13 @@ def tracing(x: Tensor) -> bool:
     return isinstance(x, torch.fx.Proxy)
 
 
+def pad_to_multiple(x: Tensor, H: int, W: int, p: int) -> Tensor:
+    """``x`` (..., H, W) zero-padded at the bottom and right to multiples of ``p``. The padded size is written as a
+    multiple, (H + p - 1) // p * p: a size traced by torch.export stays one short expression (the remainder form
+    nests a Mod per stage), and no operand is negative (ONNX truncates)."""
+    return F.pad(x, (0, (W + p - 1) // p * p - W, 0, (H + p - 1) // p * p - H))
+
+
 POOLS = ("avg", "max", "avgmax", "")  # "": no pooling, the head sees the (B, H, W, C) map
 
 
@@ -118,7 +125,7 @@ class PatchMerging(nn.Module):
             odd = H % 2 == 1 or W % 2 == 1
         else:  # traced (fx, export): pad always, a no-op when the sizes are even
             odd = tracing(x) or is_symbolic(H, W) or H % 2 == 1 or W % 2 == 1
-        if odd:  # to even sizes, written as whole pairs: a traced size stays one short expression
+        if odd:  # to even sizes, written as whole pairs (see pad_to_multiple)
             He, We = (H + 1) // 2 * 2, (W + 1) // 2 * 2
             x = F.pad(x, (0, 0, 0, We - W, 0, He - H))
             H, W = He, We
@@ -305,8 +312,8 @@ class SwinTransformer(nn.Module):
             p = self.patch_size
             check_image(x, self.in_chans, None, "SwinTransformer")
             H, W = x.shape[-2:]
-            if is_symbolic(H, W) or H % p or W % p:  # to whole patches (as a multiple: see PatchMerging.merge)
-                x = F.pad(x, (0, (W + p - 1) // p * p - W, 0, (H + p - 1) // p * p - H))
+            if is_symbolic(H, W) or H % p or W % p:
+                x = pad_to_multiple(x, H, W, p)
             return self.patch_embed(x)
 
     def _embed_configured(self, x: Tensor) -> Tensor:
@@ -314,7 +321,7 @@ class SwinTransformer(nn.Module):
         p = self.patch_size
         check_image(x, self.in_chans, self.img_size, "SwinTransformer")
         H, W = self.img_size
-        return self.patch_embed(F.pad(x, (0, (p - W % p) % p, 0, (p - H % p) % p)) if H % p or W % p else x)
+        return self.patch_embed(pad_to_multiple(x, H, W, p) if H % p or W % p else x)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) of any size -> final map (B, H/32, W/32, C)."""
