@@ -31,6 +31,14 @@ from tests.timing import measured_id  # noqa: E402
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" in os.environ:  # torch may predate the variable
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# torch writes TORCHINDUCTOR_CACHE_DIR into the environment when torch._inductor.config is first imported (its
+# default, or the value made absolute). Settled here, before any test runs: where a fork server
+# (tests/forkserver.py) had started before that import, the changed environment made every later process a fresh
+# interpreter (seen with tests/test_cli.py run alone under a plugin that imported it first).
+from torch._inductor.runtime.cache_dir_utils import cache_dir  # noqa: E402
+
+cache_dir()
+
 # Property tests: a few dozen examples each, the same ones on every run in CI (derandomized), many more on
 # demand with `pytest -m fuzz` (or `make fuzz`); `--hypothesis-seed N` draws another set locally.
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)

@@ -1,6 +1,7 @@
 """A prepared interpreter for the processes the tests start: torch, Lightning and vitkit imported once, then one
 ``fork`` per process instead of a fresh interpreter that imports them again (about 6 s of CPU each, most of it
-in torchmetrics, which Lightning imports).
+in torchmetrics, which Lightning imports). A process that is to import vitkit from elsewhere (the installed
+wheel) asks for a server that imported the libraries alone (``preload="libraries"``).
 
 :func:`popen` takes what ``subprocess.Popen`` takes for ``python ARGS`` (a script, ``-m module`` or ``-c code``)
 and returns an object with Popen's ``pid``, ``poll``, ``wait``, ``communicate``, ``send_signal``, ``kill`` and
@@ -30,7 +31,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRELOAD = ["torch", "lightning.pytorch", "timm", "vitkit", "vitkit.lit", "vitkit.lit.streaming"]
+# What a server imports before it forks: "vitkit" for the processes of the source tree; "libraries" (vitkit's
+# dependencies alone) for a process that imports vitkit from elsewhere, as the installed wheel's tests do.
+PRELOADS = {"vitkit": ["torch", "lightning.pytorch", "timm", "vitkit", "vitkit.lit", "vitkit.lit.streaming"],
+            "libraries": ["torch", "lightning.pytorch", "timm"]}
 IMPORT_TIME = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED",
                "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONSAFEPATH", "PYTHONNOUSERSITE")
 DISABLED = os.environ.get("VITKIT_TEST_FORKSERVER", "1") == "0"  # 0: every process a fresh interpreter
@@ -55,6 +59,8 @@ def _child(request: dict, inherited: list[int]) -> None:
             pass
     if request.get("new_group"):
         os.setpgid(0, 0)
+    if sys.path and sys.path[0] == str(Path(__file__).resolve().parent):  # the server's own folder: not a child's
+        del sys.path[0]
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
@@ -102,11 +108,11 @@ def _child(request: dict, inherited: list[int]) -> None:
         os._exit(code)
 
 
-def serve(address: str) -> None:
+def serve(address: str, preload: str) -> None:
     """Import, then fork one child per request; report each child's exit status to the request's connection."""
     import importlib
 
-    for module in PRELOAD:
+    for module in PRELOADS[preload]:
         importlib.import_module(module)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(address)
@@ -155,31 +161,39 @@ def serve(address: str) -> None:
 # -- the client -------------------------------------------------------------------------------------------------
 
 class _Server:
-    """The server of this test process, started on first use and stopped at exit."""
+    """A server of this test process (one per preload), started on first use and stopped at exit."""
 
     _lock = threading.Lock()
-    _instance: _Server | None = None
+    _instances: dict[str, _Server] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, preload: str) -> None:
         self.dir = tempfile.mkdtemp(prefix="vitkit-fork-")
         self.address = os.path.join(self.dir, "socket")
         self.env = dict(os.environ)
-        self.proc = subprocess.Popen([sys.executable, __file__, self.address], cwd=ROOT, stdout=subprocess.PIPE,
-                                     text=True)
+        self.proc = subprocess.Popen([sys.executable, __file__, self.address, preload], cwd=ROOT,
+                                     stdout=subprocess.PIPE, text=True)
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the test fork server did not start")
 
     @classmethod
-    def get(cls) -> _Server:
+    def get(cls, preload: str) -> _Server:
         with cls._lock:
-            if cls._instance is None or cls._instance.proc.poll() is not None:
-                cls._instance = cls()
-            return cls._instance
+            server = cls._instances.get(preload)
+            if server is None or server.proc.poll() is not None:
+                server = cls._instances[preload] = cls(preload)
+            return server
+
+    @classmethod
+    def env_of(cls, preload: str) -> dict:
+        """The environment the server of ``preload`` imported under (this process's own before it starts)."""
+        server = cls._instances.get(preload)
+        return server.env if server is not None else dict(os.environ)
 
     @classmethod
     def stop(cls) -> None:
-        if cls._instance is not None and cls._instance.proc.poll() is None:
-            cls._instance.proc.kill()
+        for server in cls._instances.values():
+            if server.proc.poll() is None:
+                server.proc.kill()
 
 
 atexit.register(_Server.stop)
@@ -188,8 +202,8 @@ atexit.register(_Server.stop)
 class ForkedProcess:
     """What ``subprocess.Popen`` gives, for a child of the fork server."""
 
-    def __init__(self, args: list[str], env: dict, cwd: str, text: bool, new_group: bool) -> None:
-        server = _Server.get()
+    def __init__(self, args: list[str], env: dict, cwd: str, text: bool, new_group: bool, preload: str) -> None:
+        server = _Server.get(preload)
         self.args, self.text, self.returncode = args, text, None
         fd, self._out = tempfile.mkstemp(dir=server.dir, suffix=".out")
         os.close(fd)
@@ -255,22 +269,23 @@ class ForkedProcess:
 
 
 def popen(args: list[str], env: dict | None = None, cwd: str | os.PathLike | None = None, text: bool = True,
-          new_group: bool = False):
-    """``python ARGS`` as a forked child of the prepared interpreter, or as a fresh interpreter where an
-    import-time setting differs (see the module docstring); stdout and stderr are captured."""
+          new_group: bool = False, preload: str = "vitkit"):
+    """``python ARGS`` as a forked child of the prepared interpreter that imported ``PRELOADS[preload]``, or as a
+    fresh interpreter where an import-time setting differs (see the module docstring); stdout and stderr are
+    captured."""
     env = dict(os.environ if env is None else env)
     cwd = str(cwd or ROOT)
-    if DISABLED or _import_time_env(env) != _import_time_env(_Server.get().env if _Server._instance else os.environ):
+    if DISABLED or _import_time_env(env) != _import_time_env(_Server.env_of(preload)):
         return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=text, start_new_session=new_group)
-    return ForkedProcess(list(args), env, cwd, text, new_group)
+    return ForkedProcess(list(args), env, cwd, text, new_group, preload)
 
 
 def run(args: list[str], env: dict | None = None, cwd: str | os.PathLike | None = None,
-        timeout: float | None = None, text: bool = True) -> subprocess.CompletedProcess:
+        timeout: float | None = None, text: bool = True, preload: str = "vitkit") -> subprocess.CompletedProcess:
     """``subprocess.run([python, *args], capture_output=True)``, through :func:`popen`; on a timeout the process
     is killed and ``subprocess.TimeoutExpired`` raised, as subprocess.run does."""
-    proc = popen(args, env, cwd, text)
+    proc = popen(args, env, cwd, text, preload=preload)
     try:
         out, err = proc.communicate(timeout)
     except subprocess.TimeoutExpired:
@@ -281,4 +296,4 @@ def run(args: list[str], env: dict | None = None, cwd: str | os.PathLike | None 
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], sys.argv[2])

@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 import vitkit
+from tests import forkserver
 from vitkit.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,8 +168,12 @@ def _from_wheel(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProces
     code = ("import sys, vitkit; assert 'site' in vitkit.__file__, vitkit.__file__; "
             + ("from vitkit.demo import main; main(sys.argv[2:])" if args[0] == "demo" else
                "from vitkit.cli import main; sys.exit(main(sys.argv[1:]))"))
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env={**os.environ, "PYTHONPATH": str(site)},
-                          capture_output=True, text=True, timeout=300)
+    # a fork of an interpreter that imported vitkit's libraries but not vitkit, which the child imports from `site`
+    proc = forkserver.popen(["-c", code, *args], cwd=cwd, env={**os.environ, "PYTHONPATH": str(site)},
+                            preload="libraries")
+    assert forkserver.DISABLED or isinstance(proc, forkserver.ForkedProcess), type(proc)
+    out, err = proc.communicate(timeout=300)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 TINY = '{"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}'

@@ -1,0 +1,34 @@
+"""The tests' prepared interpreter (tests/forkserver.py): a process the tests start is a fork of it, also after
+torch has compiled in the test process, and it runs as ``python ARGS`` would, with the environment, folder and
+path it was given."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import forkserver
+
+CODE = ("import json, os, sys; print(json.dumps(dict(cwd=os.getcwd(), marker=os.environ.get('MARKER'), "
+        "argv=sys.argv, path=sys.path, vitkit='vitkit' in sys.modules, lightning='lightning' in sys.modules)))")
+TESTS = str(Path(forkserver.__file__).resolve().parent)
+
+
+@pytest.mark.skipif(forkserver.DISABLED, reason="VITKIT_TEST_FORKSERVER=0: every process a fresh interpreter")
+def test_a_process_is_forked_after_torch_compiled_and_runs_as_python_would(tmp_path):
+    """The server that imported vitkit (most tests' processes); the one that did not is the installed wheel's
+    (tests/test_cli.py, whose processes assert that vitkit came from the wheel)."""
+    forkserver.run(["-c", "pass"], timeout=120)  # the server runs (it may have started with an earlier test)
+    torch.compile(lambda x: x * 2, backend="inductor")(torch.ones(3))  # torch writes its compile cache's folder
+    proc = forkserver.popen(["-c", CODE, "a", "b"], env={**os.environ, "MARKER": "m", "PYTHONPATH": str(tmp_path)},
+                            cwd=tmp_path)
+    assert isinstance(proc, forkserver.ForkedProcess), type(proc)  # not a fresh interpreter
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    got = json.loads(out)
+    assert got["cwd"] == str(tmp_path) and got["marker"] == "m" and got["argv"] == ["-c", "a", "b"]
+    assert got["path"][:2] == [str(tmp_path), str(tmp_path)], got["path"]  # PYTHONPATH, then the folder
+    assert TESTS not in got["path"], got["path"]  # the server's own folder is not the child's
+    assert got["vitkit"] and got["lightning"], got
