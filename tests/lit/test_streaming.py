@@ -18,7 +18,7 @@ from PIL import Image
 from tests import forkserver
 from vitkit.data.shards import MARKER, prepare_data, read_dataset_info
 
-from .conftest import N_TRAIN, N_VAL, PROBES, TINY_VIT, run_in_repo
+from .conftest import N_TRAIN, N_VAL, PROBES, TINY_VIT, launch, run_in_repo
 
 
 def test_conversion_keeps_the_original_bytes_labels_and_names_and_leaves_out_bad_files(id_folder, shards):
@@ -162,11 +162,15 @@ def test_streaming_module_transforms_and_normalises_as_image_folder(id_folder, s
 
 
 def _fit(root: Path, shards: Path, *extra: str, devices: int = 1, timeout: int = 300):
+    """The training command on one process, or on ``devices`` processes started as a launcher starts them (each
+    rank a child of the tests' prepared interpreter): their CompletedProcess, or a list of them."""
     args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
             "--trainer.devices", str(devices), "--trainer.default_root_dir", str(root), "--trainer.logger", "false",
             "--trainer.enable_progress_bar", "false", "--trainer.limit_val_batches", "0",  # training alone
             "--data", "vitkit.lit.StreamingImageDataModule", "--data.root", str(shards), "--data.img_size", "16",
             "--data.batch_size", "4", "--data.num_workers", "2", *extra]
+    if devices > 1:
+        return launch(args, 1, devices, env=PROBES, timeout=timeout)
     return run_in_repo(args, env=PROBES, timeout=timeout)
 
 
@@ -183,9 +187,10 @@ def test_two_ddp_ranks_with_workers_read_every_sample_once_per_epoch_also_across
     for run in ("killed", "resumed"):
         (tmp_path / run).mkdir()
     killed = _fit(tmp_path, shards, *args, str(tmp_path / "killed"), *kill, devices=2)
-    assert killed.returncode != 0
+    assert [rank.returncode for rank in killed] == [-signal.SIGKILL] * 2, [r.stderr[-2000:] for r in killed]
     resumed = _fit(tmp_path, shards, *args, str(tmp_path / "resumed"), "--ckpt_path", "last", devices=2)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    for rank in resumed:
+        assert rank.returncode == 0, rank.stderr[-3000:]
 
     def batches(run: str, rank: int) -> dict[tuple[int, int], list[int]]:
         out: dict[tuple[int, int], list[int]] = {}
