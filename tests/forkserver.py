@@ -32,16 +32,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # What a server imports before it forks: "vitkit" for the processes of the source tree; "libraries" (vitkit's
-# dependencies alone) for a process that imports vitkit from elsewhere, as the installed wheel's tests do.
+# dependencies alone) for a process that imports vitkit from elsewhere, as the installed wheel's tests do; "torch"
+# alone for a process that must import the rest itself (the Hugging Face hub's settings in its environment, which
+# huggingface_hub reads when imported, or a check of what importing vitkit imports).
 PRELOADS = {"vitkit": ["torch", "lightning.pytorch", "timm", "vitkit", "vitkit.lit", "vitkit.lit.streaming"],
-            "libraries": ["torch", "lightning.pytorch", "timm"]}
+            "libraries": ["torch", "lightning.pytorch", "timm"], "torch": ["torch"]}
 IMPORT_TIME = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED",
                "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONSAFEPATH", "PYTHONNOUSERSITE")
 DISABLED = os.environ.get("VITKIT_TEST_FORKSERVER", "1") == "0"  # 0: every process a fresh interpreter
 
 
-def _import_time_env(env: dict) -> dict:
-    return {k: v for k, v in env.items() if k in IMPORT_TIME or k.startswith(("TORCHINDUCTOR_", "TORCH_", "HF_"))}
+def _import_time_env(env: dict, preload: str) -> dict:
+    """The variables of ``env`` that the imports of ``PRELOADS[preload]`` read (huggingface_hub's only where the
+    server imports it: through Lightning and timm)."""
+    prefixes = ("TORCHINDUCTOR_", "TORCH_") if preload == "torch" else ("TORCHINDUCTOR_", "TORCH_", "HF_")
+    return {k: v for k, v in env.items() if k in IMPORT_TIME or k.startswith(prefixes)}
 
 
 # -- the server -------------------------------------------------------------------------------------------------
@@ -275,7 +280,7 @@ def popen(args: list[str], env: dict | None = None, cwd: str | os.PathLike | Non
     captured."""
     env = dict(os.environ if env is None else env)
     cwd = str(cwd or ROOT)
-    if DISABLED or _import_time_env(env) != _import_time_env(_Server.env_of(preload)):
+    if DISABLED or _import_time_env(env, preload) != _import_time_env(_Server.env_of(preload), preload):
         return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=text, start_new_session=new_group)
     return ForkedProcess(list(args), env, cwd, text, new_group, preload)

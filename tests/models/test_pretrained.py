@@ -5,7 +5,6 @@ that wrote them read the same cache and must give the same logits, with no netwo
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from vitkit.checkpoints.formats import to_vitkit
 from vitkit.checkpoints.hub import MissingWeightsError
 from vitkit.models.config import pair
 
+from .. import forkserver
 from ..hub_cache import FakeHub, cache_weights, use_offline_cache, write_hub_repo
 from ..inits import skipped_inits
 from ..test_checkpoints import _randomize
@@ -273,8 +273,10 @@ def test_local_dir_plain_path_and_hf_hub_repo(tmp_path, hf_cache, no_network):
 
 
 def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vitkit.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, cwd=env.get("CWD", str(REPO)), timeout=240)
+    """``python -m vitkit.cli ARGS`` with the hub's settings in its environment: forked from an interpreter that
+    imported torch alone, so that huggingface_hub reads them as it does in a user's shell."""
+    return forkserver.run(["-m", "vitkit.cli", *args], env={**os.environ, **env}, cwd=env.get("CWD", str(REPO)),
+                          timeout=240, preload="torch")
 
 
 def test_cli_predict_by_tag_prints_label_names_and_download_reports_the_cache(tmp_path):
