@@ -1,7 +1,8 @@
 """A prepared interpreter for the processes the tests start: torch, Lightning and vitkit imported once, then one
 ``fork`` per process instead of a fresh interpreter that imports them again (about 6 s of CPU each, most of it
 in torchmetrics, which Lightning imports). A process that is to import vitkit from elsewhere (the installed
-wheel) asks for a server that imported the libraries alone (``preload="libraries"``).
+wheel) asks for a server that imported the libraries alone (``preload="libraries"``), one that is to import
+huggingface_hub under settings of its own for a server that imported torch alone (``preload="torch"``).
 
 :func:`popen` takes what ``subprocess.Popen`` takes for ``python ARGS`` (a script, ``-m module`` or ``-c code``)
 and returns an object with Popen's ``pid``, ``poll``, ``wait``, ``communicate``, ``send_signal``, ``kill`` and
