@@ -30,24 +30,34 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
-# What a server imports before it forks: "vitkit" for the processes of the source tree; "libraries" (vitkit's
-# dependencies alone) for a process that imports vitkit from elsewhere, as the installed wheel's tests do; "torch"
-# alone for a process that must import the rest itself (the Hugging Face hub's settings in its environment, which
-# huggingface_hub reads when imported, or a check of what importing vitkit imports).
-PRELOADS = {"vitkit": ["torch", "lightning.pytorch", "timm", "vitkit", "vitkit.lit", "vitkit.lit.streaming"],
-            "libraries": ["torch", "lightning.pytorch", "timm"], "torch": ["torch"]}
 IMPORT_TIME = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTHONHASHSEED",
                "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONSAFEPATH", "PYTHONNOUSERSITE")
+TORCH_READS = ("TORCHINDUCTOR_", "TORCH_")
+
+
+class Preload(NamedTuple):
+    modules: list[str]  # what the server imports before it forks
+    reads: tuple[str, ...]  # the prefixes of the variables those imports read, besides IMPORT_TIME
+
+
+# "vitkit" for the processes of the source tree; "libraries" (vitkit's dependencies alone) for a process that
+# imports vitkit from elsewhere, as the installed wheel's tests do; "torch" alone for a process that must import the
+# rest itself (the Hugging Face hub's settings in its environment, which huggingface_hub, imported by Lightning and
+# timm, reads when imported; or a check of what importing vitkit imports).
+PRELOADS = {"vitkit": Preload(["torch", "lightning.pytorch", "timm", "vitkit", "vitkit.lit", "vitkit.lit.streaming"],
+                              TORCH_READS + ("HF_",)),
+            "libraries": Preload(["torch", "lightning.pytorch", "timm"], TORCH_READS + ("HF_",)),
+            "torch": Preload(["torch"], TORCH_READS)}
 DISABLED = os.environ.get("VITKIT_TEST_FORKSERVER", "1") == "0"  # 0: every process a fresh interpreter
 
 
 def _import_time_env(env: dict, preload: str) -> dict:
-    """The variables of ``env`` that the imports of ``PRELOADS[preload]`` read (huggingface_hub's only where the
-    server imports it: through Lightning and timm)."""
-    prefixes = ("TORCHINDUCTOR_", "TORCH_") if preload == "torch" else ("TORCHINDUCTOR_", "TORCH_", "HF_")
-    return {k: v for k, v in env.items() if k in IMPORT_TIME or k.startswith(prefixes)}
+    """The variables of ``env`` that the imports of ``PRELOADS[preload]`` read at import."""
+    reads = PRELOADS[preload].reads
+    return {k: v for k, v in env.items() if k in IMPORT_TIME or k.startswith(reads)}
 
 
 # -- the server -------------------------------------------------------------------------------------------------
@@ -118,7 +128,7 @@ def serve(address: str, preload: str) -> None:
     """Import, then fork one child per request; report each child's exit status to the request's connection."""
     import importlib
 
-    for module in PRELOADS[preload]:
+    for module in PRELOADS[preload].modules:
         importlib.import_module(module)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(address)
@@ -276,9 +286,9 @@ class ForkedProcess:
 
 def popen(args: list[str], env: dict | None = None, cwd: str | os.PathLike | None = None, text: bool = True,
           new_group: bool = False, preload: str = "vitkit"):
-    """``python ARGS`` as a forked child of the prepared interpreter that imported ``PRELOADS[preload]``, or as a
-    fresh interpreter where an import-time setting differs (see the module docstring); stdout and stderr are
-    captured."""
+    """``python ARGS`` as a forked child of the prepared interpreter that imported the modules of
+    ``PRELOADS[preload]``, or as a fresh interpreter where an import-time setting differs (see the module
+    docstring); stdout and stderr are captured."""
     env = dict(os.environ if env is None else env)
     cwd = str(cwd or ROOT)
     if DISABLED or _import_time_env(env, preload) != _import_time_env(_Server.env_of(preload), preload):

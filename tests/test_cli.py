@@ -169,11 +169,8 @@ def _from_wheel(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProces
             + ("from vitkit.demo import main; main(sys.argv[2:])" if args[0] == "demo" else
                "from vitkit.cli import main; sys.exit(main(sys.argv[1:]))"))
     # a fork of an interpreter that imported vitkit's libraries but not vitkit, which the child imports from `site`
-    proc = forkserver.popen(["-c", code, *args], cwd=cwd, env={**os.environ, "PYTHONPATH": str(site)},
-                            preload="libraries")
-    assert forkserver.DISABLED or isinstance(proc, forkserver.ForkedProcess), type(proc)
-    out, err = proc.communicate(timeout=300)
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+    return forkserver.run(["-c", code, *args], cwd=cwd, env={**os.environ, "PYTHONPATH": str(site)}, timeout=300,
+                          preload="libraries")
 
 
 TINY = '{"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}'
