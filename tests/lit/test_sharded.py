@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import PROBES, TINY_VIT, run_in_repo, run_in_turn
+from .conftest import PROBES, TINY_VIT, launch, run_in_turn
 
 TINY_SWIN = '{"embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "window_size": 4, "patch_size": 2}'
 RECIPE = ["--trainer.accumulate_grad_batches", "2", "--trainer.gradient_clip_val", "0.5",
@@ -128,12 +128,12 @@ def test_fsdp2_trains_as_ddp_does_with_the_whole_recipe_on(runs, family):
 def test_a_model_parallel_strategy_without_sharding_is_refused(tmp_path):
     """Lightning's ModelParallelStrategy with a module whose configure_model shards nothing: the ranks would
     train apart, so the run stops before the first step and names the unsharded parameters."""
-    script = tmp_path / "unsharded.py"  # a file: Lightning starts the second rank by running it again
+    script = tmp_path / "unsharded.py"
     script.write_text(_UNSHARDED.format(root=str(tmp_path)))
-    out = run_in_repo([str(script)], env=PROBES, timeout=300)
-    assert out.returncode != 0
-    assert "20 trainable parameter(s) are not sharded (first: cls_token)" in out.stderr
-    assert "gradients would not be synchronised" in out.stderr
+    for rank in launch([str(script)], 1, 2, env=PROBES):  # both ranks started as a launcher does: each refuses
+        assert rank.returncode != 0
+        assert "20 trainable parameter(s) are not sharded (first: cls_token)" in rank.stderr
+        assert "gradients would not be synchronised" in rank.stderr
 
 
 _UNSHARDED = """
