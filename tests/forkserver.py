@@ -39,7 +39,7 @@ TORCH_READS = ("TORCHINDUCTOR_", "TORCH_")
 
 
 class Preload(NamedTuple):
-    modules: list[str]  # what the server imports before it forks
+    modules: tuple[str, ...]  # what the server imports before it forks
     reads: tuple[str, ...]  # the prefixes of the variables those imports read, besides IMPORT_TIME
 
 
@@ -47,10 +47,10 @@ class Preload(NamedTuple):
 # imports vitkit from elsewhere, as the installed wheel's tests do; "torch" alone for a process that must import the
 # rest itself (the Hugging Face hub's settings in its environment, which huggingface_hub, imported by Lightning and
 # timm, reads when imported; or a check of what importing vitkit imports).
-PRELOADS = {"vitkit": Preload(["torch", "lightning.pytorch", "timm", "vitkit", "vitkit.lit", "vitkit.lit.streaming"],
+PRELOADS = {"vitkit": Preload(("torch", "lightning.pytorch", "timm", "vitkit", "vitkit.lit", "vitkit.lit.streaming"),
                               TORCH_READS + ("HF_",)),
-            "libraries": Preload(["torch", "lightning.pytorch", "timm"], TORCH_READS + ("HF_",)),
-            "torch": Preload(["torch"], TORCH_READS)}
+            "libraries": Preload(("torch", "lightning.pytorch", "timm"), TORCH_READS + ("HF_",)),
+            "torch": Preload(("torch",), TORCH_READS)}
 DISABLED = os.environ.get("VITKIT_TEST_FORKSERVER", "1") == "0"  # 0: every process a fresh interpreter
 
 

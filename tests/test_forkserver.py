@@ -18,8 +18,9 @@ TESTS = str(Path(forkserver.__file__).resolve().parent)
 
 @pytest.mark.skipif(forkserver.DISABLED, reason="VITKIT_TEST_FORKSERVER=0: every process a fresh interpreter")
 def test_a_process_is_forked_after_torch_compiled_and_runs_as_python_would(tmp_path):
-    """The server that imported vitkit (most tests' processes); the one that did not is the installed wheel's
-    (tests/test_cli.py, whose processes assert that vitkit came from the wheel)."""
+    """The server that imported vitkit (most tests' processes). The other two are checked by their users: the
+    installed wheel's, which did not import vitkit (tests/test_cli.py, whose processes assert that vitkit came from
+    the wheel), and the one with torch alone (tests/models/test_pretrained.py, test_vit.py)."""
     forkserver.run(["-c", "pass"], timeout=120)  # the server runs (it may have started with an earlier test)
     torch.compile(lambda x: x * 2, backend="inductor")(torch.ones(3))  # torch writes its compile cache's folder
     proc = forkserver.popen(["-c", CODE, "a", "b"], env={**os.environ, "MARKER": "m", "PYTHONPATH": str(tmp_path)},
