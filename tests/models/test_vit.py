@@ -8,7 +8,7 @@ from torch.testing import assert_close
 import vitkit
 from tests import forkserver
 from tests.backends import compiled_training_step_matches_eager, needs_flex
-from tests.inits import skipped_inits
+from tests.inits import reference_model, skipped_inits
 from vitkit.checkpoints.formats import to_vitkit
 from vitkit.layers import resample_abs_pos_embed, sincos_2d
 from vitkit.models import VIT_PRESETS
@@ -21,7 +21,7 @@ LARGE = ["vit_base_patch16_224", "vit_base_patch32_224", "vit_base_patch16_384",
 
 
 def _pair(name: str, **kw):
-    theirs = timm.create_model(name, pretrained=False, **kw).eval()
+    theirs = reference_model(timm.create_model, name, pretrained=False, **kw).eval()
     with skipped_inits():  # every parameter and buffer it saves is timm's next (a strict load)
         ours = vitkit.create_model(name, **kw).eval()
     ours.load_state_dict(to_vitkit(theirs.state_dict())[0], strict=True)  # timm's Eva names two things otherwise
