@@ -47,8 +47,8 @@ class Preload(NamedTuple):
 # imports vitkit from elsewhere, as the installed wheel's tests do; "torch" alone for a process that must import the
 # rest itself (the Hugging Face hub's settings in its environment, which huggingface_hub, imported by Lightning and
 # timm, reads when imported; or a check of what importing vitkit imports).
-# scikit-learn's digits and split, which the digits data modules import when they set up: a training child read them
-# in about 1 s of CPU of its own.
+# scikit-learn's digits and split, which the digits data modules import when they set up: a training child imported
+# them in about 1 s of CPU of its own.
 DIGITS = ("sklearn.datasets", "sklearn.model_selection")
 PRELOADS = {"vitkit": Preload(("torch", "lightning.pytorch", "timm", *DIGITS, "vitkit", "vitkit.lit",
                                "vitkit.lit.streaming"), TORCH_READS + ("HF_", "SKLEARN_")),

@@ -55,7 +55,8 @@ def _nan_linear(self) -> None:
 def reference_model(build, *args, **kwargs) -> torch.nn.Module:
     """``build(*args, **kwargs)`` (``timm.create_model``, a torchvision builder) with its library's initialisation
     drawn faster (see above). A Linear the library leaves at PyTorch's default draw (still not a number: the fill
-    is whole, so its first element tells) is given that draw afterwards."""
+    is whole, so its first element tells) is given that draw afterwards; a bias left beside a drawn weight is an
+    error."""
     import timm.layers.weight_init as timm_init
 
     with contextlib.ExitStack() as stack:
@@ -64,10 +65,10 @@ def reference_model(build, *args, **kwargs) -> torch.nn.Module:
             stack.enter_context(mock.patch.object(owner, name, _fast_trunc_normal(getattr(owner, name))))
         stack.enter_context(mock.patch.object(torch.nn.Linear, "reset_parameters", _nan_linear))
         model = build(*args, **kwargs)
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear) and m.weight.numel() and m.weight.view(-1)[0].isnan():
+    for name, m in model.named_modules():
+        if not isinstance(m, torch.nn.Linear) or not m.weight.numel():
+            continue
+        if m.weight.view(-1)[0].isnan():
             m.reset_parameters()
-        elif isinstance(m, torch.nn.Linear) and m.bias is not None and m.bias.numel() and m.bias[0].isnan():
-            with torch.no_grad():  # the weight drawn, the bias left: PyTorch's default draw of a bias
-                m.bias.uniform_(-m.in_features ** -0.5, m.in_features ** -0.5)
+        assert m.bias is None or not m.bias.numel() or not m.bias[0].isnan(), f"{name}: weight drawn, bias left"
     return model
