@@ -228,6 +228,18 @@ def test_the_command_lines_model_arguments_are_told_from_the_rest():
     assert given_model_args(args) == {"lr", "ema_decay", "model_overrides"}
 
 
+def test_a_command_builds_the_parser_of_its_subcommand_and_help_lists_all_four(tmp_path, capsys):
+    """``fit ...`` builds fit's parser alone (each subcommand's is the trainer's, the module's and the data's
+    arguments over again); ``--help`` still lists all four."""
+    config = str(ROOT / "configs/vit_tiny_digits.yaml")
+    fit = cli_main(["fit", "--config", config, *_cpu(tmp_path), "--model.model_overrides", TINY_VIT,
+                    "--trainer.fast_dev_run", "true"])
+    assert list(fit._subcommand_parsers) == ["fit"] and fit.trainer.state.finished
+    with pytest.raises(SystemExit):
+        cli_main(["--help"])
+    assert "{fit,validate,test,predict}" in capsys.readouterr().out
+
+
 def test_token_merging_validates_in_the_classifier_as_the_bench_curve_measures_it(digits_run, tmp_path):
     """The bench's token-merging curve on the digits checkpoint: unmerged, its top-1 is Lightning's validation
     top-1 of the same weights; merged (r=16: the 64 patches halved by the last block), the classifier's validation
