@@ -150,7 +150,9 @@ class VitkitCLI(LightningCLI):
             args = with_recipes(take_traceback_flag(args))
         given = sys.argv[1:] if args is None else args
         self._model_args_given = given_model_args(given)
-        self._asked = given[0] if given else None
+        # the subcommand whose parser alone is built; all four where parser_kwargs set one of them apart
+        per_subcommand = set(kwargs.get("parser_kwargs") or {}) & set(LightningCLI.subcommands())
+        self._asked = given[0] if given and not per_subcommand else None
         super().__init__(L.LightningModule, None, subclass_mode_model=True, subclass_mode_data=True,
                          trainer_defaults={"callbacks": [TrainingCurves()]}, args=args, run=run, **kwargs)
 
