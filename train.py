@@ -1,8 +1,8 @@
 """Train, validate, test or predict with LightningCLI, e.g.
 
-    python train.py fit --config configs/vit_tiny_digits.yaml
-    python train.py fit --config configs/deit_small_in1k.yaml --data.root /data/imagenet
-    python train.py fit --config configs/vit_tiny_digits.yaml --ckpt_path last      # resume
+    python train.py fit -c vit_tiny_digits
+    python train.py fit -c deit_small_in1k --data.root /data/imagenet
+    python train.py fit -c vit_tiny_digits --ckpt_path last      # resume
 """
 
 from vitkit.lit.lightning_cli import cli_main

@@ -1,7 +1,7 @@
 """Which attention path wins on this machine: PyTorch's SDPA kernel or vitkit's explicit path, for the shapes of
 ViT-B/16, ViT-S/16 and Swin-T, in float32 and bf16, for inference and for a training step (forward + backward);
-and whether ``attn_backend="auto"`` picks the winner here. Run it on any CPU (or GPU) to check the rule that
-``vitkit/layers/attention.py`` states:
+and whether ``attn_backend="auto"`` (which times both paths at the first call of each kind, ``layers/autotune.py``)
+picks the winner here. Run it on any CPU (or GPU):
 
     python benchmarks/attention_paths.py                  # prints a table; --out FILE.md writes it too
 
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
+from vitkit.layers import autotune
 from vitkit.layers.attention import attention
-from vitkit.layers.kernels import auto_backend, cpu_has_amx, cpu_has_bf16_matmul
+from vitkit.layers.kernels import cpu_has_amx, cpu_has_bf16_matmul
 
 
 @dataclass
@@ -86,10 +87,10 @@ def measure(c: Case, dtype: torch.dtype, train: bool, rounds: int, iters: int, d
                 steps[b]()
             times[b].append((time.perf_counter() - t0) / iters)
     med = {b: statistics.median(t) for b, t in times.items()}
-    _, (q, _, _), _, bias, _ = inputs(c, dtype, train, device)
-    with torch.set_grad_enabled(train):
-        picked = auto_backend(q, bias is not None and train)
-    return med | {"auto": picked}
+    autotune.reset()
+    timer(c, "auto", dtype, train, device)()  # the first call of its kind: auto times both paths and keeps one
+    picked = set(autotune.choices().values()) or {"sdpa"}  # off the CPU nothing is timed: the kernel
+    return med | {"auto": picked.pop()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ The builder sits above the preset table (``vitkit.models.registry``, names only)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
@@ -15,11 +16,14 @@ from torch import nn
 from .checkpoints import hub
 from .checkpoints.adapt import classifier_names
 from .checkpoints.files import WEIGHT_SUFFIXES, CheckpointError
-from .checkpoints.load import Checkpoint, load_checkpoint, load_heads, read_checkpoint
+from .checkpoints.load import Checkpoint, CheckpointMismatchError, load_checkpoint, load_heads, read_checkpoint
+from .checkpoints.match import fitting_presets
 from .models.config import pair
 from .models.features import FeatureNet, default_out_indices
 from .models.mim import MAEConfig, MaskedAutoencoder, SimMIM, SimMIMConfig
 from .models.registry import check_fields, find
+
+log = logging.getLogger(__name__)
 
 
 def preset_of(name: str) -> str:
@@ -172,10 +176,7 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
     ck = None
     if plan.checkpoint is not None:
         ck = plan.checkpoint if isinstance(plan.checkpoint, Checkpoint) else read_checkpoint(plan.checkpoint, use_ema)
-        plan.name = plan.name or ck.model_name
-        if plan.name is None:
-            raise CheckpointError(f"{plan.checkpoint} does not record which model it holds ({ck.format} format); "
-                             "pass the preset name, e.g. create_model('vit_base_patch16_224', checkpoint=...)")
+        plan.name = plan.name or ck.model_name or matched_preset(ck)
         plan.overrides = {**_checked_record(ck, plan.name, plan.overrides), **plan.overrides}
     if plan.name is None:
         raise TypeError("create_model needs a preset name (or a checkpoint that records one)")
@@ -183,7 +184,15 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
     model.name = plan.name
     model.class_names = plan.label_names
     if ck is not None:
-        model.load_report = load_checkpoint(model, ck, strict=strict)
+        try:
+            model.load_report = load_checkpoint(model, ck, strict=strict)
+        except CheckpointMismatchError as e:
+            if ck.model_name == plan.name:
+                raise
+            fits = ", ".join(fitting_presets(ck)[:6]) or "none"  # the caller's preset, for a file of another or none
+            why = e.report.first_difference()
+            raise CheckpointMismatchError(f"{ck.path} does not fit the model {plan.name} ({why}); presets its shapes "
+                                          f"fit: {fits}\n{e.report}", e.report) from None
         model.class_names = ck.class_names or plan.label_names
     if model.class_names is not None and len(model.class_names) != getattr(model.cfg, "num_classes", None):
         model.class_names = None  # a new head: the weights' labels no longer apply
@@ -219,6 +228,31 @@ def _features(model: nn.Module, out_indices: int | tuple[int, ...] | None, outpu
     net = wrapper(model, out_indices=taken, output_fmt=fmt, **feature_cfg)
     net.pretrained_cfg = net.default_cfg = getattr(model, "pretrained_cfg", None)
     return net
+
+
+def matched_preset(ck: Checkpoint) -> str:
+    """The preset a checkpoint that records none fits by its shapes (the first of :func:`fitting_presets`); the
+    choice and the others that fit are logged."""
+    fits = fitting_presets(ck)
+    if not fits:
+        raise CheckpointError(f"{ck.path} does not record which model it holds ({ck.format} format) and fits no "
+                              "preset's shapes; pass the preset name, e.g. create_model('vit_base_patch16_224', "
+                              "checkpoint=...), to see what differs")
+    others = f" (also fit: {', '.join(fits[1:6])}; name one to choose it)" if len(fits) > 1 else ""
+    log.info("%s records no model: %s, the preset its shapes fit%s", ck.path, fits[0], others)
+    return fits[0]
+
+
+def checkpoint_preset(path: str | os.PathLike) -> tuple[str | None, str]:
+    """The preset of a weights file or folder, and how it was found: the one it records ("recorded"), or the one
+    its shapes fit ("matched to its shapes", with the others that fit); None where no preset fits."""
+    ck = read_checkpoint(path)
+    if ck.model_name is not None:
+        return ck.model_name, "recorded in the file"
+    fits = fitting_presets(ck)
+    if not fits:
+        return None, "no preset fits its shapes"
+    return fits[0], "matched to its shapes" + (f"; also fit: {', '.join(fits[1:6])}" if fits[1:] else "")
 
 
 def _is_path(name: str) -> bool:

@@ -31,10 +31,10 @@ OVERRIDES = "config fields as JSON, for files that do not record them, e.g. '{\"
 
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand; bad input ends it with one ``error:`` line and exit status 1 (``vitkit/errors.py``)."""
-    from .errors import one_line, take_traceback_flag, user_error, wants_traceback
+    from .errors import one_line, take_traceback_flag, take_verbose_flag, user_error, wants_traceback
 
     from_shell = argv is None
-    argv = take_traceback_flag(list(sys.argv[1:] if argv is None else argv))
+    argv = take_verbose_flag(take_traceback_flag(list(sys.argv[1:] if argv is None else argv)))
     try:
         return _run(argv, from_shell)
     except Exception as e:
@@ -79,6 +79,8 @@ def parser() -> argparse.ArgumentParser:
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 1)[1])
     p.add_argument("--traceback", action="store_true", help="show the traceback of an error instead of its one line "
                                                              "(or set VITKIT_TRACEBACK=1)")
+    p.add_argument("--verbose", action="store_true", help="show vitkit's DEBUG log: the paths of skipped unreadable "
+                                                           "files, the attention path each kind of call runs")
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     sub.add_parser("train", help="LightningCLI, the same as `python train.py ...`")
     sub.add_parser("bench", help="img/s, GMACs, MFU and memory beside timm and torchvision (see `vitkit bench --help`)")

@@ -64,7 +64,7 @@ def _require_classifier(net: torch.nn.Module, source: str) -> None:
             f"holds no classifier for the {net.cfg.num_classes} classes asked for (new, untrained: "
             f"{', '.join(report.new_head)})")
         raise SystemExit(f"error: {source} {what}: it is a backbone, so there are no classes to predict. Fine-tune "
-                         "it first, e.g. `vitkit train fit --config configs/vit_base_finetune.yaml --model.model_name "
+                         "it first, e.g. `vitkit train fit -c vit_base_finetune --model.model_name "
                          f"{net.name} --model.pretrained false --model.checkpoint {source} --data.root DATA`, then "
                          "use the checkpoint that writes")
 
@@ -89,7 +89,7 @@ def _refuse_an_embedding(net: torch.nn.Module, tag: str | None, checkpoint: str 
     raise SystemExit(f"error: {what} is CLIP's image tower: its {net.cfg.num_classes} outputs are its image "
                      "embedding (the projection into CLIP's image-text space), not classes. "
                      + (f"Take a fine-tuned tag ({', '.join(tuned)}), or fine-tune" if tuned else "Fine-tune")
-                     + f" it: `vitkit train fit --config configs/vit_base_clip_finetune.yaml {source} "
+                     + f" it: `vitkit train fit -c vit_base_clip_finetune {source} "
                      "--data.root DATA`")
 
 
@@ -138,6 +138,9 @@ def _onnx_classifier(path: str):
 def predict(args: argparse.Namespace) -> int:
     import torch
 
+    if args.topk < 1:
+        raise SystemExit(f"error: --topk expects a whole number of classes of 1 or more, got {args.topk}")
+
     if args.onnx and args.token_merging:
         raise SystemExit("error: --token-merging applies to PyTorch models; an ONNX file merges tokens as it was "
                          "exported (vitkit export --token-merging R)")
@@ -157,8 +160,8 @@ def predict(args: argparse.Namespace) -> int:
     for path in args.images:
         try:
             p = probabilities(path)
-        except SystemExit as e:
-            print(f"{path}: error: {e}", file=sys.stderr)
+        except SystemExit as e:  # its message says "error: ..." already
+            print(f"{path}: {e}", file=sys.stderr)
             failed += 1
             continue
         if len(names) < len(p):
@@ -174,6 +177,11 @@ def export(args: argparse.Namespace) -> int:
     import vitkit
     from vitkit.tools.export import ExportError, export_onnx, export_program
 
+    if args.output:  # before the model is built: a folder on the way that is a file
+        parent = Path(args.output).parent
+        blocking = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            raise SystemExit(f"error: -o {args.output}: {blocking} is a file, not a folder")
     overrides = _overrides(args.overrides)
     if args.img_size:
         overrides["img_size"] = args.img_size[0] if len(args.img_size) == 1 else tuple(args.img_size)
@@ -337,6 +345,21 @@ def attention_map(args: argparse.Namespace) -> int:
     return 0
 
 
+def _described(model) -> str:
+    """A model's preset and the sizes it changed (``vit_tiny_patch16_224, patch 4, 32 px``): a preset name alone
+    would name the preset's own patch and image size."""
+    import dataclasses
+
+    from vitkit.models.registry import preset_config
+
+    cfg, preset = dataclasses.asdict(model.cfg), dataclasses.asdict(preset_config(model.name))
+    shown = {"patch_size": "patch {}", "img_size": "{} px", "embed_dim": "width {}", "depth": "depth {}",
+             "depths": "depths {}", "window_size": "window {}"}
+    changed = [form.format(cfg[k] if not isinstance(cfg[k], (list, tuple)) or len(set(cfg[k])) > 1 else cfg[k][0])
+               for k, form in shown.items() if k in cfg and cfg[k] != preset[k]]
+    return ", ".join([model.name, *changed])
+
+
 def reconstruct(args: argparse.Namespace) -> int:
     """A masked-image model's original / masked / reconstruction grid for image files."""
     import torch
@@ -352,7 +375,7 @@ def reconstruct(args: argparse.Namespace) -> int:
     x = torch.cat([_image(path, cfg)[0] for path in args.images])
     torch.manual_seed(args.seed)
     print(draw_reconstructions(net, x, None, cfg.mean, cfg.std, args.output,
-                               f"{net.cfg.__class__.__name__.removesuffix('Config')}: {net.name}"))
+                               f"{net.cfg.__class__.__name__.removesuffix('Config')}: {_described(net.encoder)}"))
     return 0
 
 

@@ -8,12 +8,14 @@ in vitkit's code. Anything else is a fault to report, and keeps its traceback.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from types import TracebackType
 
 PACKAGE_DIR = str(Path(__file__).resolve().parent)  # vitkit/
 TRACEBACK_FLAG, TRACEBACK_ENV = "--traceback", "VITKIT_TRACEBACK"
+VERBOSE_FLAG = "--verbose"
 
 
 def _raised_by_vitkit(tb: TracebackType | None) -> bool:
@@ -57,3 +59,16 @@ def take_traceback_flag(argv: list[str]) -> list[str]:
     if TRACEBACK_FLAG in argv:
         os.environ[TRACEBACK_ENV] = "1"
     return [a for a in argv if a != TRACEBACK_FLAG]
+
+
+def take_verbose_flag(argv: list[str]) -> list[str]:
+    """``argv`` without ``--verbose``; given, vitkit's own log shows its DEBUG lines (the paths of skipped files,
+    the attention path each kind of call runs), in this process and the loader workers it forks."""
+    if VERBOSE_FLAG in argv:
+        logger = logging.getLogger("vitkit")
+        logger.setLevel(logging.DEBUG)
+        if not logger.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+            logger.addHandler(handler)
+    return [a for a in argv if a != VERBOSE_FLAG]

@@ -46,3 +46,18 @@ def test_posterize_at_full_magnitude_keeps_one_bit():
     posterize[0].op.prob = 1.0
     img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8))
     assert set(np.unique(np.asarray(posterize[0](img)))) <= {0, 128}
+
+
+def test_the_default_augmentation_suits_the_image_size_and_given_fields_win():
+    """Left to the size (``"auto"``, or None where None is no value of the field): timm's ImageNet pipeline from
+    64 px up; below, a crop of 80 % or more and no flip, RandAugment, jitter or erasing. A given value always wins,
+    None included (off)."""
+    from vitkit.data.transforms import IMAGENET_AUGMENT, SMALL_AUGMENT, default_augment
+
+    assert default_augment(224) == IMAGENET_AUGMENT and default_augment((64, 96)) == IMAGENET_AUGMENT
+    assert default_augment(28) == SMALL_AUGMENT == default_augment((32, 128))
+    assert default_augment(28, hflip=0.5, auto_augment="rand-m5")["hflip"] == 0.5
+    assert default_augment(28, auto_augment="rand-m5")["auto_augment"] == "rand-m5"
+    assert default_augment(224, auto_augment=None, color_jitter=None)["auto_augment"] is None
+    assert default_augment(224, color_jitter=None)["color_jitter"] is None
+    assert default_augment(224, scale=(0.5, 1.0), re_prob=None)["scale"] == (0.5, 1.0)

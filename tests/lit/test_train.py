@@ -296,7 +296,9 @@ def test_data_modules_give_classes_before_setup(image_folder):
     dm.setup()
     x, y = dm.train_set[0]
     assert x.shape == (3, 32, 32) and y == 0
-    assert json.dumps(dm.hparams["scale"]) == "[0.08, 1.0]"
+    assert json.dumps(dm.hparams["scale"]) == "null"  # left to the image size: a 32 px image gets a mild crop alone
+    assert dm.augmentation() == {"auto_augment": None, "re_prob": 0.0, "scale": (0.8, 1.0), "hflip": 0.0,
+                                 "color_jitter": None}
 
 
 @pytest.mark.parametrize("form", ["--config=", "-c", "two"])

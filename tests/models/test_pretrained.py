@@ -306,7 +306,7 @@ def test_cli_predict_refuses_a_clip_tower_whose_outputs_are_an_embedding(hf_cach
     cache_weights(hf_cache, tag, _randomize(timm.create_model(tag.split(".")[0], num_classes=512, depth=1)), tmp_path)
     Image.new("RGB", (64, 64), (200, 120, 40)).save(tmp_path / "img.png")
     with pytest.raises(SystemExit, match=r"is CLIP's image tower: its 512 outputs are its image embedding .* Fine-tune "
-                       r"it: `vitkit train fit --config configs/vit_base_clip_finetune.yaml"):
+                       r"it: `vitkit train fit -c vit_base_clip_finetune"):
         main(["predict", str(tmp_path / "img.png"), "--model", tag, "--overrides", '{"depth": 1}'])
 
 

@@ -22,7 +22,12 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointMismatchError(CheckpointError):
-    """Under ``strict=True``, the checkpoint's keys or shapes do not fit the model (the message lists all)."""
+    """Under ``strict=True``, the checkpoint's keys or shapes do not fit the model (the message lists all; ``report``
+    is the :class:`LoadReport`)."""
+
+    def __init__(self, message: str, report: LoadReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
 
 
 @dataclass
@@ -66,6 +71,16 @@ class LoadReport:
     @property
     def ok(self) -> bool:
         return not (self.missing or self.unexpected or self.mismatched)
+
+    def first_difference(self) -> str:
+        """The first thing that does not fit, in one phrase: a shape, then a tensor the model lacks, then one the
+        checkpoint lacks ('' when everything fits)."""
+        if self.mismatched:  # the patch embedding's first: its width and patch size decide the rest
+            k, c, m = min(self.mismatched, key=lambda t: (not t[0].startswith("patch_embed."), "weight" not in t[0]))
+            return f"{k}: checkpoint {c} vs model {m}"
+        if self.unexpected:
+            return f"{self.unexpected[0]} is in the checkpoint, not in the model"
+        return f"{self.missing[0]} is in the model, not in the checkpoint" if self.missing else ""
 
     def __str__(self) -> str:
         def listing(title: str, items: list[str]) -> list[str]:
@@ -155,9 +170,23 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint
 
     Position embeddings, relative-position tables, the first conv and the classifier are adapted when
     the model's resolution, window, input channels or class count differ (the report lists each). Any
-    other difference raises :class:`CheckpointMismatchError` under ``strict``; otherwise what fits is
-    loaded and the rest is reported."""
+    other difference raises :class:`CheckpointMismatchError` under ``strict`` (its first line names the first
+    difference); otherwise what fits is loaded and the rest is reported."""
     ck = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint, use_ema)
+    sd, report = fit(model, ck)
+    if strict and not report.ok:
+        raise CheckpointMismatchError(f"the checkpoint does not fit {report.model} ({report.first_difference()}; "
+                                      f"strict=True):\n{report}", report)
+    target = model.state_dict()
+    bad = {k for k, _, _ in report.mismatched}
+    model.load_state_dict({k: v for k, v in sd.items() if k in target and k not in bad}, strict=False)
+    log.info("%s", report)
+    return report
+
+
+def fit(model: nn.Module, ck: Checkpoint) -> tuple[dict[str, Tensor], LoadReport]:
+    """How ``ck`` fits ``model`` (which may live on the meta device): its state dict adapted to the model, and the
+    report of what would load; nothing is loaded."""
     sd, adapted = adapt(ck.state_dict, model)
     target = model.state_dict()
     fresh = {k for k in ck.state_dict if k in target and k not in sd}  # classifier re-initialised by adapt
@@ -171,12 +200,7 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint
                         mismatched=[(k, tuple(v.shape), tuple(target[k].shape)) for k, v in sd.items()
                                     if k in target and v.shape != target[k].shape],
                         new_head=sorted(fresh))
-    if strict and not report.ok:
-        raise CheckpointMismatchError(f"the checkpoint does not fit the model (strict=True):\n{report}")
-    bad = {k for k, _, _ in report.mismatched}
-    model.load_state_dict({k: v for k, v in sd.items() if k in target and k not in bad}, strict=False)
-    log.info("%s", report)
-    return report
+    return sd, report
 
 
 def load_heads(model: nn.Module, ck: Checkpoint) -> LoadReport:

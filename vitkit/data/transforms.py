@@ -18,6 +18,20 @@ from ..models.config import IMAGENET, pair
 # The train-augmentation arguments of the image data modules, passed to ``train_transform`` as they are.
 TRAIN_AUGMENT = ("auto_augment", "re_prob", "scale", "hflip", "color_jitter")
 
+SMALL_IMAGE = 64  # px: below it (digits, icons, CIFAR-sized images) the default augmentation is a mild crop alone
+IMAGENET_AUGMENT = {"auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.25, "scale": (0.08, 1.0), "hflip": 0.5,
+                    "color_jitter": 0.4}
+SMALL_AUGMENT = {"auto_augment": None, "re_prob": 0.0, "scale": (0.8, 1.0), "hflip": 0.0, "color_jitter": None}
+
+
+def default_augment(img_size: int | tuple[int, int], **given) -> dict:
+    """The train augmentation for images of ``img_size``, where ``given`` leaves a field to the size ("auto", or
+    None for scale, hflip and re_prob): timm's ImageNet pipeline from ``SMALL_IMAGE`` px up; below it a crop of 80 %
+    of the image or more and nothing else (an 8 % crop, a flip or RandAugment destroys a 28 px digit)."""
+    base = SMALL_AUGMENT if min(pair(img_size)) < SMALL_IMAGE else IMAGENET_AUGMENT
+    auto = {"auto_augment": "auto", "color_jitter": "auto"}  # None is a value of these two: off
+    return {k: base[k] if given.get(k, auto.get(k)) == auto.get(k) else given[k] for k in TRAIN_AUGMENT}
+
 
 def eval_transform(cfg) -> nn.Module:
     """Resize to img_size / crop_pct, center-crop img_size, to tensor, normalise with the model's mean/std."""

@@ -11,8 +11,8 @@ Inputs may carry extra leading group axes, ``x: (B, G, N, C)``, folded into the 
 q, k and v stay views of the fused projection.
 
 Backends (a config field stored on the module, never an environment variable):
-    ``auto``  the default: on CPU ``sdpa`` or ``math`` by a rule measured per CPU family (``kernels.auto_backend``:
-              static, the same in every process); ``sdpa`` elsewhere.
+    ``auto``  the default: on CPU ``sdpa`` or ``math``, whichever the first call of each kind measured faster here
+              (``autotune``; a traced graph follows ``kernels.static_backend``); ``sdpa`` elsewhere.
     ``sdpa``  always F.scaled_dot_product_attention. With no float mask it can reach FlashAttention on GPU; a float
               mask (bias, or merged masks) rules flash out, and the memory-efficient and cuDNN kernels remain.
     ``math``  explicit softmax(q·kᵀ/√d + mask)·v: the reference tests compare against, the only path that returns
@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .kernels import _compiled_flex, _warn_flex_fallback, _warn_flex_unsupported, auto_backend, flex_runs_on_cpu
+from . import autotune
+from .kernels import _compiled_flex, _warn_flex_fallback, _warn_flex_unsupported, flex_runs_on_cpu
 from .masks import causal, fold, merge
 from .pos_embed import apply_rope
 
@@ -177,7 +178,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | N
     if not torch.jit.is_scripting():
         call = _Call(bias, attn_mask, key_padding_mask, is_causal, mask, keep, B, G, N, M, dropout_p, scale)
         learned_bias = bias is not None and bias.requires_grad and torch.is_grad_enabled()
-        return BACKENDS[_backend_for(backend, q, return_attn, learned_bias)](q, k, v, call)
+        return BACKENDS[_backend_for(backend, q, k, v, call, return_attn, learned_bias)](q, k, v, call)
     # TorchScript: the same two paths without the Python table (auto and flex, torch.compile's: sdpa here)
     if return_attn or backend == "math":
         o, p = math_attention(q, k, v, mask, keep, is_causal, B, scale, dropout_p)
@@ -188,19 +189,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, lead: list[int], bias: Tensor | N
 torch.fx.wrap("attention"), torch.fx.wrap("apply_rope")  # apply_rope: its layout follows the tables' width
 
 
-def _backend_for(backend: str, q: Tensor, return_attn: bool, learned_bias: bool = False) -> str:
-    """The backend that runs: the module's, what ``auto`` picks here, or ``sdpa`` where flex cannot run (see the
-    module docstring)."""
+def _backend_for(backend: str, q: Tensor, k: Tensor, v: Tensor, call: _Call, return_attn: bool,
+                 learned_bias: bool) -> str:
+    """The backend that runs: the module's, ``auto`` resolved, or ``sdpa`` where flex cannot (module docstring)."""
     if return_attn:
         return "math"
-    cpu = q.device.type == "cpu"
-    if backend == "flex" and cpu and torch.is_grad_enabled() and q.requires_grad:
-        _warn_flex_fallback()
+    cpu, grad = q.device.type == "cpu", torch.is_grad_enabled() and q.requires_grad
+    if backend == "flex" and cpu and (grad or not flex_runs_on_cpu()):
+        (_warn_flex_fallback if grad else _warn_flex_unsupported)()  # each logged once
         return "sdpa"
-    if backend == "flex" and cpu and not flex_runs_on_cpu():
-        _warn_flex_unsupported()
-        return "sdpa"
-    return auto_backend(q, learned_bias) if backend == "auto" else backend
+    if backend == "auto":
+        return autotune.auto_backend(q, k, v, call, learned_bias, BACKENDS) if cpu else "sdpa"
+    return backend
 
 
 class Attention(nn.Module):

@@ -1,7 +1,7 @@
 """What the kernels of this machine can do, for the attention core to choose its path: native bf16 matmuls
-and AMX tiles on the CPU, the rule ``attn_backend="auto"`` follows, and whether torch.compile can build flex
-attention here; flex attention compiled once per process; the warnings logged once when the core runs ``sdpa`` in
-place of ``flex``. No attention is computed here."""
+and AMX tiles on the CPU, the rule ``attn_backend="auto"`` follows in a traced graph (eager calls are timed,
+``autotune``), and whether torch.compile can build flex attention here; flex attention compiled once per process;
+the warnings logged once when the core runs ``sdpa`` in place of ``flex``. No attention is computed here."""
 
 from __future__ import annotations
 
@@ -80,9 +80,10 @@ def _warn_flex_unsupported() -> None:
                 torch.backends.cpu.get_cpu_capability())
 
 
-def auto_backend(q: Tensor, learned_bias: bool = False) -> str:
-    """What ``auto`` runs for queries ``q``: the path measured faster for their device, dtype and grad mode on this CPU
-    family, the first row that applies (2 cores, PyTorch 2.14.1; benchmarks/README.md)::
+def static_backend(q: Tensor, learned_bias: bool = False) -> str:
+    """What ``auto`` runs for queries ``q`` where nothing can be timed (a graph being traced or compiled; eager calls
+    are timed, ``autotune``): the path measured faster on the CPUs at hand for their dtype and grad mode, the first
+    row that applies (2 cores, PyTorch 2.14.1; benchmarks/README.md)::
 
         bf16 emulated (no AVX512-BF16 or AMX: AVX2 only)                 sdpa: 5-20x the explicit bf16 matmuls
         a bias that needs its gradient (Swin's tables in training)       math: SDPA runs its own slower path for it

@@ -24,6 +24,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckp
 from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class ModelCheckpoint(_LightningModelCheckpoint):
       epoch can be resumed from mid-epoch: with a streaming data module, at the very next batch. Lightning's
       ``every_n_train_steps`` refreshes it too, as Lightning's own ``save_last`` does.
     * No ``-v1`` version counter: the best and last files keep their names.
+    * A run ends with one line: the best monitored score, its epoch and its file (or the last file, unmonitored).
 
     Atomic writes come from the trainer's checkpoint writer: the vitkit CLI installs
     :class:`AtomicCheckpointIO` (pass it in ``Trainer(plugins=[...])`` when you build a Trainer yourself).
@@ -85,6 +87,31 @@ class ModelCheckpoint(_LightningModelCheckpoint):
         self.after_epoch = kwargs.get("save_on_train_epoch_end")
         self.last_every = [n for n in (last_every_n_train_steps, kwargs.get("every_n_train_steps")) if n and n > 0]
         self._last_written_step = -1
+        self.best_epoch: int | None = None  # the epoch whose checkpoint is best_model_path
+
+    def _note_best(self, trainer: L.Trainer, before: str) -> None:
+        if self.best_model_path and self.best_model_path != before:
+            self.best_epoch = trainer.current_epoch
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "best_epoch": self.best_epoch}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        self.best_epoch = state_dict.pop("best_epoch", None)
+        super().load_state_dict(state_dict)
+
+    def summary(self) -> str:
+        """The run's result in one line: the best monitored score, its epoch and file (or the last file)."""
+        if self.monitor and self.best_model_score is not None:
+            epoch = f" at epoch {self.best_epoch}" if self.best_epoch is not None else ""
+            return f"best {self.monitor} {float(self.best_model_score):.4f}{epoch}: {self.best_model_path}"
+        return f"last checkpoint: {self.last_model_path or self.last_path}"
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_end(trainer, pl_module)
+        if trainer.is_global_zero and not trainer.fast_dev_run:
+            rank_zero_info(self.summary())
 
     @property
     def last_path(self) -> str:
@@ -139,7 +166,9 @@ class ModelCheckpoint(_LightningModelCheckpoint):
         return trainer.val_check_interval == 1.0
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        before = self.best_model_path
         super().on_validation_end(trainer, pl_module)
+        self._note_best(trainer, before)
         if not self.saves_after_epoch(trainer):
             self._write_last(trainer)
 
@@ -150,7 +179,9 @@ class ModelCheckpoint(_LightningModelCheckpoint):
             self._write_last(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        before = self.best_model_path
         super().on_train_epoch_end(trainer, pl_module)
+        self._note_best(trainer, before)
         if self.saves_after_epoch(trainer):
             self._write_last(trainer)
 

@@ -38,7 +38,7 @@ def _warn_whole_model_augmentation(hp, datamodule) -> None:
     """A frozen backbone with a fine-tuning recipe's augmentation, made for training the whole model: its head
     learns from features of mixed, erased and RandAugmented images, and lands far below a probe of the same
     features."""
-    data = getattr(datamodule, "hparams", {})
+    data = datamodule.augmentation() if hasattr(datamodule, "augmentation") else getattr(datamodule, "hparams", {})
     heavy = [f"{k} {v}" for k, v in (("mixup", hp.mixup), ("cutmix", hp.cutmix), ("re_prob", data.get("re_prob")),
                                       ("auto_augment", data.get("auto_augment"))) if v]
     if heavy:

@@ -9,6 +9,7 @@ from pathlib import Path
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.fabric.utilities.data import suggested_max_num_workers
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
@@ -21,9 +22,18 @@ from vitkit.data.folder import (
     scan_image_folder,
     scan_unlabeled,
 )
-from vitkit.data.transforms import TRAIN_AUGMENT, data_config, eval_transform, random_affine, train_transform
+from vitkit.data.transforms import (
+    TRAIN_AUGMENT,
+    data_config,
+    default_augment,
+    eval_transform,
+    random_affine,
+    train_transform,
+)
 
 log = logging.getLogger(__name__)
+
+MAX_WORKERS = 10  # per device, where num_workers is left to the machine (None)
 
 
 class EpochSampler(DistributedSampler):
@@ -71,6 +81,15 @@ class _TrainValLoaders(L.LightningDataModule):
     may_yield_empty = False  # whether a batch can arrive empty (every file in it unreadable)
     test_set: Dataset | None = None
 
+    def workers(self) -> int:
+        """``num_workers``, or where it is None what the machine has for each of its devices: Lightning's
+        suggestion (cores / devices - 1), at most ``MAX_WORKERS``."""
+        n = self.hparams.get("num_workers")
+        if n is None:
+            devices = self.trainer.num_devices if self.trainer is not None else 1
+            n = min(MAX_WORKERS, suggested_max_num_workers(devices))
+        return n
+
     def _loader(self, ds: Dataset, train: bool) -> DataLoader:
         hp = self.hparams
         sampler = generator = None
@@ -83,11 +102,18 @@ class _TrainValLoaders(L.LightningDataModule):
         pin = hp.get("pin_memory", False) and torch.cuda.is_available()
         return DataLoader(ds, batch_size=hp.batch_size, sampler=sampler, generator=generator,
                           drop_last=train and self.drop_last_train, collate_fn=self.collate_fn,
-                          num_workers=hp.num_workers, pin_memory=pin, persistent_workers=hp.num_workers > 0)
+                          num_workers=self.workers(), pin_memory=pin, persistent_workers=self.workers() > 0)
+
+    sets_up_locally = False  # setup() reads local data only, and once: the CLI may call it before fit
+
+    def check_train_size(self, trainer: L.Trainer | None = None) -> None:
+        """Refuse a training split smaller than one batch; the CLI calls it before fit (before the model summary and
+        the logger's first file) where ``sets_up_locally``, and the training loader always."""
+        if self.drop_last_train:
+            check_one_batch(len(self.train_set), self.hparams.batch_size, trainer or self.trainer, self.describe())
 
     def train_dataloader(self) -> DataLoader:
-        if self.drop_last_train:
-            check_one_batch(len(self.train_set), self.hparams.batch_size, self.trainer, self.describe())
+        self.check_train_size()
         return self._loader(self.train_set, True)
 
     def val_dataloader(self) -> DataLoader:
@@ -115,6 +141,7 @@ class DigitsDataModule(_TrainValLoaders):
 
     classes: list[str] = [str(i) for i in range(10)]
     num_classes: int = 10
+    sets_up_locally = True
 
     def __init__(self, img_size: int = 32, batch_size: int = 64, num_workers: int = 0, val_fraction: float = 0.2,
                  seed: int = 0, augment: bool = True, model_name: str | None = None, test_fraction: float = 0.0,
@@ -175,10 +202,10 @@ class _SkippingImages(_TrainValLoaders):
     collate_fn = staticmethod(collate_skipping)
     may_yield_empty = True
 
-    def __init__(self, img_size: int = 224, batch_size: int = 128, num_workers: int = 8,
-                 model_name: str | None = None, auto_augment: str | None = "rand-m9-mstd0.5-inc1",
-                 re_prob: float = 0.25, scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5,
-                 color_jitter: float | None = 0.4, crop_pct: float | None = None,
+    def __init__(self, img_size: int = 224, batch_size: int = 128, num_workers: int | None = None,
+                 model_name: str | None = None, auto_augment: str | None = "auto",
+                 re_prob: float | None = None, scale: tuple[float, float] | None = None, hflip: float | None = None,
+                 color_jitter: float | str | None = "auto", crop_pct: float | None = None,
                  mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
                  interpolation: str | None = None, pin_memory: bool = True) -> None:
         super().__init__()
@@ -186,8 +213,12 @@ class _SkippingImages(_TrainValLoaders):
         self.data_cfg = data_config(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
                                     interpolation=interpolation)
 
+    def augmentation(self) -> dict:
+        """The train augmentation: the fields given, the rest by image size (``transforms.default_augment``)."""
+        return default_augment(self.data_cfg.img_size, **{k: self.hparams[k] for k in TRAIN_AUGMENT})
+
     def train_transform(self):
-        return train_transform(self.data_cfg, **{k: self.hparams[k] for k in TRAIN_AUGMENT})
+        return train_transform(self.data_cfg, **self.augmentation())
 
     def reset_counts(self) -> None:
         self.skipped = {"train": 0, "val": 0, "test": 0}
@@ -218,8 +249,8 @@ class _SkippingImages(_TrainValLoaders):
             raise RuntimeError(f"no usable images in {self.split_location(split)}: "
                                f"all {skipped} files read this epoch were unreadable (corrupt or not images)")
         if skipped:
-            log.warning("%s: skipped %d unreadable image file(s) this epoch (%d used); set logging to DEBUG "
-                        "for their paths", split, skipped, seen)
+            log.warning("%s: skipped %d unreadable image file(s) this epoch (%d used); add --verbose to the command "
+                        "(or set the logger 'vitkit' to DEBUG) for their paths", split, skipped, seen)
         return skipped
 
 
@@ -263,6 +294,8 @@ class ImageFolderDataModule(_SkippingImages):
     ``img_size / crop_pct`` and center-crop. Mean, std, crop_pct and interpolation default to the
     preset's (``model_name``, linked from the model by the CLI)."""
 
+    sets_up_locally = True
+
     def __init__(self, root: str, train_dir: str = "train", val_dir: str = "val", test_dir: str | None = "test",
                  decoder: Decoder = "pil", **image_args) -> None:
         super().__init__(**image_args)
@@ -271,12 +304,14 @@ class ImageFolderDataModule(_SkippingImages):
         self.num_classes = len(self.classes)
 
     def setup(self, stage: str | None = None) -> None:
+        self.reset_counts()
+        if hasattr(self, "train_set"):
+            return
         hp = self.hparams
         self.train_set = SkippingImageFolder(str(self.root / hp.train_dir), self.train_transform(), hp.decoder)
         self.val_set = SkippingImageFolder(str(self.root / hp.val_dir), eval_transform(self.data_cfg), hp.decoder)
         if hp.test_dir and (self.root / hp.test_dir).is_dir():
             self.test_set = SkippingImageFolder(str(self.root / hp.test_dir), eval_transform(self.data_cfg), hp.decoder)
-        self.reset_counts()
 
     def describe(self) -> str:
         return str(self.root)
@@ -293,6 +328,7 @@ class UnlabeledImageDataModule(_SkippingImages):
 
     classes: list[str] = []
     num_classes: int = 0
+    sets_up_locally = True
 
     def __init__(self, root: str, val_fraction: float = 0.05, seed: int = 0, decoder: Decoder = "pil",
                  **image_args) -> None:
@@ -303,6 +339,9 @@ class UnlabeledImageDataModule(_SkippingImages):
         self.files = scan_unlabeled(self.root)
 
     def setup(self, stage: str | None = None) -> None:
+        self.reset_counts()
+        if hasattr(self, "train_set"):
+            return
         hp = self.hparams
         order = torch.randperm(len(self.files), generator=torch.Generator().manual_seed(hp.seed)).tolist()
         n_val = max(1, round(len(self.files) * hp.val_fraction)) if hp.val_fraction > 0 and len(self.files) > 1 \
@@ -310,7 +349,6 @@ class UnlabeledImageDataModule(_SkippingImages):
         val, train = [self.files[i] for i in sorted(order[:n_val])], [self.files[i] for i in sorted(order[n_val:])]
         self.train_set = UnlabeledImages(train, self.train_transform(), hp.decoder)
         self.val_set = UnlabeledImages(val, eval_transform(self.data_cfg), hp.decoder)
-        self.reset_counts()
 
     def describe(self) -> str:
         return str(self.root)

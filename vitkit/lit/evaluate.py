@@ -39,7 +39,8 @@ def parser() -> ArgumentParser:
                        "--linear-probe. The data: --data.root DIR (an image folder), or --data CLASS with its "
                        "arguments, as for `vitkit train`.")
     p.add_argument("--checkpoint", type=str | None, default=None, help="any checkpoint or weights file vitkit reads")
-    p.add_argument("--model", type=str | None, default=None, help="a preset or timm tag (pretrained, by name)")
+    p.add_argument("--model", type=str | None, default=None, help="a preset or timm tag (pretrained, by name); with "
+                   "--checkpoint, the preset the file holds (by default the one it records, or the one its shapes fit)")
     p.add_argument("--onnx", type=str | None, default=None, help="a file written by `vitkit export`")
     p.add_argument("-o", "--out", type=str, required=True, help="the folder the results go into")
     p.add_argument("--split", type=str | None, default=None, help="test or val (default: test where the data has "
@@ -73,8 +74,8 @@ def _argv(argv: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
     p = parser()
     cfg = p.parse_args(_argv(argv))
-    if sum(x is not None for x in (cfg.checkpoint, cfg.model, cfg.onnx)) != 1:
-        p.error("give one of --checkpoint FILE, --model NAME or --onnx FILE")
+    if (cfg.onnx is not None) == (cfg.checkpoint is not None or cfg.model is not None):
+        p.error("give --checkpoint FILE (with --model NAME to name its preset), --model NAME or --onnx FILE")
     if cfg.data is None:
         p.error("give the data: --data.root DIR (an image folder), or --data CLASS with its arguments")
     L.seed_everything(cfg.seed, verbose=False)

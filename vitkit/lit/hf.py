@@ -132,7 +132,7 @@ class HFDataModule(RankPositions, _SkippingImages):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         hp = self.hparams
-        loader = StatefulDataLoader(ds, batch_size=hp.batch_size, num_workers=hp.num_workers,
+        loader = StatefulDataLoader(ds, batch_size=hp.batch_size, num_workers=self.workers(),
                                     collate_fn=collate_skipping, pin_memory=hp.pin_memory and torch.cuda.is_available())
         return EvenSteps(loader, self, train)
 

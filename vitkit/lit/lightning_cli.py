@@ -27,10 +27,12 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import Strategy, StrategyRegistry
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from .. import recipes
-from ..errors import one_line, take_traceback_flag, user_error, wants_traceback
+from ..builder import checkpoint_preset
+from ..errors import one_line, take_traceback_flag, take_verbose_flag, user_error, wants_traceback
 from .callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
 from .classifier import ImageClassifier
 from .strategies import settle_interrupted_saves
@@ -46,7 +48,8 @@ def _attribute(name: str):
 
 def with_recipes(args: list[str]) -> list[str]:
     """``--config NAME`` (``--config=NAME``, ``-c NAME``) with a recipe's name instead of a path: the packaged
-    recipe's file. A value that is neither a file nor a recipe ends the command naming the recipes there are."""
+    recipe's file; ``configs/NAME.yaml`` that is not a file in the working folder is that recipe too (said on
+    stderr). A value that is neither a file nor a recipe ends the command naming the recipes there are."""
     out = list(args)
     for i, arg in enumerate(out):
         flag, eq, value = arg.partition("=")
@@ -56,9 +59,15 @@ def with_recipes(args: list[str]) -> list[str]:
             if i + 1 >= len(out):
                 continue
             value = out[i + 1]
-        if not recipes.is_name(value):
+        path = Path(value)
+        if path.parent.name == "configs" and path.suffix in (".yaml", ".yml") and not path.exists() and \
+                recipes.find(path.name) is not None:  # the source tree's path, from another folder or a wheel
+            resolved = recipes.find(path.name)
+            print(f"note: {value} is not a file here; using the recipe {path.stem} ({resolved})", file=sys.stderr)
+        elif not recipes.is_name(value):
             continue  # a file, or config content given inline: jsonargparse reads it
-        resolved = recipes.find(value)
+        else:
+            resolved = recipes.find(value)
         if resolved is None:
             raise SystemExit(f"error: --config {value!r} is neither a file nor a recipe; the recipes are "
                              f"{', '.join(recipes.list_recipes())} (`vitkit recipes` describes them)")
@@ -145,9 +154,9 @@ class VitkitCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_class", OneLineParser)
         if args is None:  # from the shell: LightningCLI reads sys.argv itself
-            sys.argv[1:] = with_recipes(take_traceback_flag(sys.argv[1:]))
+            sys.argv[1:] = with_recipes(take_verbose_flag(take_traceback_flag(sys.argv[1:])))
         else:
-            args = with_recipes(take_traceback_flag(args))
+            args = with_recipes(take_verbose_flag(take_traceback_flag(args)))
         given = sys.argv[1:] if args is None else args
         self._model_args_given = given_model_args(given)
         # the subcommand whose parser alone is built; all four where parser_kwargs set one of them apart
@@ -196,8 +205,51 @@ class VitkitCLI(LightningCLI):
     def _section(self) -> Namespace:
         return self.config[self.subcommand] if self.subcommand else self.config
 
+    def _recipe_preset_gives_way(self, cfg: Namespace) -> None:
+        """A recipe's preset is a default, not the user's choice: with ``--model.checkpoint`` and no
+        ``--model.model_name``, the model (and the data's normalisation) is the checkpoint's own preset, the one it
+        records or the one its shapes fit. A preset the user named stays, and a file it does not fit is refused."""
+        init = cfg.model.get("init_args")
+        if init is None or not init.get("checkpoint") or "model_name" not in init or \
+                self._model_args_given & {"model_name", "model_overrides"}:
+            return  # the user named the preset, or shaped the recipe's
+        shipped = recipes.recipes_dir().resolve()
+        configs = [Path(str(c)).resolve() for c in cfg.get("config") or []]
+        if not configs or any(c.parent != shipped for c in configs):
+            return  # no recipe, or a file of the user's own that may name the preset
+        name, how = checkpoint_preset(init.checkpoint)
+        if name is None:
+            return  # no preset fits: loading it into the recipe's says what differs
+        if name != init.model_name:
+            rank_zero_info(f"model: {name} ({how}), the preset of {init.checkpoint}, in place of the recipe's default "
+                           f"{init.model_name}; --model.model_name chooses another")
+        init.model_name = name
+        data = cfg.get("data")
+        if data is not None and "model_name" in (data.get("init_args") or {}):
+            data.init_args.model_name = name
+
+    def _say_dropped_data_settings(self, cfg: Namespace) -> None:
+        """A data module named over a config's other one (``--data vitkit.lit.ImageFolderDataModule``) takes the
+        config's data settings it has fields for; the others are said, in one line, not dropped in silence."""
+        import yaml
+
+        section = None
+        for c in cfg.get("config") or []:
+            text = yaml.safe_load(Path(str(c)).read_text()) if Path(str(c)).is_file() else None
+            if isinstance(text, dict) and isinstance(text.get("data"), dict):
+                section = text["data"]
+        data = cfg.get("data")
+        if section is None or data is None or section.get("class_path") in (None, data.get("class_path")):
+            return
+        dropped = [k for k in section.get("init_args") or {} if k not in (data.get("init_args") or {})]
+        if dropped:
+            rank_zero_info(f"data: {data.class_path} has no field for the config's {section['class_path']} "
+                           f"setting(s) {', '.join(dropped)}; they do not apply")
+
     def before_instantiate_classes(self) -> None:
         cfg = self._section()
+        self._recipe_preset_gives_way(cfg)
+        self._say_dropped_data_settings(cfg)
         if cfg.trainer.default_root_dir is None:
             configs = cfg.get("config") or []
             name = Path(str(configs[-1])).stem if configs else cfg.model.init_args.get("model_name", "run")
@@ -245,6 +297,13 @@ class VitkitCLI(LightningCLI):
         return trainer
 
     def before_fit(self) -> None:
+        dm = self.datamodule
+        if getattr(dm, "sets_up_locally", False):  # a split too small for one batch: refused before anything is
+            dm.setup("fit")  # written (Lightning makes the logger's folder before it sets the data up)
+            try:
+                dm.check_train_size(self.trainer)
+            except ValueError as e:
+                raise SystemExit(f"error: {e}") from None
         for cb in self.trainer.checkpoint_callbacks:
             if isinstance(cb, ModelCheckpoint):  # refuse to replace another run's last.ckpt, before any write
                 settle_interrupted_saves(cb.dirpath)  # a sharded save killed between its two renames
@@ -255,7 +314,7 @@ class VitkitCLI(LightningCLI):
 
 
 def cli_main(args: list[str] | None = None, run: bool = True, prog: str | None = None) -> LightningCLI:
-    """``python train.py fit --config configs/vit_tiny_digits.yaml``; ``args`` replaces sys.argv[1:], ``prog`` names
+    """``vitkit train fit -c vit_tiny_digits``; ``args`` replaces sys.argv[1:], ``prog`` names
     the program in ``--help``. An error vitkit raised about the input, while the classes are built or while the
     subcommand runs (a training split smaller than one batch, a checkpoint that does not fit), ends the command with
     its one line and exit status 1 (``--traceback`` or ``VITKIT_TRACEBACK=1``: the traceback instead)."""

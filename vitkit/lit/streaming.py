@@ -64,7 +64,7 @@ class StreamingImageDataModule(RankPositions, _SkippingImages):
         hp = self.hparams
         # a generator of its own: starting an epoch's iterator must not draw from the global stream, which
         # drop path and mixup use and checkpoints restore (the workers' seeds do not matter, see ImageShards)
-        return StreamingDataLoader(ds, batch_size=hp.batch_size, num_workers=hp.num_workers,
+        return StreamingDataLoader(ds, batch_size=hp.batch_size, num_workers=self.workers(),
                                    collate_fn=collate_skipping, generator=torch.Generator().manual_seed(hp.seed),
                                    pin_memory=hp.pin_memory and torch.cuda.is_available())
 

@@ -7,6 +7,7 @@ models and loads weights above this table, as timm's builder sits above its regi
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
 from typing import Any
 
@@ -38,7 +39,9 @@ def find(preset: str) -> tuple[str, type, type[nn.Module], dict]:
     for fam, (cfg_cls, model_cls, presets) in FAMILIES.items():
         if preset in presets:
             return fam, cfg_cls, model_cls, presets[preset]
-    close = fnmatch.filter(list_models(), f"*{preset.split('_')[0]}*")[:8]
+    names = list_models()  # names it begins, then the nearest by spelling, else those sharing its first word
+    close = [n for n in names if n.startswith(preset)] + difflib.get_close_matches(preset, names, n=6, cutoff=0.6)
+    close = list(dict.fromkeys(close))[:6] or fnmatch.filter(names, f"*{preset.split('_')[0]}*")[:8]
     raise ValueError(f"unknown model {preset!r}; vitkit.list_models() lists all {len(list_models())}"
                      + (f" (similar: {', '.join(close)})" if close else ""))
 

@@ -78,9 +78,14 @@ def training_curves(metrics_csv: str | Path, path: str | Path | None = None) -> 
         return [p[0] for p in pts], [p[1] for p in pts]
 
     keys = rows[0].keys() if rows else []
+    # one LR per param group: the largest is the base (the head's); layer decay scales the others below it
+    peak = {k: max(series(k)[1], default=0.0) for k in keys if k.startswith("lr-")}
+    lrs = sorted(peak, key=lambda k: -peak[k])
+    below = sum(peak[k] < 0.999 * peak[lrs[0]] for k in lrs[1:])
+    lr_title = "learning rate" + (f" (the head's; {below} groups decayed below it)" if below else "")
     panels = [("loss", [k for k in ("train/loss_step", "train/loss_epoch", "val/loss") if k in keys]),
               ("accuracy", [k for k in ("val/top1", "val/top1_ema", "val/exact_match", "val/token_acc") if k in keys]),
-              ("learning rate", sorted(k for k in keys if k.startswith("lr-"))[:1])]
+              (lr_title, lrs[:1])]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
     for ax, (title, ks) in zip(axes, panels, strict=True):
         for k in ks:

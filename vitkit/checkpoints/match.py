@@ -1,0 +1,56 @@
+"""Which presets a checkpoint's tensors fit: for a backbone file that does not record its model (a bare state dict
+of timm's, Meta's or vitkit's names), the preset is the one its shapes fit, as ``load_checkpoint`` would load it
+(positions resampled, a new head). Presets are built on the meta device (no memory, no initialisation), after a
+first cut by width, patch size and depth."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ..models.registry import FAMILIES, preset_config
+from .load import Checkpoint, fit
+
+
+def _shape_facts(sd: dict) -> tuple[str, int, int, int] | None:
+    """(family, width, patch size, depth, in blocks for ViT and in stages for Swin) of a state dict in vitkit's
+    names, or None if it has no patch embedding."""
+    w = sd.get("patch_embed.proj.weight")
+    if w is None or w.dim() != 4:
+        return None
+    if any(k.startswith("layers.") for k in sd):
+        stages = {int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k))}
+        return "swin", w.shape[0], w.shape[-1], len(stages)
+    blocks = {int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))}
+    return "vit", w.shape[0], w.shape[-1], len(blocks)
+
+
+def _facts_of(family: str, cfg) -> tuple[str, int, int, int]:
+    patch = cfg.patch_size if isinstance(cfg.patch_size, int) else cfg.patch_size[-1]
+    return family, cfg.embed_dim, patch, cfg.depth if family == "vit" else len(cfg.depths)
+
+
+def fitting_presets(ck: Checkpoint) -> list[str]:
+    """The presets whose every tensor ``ck`` fills (those that need the fewest adaptations first, then by name)."""
+    facts = _shape_facts(ck.state_dict)
+    if facts is None:
+        return []
+    classes = ck.num_classes
+    scored = []
+    for family in ("vit", "swin"):
+        for name in FAMILIES[family][2]:
+            cfg = preset_config(name)
+            if _facts_of(family, cfg) != facts:
+                continue
+            extra = {} if classes is None else {"num_classes": classes}
+            with torch.device("meta"):
+                model = FAMILIES[family][1](preset_config(name, **extra))
+            model.name = name
+            try:
+                _, report = fit(model, ck)
+            except ValueError:  # positions that no grid of this preset's prefix tokens explains
+                continue
+            if report.ok:
+                scored.append((len(report.adapted), name))
+    return [name for _, name in sorted(scored)]
