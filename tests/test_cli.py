@@ -220,3 +220,23 @@ def test_a_recipe_by_name_and_an_unknown_one(tmp_path):
     with pytest.raises(SystemExit, match=r"--config 'vit_tiny_digit' is neither a file nor a recipe; the recipes are "
                                          r".*vit_tiny_digits"):
         main(["train", "fit", "-c", "vit_tiny_digit"])
+
+
+def test_the_learning_rate_panel_draws_the_heads_rate_and_says_the_layers_are_decayed(tmp_path):
+    """With layer decay, the most decayed group's LR is far below the head's: the panel draws the largest (the base)
+    and says how many groups sit below it."""
+    from vitkit.tools.plots import learning_rate_series
+
+    rows = [{"step": "0", "lr-AdamW/pg1": "1e-6", "lr-AdamW/pg2": "1e-3", "lr-AdamW/pg3": "1e-3"},
+            {"step": "1", "lr-AdamW/pg1": "2e-6", "lr-AdamW/pg2": "2e-3", "lr-AdamW/pg3": "2e-3"}]
+    key, title = learning_rate_series(rows)
+    assert key == "lr-AdamW/pg2" and title == "learning rate (the head's; 1 groups decayed below it)"
+    assert learning_rate_series([{"step": "0", "lr-SGD": "0.1"}]) == ("lr-SGD", "learning rate")
+
+
+def test_the_reconstruction_title_names_the_sizes_that_differ_from_the_preset():
+    from vitkit.commands import _described
+
+    model = vitkit.create_model("vit_tiny_patch16_224", patch_size=4, img_size=32, depth=2)
+    assert _described(model) == "vit_tiny_patch16_224, patch 4, 32 px, depth 2"
+    assert _described(vitkit.create_model("vit_tiny_patch16_224")) == "vit_tiny_patch16_224"

@@ -19,6 +19,8 @@ from vitkit.cli import main
 from vitkit.lit.lightning_cli import cli_main
 from vitkit.tools.evaluate import Predictions, scores, write_report
 
+from .conftest import TINY_VIT
+
 DIGITS = ["--data", "vitkit.lit.DigitsDataModule"]
 DEMO = dict(img_size=32, patch_size=4, embed_dim=96, num_heads=3, depth=2)
 
@@ -77,6 +79,20 @@ def test_evaluate_writes_the_folder_and_agrees_with_the_runs_own_validation(digi
         with Image.open(out / picture) as im:
             im.load()
             assert im.size[0] > 300 and im.size[1] > 300
+
+
+def test_evaluate_in_bf16_scores_what_a_bf16_mixed_run_validated(tmp_path, capfd):
+    """A run trained in bf16-mixed validated under bf16 autocast: ``--precision bf16-mixed`` gives its score to the
+    last digit (float32 may differ in the third)."""
+    run = cli_main(["fit", "-c", "vit_tiny_digits", "--trainer.accelerator", "cpu", "--trainer.precision",
+                    "bf16-mixed", "--trainer.max_epochs", "2", "--trainer.limit_train_batches", "10",
+                    "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run"),
+                    "--model.model_overrides", TINY_VIT])
+    trained = float(run.trainer.callback_metrics["val/top1"])
+    out = tmp_path / "ev"
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "run/checkpoints/last.ckpt"), *DIGITS, "-o", str(out),
+                 "--precision", "bf16-mixed"]) == 0
+    assert json.loads((out / "metrics.json").read_text())["top1"] == pytest.approx(trained, abs=1e-6)
 
 
 def test_past_fifty_classes_the_matrix_becomes_the_most_confused_pairs(tmp_path):

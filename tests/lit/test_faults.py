@@ -39,7 +39,20 @@ def test_unreadable_images_are_skipped_counted_and_logged(image_folder, tmp_path
     assert cli.trainer.current_epoch == 1  # the epoch finished
     assert cli.trainer.callback_metrics["train/skipped_files"] == 3
     assert cli.trainer.callback_metrics["val/skipped_files"] == 1
-    assert "train: skipped 3 unreadable image file(s) this epoch (17 used)" in caplog.text  # 21 files, drop_last: 20
+    assert "train: skipped 3 unreadable image file(s) this epoch (17 used); add --verbose to the command" in \
+        caplog.text  # 21 files, drop_last: 20; and how to see which
+
+
+def test_verbose_shows_vitkits_debug_lines_and_leaves_the_command_line():
+    from vitkit.errors import take_verbose_flag
+
+    logger = logging.getLogger("vitkit")
+    before = logger.level
+    try:
+        assert take_verbose_flag(["fit", "--verbose", "-c", "x"]) == ["fit", "-c", "x"]
+        assert logger.isEnabledFor(logging.DEBUG)
+    finally:
+        logger.setLevel(before)
 
 
 def test_a_split_with_no_readable_image_is_an_error(image_folder, tmp_path):

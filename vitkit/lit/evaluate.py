@@ -29,6 +29,23 @@ from vitkit.tools.evaluate import (
 from .report import display_stats
 
 PREPROCESSING = ("img_size", "mean", "std", "crop_pct", "interpolation")
+PRECISIONS = ("32-true", "bf16-mixed")
+
+
+def _autocast(model, device: torch.device):
+    """``model`` (and its ``features``) under bf16 autocast, as Lightning's bf16-mixed runs validation."""
+    def run(fn):
+        def wrapped(x):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                return fn(x)
+        return wrapped
+
+    out = run(model)
+    if hasattr(model, "features"):
+        out.features = run(model.features)
+    if hasattr(model, "cfg"):
+        out.cfg = model.cfg
+    return out
 
 
 def parser() -> ArgumentParser:
@@ -52,6 +69,8 @@ def parser() -> ArgumentParser:
     p.add_argument("--token-merging", type=int, default=0, help="ToMe: merge R tokens per block")
     p.add_argument("--topk", type=int, default=5, help="classes per row of predictions.csv")
     p.add_argument("--device", type=str, default="auto")
+    p.add_argument("--precision", type=str, default="32-true", help="32-true, or bf16-mixed (bf16 autocast: what a "
+                   "run trained with --trainer.precision bf16-mixed validated with; float32 scores differ slightly)")
     p.add_argument("--seed", type=int, default=0)
     p.add_subclass_arguments(L.LightningDataModule, "data", required=False, fail_untyped=False)
     return p
@@ -66,7 +85,7 @@ def _argv(argv: list[str]) -> list[str]:
     out = []
     for i, a in enumerate(argv):
         out.append(a)
-        if a in flags and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
+        if a in flags and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
             out.append("true")
     return out
 
@@ -81,12 +100,17 @@ def main(argv: list[str]) -> int:
     L.seed_everything(cfg.seed, verbose=False)
     device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                           "cpu" if cfg.device == "auto" else cfg.device)
-    model, names, prep = _model(cfg, device)
+    if cfg.precision not in PRECISIONS:
+        p.error(f"--precision expects one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
+    explicit = {a[len("--data."):].split("=")[0] for a in argv if a.startswith("--data.")}
+    size = cfg.data.init_args.get("img_size") if "img_size" in explicit else None
+    model, names, prep = _model(cfg, device, size)
+    if cfg.precision == "bf16-mixed":
+        model = _autocast(model, device)
     backbone = cfg.knn or cfg.linear_probe
     if not backbone and names is None:
         raise ValueError(f"{cfg.checkpoint or cfg.model} has no classifier head (a backbone): score its features "
                          "with --knn or --linear-probe, or fine-tune it first")
-    explicit = {a[len("--data."):].split("=")[0] for a in argv if a.startswith("--data.")}
     dm = _data(p, cfg, prep, explicit, eval_train=backbone)
     names = names or getattr(dm, "classes", None)
     split, ds = _split(dm, cfg.split)
@@ -106,9 +130,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _model(cfg, device: torch.device) -> tuple[Any, list[str] | None, dict]:
+def _model(cfg, device: torch.device, img_size: int | None = None) -> tuple[Any, list[str] | None, dict]:
     """(a callable from a batch to logits or features, the class names or None for a backbone, the model's
-    preprocessing for the data module)."""
+    preprocessing for the data module); ``img_size``: the size given for the data, the model's too (positions and
+    windows resized on load)."""
     if cfg.onnx:
         from vitkit.tools.export import OnnxModel
 
@@ -122,6 +147,8 @@ def _model(cfg, device: torch.device) -> tuple[Any, list[str] | None, dict]:
     import vitkit
 
     overrides = {"token_merging": cfg.token_merging} if cfg.token_merging else {}
+    if img_size is not None:
+        overrides["img_size"] = img_size
     net = vitkit.create_model(cfg.model, checkpoint=cfg.checkpoint, pretrained=cfg.checkpoint is None,
                               **overrides).eval().to(device)
     report = getattr(net, "load_report", None)

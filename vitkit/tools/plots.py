@@ -67,6 +67,21 @@ def overlay(image: Tensor, heat: Tensor, path: str | Path, title: str) -> Path:
     return Path(path)
 
 
+def learning_rate_series(rows: list[dict]) -> tuple[str | None, str]:
+    """The LR column a curves panel draws, and its title: one column per param group (``lr-AdamW/pgN``), of which
+    the largest is the base (the head's) and layer decay scales the others below it."""
+    peak: dict[str, float] = {}
+    for r in rows:
+        for k, v in r.items():
+            if k.startswith("lr-") and v not in (None, ""):
+                peak[k] = max(peak.get(k, 0.0), float(v))
+    if not peak:
+        return None, "learning rate"
+    top = max(peak, key=peak.__getitem__)
+    below = sum(v < 0.999 * peak[top] for v in peak.values())
+    return top, "learning rate" + (f" (the head's; {below} groups decayed below it)" if below else "")
+
+
 def training_curves(metrics_csv: str | Path, path: str | Path | None = None) -> Path:
     """Loss, top-1 (or exact match) and learning rate against the step, from a Lightning CSVLogger file."""
     plt = _plt()
@@ -78,14 +93,10 @@ def training_curves(metrics_csv: str | Path, path: str | Path | None = None) -> 
         return [p[0] for p in pts], [p[1] for p in pts]
 
     keys = rows[0].keys() if rows else []
-    # one LR per param group: the largest is the base (the head's); layer decay scales the others below it
-    peak = {k: max(series(k)[1], default=0.0) for k in keys if k.startswith("lr-")}
-    lrs = sorted(peak, key=lambda k: -peak[k])
-    below = sum(peak[k] < 0.999 * peak[lrs[0]] for k in lrs[1:])
-    lr_title = "learning rate" + (f" (the head's; {below} groups decayed below it)" if below else "")
+    lr_key, lr_title = learning_rate_series(rows)
     panels = [("loss", [k for k in ("train/loss_step", "train/loss_epoch", "val/loss") if k in keys]),
               ("accuracy", [k for k in ("val/top1", "val/top1_ema", "val/exact_match", "val/token_acc") if k in keys]),
-              (lr_title, lrs[:1])]
+              (lr_title, [lr_key] if lr_key else [])]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
     for ax, (title, ks) in zip(axes, panels, strict=True):
         for k in ks:
