@@ -248,7 +248,6 @@ class VitkitCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         cfg = self._section()
-        self._recipe_preset_gives_way(cfg)
         self._say_dropped_data_settings(cfg)
         if cfg.trainer.default_root_dir is None:
             configs = cfg.get("config") or []
@@ -270,6 +269,7 @@ class VitkitCLI(LightningCLI):
         """Build the module, data and trainer; an error about the user's input ends the command with vitkit's
         own message, once, and exit status 1, instead of jsonargparse's traceback of the Union it was in."""
         try:
+            self._recipe_preset_gives_way(self._section())  # reads the checkpoint: a part of building, not parsing
             super().instantiate_classes()
         except Exception as e:
             cause = user_error(e)
