@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
+import statistics
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 
 _chosen: dict[Hashable, str] = {}  # what each kind of call runs in this process
 
-MARGIN = 0.05  # another path replaces the preferred one only when it is this much faster: a tie keeps the default
-ROUNDS = 3  # timed calls of each candidate after one warm-up call; the fastest of them counts
+MARGIN = 0.10  # another path replaces the preferred one only when it is this much faster: a tie keeps the default
+ROUNDS = 5  # timed calls of each candidate after one warm-up call, alternating; their median counts
 
 
 def bucket(n: int) -> int:
@@ -48,18 +48,19 @@ def chosen(key: Hashable) -> str | None:
 
 
 def choose(key: Hashable, candidates: dict[str, Callable[[], object]], prefer: str) -> str:
-    """Time ``candidates`` (name -> a call of that path on this call's inputs), keep and return the fastest; ``prefer``
-    (one of them) stays unless another is faster by more than ``MARGIN``. Rounds alternate the order, so drift in
-    the machine's speed hits every candidate alike."""
+    """Time ``candidates`` (name -> a call of that path on this call's inputs), keep and return the fastest by median;
+    ``prefer`` (one of them) stays unless another is faster by more than ``MARGIN``. Rounds alternate the order, so
+    drift in the machine's speed hits every candidate alike."""
     for run in candidates.values():
         run()  # warm-up: first-call allocations and kernel set-up are not what a later call pays
-    best = dict.fromkeys(candidates, math.inf)
+    times: dict[str, list[float]] = {name: [] for name in candidates}
     names = list(candidates)
     for r in range(ROUNDS):
         for name in names if r % 2 == 0 else names[::-1]:
             t0 = time.perf_counter()
             candidates[name]()
-            best[name] = min(best[name], time.perf_counter() - t0)
+            times[name].append(time.perf_counter() - t0)
+    best = {name: statistics.median(t) for name, t in times.items()}  # a shared machine's bursts: not one call's
     fastest = min(best, key=best.__getitem__)
     pick = fastest if best[fastest] < best[prefer] * (1 - MARGIN) else prefer
     _chosen[key] = pick

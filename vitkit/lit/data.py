@@ -100,9 +100,10 @@ class _TrainValLoaders(L.LightningDataModule):
             epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
             sampler = EpochSampler(ds, generator, epoch)
         pin = hp.get("pin_memory", False) and torch.cuda.is_available()
+        workers = self.workers()
         return DataLoader(ds, batch_size=hp.batch_size, sampler=sampler, generator=generator,
                           drop_last=train and self.drop_last_train, collate_fn=self.collate_fn,
-                          num_workers=self.workers(), pin_memory=pin, persistent_workers=self.workers() > 0)
+                          num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
 
     sets_up_locally = False  # setup() reads local data only, and once: the CLI may call it before fit
 

@@ -60,14 +60,13 @@ def with_recipes(args: list[str]) -> list[str]:
                 continue
             value = out[i + 1]
         path = Path(value)
-        if path.parent.name == "configs" and path.suffix in (".yaml", ".yml") and not path.exists() and \
-                recipes.find(path.name) is not None:  # the source tree's path, from another folder or a wheel
-            resolved = recipes.find(path.name)
-            print(f"note: {value} is not a file here; using the recipe {path.stem} ({resolved})", file=sys.stderr)
-        elif not recipes.is_name(value):
+        # the source tree's path, from another folder or an installed wheel
+        moved = path.parent.name == "configs" and path.suffix in (".yaml", ".yml") and not path.exists()
+        if not moved and not recipes.is_name(value):
             continue  # a file, or config content given inline: jsonargparse reads it
-        else:
-            resolved = recipes.find(value)
+        resolved = recipes.find(path.name if moved else value)
+        if moved and resolved is not None:
+            print(f"note: {value} is not a file here; using the recipe {path.stem} ({resolved})", file=sys.stderr)
         if resolved is None:
             raise SystemExit(f"error: --config {value!r} is neither a file nor a recipe; the recipes are "
                              f"{', '.join(recipes.list_recipes())} (`vitkit recipes` describes them)")
@@ -210,9 +209,9 @@ class VitkitCLI(LightningCLI):
         ``--model.model_name``, the model (and the data's normalisation) is the checkpoint's own preset, the one it
         records or the one its shapes fit. A preset the user named stays, and a file it does not fit is refused."""
         init = cfg.model.get("init_args")
-        if init is None or not init.get("checkpoint") or "model_name" not in init or \
-                self._model_args_given & {"model_name", "model_overrides"}:
-            return  # the user named the preset, or shaped the recipe's
+        if init is None or not init.get("checkpoint") or "model_name" not in init or init.get("model_overrides") or \
+                "model_name" in self._model_args_given:
+            return  # the user named the preset, or the recipe or the user shaped it (overrides of that preset)
         shipped = recipes.recipes_dir().resolve()
         configs = [Path(str(c)).resolve() for c in cfg.get("config") or []]
         if not configs or any(c.parent != shipped for c in configs):
