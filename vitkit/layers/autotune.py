@@ -1,7 +1,7 @@
 """``attn_backend="auto"`` on the CPU: the candidate paths timed where they run, as cuDNN's benchmark mode times
 its convolution kernels. The first call of each kind (dtype, grad mode, mask kind, heads, head size, and the query
-and key lengths rounded up to powers of two; not the batch) runs every candidate a few times on that call's own inputs and keeps the fastest for the process;
-every later call of that kind is a dictionary look-up.
+and key lengths rounded up to powers of two; not the batch) runs every candidate a few times on that call's own
+inputs and keeps the fastest for the process; every later call of that kind is a dictionary look-up.
 
 Nothing is timed while a graph is traced (torch.compile, torch.export, TorchScript, ONNX) or under a dispatch mode
 (the FLOP counter, fake tensors): there the caller's static rule decides, so a traced graph never depends on a
