@@ -47,12 +47,13 @@ def test_verbose_shows_vitkits_debug_lines_and_leaves_the_command_line():
     from vitkit.errors import take_verbose_flag
 
     logger = logging.getLogger("vitkit")
-    before = logger.level
+    before, handlers = logger.level, list(logger.handlers)
     try:
         assert take_verbose_flag(["fit", "--verbose", "-c", "x"]) == ["fit", "-c", "x"]
-        assert logger.isEnabledFor(logging.DEBUG)
+        assert logger.isEnabledFor(logging.DEBUG) and logger.handlers
     finally:
         logger.setLevel(before)
+        logger.handlers[:] = handlers
 
 
 def test_a_split_with_no_readable_image_is_an_error(image_folder, tmp_path):
