@@ -84,10 +84,17 @@ def test_traceback_flag_shows_the_traceback(files, capsys):
     (["--model.model_overrides", '{"depth": 0}'], "depth must be >= 1, got 0"),
     (["--model.model_overrides", '{"mlp_ratio": "x"}'], "mlp_ratio must be a number, got 'x'"),
     (["--data.batch_size", "2000"], "fewer than one batch of 2000"),
+    (["--data", "vitkit.lit.ImageFolderDataModule", "--data.root", "{root}", "--data.color_jitter", "foo"],
+     "color_jitter expects a number, 'auto' (by image size) or null (off), got 'foo'"),
 ])
-def test_the_training_command_ends_bad_input_with_one_line(tmp_path, capfd, extra, says):
+def test_the_training_command_ends_bad_input_with_one_line(files, tmp_path, capfd, extra, says):
+    folder = files["root"] / "folder"  # an image folder of two classes
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (folder / split / c).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(folder / split / c / "x.png")
     argv = ["train", "fit", "-c", "vit_tiny_digits", "--trainer.default_root_dir", str(tmp_path),
-            "--trainer.max_epochs", "1", *extra]
+            "--trainer.max_epochs", "1", *[a.replace("{root}", str(folder)) for a in extra]]
     status, err = run_cli(argv, capfd)
     line = one_error_line(status, err)
     assert says in line, line

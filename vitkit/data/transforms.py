@@ -28,6 +28,9 @@ def default_augment(img_size: int | tuple[int, int], **given) -> dict:
     """The train augmentation for images of ``img_size``, where ``given`` leaves a field to the size ("auto", or
     None for scale, hflip and re_prob): timm's ImageNet pipeline from ``SMALL_IMAGE`` px up; below it a crop of 80 %
     of the image or more and nothing else (an 8 % crop, a flip or RandAugment destroys a 28 px digit)."""
+    jitter = given.get("color_jitter", "auto")
+    if isinstance(jitter, str) and jitter != "auto":
+        raise ValueError(f"color_jitter expects a number, 'auto' (by image size) or null (off), got {jitter!r}")
     base = SMALL_AUGMENT if min(pair(img_size)) < SMALL_IMAGE else IMAGENET_AUGMENT
     auto = {"auto_augment": "auto", "color_jitter": "auto"}  # None is a value of these two: off
     return {k: base[k] if given.get(k, auto.get(k)) == auto.get(k) else given[k] for k in TRAIN_AUGMENT}

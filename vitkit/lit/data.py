@@ -213,6 +213,7 @@ class _SkippingImages(_TrainValLoaders):
         self.save_hyperparameters()  # with the subclass's own arguments (Lightning collects the whole chain)
         self.data_cfg = data_config(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
                                     interpolation=interpolation)
+        self.augmentation()  # a value that is none of the field's refused now, not at the first epoch
 
     def augmentation(self) -> dict:
         """The train augmentation: the fields given, the rest by image size (``transforms.default_augment``)."""
