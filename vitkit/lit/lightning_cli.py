@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
@@ -230,8 +231,6 @@ class VitkitCLI(LightningCLI):
     def _say_dropped_data_settings(self, cfg: Namespace) -> None:
         """A data module named over a config's other one (``--data vitkit.lit.ImageFolderDataModule``) takes the
         config's data settings it has fields for; the others are said, in one line, not dropped in silence."""
-        import yaml
-
         section = None
         for c in cfg.get("config") or []:
             text = yaml.safe_load(Path(str(c)).read_text()) if Path(str(c)).is_file() else None
