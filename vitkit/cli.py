@@ -151,6 +151,8 @@ def _data_and_plot_commands(sub) -> None:
     s.add_argument("-o", "--output", help="the destination, as DST")
     s.add_argument("--model", help="preset name, for formats that do not record it")
     s.add_argument("--overrides", default="{}", help=OVERRIDES)
+    s.add_argument("--adapter", action="store_true", help="a LoRA run's checkpoint -> peft's adapter folder "
+                   "(adapter_config.json, adapter_model.safetensors), not merged into the backbone")
     s.set_defaults(fn=commands.convert)
     s = sub.add_parser("attention-map", help="attention over an image: rollout (ViT) or per-window (Swin)")
     s.add_argument("image")

@@ -313,8 +313,10 @@ def convert(args: argparse.Namespace) -> int:
 
     if (args.dst is None) == (args.output is None):
         raise SystemExit("error: give the destination once: `vitkit convert SRC DST` or `vitkit convert SRC -o DST`")
-    net = vitkit.create_model(args.model, checkpoint=args.src, **_overrides(args.overrides))
     args.dst = args.dst or args.output
+    if args.adapter:
+        return _convert_adapter(args.src, Path(args.dst))
+    net = vitkit.create_model(args.model, checkpoint=args.src, **_overrides(args.overrides))
     dst = Path(args.dst)
     if dst.suffix == ".safetensors":
         write_safetensors(net.state_dict(), dst, metadata={"format": "pt"})
@@ -325,6 +327,28 @@ def convert(args: argparse.Namespace) -> int:
     else:
         raise SystemExit(f"error: unknown destination {args.dst!r}: expected a folder, .safetensors, .pth, .pt or .bin")
     print(f"{args.src} ({net.load_report.format}) -> {dst} as {net.name} in timm / vitkit names")
+    return 0
+
+
+def _convert_adapter(src: str, dst: Path) -> int:
+    """A LoRA run's Lightning checkpoint -> peft's adapter folder, the classifier among the modules it saves."""
+    import torch
+
+    from vitkit.checkpoints.adapt import classifier_names
+    from vitkit.lora import adapted_model, save_adapter
+
+    raw = torch.load(src, map_location="cpu", weights_only=True) if Path(src).is_file() else {}
+    hp = raw.get("hyper_parameters") or {} if isinstance(raw, dict) else {}
+    if not hp.get("lora_rank"):
+        raise SystemExit(f"error: --adapter takes the checkpoint of a LoRA run (--model.lora_rank > 0); {src} is not "
+                         "one")
+    trained = {k[len("model."):]: v for k, v in raw["state_dict"].items() if k.startswith("model.")}
+    model = adapted_model(hp, trained, Path(src))
+    heads = classifier_names(model)
+    save_adapter(model, dst, base_model=hp.get("checkpoint") or hp["model_name"],
+                 head=[heads] if isinstance(heads, str) else list(heads))
+    print(f"{src} -> {dst}: peft adapter folder for {model.name} ({len(trained)} tensors; base model: "
+          f"{hp.get('checkpoint') or hp['model_name']})")
     return 0
 
 

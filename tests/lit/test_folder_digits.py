@@ -22,16 +22,18 @@ from vitkit.lit.data import MAX_WORKERS, ImageFolderDataModule
 CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32-true"]
 
 
-def write_digits(root: Path, size: int = 28, per_class: int | None = None) -> Path:
-    """scikit-learn's 1,797 digits as an ImageNet-style folder of ``size`` px PNGs: every fifth of a class in val/,
-    the rest (``per_class`` of it, if given) in train/."""
+def write_digits(root: Path, size: int = 28, per_class: int | None = None, classes=range(10), seed: int = 0) -> Path:
+    """scikit-learn's 1,797 digits (those of ``classes``) as an ImageNet-style folder of ``size`` px PNGs: every
+    fifth of a class in val/, the rest (``per_class`` of it, if given) in train/, in an order drawn by ``seed``."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    order = np.random.default_rng(0).permutation(len(digits.target))
+    order = np.random.default_rng(seed).permutation(len(digits.target))
     seen: dict[int, int] = {}
     for i in order:
         label = int(digits.target[i])
+        if label not in classes:
+            continue
         n = seen[label] = seen.get(label, 0) + 1
         split = "val" if n % 5 == 1 else "train"
         if split == "train" and per_class is not None and n - 1 - (n - 1) // 5 > per_class:

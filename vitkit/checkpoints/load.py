@@ -149,6 +149,10 @@ def _interpret(path: str | os.PathLike, weights: Path, config: dict | None, raw:
         if not sd:
             raise CheckpointError(f"{weights}: a Lightning checkpoint without {prefix}* weights"
                                   + (" (was it trained with ema_decay?)" if use_ema else ""))
+        if (raw.get("hyper_parameters") or {}).get("lora_rank"):  # adapters and a head: merged into the backbone
+            from vitkit.lora import merged_lightning_state
+
+            sd, overrides = merged_lightning_state(raw, sd, weights)  # and the backbone's whole config
         sd, heads, objective = split_pretraining_heads(sd)
         fmt = "lightning"
     else:

@@ -3,6 +3,7 @@ the files it cannot decode."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from functools import partial
 from io import BytesIO
@@ -94,6 +95,13 @@ class SkippingImageFolder(Dataset):
 
     def __len__(self) -> int:
         return len(self.folder)
+
+    def with_transform(self, transform) -> SkippingImageFolder:
+        """The same files under another transform (the training images as the eval transform shows them)."""
+        out = copy.copy(self)
+        out.folder = copy.copy(self.folder)
+        out.folder.transform = transform
+        return out
 
     def __getitem__(self, i: int):
         try:

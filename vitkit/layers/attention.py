@@ -4,11 +4,9 @@ ViT, Swin and the text encoder-decoder all use :class:`Attention`; they differ o
 additive ``bias`` (Swin's relative positions, ALiBi), a boolean ``attn_mask`` (Swin's shifted-window regions,
 sliding windows), a ``key_padding_mask``, ``is_causal``, a ``memory`` for cross-attention, ``rope`` tables, a cache.
 
-Shape legend: B batch; G groups folded into the batch axis (Swin windows per image; 1 for ViT and text); N query
-tokens, M key/value tokens; C model width; H query heads, Hkv key/value heads (GQA/MQA when < H); D head dim.
-
-Inputs may carry extra leading group axes, ``x: (B, G, N, C)``, folded into the batch axis (``(B·G, H, N, D)``);
-q, k and v stay views of the fused projection.
+Shape legend: B batch; G groups (Swin windows per image; 1 for ViT and text): ``x: (B, G, N, C)`` is folded into
+``(B·G, H, N, D)``, q, k and v staying views of the fused projection; N query tokens, M key/value tokens; C model
+width; H query heads, Hkv key/value heads (GQA/MQA when < H); D head dim.
 
 Backends (a config field stored on the module, never an environment variable):
     ``auto``  the default: on CPU ``sdpa`` or ``math``, whichever the first call of each kind measured faster here
@@ -277,8 +275,9 @@ class Attention(nn.Module):
         """x (B, [G,] N, C) -> q (B·G, H, N, D), k and v (B·G, Hkv, N, D): views of the fused projection."""
         N, C, H, Hkv, D = x.shape[-2], x.shape[-1], self.num_heads, self.num_kv_heads, self.head_dim
         qb, vb, x = self.q_bias, self.v_bias, x.reshape(-1, N, C)
-        qkv = F.linear(x, self.qkv.weight, torch.cat([qb, torch.zeros_like(vb), vb])) \
-            if qb is not None and vb is not None else self.qkv(x)  # q and v biases, none for k; or all or none
+        qkv = self.qkv(x)  # all biases or none; or biases for q and v alone, added (an adapted qkv keeps its forward)
+        if qb is not None and vb is not None:
+            qkv = qkv + torch.cat([qb, torch.zeros_like(vb), vb])
         q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)  # (B·G, N, ·)
         q = q.unflatten(-1, (H, D)).transpose(1, 2)  # (B·G, H, N, D), a view
         k = k.unflatten(-1, (Hkv, D)).transpose(1, 2)  # (B·G, Hkv, N, D)

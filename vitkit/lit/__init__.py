@@ -8,13 +8,14 @@ from .data import DigitsDataModule, ImageFolderDataModule, UnlabeledImageDataMod
 from .lightning_cli import VitkitCLI, cli_main
 from .mim import MaskedImageModeling
 from .seq2seq import Seq2SeqModule
+from .small_data import StepsPerEpoch
 from .strategies import FSDP2Strategy
 from .text_data import OcrDigitsDataModule, Seq2SeqDataModule
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DigitsDataModule", "FSDP2Strategy", "HFDataModule",
            "ImageClassifier", "ImageFolderDataModule", "MaskedImageModeling", "ModelCheckpoint", "OcrDigitsDataModule",
-           "Seq2SeqDataModule", "Seq2SeqModule", "StreamingImageDataModule", "Tokenizer", "TrainingCurves",
-           "UnlabeledImageDataModule", "VitkitCLI", "cli_main"]
+           "Seq2SeqDataModule", "Seq2SeqModule", "StepsPerEpoch", "StreamingImageDataModule", "Tokenizer",
+           "TrainingCurves", "UnlabeledImageDataModule", "VitkitCLI", "cli_main"]
 
 
 def __getattr__(name: str):

@@ -101,17 +101,26 @@ class ModelCheckpoint(_LightningModelCheckpoint):
         self.best_epoch = state_dict.pop("best_epoch", None)
         super().load_state_dict(state_dict)
 
-    def summary(self) -> str:
-        """The run's result in one line: the best monitored score, its epoch and file (or the last file)."""
+    def summary(self, probe: tuple[float, str] | None = None) -> str:
+        """The run's result in one line: the best monitored score, its epoch and file (or the last file); beside
+        it, the probe on frozen features a run started from (``head_init="probe"``)."""
         if self.monitor and self.best_model_score is not None:
             epoch = f" at epoch {self.best_epoch}" if self.best_epoch is not None else ""
-            return f"best {self.monitor} {float(self.best_model_score):.4f}{epoch}: {self.best_model_path}"
+            line = f"best {self.monitor} {float(self.best_model_score):.4f}{epoch}: {self.best_model_path}"
+            if probe is not None and self.best_model_path == probe[1]:
+                return f"{line} (the probe on frozen features; training did not beat it)"
+            return line + (f" (the probe on frozen features: {probe[0]:.4f})" if probe is not None else "")
         return f"last checkpoint: {self.last_model_path or self.last_path}"
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_fit_end(trainer, pl_module)
+        probe = getattr(pl_module, "probe_baseline", None)
+        probe = (probe, getattr(pl_module, "probe_file", "")) if probe is not None and self.monitor == "val/top1" \
+            else None
+        if probe is not None and (self.best_model_score is None or probe[0] >= float(self.best_model_score)):
+            self.best_model_path, self.best_model_score, self.best_epoch = probe[1], torch.tensor(probe[0]), None
         if trainer.is_global_zero and not trainer.fast_dev_run:
-            rank_zero_info(self.summary())
+            rank_zero_info(self.summary(probe))
 
     @property
     def last_path(self) -> str:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitkit
+from vitkit.lora import DEFAULT_TARGETS, LoraSettings, add_lora
 from vitkit.tools.evaluate import Predictions
 
 from .base import EMA, TrainingModule
@@ -29,6 +30,7 @@ from .distill import (
 from .hparams import keep_own_hparams
 from .probe import HeadNorm, fold_into_checkpoint, unfold_from_checkpoint
 from .report import collect, write_test_report
+from .small_data import fit_head, keep_what_trained, probe_path, suggest_small_data_recipe
 
 __all__ = ["EMA", "ImageClassifier"]
 log = logging.getLogger(__name__)
@@ -106,6 +108,14 @@ class ImageClassifier(TrainingModule):
             probe's).
         head_norm: MAE's linear probe: a BatchNorm without affine parameters between the pooled features and the
             head (``vitkit/lit/probe.py``), folded into the head in every checkpoint.
+        head_init: ``random`` (the model's initialisation), or ``probe``: before the first step the head is fitted
+            on the frozen backbone's features of the training images, a logistic regression whose validation top-1
+            is logged as ``val/probe_baseline`` and whose model is saved as ``probe.ckpt``
+            (``vitkit/lit/small_data.py``; the ``finetune_small_data`` recipe).
+        lora_rank, lora_alpha, lora_dropout, lora_targets, lora_parts: low-rank adapters through peft
+            (``vitkit/lora.py``): rank R > 0 trains adapters on the ``lora_targets`` layers (timm's module names;
+            default the attention's qkv and proj) and the head, nothing else; ``lora_parts`` "qv" adapts only the
+            query and value rows of a fused qkv. The checkpoint holds what trained and names the backbone.
     """
 
     def __init__(
@@ -140,6 +150,12 @@ class ImageClassifier(TrainingModule):
         optimizer: Literal["adamw", "sgd"] = "adamw",
         momentum: float = 0.9,
         head_norm: bool = False,
+        head_init: Literal["random", "probe"] = "random",
+        lora_rank: int = 0,
+        lora_alpha: float | None = None,
+        lora_dropout: float = 0.0,
+        lora_targets: list[str] | None = None,
+        lora_parts: str = "qkv",
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -151,6 +167,19 @@ class ImageClassifier(TrainingModule):
             for name, p in self.model.named_parameters():
                 p.requires_grad_(name.startswith("head"))
             self._backbone_to_eval()
+        self.lora = LoraSettings(lora_rank, lora_alpha, lora_dropout, lora_targets or list(DEFAULT_TARGETS),
+                                 lora_parts)
+        if self.lora.rank:
+            if freeze_backbone:
+                raise ValueError("lora_rank with freeze_backbone: LoRA trains adapters in the backbone; give one")
+            self.lora_layers = add_lora(self.model, self.lora)  # everything frozen but the adapters ...
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(p.requires_grad or name.startswith("head"))  # ... and the head
+        if head_init not in ("random", "probe") or (head_init == "probe" and (head_norm or freeze_backbone)):
+            raise ValueError(f"head_init must be 'random' or 'probe' (without head_norm or freeze_backbone: the probe "
+                             f"is the fitted head), got {head_init!r}")
+        self.probe_baseline: float | None = None
+        self.probe_file = ""
         self.num_classes = self.model.cfg.num_classes
         self.head_norm = HeadNorm(self.model) if head_norm else None  # MAE's linear probe (lit/probe.py)
         self._teacher = None
@@ -175,11 +204,21 @@ class ImageClassifier(TrainingModule):
         super().on_save_checkpoint(checkpoint)
         if self.head_norm is not None:  # the file is a plain classifier; the probe as trained rides beside it
             fold_into_checkpoint(self.head_norm, self.model, checkpoint)
+        if self.probe_baseline is not None:
+            checkpoint["probe_baseline"], checkpoint["probe_file"] = self.probe_baseline, self.probe_file
+        if self.lora.rank:
+            keep_what_trained(self, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         if self.head_norm is not None:
             unfold_from_checkpoint(self.model, checkpoint)
+        self.probe_baseline = checkpoint.get("probe_baseline", self.probe_baseline)
+        self.probe_file = checkpoint.get("probe_file", self.probe_file)
+        if self.lora.rank:  # the frozen backbone is this module's, read from the file the checkpoint names
+            own = self.state_dict()
+            checkpoint["state_dict"] = {**{k: v for k, v in own.items() if k not in checkpoint["state_dict"]},
+                                        **checkpoint["state_dict"]}
 
     # -- a teacher (lit/distill.py) -----------------------------------------------------------------------------
 
@@ -199,6 +238,10 @@ class ImageClassifier(TrainingModule):
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
+        if self.hparams.head_init == "probe" and self.trainer.ckpt_path is None and not self.trainer.fast_dev_run:
+            self._fit_probe_head()
+        elif self.hparams.head_init == "random":
+            suggest_small_data_recipe(self, getattr(self.trainer, "datamodule", None))
         if self.hparams.freeze_backbone:
             _warn_whole_model_augmentation(self.hparams, getattr(self.trainer, "datamodule", None))
         if self._teacher is not None:  # the student's device and, for a *-true precision, its dtype
@@ -207,6 +250,18 @@ class ImageClassifier(TrainingModule):
             data_cfg = getattr(getattr(self.trainer, "datamodule", None), "data_cfg", None)
             if data_cfg is not None:  # the batch is normalised as the data module does it
                 self._student_prep.mean, self._student_prep.std = tuple(data_cfg.mean), tuple(data_cfg.std)
+
+    def _fit_probe_head(self) -> None:
+        """``head_init="probe"``: the head fitted on the frozen features, its score logged and its model saved."""
+        dm = self.trainer.datamodule
+        self.probe_baseline = fit_head(self.model, dm, self.device)
+        for logger in self.trainer.loggers:
+            logger.log_metrics({"val/probe_baseline": self.probe_baseline}, step=0)
+        path = probe_path(self.trainer)
+        self.trainer.save_checkpoint(path)
+        self.probe_file = str(path)
+        rank_zero_info(f"probe: a logistic regression on the frozen features of {len(dm.train_set)} training "
+                       f"images, val/top1 {self.probe_baseline:.4f} (val/probe_baseline): {path}")
 
     # -- a frozen backbone is an inference model: its drop path and dropout stay off --------------------------
 

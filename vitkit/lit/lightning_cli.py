@@ -146,6 +146,10 @@ def _trainer_line(e: Exception, cfg: Namespace) -> str:
     return line
 
 
+# config fields a recipe may set on any preset without choosing its shapes
+REGULARISATION = {"drop_path_rate", "drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate"}
+
+
 class VitkitCLI(LightningCLI):
     """LightningCLI with the module and data chosen by class path, facts linked between them (image size,
     classes, vocabularies, normalisation), and every output under the run's root folder."""
@@ -210,7 +214,8 @@ class VitkitCLI(LightningCLI):
         ``--model.model_name``, the model (and the data's normalisation) is the checkpoint's own preset, the one it
         records or the one its shapes fit. A preset the user named stays, and a file it does not fit is refused."""
         init = cfg.model.get("init_args")
-        if init is None or not init.get("checkpoint") or "model_name" not in init or init.get("model_overrides") or \
+        shaped = set(init.get("model_overrides") or {}) - REGULARISATION if init is not None else set()
+        if init is None or not init.get("checkpoint") or "model_name" not in init or shaped or \
                 "model_name" in self._model_args_given:
             return  # the user named the preset, or the recipe or the user shaped it (overrides of that preset)
         shipped = recipes.recipes_dir().resolve()
@@ -298,6 +303,9 @@ class VitkitCLI(LightningCLI):
         dm = self.datamodule
         if getattr(dm, "sets_up_locally", False):  # a split too small for one batch: refused before anything is
             dm.setup("fit")  # written (Lightning makes the logger's folder before it sets the data up)
+            for cb in self.trainer.callbacks:  # a batch fitted to the data first (small_data.StepsPerEpoch)
+                if hasattr(cb, "fit_to_data"):
+                    cb.fit_to_data(self.trainer, self.model, dm)
             try:
                 dm.check_train_size(self.trainer)
             except ValueError as e:

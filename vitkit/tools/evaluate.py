@@ -94,13 +94,35 @@ def knn_top1(train: Tensor, train_labels: Tensor, val: Tensor, val_labels: Tenso
 
 def linear_probe_top1(train: Tensor, train_labels: Tensor, val: Tensor, val_labels: Tensor) -> float:
     """scikit-learn's logistic regression on standardised features (the L-BFGS solver, L2 at C=1)."""
+    return _linear_probe(train, train_labels).score(val.float().numpy(), val_labels.numpy())
+
+
+def _linear_probe(train: Tensor, train_labels: Tensor):
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
     probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
-    probe.fit(train.float().numpy(), train_labels.numpy())
-    return float(probe.score(val.float().numpy(), val_labels.numpy()))
+    return probe.fit(train.float().numpy(), train_labels.numpy())
+
+
+def fit_linear_probe(train: Tensor, train_labels: Tensor, val: Tensor, val_labels: Tensor,
+                     num_classes: int) -> tuple[Tensor, Tensor, float]:
+    """The probe of :func:`linear_probe_top1` as a linear head over the raw features, the standardisation folded
+    in: (weight (num_classes, dim), bias (num_classes,), its top-1 on ``val``). A class without training samples
+    gets the lowest logit."""
+    probe = _linear_probe(train, train_labels)
+    scaler, lr = probe[0], probe[1]
+    coef, icpt = torch.as_tensor(lr.coef_, dtype=torch.float64), torch.as_tensor(lr.intercept_, dtype=torch.float64)
+    if len(lr.classes_) == 2:  # one row for class 1 against class 0: logits (0, z) rank as (-z/2, z/2)
+        coef, icpt = torch.cat([-coef, coef]) / 2, torch.cat([-icpt, icpt]) / 2
+    w = coef / torch.as_tensor(scaler.scale_, dtype=torch.float64)
+    b = icpt - w @ torch.as_tensor(scaler.mean_, dtype=torch.float64)
+    weight = torch.zeros(num_classes, train.shape[1], dtype=torch.float64)
+    bias = torch.full((num_classes,), float(b.min()) - 10, dtype=torch.float64)
+    idx = torch.as_tensor(lr.classes_, dtype=torch.long)
+    weight[idx], bias[idx] = w, b
+    return weight.float(), bias.float(), float(probe.score(val.float().numpy(), val_labels.numpy()))
 
 
 # -- the folder of results --------------------------------------------------------------------------------------

@@ -1,0 +1,149 @@
+"""Small labelled sets (about 10 to 500 images per class) on a pretrained backbone.
+
+Fine-tuning from a random head distorts the pretrained features before the head has learned anything (LP-FT,
+Kumar et al., 2022). So ``head_init="probe"`` fits the head first, on the frozen backbone's pooled features of the
+training images (eval transform, computed once): the logistic regression of ``vitkit evaluate --linear-probe``
+(standardised features, L-BFGS, L2 at C=1), whose standardisation folds into the linear head. Its top-1 on the
+validation split is the baseline the run must beat (``val/probe_baseline``); the model with that head is saved as
+``probe.ckpt``, a classifier checkpoint like any other, and the run's best checkpoint is never worse than it.
+
+:class:`StepsPerEpoch` keeps an epoch from being two optimizer steps: it lowers the batch (and the LR with it) until
+the training split gives at least ``min_steps`` of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
+
+from vitkit.data.transforms import eval_transform
+from vitkit.tools.evaluate import fit_linear_probe
+
+PROBE_FILE = "probe.ckpt"
+
+
+def eval_views(dm: L.LightningDataModule):
+    """The training and validation splits of ``dm``, both in the eval transform (the images as they are)."""
+    if not hasattr(dm, "train_set"):
+        dm.setup("fit")
+    train = getattr(dm, "train_set", None)
+    if train is None or not hasattr(train, "__len__") or not hasattr(dm, "data_cfg"):
+        raise ValueError(f"head_init 'probe' fits the head on the features of every training image, which needs an "
+                         f"image data module with a map-style training split; {type(dm).__name__} has none")
+    if not hasattr(train, "with_transform"):
+        raise ValueError(f"head_init 'probe': the training split of {type(dm).__name__} cannot be read in the eval "
+                         "transform; give an ImageFolderDataModule or an HFDataModule")
+    return train.with_transform(eval_transform(dm.data_cfg)), dm.val_set
+
+
+@torch.no_grad()
+def pooled_features(model: nn.Module, dm: L.LightningDataModule, ds, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The model's pooled features (before the head) and the labels of every readable image of ``ds``."""
+    feats, labels = [], []
+    was_training = model.training
+    model.eval()
+    for batch in dm._loader(ds, False):
+        x, y = dm.on_after_batch_transfer(batch, 0)[:2]
+        if len(y):
+            x = x.to(device)
+            feats.append(model.forward_head(model.forward_features(x), pre_logits=True).float().cpu())
+            labels.append(y.cpu())
+    model.train(was_training)
+    return torch.cat(feats), torch.cat(labels)
+
+
+def fit_head(model: nn.Module, dm: L.LightningDataModule, device: torch.device) -> float:
+    """Fit ``model``'s linear head on the frozen features of ``dm``'s training images; returns its validation top-1."""
+    head = model.get_classifier()
+    if not isinstance(head, nn.Linear) or getattr(model, "head_dist", None) is not None:
+        raise ValueError("head_init 'probe' takes a model with one linear head")
+    train_view, val = eval_views(dm)
+    train, train_y = pooled_features(model, dm, train_view, device)
+    val_x, val_y = pooled_features(model, dm, val, device)
+    weight, bias, top1 = fit_linear_probe(train, train_y, val_x, val_y, head.out_features)
+    with torch.no_grad():
+        head.weight.copy_(weight.to(head.weight))
+        head.bias.copy_(bias.to(head.bias))
+    return top1
+
+
+class StepsPerEpoch(L.Callback):
+    """At least ``min_steps`` optimizer steps per epoch: where the training split holds fewer than
+    ``min_steps`` batches, the batch is lowered to ``len(train) // min_steps`` (at least ``min_batch``) and the
+    module's ``lr`` with it (linearly for SGD, by the square root for AdamW), and the run says so in one line."""
+
+    def __init__(self, min_steps: int = 10, min_batch: int = 4) -> None:
+        if min_steps < 1 or min_batch < 1:
+            raise ValueError(f"StepsPerEpoch takes min_steps >= 1 and min_batch >= 1, got {min_steps}, {min_batch}")
+        self.min_steps, self.min_batch = min_steps, min_batch
+        self.done = False
+
+    def fit_to_data(self, trainer: L.Trainer, module: L.LightningModule, dm: L.LightningDataModule | None) -> None:
+        if self.done or dm is None or "batch_size" not in getattr(dm, "hparams", {}):
+            return
+        self.done = True
+        if not hasattr(dm, "train_set"):
+            dm.setup("fit")
+        n = len(getattr(dm, "train_set", ()) or ())
+        world = max(1, trainer.world_size) * trainer.accumulate_grad_batches
+        batch = dm.hparams.batch_size
+        if not n or n // (batch * world) >= self.min_steps:
+            return
+        new = max(self.min_batch, n // (self.min_steps * world))
+        if new >= batch:
+            return
+        dm.hparams.batch_size = new
+        lr, sgd = module.hparams.get("lr"), module.hparams.get("optimizer") == "sgd"
+        if lr is not None:  # SGD's LR follows the batch linearly, AdamW's by its square root (Malladi et al., 2022)
+            module.hparams.lr = lr * (new / batch if sgd else (new / batch) ** 0.5)
+        rule = f"lr x {new}/{batch}" if sgd else f"lr x sqrt({new}/{batch})"
+        rank_zero_info(f"data: {n} training images give {n // (batch * world)} step(s) of batch {batch} an epoch; "
+                       f"batch {new} gives {n // (new * world)}" + (f", at lr {module.hparams.lr:.3g} ({rule})"
+                                                                    if lr is not None else ""))
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self.fit_to_data(trainer, pl_module, trainer.datamodule)
+
+
+def probe_path(trainer: L.Trainer) -> Path:
+    callback = trainer.checkpoint_callback
+    folder = getattr(callback, "dirpath", None) or Path(trainer.default_root_dir) / "checkpoints"
+    return Path(folder) / PROBE_FILE
+
+
+def suggest_small_data_recipe(module: L.LightningModule, dm: L.LightningDataModule | None) -> None:
+    """One line, where pretrained weights meet a small labelled set, naming the recipe made for it."""
+    hp = module.hparams
+    train, classes = getattr(dm, "train_set", None), getattr(dm, "num_classes", None)
+    if not (hp.get("pretrained") or hp.get("checkpoint")) or not classes or not hasattr(train, "__len__"):
+        return
+    per_class = len(train) / classes
+    if per_class < SMALL_PER_CLASS:
+        rank_zero_info(f"note: {len(train)} training images, about {per_class:.0f} per class: on a set this small, "
+                       "`vitkit train fit -c finetune_small_data` fits the head on the frozen features first and ends "
+                       "no lower than that probe")
+
+
+SMALL_PER_CLASS = 500  # the upper end of what finetune_small_data is made for
+
+
+# -- a LoRA run's checkpoint: what trained, and the backbone it applies to ---------------------------------------
+
+
+def keep_what_trained(module: L.LightningModule, checkpoint: dict) -> None:
+    """Drop the frozen backbone's weights (and their EMA copies) from ``checkpoint``: it keeps the adapters, the head
+    and the hyper-parameters that name the backbone (its file made absolute, its tag), which loading reads again."""
+    frozen = {n for n, p in module.model.named_parameters() if not p.requires_grad}
+    drop = {prefix + n for n in frozen for prefix in ("model.", "ema.module.")}
+    checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k not in drop}
+    hp = checkpoint.get("hyper_parameters")
+    if hp is not None:  # TrainingModule cleared them for a checkpoint that holds every weight; this one does not
+        source = module.hparams.checkpoint
+        hp.update(pretrained=module.hparams.pretrained,
+                  checkpoint=str(Path(source).expanduser().resolve()) if source else None)
+    checkpoint["lora"] = {"adapted": list(module.lora_layers), "backbone": hp.get("checkpoint") if hp else None}
