@@ -18,6 +18,7 @@ from .checkpoints.adapt import classifier_names
 from .checkpoints.files import WEIGHT_SUFFIXES, CheckpointError
 from .checkpoints.load import Checkpoint, CheckpointMismatchError, load_checkpoint, load_heads, read_checkpoint
 from .checkpoints.match import fitting_presets
+from .lora import merge_checkpoint
 from .models.config import pair
 from .models.features import FeatureNet, default_out_indices
 from .models.mim import MAEConfig, MaskedAutoencoder, SimMIM, SimMIMConfig
@@ -175,7 +176,7 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
     plan = _plan(name, pretrained, checkpoint, overrides)
     ck = None
     if plan.checkpoint is not None:
-        ck = plan.checkpoint if isinstance(plan.checkpoint, Checkpoint) else read_checkpoint(plan.checkpoint, use_ema)
+        ck = _read(plan.checkpoint, use_ema)
         plan.name = plan.name or ck.model_name or matched_preset(ck)
         plan.overrides = {**_checked_record(ck, plan.name, plan.overrides), **plan.overrides}
     if plan.name is None:
@@ -241,6 +242,13 @@ def matched_preset(ck: Checkpoint) -> str:
     others = f" (also fit: {', '.join(fits[1:6])}; name one to choose it)" if len(fits) > 1 else ""
     log.info("%s records no model: %s, the preset its shapes fit%s", ck.path, fits[0], others)
     return fits[0]
+
+
+def _read(source: Any, use_ema: bool) -> Checkpoint:
+    ck = source if isinstance(source, Checkpoint) else read_checkpoint(source, use_ema)
+    if ck.lora is not None:  # a LoRA run's adapters and head: merged into the backbone they name
+        merge_checkpoint(ck, create_model)
+    return ck
 
 
 def checkpoint_preset(path: str | os.PathLike) -> tuple[str | None, str]:

@@ -334,6 +334,7 @@ def _convert_adapter(src: str, dst: Path) -> int:
     """A LoRA run's Lightning checkpoint -> peft's adapter folder, the classifier among the modules it saves."""
     import torch
 
+    import vitkit
     from vitkit.checkpoints.adapt import classifier_names
     from vitkit.lora import adapted_model, save_adapter
 
@@ -343,7 +344,7 @@ def _convert_adapter(src: str, dst: Path) -> int:
         raise SystemExit(f"error: --adapter takes the checkpoint of a LoRA run (--model.lora_rank > 0); {src} is not "
                          "one")
     trained = {k[len("model."):]: v for k, v in raw["state_dict"].items() if k.startswith("model.")}
-    model = adapted_model(hp, trained, Path(src))
+    model = adapted_model(hp, trained, Path(src), vitkit.create_model)
     heads = classifier_names(model)
     save_adapter(model, dst, base_model=hp.get("checkpoint") or hp["model_name"],
                  head=[heads] if isinstance(heads, str) else list(heads))

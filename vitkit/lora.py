@@ -246,19 +246,17 @@ def settings_of(hp: dict) -> LoraSettings:
                         hp.get("lora_targets") or list(DEFAULT_TARGETS), hp.get("lora_parts", "qkv"))
 
 
-def adapted_model(hp: dict, trained: dict[str, Tensor], source: Path) -> nn.Module:
-    """The model of a LoRA run's checkpoint, adapters not merged: the backbone its hyper-parameters name, built as
-    the run built it, the adapters injected and the trained tensors (adapters, head) loaded."""
-    import vitkit
-
+def adapted_model(hp: dict, trained: dict[str, Tensor], source: Path, build) -> nn.Module:
+    """The model of a LoRA run's checkpoint, adapters not merged: the backbone its hyper-parameters name, built by
+    ``build`` (``vitkit.create_model``) as the run built it, the adapters injected and the trained tensors (adapters,
+    head) loaded."""
     backbone = hp.get("checkpoint")
     if backbone and not Path(backbone).exists():
         raise FileNotFoundError(f"{source} holds LoRA adapters for the backbone {backbone}, which is not there; "
                                 "put it back at that path (the checkpoint names it)")
     overrides = dict(hp.get("model_overrides") or {})
     overrides.update({k: hp[k] for k in ("num_classes", "img_size") if hp.get(k) is not None})
-    model = vitkit.create_model(hp["model_name"], pretrained=bool(hp.get("pretrained")), checkpoint=backbone,
-                                **overrides)
+    model = build(hp["model_name"], pretrained=bool(hp.get("pretrained")), checkpoint=backbone, **overrides)
     add_lora(model, settings_of(hp))
     missing = [k for k in trained if k not in model.state_dict()]
     if missing:
@@ -268,11 +266,11 @@ def adapted_model(hp: dict, trained: dict[str, Tensor], source: Path) -> nn.Modu
     return model
 
 
-def merged_lightning_state(raw: dict, trained: dict[str, Tensor], source: Path) -> tuple[dict[str, Tensor], dict]:
-    """The whole model's weights of a LoRA run's checkpoint (``model.*`` keys stripped), its adapters merged into
-    the backbone it names, and the model's whole config (the backbone's shapes, which the run's own
-    hyper-parameters need not record)."""
+def merge_checkpoint(ck, build) -> None:
+    """A LoRA run's checkpoint as ``read_checkpoint`` read it (``ck.lora`` set): its state dict becomes the whole
+    model's, the adapters merged into the backbone they name."""
     import dataclasses
 
-    model = merge_lora(adapted_model(raw["hyper_parameters"], trained, source))
-    return model.state_dict(), dataclasses.asdict(model.cfg)
+    model = merge_lora(adapted_model(ck.lora, ck.state_dict, ck.path, build))
+    ck.state_dict, ck.lora = model.state_dict(), None
+    ck.overrides = {**ck.overrides, **{k: v for k, v in dataclasses.asdict(model.cfg).items() if k != "num_classes"}}

@@ -1,4 +1,5 @@
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -147,3 +148,14 @@ def digits_run(tmp_path_factory):
                      "--trainer.devices", "1", "--trainer.num_nodes", "1", "--trainer.strategy", "auto",
                      "--trainer.precision", "32-true", "--trainer.default_root_dir", str(tmp_path),
                      "--trainer.max_epochs", "12", "--model.warmup_epochs", "1"])
+
+
+@pytest.fixture
+def said(caplog):
+    """What Lightning's info lines say (``rank_zero_info``): its logger keeps the handler and stream it found at
+    import, so they are read from the records, not from the captured stream."""
+    logger = logging.getLogger("lightning.pytorch")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO)
+    yield caplog
+    logger.removeHandler(caplog.handler)

@@ -5,7 +5,6 @@ digits module; a backbone file of any preset is matched to its preset; a recipe'
 recipe; evaluate scores what training validated; a run ends with its best score."""
 
 import csv
-import logging
 import re
 from pathlib import Path
 
@@ -43,17 +42,6 @@ def write_digits(root: Path, size: int = 28, per_class: int | None = None, class
         out.mkdir(parents=True, exist_ok=True)
         Image.fromarray(pixels).resize((size, size), Image.BILINEAR).convert("RGB").save(out / f"{i}.png")
     return root
-
-
-@pytest.fixture
-def said(caplog):
-    """What Lightning's info lines say (``rank_zero_info``): its logger keeps the handler and stream it found at
-    import, so they are read from the records, not from the captured stream."""
-    logger = logging.getLogger("lightning.pytorch")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO)
-    yield caplog
-    logger.removeHandler(caplog.handler)
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,9 @@ class Checkpoint:
     heads: dict[str, Tensor] = field(default_factory=dict)
     objective: str | None = None
     head_config: dict[str, Any] = field(default_factory=dict)
+    # a LoRA run's hyper-parameters: the state dict holds its adapters and head, which ``create_model`` merges into
+    # the backbone they name (vitkit/lora.py)
+    lora: dict[str, Any] | None = None
 
     @property
     def num_classes(self) -> int | None:
@@ -149,10 +152,6 @@ def _interpret(path: str | os.PathLike, weights: Path, config: dict | None, raw:
         if not sd:
             raise CheckpointError(f"{weights}: a Lightning checkpoint without {prefix}* weights"
                                   + (" (was it trained with ema_decay?)" if use_ema else ""))
-        if (raw.get("hyper_parameters") or {}).get("lora_rank"):  # adapters and a head: merged into the backbone
-            from vitkit.lora import merged_lightning_state
-
-            sd, overrides = merged_lightning_state(raw, sd, weights)  # and the backbone's whole config
         sd, heads, objective = split_pretraining_heads(sd)
         fmt = "lightning"
     else:
@@ -165,7 +164,9 @@ def _interpret(path: str | os.PathLike, weights: Path, config: dict | None, raw:
         if config and "vitkit" in config:
             fmt = "vitkit"
     head_config = mim_config(config, raw) if objective else {}
-    return Checkpoint(Path(path), fmt, sd, name, overrides, class_names, heads, objective, head_config)
+    hp = raw.get("hyper_parameters") if fmt == "lightning" else None
+    lora = hp if isinstance(hp, dict) and hp.get("lora_rank") else None
+    return Checkpoint(Path(path), fmt, sd, name, overrides, class_names, heads, objective, head_config, lora)
 
 
 def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint, strict: bool = True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Literal
 
@@ -47,6 +48,17 @@ def _warn_whole_model_augmentation(hp, datamodule) -> None:
         log.warning("--model.freeze_backbone with %s: this augmentation is meant for training the whole model; a "
                     "frozen backbone's head learns better with the linear-probe recipe: `vitkit train fit -c "
                     "linear_probe --model.checkpoint BACKBONE --data.root DATA`", ", ".join(heavy))
+
+
+def _record_config(model: nn.Module, hp: dict[str, Any]) -> None:
+    """Record in ``model_overrides`` every config field of ``model`` that differs from its preset's: the shapes a
+    backbone file gave it are then in the checkpoint, which rebuilds the model without that file."""
+    from vitkit.models.registry import preset_config
+
+    cfg, preset = dataclasses.asdict(model.cfg), dataclasses.asdict(preset_config(model.name))
+    own = dict(hp.get("model_overrides") or {})
+    own.update({k: v for k, v in cfg.items() if k not in ("num_classes", "img_size") and v != preset.get(k)})
+    hp["model_overrides"] = own
 
 
 def _build_model(name: str, pretrained: bool, checkpoint: str | None, num_classes: int | None,
@@ -163,45 +175,49 @@ class ImageClassifier(TrainingModule):
         self.check_nonfinite(nonfinite_loss)
         self.distillation = check_distillation(distillation, teacher, distill_alpha, distill_tau)
         self.model = _build_model(model_name, pretrained, checkpoint, num_classes, img_size, model_overrides)
-        if freeze_backbone:
-            for name, p in self.model.named_parameters():
-                p.requires_grad_(name.startswith("head"))
-            self._backbone_to_eval()
-        self.lora = LoraSettings(lora_rank, lora_alpha, lora_dropout, lora_targets or list(DEFAULT_TARGETS),
-                                 lora_parts)
-        if self.lora.rank:
-            if freeze_backbone:
-                raise ValueError("lora_rank with freeze_backbone: LoRA trains adapters in the backbone; give one")
-            self.lora_layers = add_lora(self.model, self.lora)  # everything frozen but the adapters ...
-            for name, p in self.model.named_parameters():
-                p.requires_grad_(p.requires_grad or name.startswith("head"))  # ... and the head
-        if head_init not in ("random", "probe") or (head_init == "probe" and (head_norm or freeze_backbone)):
-            raise ValueError(f"head_init must be 'random' or 'probe' (without head_norm or freeze_backbone: the probe "
-                             f"is the fitted head), got {head_init!r}")
-        self.probe_baseline: float | None = None
-        self.probe_file = ""
+        self._adapt(LoraSettings(lora_rank, lora_alpha, lora_dropout, lora_targets or list(DEFAULT_TARGETS),
+                                 lora_parts), head_init)
         self.num_classes = self.model.cfg.num_classes
         self.head_norm = HeadNorm(self.model) if head_norm else None  # MAE's linear probe (lit/probe.py)
         self._teacher = None
         if self.distillation != "none":
             self._set_teacher(teacher, teacher_checkpoint)
         self.make_ema(ema_decay)
-        self.mixup = None
-        if mixup > 0 or cutmix > 0:
-            self.mixup = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, prob=mixup_prob,
-                               switch_prob=mixup_switch_prob, label_smoothing=label_smoothing,
-                               num_classes=self.num_classes)
-        k5 = min(5, self.num_classes)
+        self.mixup = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, prob=mixup_prob, switch_prob=mixup_switch_prob,
+                           label_smoothing=label_smoothing, num_classes=self.num_classes) \
+            if mixup > 0 or cutmix > 0 else None
         self.metrics = nn.ModuleDict({
             f"{split}_{k}": MulticlassAccuracy(self.num_classes, top_k=t, average="micro")
-            for split in ("val", "val_ema", "test") for k, t in (("top1", 1), ("top5", k5))
-        })
+            for split in ("val", "val_ema", "test") for k, t in (("top1", 1), ("top5", min(5, self.num_classes)))})
+
+    def _adapt(self, lora: LoraSettings, head_init: str) -> None:
+        """A frozen backbone, LoRA adapters (``vitkit/lora.py``) or the probe's head (``lit/small_data.py``), as the
+        arguments ask."""
+        hp = self.hparams
+        if hp.freeze_backbone:
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(name.startswith("head"))
+            self._backbone_to_eval()
+        self.lora = lora
+        if lora.rank:
+            if hp.freeze_backbone:
+                raise ValueError("lora_rank with freeze_backbone: LoRA trains adapters in the backbone; give one")
+            self.lora_layers = add_lora(self.model, lora)  # everything frozen but the adapters ...
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(p.requires_grad or name.startswith("head"))  # ... and the head
+        if head_init not in ("random", "probe") or (head_init == "probe" and (hp.head_norm or hp.freeze_backbone)):
+            raise ValueError(f"head_init must be 'random' or 'probe' (without head_norm or freeze_backbone: the probe "
+                             f"is the fitted head), got {head_init!r}")
+        self.probe_baseline: float | None = None
+        self.probe_file = ""
 
     def forward(self, x: Tensor) -> Tensor:
         return self.model(x) if self.head_norm is None else self.head_norm(self.model, x)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
+        if checkpoint.get("hyper_parameters") is not None:
+            _record_config(self.model, checkpoint["hyper_parameters"])
         if self.head_norm is not None:  # the file is a plain classifier; the probe as trained rides beside it
             fold_into_checkpoint(self.head_norm, self.model, checkpoint)
         if self.probe_baseline is not None:
