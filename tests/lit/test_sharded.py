@@ -19,13 +19,16 @@ MODELS = {"vit": ("vit_tiny_patch16_224", TINY_VIT.replace('"depth": 1', '"depth
           "swin": ("swin_tiny_patch4_window7_224", TINY_SWIN)}
 
 
-def _classifier(root: Path, strategy: str, family: str) -> list[str]:
+def _classifier(root: Path, strategy: str, family: str, *extra: str) -> list[str]:
     """fp32, 2 ranks, 6 batches: accumulation over 2, clipping by norm, layer-wise LR decay, drop path, mixup and
     cutmix, label smoothing, EMA."""
     model, overrides = MODELS[family]
     return ["fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.strategy", strategy,
             "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1", "--model.model_name", model,
-            "--model.model_overrides", overrides[:-1] + ', "drop_path_rate": 0.2}', *RECIPE, *_common(root)]
+            "--model.model_overrides", overrides[:-1] + ', "drop_path_rate": 0.2}', *RECIPE, *extra, *_common(root)]
+
+
+LORA = ["--model.lora_rank", "4", "--model.lora_parts", "qv", "--model.lr", "3e-2"]  # steps that move the adapters
 
 
 def _seq2seq(root: Path, strategy: str) -> list[str]:
@@ -75,6 +78,7 @@ def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("sharded")
     every = [_classifier(root / f"{family}_{strategy}", strategy, family) for family in MODELS
              for strategy in ("ddp", "fsdp2")]
+    every += [_classifier(root / f"lora_{strategy}", strategy, "vit", *LORA) for strategy in ("ddp", "fsdp2")]
     every += [_seq2seq(root / f"seq2seq_{strategy}", strategy) for strategy in ("ddp", "fsdp2")]
     teacher = _teacher(root)
     for strategy in ("ddp", "fsdp2"):
@@ -123,6 +127,15 @@ def test_fsdp2_trains_as_ddp_does_with_the_whole_recipe_on(runs, family):
     ddp_root, fsdp_root = runs / f"{family}_ddp", runs / f"{family}_fsdp2"
     ddp = _fsdp2_equals_ddp(ddp_root, fsdp_root)
     assert any(k.startswith("ema.module.") for k in ddp)
+
+
+def test_lora_trains_under_fsdp2_as_under_ddp(runs):
+    """LoRA on q and v of the fused qkv and on proj, with the whole recipe: the adapters and the head train the
+    same under both strategies, and the keys' rows of lora_B stay zero."""
+    ddp = _fsdp2_equals_ddp(runs / "lora_ddp", runs / "lora_fsdp2")
+    b = ddp["model.blocks.0.attn.qkv.lora_B.default.weight"]
+    third = b.shape[0] // 3
+    assert b[third:2 * third].abs().max() == 0 and b[:third].abs().max() > 0
 
 
 def test_a_model_parallel_strategy_without_sharding_is_refused(tmp_path):
