@@ -134,3 +134,33 @@ def test_evaluate_scores_a_bare_backbone_by_its_shapes_or_by_the_preset_named(di
                                     "vit_base_patch16_224", "--data.root", str(digits_folder), "--knn", "-o",
                                     str(tmp_path / "bad")], capsys))
     assert "patch_embed.proj.weight" in line and "vit_small_patch14_dinov2" in line, line
+
+
+def _best_top1(root: Path) -> float:
+    rows = list(csv.DictReader(open(next(root.glob("logs/version_0/metrics.csv")))))
+    return max(float(r["val/top1"]) for r in rows if r.get("val/top1"))
+
+
+def test_mae_on_a_folder_of_unlabeled_digits_beats_random_weights_with_20_labels_per_class(digits_folder, tmp_path,
+                                                                                           capfd, monkeypatch):
+    """MAE's digits recipe on the 1,437 training digits of the 28 px folder, read without labels (20 of its 30
+    epochs), then the digits recipe on 20 labelled digits per class (30 epochs, validated every 5), from that
+    encoder and from random weights. Best val top-1 over seeds 0 / 1 (pre-training and fine-tuning alike): 0.813 /
+    0.734 from the encoder, 0.420 / 0.549 from random weights."""
+    monkeypatch.chdir(tmp_path)
+    status, err = run_cli(["train", "fit", "-c", "mae_vit_tiny_digits", "--data", "vitkit.lit.UnlabeledImageDataModule",
+                           "--data.root", str(digits_folder / "train"), "--data.img_size", "28",
+                           "--trainer.max_epochs", "20", "--trainer.limit_val_batches", "1", *CPU,
+                           "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", "mae"], capfd)
+    assert status == 0, err
+    few = write_digits(tmp_path / "few", per_class=20)
+    best = {}
+    for name, source in (("encoder", ["--model.checkpoint", "mae/checkpoints/last.ckpt"]), ("random", [])):
+        status, err = run_cli(["train", "fit", "-c", "vit_tiny_digits", "--data", "vitkit.lit.ImageFolderDataModule",
+                               "--data.root", str(few), "--data.img_size", "28", "--trainer.max_epochs", "30",
+                               "--trainer.check_val_every_n_epoch", "5", *CPU, "--trainer.enable_progress_bar",
+                               "false", "--trainer.default_root_dir", name, *source], capfd)
+        assert status == 0, err
+        best[name] = _best_top1(tmp_path / name)
+    print(best)
+    assert best["encoder"] >= 0.6 and best["encoder"] >= best["random"] + 0.1, best

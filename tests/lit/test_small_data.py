@@ -179,6 +179,20 @@ def test_a_lora_run_keeps_what_trained_and_converts_merged_or_as_an_adapter(back
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         ours = cli.model.eval()(x)
+    from vitkit.lit import ImageClassifier
+
+    with torch.no_grad():  # the module rebuilt from the checkpoint: its backbone read again from the file it names
+        torch.testing.assert_close(ImageClassifier.load_from_checkpoint(last).eval()(x), ours)
+    resumed = cli_main(["fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone), "--data.root",
+                        str(few), "--data.img_size", "32", "--model.lora_rank", "4", "--model.lr", "3e-3",
+                        "--trainer.max_epochs", "3", "--trainer.default_root_dir", str(run), "--ckpt_path", "last",
+                        *CPU])
+    assert resumed.trainer.global_step == cli.trainer.global_step * 3 // 2
+    last_after = torch.load(last, weights_only=True)["state_dict"]
+    assert not torch.equal(last_after["model.head.weight"], ck["state_dict"]["model.head.weight"])
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ours = resumed.model.eval()(x)
     assert run_cli(["convert", str(last), "-o", str(tmp_path / "merged")], capsys)[0] == 0
     config = json.loads((tmp_path / "merged/config.json").read_text())
     theirs = timm.create_model(config["architecture"], **config["model_args"]).eval()
