@@ -17,7 +17,7 @@ the preset's again, with timm's names, and needs no peft.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -232,10 +232,6 @@ def load_adapter(model: nn.Module, directory: str | Path) -> list[str]:
                              f"{config.get('base_model_name_or_path')}")
     model.load_state_dict(state, strict=False)
     return names
-
-
-def settings_dict(settings: LoraSettings) -> dict:
-    return asdict(settings)
 
 
 # -- a LoRA run's Lightning checkpoint ----------------------------------------------------------------------------
