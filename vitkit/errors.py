@@ -36,7 +36,7 @@ def user_error(e: BaseException | None) -> BaseException | None:
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, (CheckpointError, MissingWeightsError)) or (
-                isinstance(e, (ValueError, TypeError, OSError)) and _raised_by_vitkit(e.__traceback__)):
+                isinstance(e, (ValueError, TypeError, OSError, ImportError)) and _raised_by_vitkit(e.__traceback__)):
             return e
         e = e.__cause__ or e.__context__
     return None

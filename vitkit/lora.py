@@ -207,11 +207,15 @@ def load_adapter(model: nn.Module, directory: str | Path) -> list[str]:
     config_file = directory / "adapter_config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{directory} is not a peft adapter folder: it has no adapter_config.json")
-    config = json.loads(config_file.read_text())
-    if config.get("peft_type") != "LORA":
-        raise ValueError(f"{config_file}: a {config.get('peft_type')} adapter; vitkit reads LoRA adapters")
-    targets = config["target_modules"]
-    settings = LoraSettings(rank=config["r"], alpha=config.get("lora_alpha"), dropout=config.get("lora_dropout", 0.0),
+    try:
+        config = json.loads(config_file.read_text())
+        kind, rank, targets = config.get("peft_type"), config["r"], config["target_modules"]
+    except (ValueError, KeyError, AttributeError) as e:
+        raise ValueError(f"{config_file} is not a peft adapter config with r and target_modules "
+                         f"({type(e).__name__}: {e})") from None
+    if kind != "LORA":
+        raise ValueError(f"{config_file}: a {kind} adapter; vitkit reads LoRA adapters")
+    settings = LoraSettings(rank=rank, alpha=config.get("lora_alpha"), dropout=config.get("lora_dropout", 0.0),
                             targets=[targets] if isinstance(targets, str) else list(targets))
     names = add_lora(model, settings)
     weights = directory / "adapter_model.safetensors"

@@ -9,6 +9,7 @@ the small labelled set is 20 images of each of the digits 5-9, validated on the 
 import csv
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,14 @@ def test_an_adapter_folder_for_another_model_is_refused_in_one_line(tmp_path):
         load_adapter(other, tmp_path / "adapter")
     same = vitkit.create_model("vit_small_patch16_224", **TINY["vit_small_patch16_224"], num_classes=3)
     assert load_adapter(same, tmp_path / "adapter")
+    (tmp_path / "adapter/adapter_config.json").write_text('{"peft_type": "LORA", "r": 4')  # cut short
+    with pytest.raises(ValueError, match="is not a peft adapter config with r and target_modules"):
+        load_adapter(vitkit.create_model("vit_small_patch16_224", **TINY["vit_small_patch16_224"]),
+                     tmp_path / "adapter")
+
+
+def test_lora_without_peft_installed_says_what_to_install_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # as where peft is not installed
+    line = one_error_line(*run_cli(["train", "fit", "-c", "vit_tiny_digits", "--model.lora_rank", "4",
+                                    "--trainer.default_root_dir", str(tmp_path), *CPU], capsys))
+    assert line.endswith("pip install 'vitkit[lora]'"), line
