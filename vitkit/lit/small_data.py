@@ -42,16 +42,15 @@ def eval_views(dm: L.LightningDataModule):
 
 @torch.no_grad()
 def pooled_features(model: nn.Module, dm: L.LightningDataModule, ds, device: torch.device) -> tuple[Tensor, Tensor]:
-    """The model's pooled features (before the head) and the labels of every readable image of ``ds``, read as
-    ``vitkit evaluate`` reads a split."""
-    from .evaluate import _batches
-
+    """The model's pooled features (before the head) and the labels of every readable image of ``ds``."""
     feats, labels = [], []
     was_training = model.training
     model.eval()
-    for x, y, _ in _batches(dm, ds, device):
-        feats.append(model.forward_head(model.forward_features(x), pre_logits=True).float().cpu())
-        labels.append(y.cpu())
+    for batch in dm._loader(ds, False):
+        x, y = dm.on_after_batch_transfer(batch, 0)[:2]
+        if len(y):  # a batch whose every file was unreadable
+            feats.append(model.forward_head(model.forward_features(x.to(device)), pre_logits=True).float().cpu())
+            labels.append(y.cpu())
     model.train(was_training)
     return torch.cat(feats), torch.cat(labels)
 
