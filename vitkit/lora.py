@@ -57,10 +57,6 @@ class LoraSettings:
             raise ValueError(f"lora_parts must name some of q, k and v once each (qkv, qv, q, ...), got "
                              f"{self.parts!r}")
 
-    @property
-    def scale(self) -> float:
-        return (self.alpha or self.rank) / self.rank
-
 
 def _peft():
     try:
