@@ -11,14 +11,14 @@ needs_flex = pytest.mark.skipif(not FLEX, reason="torch.compile builds flex atte
 BACKENDS = ("sdpa", "math", "flex") if FLEX else ("sdpa", "math")
 
 
-def compiled_training_step_matches_eager(model, x) -> None:
-    """``torch.compile(model, fullgraph=True)`` (a graph break is an error) trains like the eager model: a
-    training step (train mode, drop path on, cross-entropy, backward) gives the eager loss and gradients."""
+def compiled_training_step_matches_eager(model, x, backend: str = "inductor") -> None:
+    """``torch.compile(model, fullgraph=True, backend=backend)`` (a graph break is an error) trains like the eager
+    model: a training step (train mode, drop path on, cross-entropy, backward) gives the eager loss and gradients."""
     import torch
     from torch.testing import assert_close
 
     y = torch.arange(len(x)) % model.num_classes
-    compiled = torch.compile(model, fullgraph=True)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
     grads, losses = [], []
     with torch._inductor.config.patch(fallback_random=True):  # the eager RNG: the same drop-path draws
         for net in (model, compiled):

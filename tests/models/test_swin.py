@@ -46,7 +46,9 @@ def _check(ours, theirs, backends=("sdpa", "math"), batch=2, atol=1e-4):
     dict(embed_dim=24, depths=(1, 2), num_heads=(1, 2), window_size=3, img_size=48, patch_size=2),
 ], ids=["tiny", "per_stage_window", "shrinking_window", "odd_window"])
 def test_tiny_configs_match_timm_on_every_backend(kw):
-    _check(*_pair("swin_tiny_patch4_window7_224", **kw), backends=BACKENDS)
+    """flex (a compile each) on the first config and the odd window (padded maps, a window of odd size)."""
+    flex = kw is TINY or kw["window_size"] == 3
+    _check(*_pair("swin_tiny_patch4_window7_224", **kw), backends=BACKENDS if flex else ("sdpa", "math"))
 
 
 def test_swin_tiny_224_matches_timm():
@@ -196,15 +198,16 @@ def test_backward_math_matches_sdpa():
 
 
 def test_compile_fullgraph_tiny_swin():
-    """As for ViT: the forward captured whole and traced by AOTAutograd; inductor builds the training step. The
-    smallest Swin that has every part: a regular and a shifted block, then patch merging into a second stage."""
+    """As for ViT: the forward and the training step captured whole and traced by AOTAutograd (inductor's own build
+    of the step is checked on ViT). The smallest Swin that has every part: a regular and a shifted block, then
+    patch merging into a second stage."""
     tiny = dict(TINY, depths=(2, 1), num_heads=(2, 2), img_size=32)
     m = vitkit.create_model("swin_tiny_patch4_window7_224", **tiny, num_classes=3).eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert_close(torch.compile(m, fullgraph=True, backend="aot_eager")(x), m(x), atol=1e-5, rtol=1e-5)
     m = vitkit.create_model("swin_tiny_patch4_window7_224", **tiny, num_classes=3, drop_path_rate=0.2)
-    compiled_training_step_matches_eager(m, x)
+    compiled_training_step_matches_eager(m, x, backend="aot_eager")
 
 
 @pytest.mark.parametrize("H,W", [(8, 8), (12, 8), (13, 9), (3, 5)])
