@@ -17,6 +17,7 @@ the preset's again, with timm's names, and needs no peft.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,10 +112,7 @@ def add_lora(model: nn.Module, settings: LoraSettings) -> list[str]:
 
 def _row_mask(model: nn.Module, name: str, parts: str) -> Tensor:
     """1 on the rows of the fused projection ``name`` that belong to ``parts``, 0 elsewhere."""
-    attn = model.get_submodule(name.rpartition(".")[0])
-    H, Hkv, D = attn.num_heads, attn.num_kv_heads, attn.head_dim
-    sizes = {"q": H * D, "k": Hkv * D, "v": Hkv * D}
-    return torch.cat([torch.full((n,), float(p in parts)) for p, n in sizes.items()])
+    return torch.cat([torch.full((n,), float(p in parts)) for p, n in _row_sizes(model, name).items()])
 
 
 def _keep_parts(model: nn.Module, name: str, parts: str) -> None:
@@ -161,28 +159,70 @@ PEFT_PREFIX = "base_model.model."
 def save_adapter(model: nn.Module, directory: str | Path, base_model: str, head: list[str]) -> Path:
     """Write peft's adapter folder for ``model`` (adapters injected by :func:`add_lora`): ``adapter_config.json``
     and ``adapter_model.safetensors``, the classifier ``head`` (module names) among the modules to save, as
-    ``PeftModel.from_pretrained(timm_model, directory)`` reads it."""
+    ``PeftModel.from_pretrained(timm_model, directory)`` reads it. The modules are timm's: where timm's Eva class
+    splits what vitkit fuses, an adapter on the fused ``attn.qkv`` becomes one per ``q_proj``, ``k_proj``,
+    ``v_proj`` (the same ``lora_A``, ``lora_B``'s rows of each), and adapters on ``mlp.fc1_g`` and ``mlp.fc1_x``
+    one of twice the rank on the packed ``mlp.fc1`` (``lora_B`` block-diagonal): the same update exactly."""
     from vitkit.checkpoints.files import write_json, write_safetensors
+    from vitkit.checkpoints.load import timm_args, timm_shapes
 
     peft = _peft()
     settings: LoraSettings = model.lora
-    names = [n for n, _ in lora_layers(model)]
-    for _, layer in lora_layers(model):
+    theirs = timm_shapes(*timm_args(model)) or {}
+    alpha = settings.alpha or settings.rank
+    adapters, ranks = {}, {}
+    for name, layer in lora_layers(model):
         _zero_other_rows(layer.lora_B[ADAPTER])
-    config = peft.LoraConfig(r=settings.rank, lora_alpha=settings.alpha or settings.rank,
-                             lora_dropout=settings.dropout, target_modules=names, bias="none",
-                             modules_to_save=head, base_model_name_or_path=base_model)
+        a, b = layer.lora_A[ADAPTER].weight.detach(), layer.lora_B[ADAPTER].weight.detach()
+        for target, ta, tb in _timm_adapters(model, name, a, b, theirs, adapters):
+            adapters[target] = (ta, tb)
+            if ta.shape[0] != settings.rank:
+                ranks[target] = ta.shape[0]
+    config = peft.LoraConfig(r=settings.rank, lora_alpha=alpha, lora_dropout=settings.dropout,
+                             target_modules=list(adapters), bias="none", modules_to_save=head,
+                             rank_pattern=ranks, alpha_pattern={k: alpha * r / settings.rank for k, r in ranks.items()},
+                             base_model_name_or_path=base_model)
     state = {}
+    for target, (a, b) in adapters.items():  # peft stores an adapter without its name
+        state[f"{PEFT_PREFIX}{target}.lora_A.weight"], state[f"{PEFT_PREFIX}{target}.lora_B.weight"] = a, b
     for key, value in model.state_dict().items():
-        if is_adapter_key(key):  # peft stores an adapter without its name
-            state[PEFT_PREFIX + key.replace(f".{ADAPTER}.", ".")] = value
-        elif any(key.startswith(h + ".") for h in head):
+        if any(key.startswith(h + ".") for h in head):
             state[PEFT_PREFIX + key] = value
     directory = Path(directory)
     write_json(_json_ready(config.to_dict()), directory / "adapter_config.json")
     write_safetensors({k: v.detach().contiguous() for k, v in state.items()}, directory / "adapter_model.safetensors",
                       metadata={"format": "pt"})
     return directory
+
+
+def _timm_adapters(model: nn.Module, name: str, a: Tensor, b: Tensor, theirs: dict, done: dict):
+    """(timm's module name, lora_A, lora_B) for vitkit's adapter on ``name``: the same where timm has the module
+    (or where timm has no such model: ``theirs`` empty)."""
+    stem, _, leaf = name.rpartition(".")
+    if leaf == "qkv" and f"{stem}.q_bias" in theirs:
+        raise ValueError(f"{name}: timm's {model.name} computes its qkv from qkv.weight directly (with its q and v "
+                         "biases), so peft's adapter on it would be ignored there; convert without --adapter to merge "
+                         "it, or train with --model.lora_targets that leave attn.qkv out")
+    if not theirs or f"{name}.weight" in theirs:
+        return [(name, a, b)]
+    if leaf == "qkv" and f"{stem}.q_proj.weight" in theirs:
+        parts = getattr(model.lora, "parts", "qkv")
+        sizes = [theirs[f"{stem}.{p}_proj.weight"][0] for p in "qkv"]
+        return [(f"{stem}.{p}_proj", a.clone(), rows) for p, rows in zip("qkv", b.split(sizes), strict=True)
+                if p in parts]
+    if leaf in ("fc1_g", "fc1_x") and f"{stem}.fc1.weight" in theirs:
+        if f"{stem}.fc1" in done:
+            return []
+        pair = {}
+        for half in ("fc1_g", "fc1_x"):
+            layer = model.get_submodule(f"{stem}.{half}")
+            if hasattr(layer, "lora_A"):
+                pair[half] = layer.lora_A[ADAPTER].weight.detach(), layer.lora_B[ADAPTER].weight.detach()
+            else:  # one half adapted: the other's update is zero
+                pair[half] = a.new_zeros(a.shape[0], layer.in_features), b.new_zeros(layer.out_features, b.shape[1])
+        (ag, bg), (ax, bx) = pair["fc1_g"], pair["fc1_x"]
+        return [(f"{stem}.fc1", torch.cat([ag, ax]), torch.block_diag(bg, bx))]
+    raise ValueError(f"{name}: timm's {getattr(model, 'name', 'model')} has no such layer to put its adapter on")
 
 
 def _json_ready(value: Any) -> Any:
@@ -211,13 +251,16 @@ def load_adapter(model: nn.Module, directory: str | Path) -> list[str]:
                          f"({type(e).__name__}: {e})") from None
     if kind != "LORA":
         raise ValueError(f"{config_file}: a {kind} adapter; vitkit reads LoRA adapters")
-    settings = LoraSettings(rank=rank, alpha=config.get("lora_alpha"), dropout=config.get("lora_dropout", 0.0),
-                            targets=[targets] if isinstance(targets, str) else list(targets))
-    names = add_lora(model, settings)
     weights = directory / "adapter_model.safetensors"
+    saved = {key.removeprefix(PEFT_PREFIX): value for key, value in load_file(weights).items()}
+    saved, parts = _vitkit_adapters(model, saved, weights)
+    targets = sorted({k.rpartition(".lora_")[0] for k in saved if is_adapter_key(k)}) or \
+        ([targets] if isinstance(targets, str) else list(targets))
+    settings = LoraSettings(rank=rank, alpha=config.get("lora_alpha"), dropout=config.get("lora_dropout", 0.0),
+                            targets=targets, parts=parts)
+    names = add_lora(model, settings)
     state = {}
-    for key, value in load_file(weights).items():
-        key = key.removeprefix(PEFT_PREFIX)
+    for key, value in saved.items():
         for part in (".lora_A.", ".lora_B."):
             key = key.replace(part, f"{part}{ADAPTER}.") if part in key else key
         state[key] = value
@@ -232,6 +275,51 @@ def load_adapter(model: nn.Module, directory: str | Path) -> list[str]:
                              f"{config.get('base_model_name_or_path')}")
     model.load_state_dict(state, strict=False)
     return names
+
+
+def _vitkit_adapters(model: nn.Module, saved: dict[str, Tensor], source: Path) -> tuple[dict[str, Tensor], str]:
+    """An adapter folder's tensors in vitkit's layout (the inverse of :func:`_timm_adapters`) and the qkv parts
+    it adapts: adapters on timm's separate ``q_proj``, ``k_proj``, ``v_proj`` (one ``lora_A``) become one on the
+    fused ``qkv``, the packed ``mlp.fc1``'s block-diagonal one becomes ``mlp.fc1_g``'s and ``mlp.fc1_x``'s."""
+    own = dict(model.named_modules())
+    out, parts = {}, "qkv"
+    for key, value in saved.items():
+        stem, _, rest = key.partition(".lora_")
+        m = re.match(r"(.*\.attn)\.([qkv])_proj$", stem)
+        if m and stem not in own and f"{m[1]}.qkv" in own:
+            qkv = f"{m[1]}.qkv"
+            if f"{qkv}.lora_A.weight" in out:
+                continue
+            found = {p: (saved[f"{m[1]}.{p}_proj.lora_A.weight"], saved[f"{m[1]}.{p}_proj.lora_B.weight"])
+                     for p in "qkv" if f"{m[1]}.{p}_proj.lora_A.weight" in saved}
+            a = next(iter(found.values()))[0]
+            if any(not torch.equal(fa, a) for fa, _ in found.values()):
+                raise ValueError(f"{source}: the adapters of {m[1]}'s q_proj, k_proj and v_proj have different "
+                                 "lora_A; vitkit's fused qkv takes one (load this folder onto timm's model with peft)")
+            sizes = _row_sizes(model, qkv)
+            out[f"{qkv}.lora_A.weight"] = a
+            out[f"{qkv}.lora_B.weight"] = torch.cat([found[p][1] if p in found else a.new_zeros(n, a.shape[0])
+                                                      for p, n in sizes.items()])
+            parts = "".join(found)
+        elif re.search(r"\.mlp\.fc1$", stem) and stem not in own and f"{stem}_g" in own:
+            if rest != "A.weight":
+                continue
+            a, b = value, saved[f"{stem}.lora_B.weight"]
+            r, h = a.shape[0] // 2, b.shape[0] // 2
+            if b[:h, r:].any() or b[h:, :r].any():
+                raise ValueError(f"{source}: the adapter of {stem} mixes the gate's and the value's rows; vitkit's "
+                                 "fc1_g and fc1_x take one each (load this folder onto timm's model with peft)")
+            out.update({f"{stem}_g.lora_A.weight": a[:r], f"{stem}_g.lora_B.weight": b[:h, :r],
+                        f"{stem}_x.lora_A.weight": a[r:], f"{stem}_x.lora_B.weight": b[h:, r:]})
+        else:
+            out[key] = value
+    return out, parts
+
+
+def _row_sizes(model: nn.Module, name: str) -> dict[str, int]:
+    attn = model.get_submodule(name.rpartition(".")[0])
+    return {"q": attn.num_heads * attn.head_dim, "k": attn.num_kv_heads * attn.head_dim,
+            "v": attn.num_kv_heads * attn.head_dim}
 
 
 # -- a LoRA run's Lightning checkpoint ----------------------------------------------------------------------------

@@ -105,33 +105,41 @@ def test_the_ordinary_recipes_name_the_small_data_recipe_on_small_data(backbone,
 
 # -- LoRA -------------------------------------------------------------------------------------------------------
 
-TINY = {  # every family vitkit loads, at a tiny size; timm names the modules as vitkit does for these
+TINY = {  # every family vitkit loads, at a tiny size
     "vit_small_patch16_224": dict(depth=2, img_size=32, embed_dim=64, num_heads=2),
     "deit_small_distilled_patch16_224": dict(depth=2, img_size=32, embed_dim=64, num_heads=2),
     "swin_tiny_patch4_window7_224": dict(depths=(1, 1), num_heads=(1, 2), embed_dim=16, window_size=4, img_size=32),
     "vit_base_patch16_clip_224": dict(depth=2, img_size=32, embed_dim=64, num_heads=2),
     "vit_base_patch16_siglip_224": dict(depth=2, img_size=32, embed_dim=64, num_heads=2),
     "vit_small_patch14_dinov2": dict(depth=2, img_size=28, embed_dim=64, num_heads=2),
-}
-OWN_NAMES = {  # timm's Eva class names LayerScale and the SwiGLU MLP its own way: peft reads vitkit's model here
+    # timm's Eva class: LayerScale as gamma_1 / gamma_2, EVA-02's q, k, v projections apart, its SwiGLU packed
     "eva02_tiny_patch14_224": dict(depth=2, img_size=28),
+    "eva02_base_patch14_224": dict(depth=2, img_size=28, embed_dim=64, num_heads=2),
     "vit_small_patch16_dinov3": dict(depth=2, img_size=32, embed_dim=64, num_heads=2),
 }
+MLP = {"eva02_tiny_patch14_224": ["mlp.fc1_g", "mlp.fc1_x"], "vit_small_patch16_224": ["mlp.fc1"]}
+# timm's Eva computes a fused qkv that has q and v biases from qkv.weight directly: an adapter there is refused
+FUSED_WITH_BIASES = ("eva02_tiny_patch14_224",)
 
 
-@pytest.mark.parametrize("name", [*TINY, *OWN_NAMES])
+@pytest.mark.parametrize("name", list(TINY))
 def test_lora_merges_to_the_same_logits_and_its_adapter_folder_loads_in_peft(name, tmp_path):
+    """The merged model loads strictly into timm's model of the preset and gives the adapted model's logits; the
+    adapter folder, put by peft onto timm's model with the backbone's weights, gives them too, and so does vitkit's
+    own reading of it (:func:`vitkit.lora.load_adapter`). Adapters on the query and value rows alone, and for two
+    presets on the MLP too (EVA-02's SwiGLU halves, which timm packs into one layer)."""
     from peft import PeftModel
 
     from vitkit.checkpoints.adapt import classifier_names
-    from vitkit.lora import LoraSettings, add_lora, merge_lora, save_adapter
+    from vitkit.lora import DEFAULT_TARGETS, LoraSettings, add_lora, load_adapter, merge_lora, save_adapter
 
     torch.manual_seed(0)
-    kw = {**TINY.get(name, {}), **OWN_NAMES.get(name, {}), "num_classes": 3}
+    kw = {**TINY[name], "num_classes": 3}
     model = vitkit.create_model(name, **kw).eval()
     base = {k: v.clone() for k, v in model.state_dict().items()}
-    names = add_lora(model, LoraSettings(rank=4, alpha=8, parts="qv"))
-    assert names and all(n.endswith(("attn.qkv", "attn.proj")) for n in names)
+    targets = [t for t in DEFAULT_TARGETS if name not in FUSED_WITH_BIASES or t != "attn.qkv"] + MLP.get(name, [])
+    names = add_lora(model, LoraSettings(rank=4, alpha=8, parts="qv", targets=targets))
+    assert names and all(n.endswith(tuple(targets)) for n in names)
     with torch.no_grad():  # as after training: adapters away from their zero start, a new head
         for n, p in model.named_parameters():
             if "lora_B" in n:
@@ -143,26 +151,34 @@ def test_lora_merges_to_the_same_logits_and_its_adapter_folder_loads_in_peft(nam
     with torch.no_grad():
         before = model(x)
     heads = classifier_names(model)
-    save_adapter(model, tmp_path / "adapter", name, [heads] if isinstance(heads, str) else list(heads))
-    qkv = model.get_submodule(names[0] if names[0].endswith("qkv") else names[1]).lora_B["default"].weight
-    third = qkv.shape[0] // 3
-    assert qkv[third:2 * third].abs().max() == 0 and qkv[:third].abs().max() > 0  # the key rows not adapted
+    heads = [heads] if isinstance(heads, str) else list(heads)
+    save_adapter(model, tmp_path / "adapter", name, heads)
+    trained = {k: v.clone() for k, v in model.state_dict().items() if "lora_" in k or k.split(".")[0] in heads}
+    if "attn.qkv" in targets:
+        qkv = model.get_submodule(next(n for n in names if n.endswith("qkv"))).lora_B["default"].weight
+        third = qkv.shape[0] // 3
+        assert qkv[third:2 * third].abs().max() == 0 and qkv[:third].abs().max() > 0  # the key rows not adapted
     merged = merge_lora(model)
     assert not [n for n in merged.state_dict() if "lora" in n or "base_layer" in n]
     with torch.no_grad():
         torch.testing.assert_close(merged(x), before, atol=1e-5, rtol=1e-5)
-    if name in TINY:
-        theirs = timm.create_model(name, **kw).eval()
-        theirs.load_state_dict(merged.state_dict(), strict=True)
-        torch.testing.assert_close(theirs(x), before, atol=1e-5, rtol=1e-5)
-        plain = timm.create_model(name, **kw).eval()
-        plain.load_state_dict(base, strict=True)
-    else:
-        plain = vitkit.create_model(name, **kw).eval()
-        plain.load_state_dict(base, strict=True)
+    vitkit.save_pretrained(merged, tmp_path / "merged")
+    theirs = timm.create_model(name, **kw).eval()
+    theirs.load_state_dict(load_file(tmp_path / "merged/model.safetensors"), strict=True)
+    plain = timm.create_model(name, **kw).eval()
+    ours = vitkit.create_model(name, **kw).eval()
+    ours.load_state_dict(base, strict=True)
+    vitkit.save_pretrained(ours, tmp_path / "base")  # the backbone's weights in timm's names
+    plain.load_state_dict(load_file(tmp_path / "base/model.safetensors"), strict=True)
+    load_adapter(ours, tmp_path / "adapter")
+    assert sorted(k for k, v in ours.state_dict().items() if k in trained) == sorted(trained)
     with torch.no_grad():
+        torch.testing.assert_close(theirs(x), before, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(vitkit.create_model(checkpoint=tmp_path / "merged").eval()(x), before,
+                                   atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(PeftModel.from_pretrained(plain, tmp_path / "adapter").eval()(x), before,
                                    atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours(x), before, atol=1e-5, rtol=1e-5)
 
 
 def test_a_lora_run_keeps_what_trained_and_converts_merged_or_as_an_adapter(backbone, few, tmp_path, capsys):
@@ -224,6 +240,34 @@ def test_bad_lora_settings_end_in_one_line(backbone, few, tmp_path, capsys, args
                                     "--data.root", str(few), "--trainer.default_root_dir", str(tmp_path), *CPU,
                                     *args], capsys))
     assert expected in line, line
+
+
+def test_an_adapter_timm_would_ignore_is_refused(tmp_path):
+    from vitkit.lora import LoraSettings, add_lora, save_adapter
+
+    model = vitkit.create_model("eva02_tiny_patch14_224", **TINY["eva02_tiny_patch14_224"], num_classes=3)
+    add_lora(model, LoraSettings(rank=4))
+    with pytest.raises(ValueError, match=r"^blocks\.0\.attn\.qkv: timm's eva02_tiny_patch14_224 computes its qkv from "
+                                         r"qkv\.weight directly .* leave attn\.qkv out$"):
+        save_adapter(model, tmp_path / "adapter", "eva02_tiny_patch14_224", ["head"])
+
+
+def test_an_adapter_vitkits_fused_layers_cannot_hold_is_refused(tmp_path):
+    """timm's EVA-02 B adapted with a different lora_A on q_proj and v_proj: vitkit's one qkv cannot take it."""
+    from safetensors.torch import save_file
+
+    from vitkit.lora import LoraSettings, add_lora, load_adapter, save_adapter
+
+    kw = {**TINY["eva02_base_patch14_224"], "num_classes": 3}
+    model = vitkit.create_model("eva02_base_patch14_224", **kw)
+    add_lora(model, LoraSettings(rank=4, parts="qv"))
+    save_adapter(model, tmp_path / "adapter", "eva02_base_patch14_224", ["head"])
+    weights = load_file(tmp_path / "adapter/adapter_model.safetensors")
+    key = "base_model.model.blocks.0.attn.v_proj.lora_A.weight"
+    save_file({**weights, key: weights[key] + 1}, tmp_path / "adapter/adapter_model.safetensors")
+    with pytest.raises(ValueError, match=r"the adapters of blocks\.0\.attn's q_proj, k_proj and v_proj have "
+                                         r"different lora_A; vitkit's fused qkv takes one"):
+        load_adapter(vitkit.create_model("eva02_base_patch14_224", **kw), tmp_path / "adapter")
 
 
 def test_an_adapter_folder_for_another_model_is_refused_in_one_line(tmp_path):

@@ -162,6 +162,36 @@ TIMM_EVA: Rules = [
     (r"\.mlp\.w3\.", ".mlp.fc2."),
 ]
 
+
+def timm_layout(sd: dict[str, Tensor], theirs: dict[str, torch.Size]) -> dict[str, Tensor]:
+    """``sd`` (vitkit's names) in the names of timm's model of the same preset, whose keys and shapes are
+    ``theirs``: the inverse of TIMM_EVA where timm's Eva class keeps LayerScale as bare gammas, EVA-02's q, k, v as
+    separate projections (no key bias) and the packed SwiGLU as one ``mlp.fc1``. Keys timm has under vitkit's name
+    stay as they are, so for timm's ViT and Swin nothing changes."""
+    out: dict[str, Tensor] = {}
+    for k, v in sd.items():
+        if k in theirs:
+            out[k] = v
+            continue
+        m = re.match(r"(.*)\.ls([12])\.gamma$", k)
+        if m and f"{m[1]}.gamma_{m[2]}" in theirs:
+            out[f"{m[1]}.gamma_{m[2]}"] = v
+        elif (m := re.match(r"(.*\.attn\.)out_norm\.(.*)$", k)) and f"{m[1]}norm.{m[2]}" in theirs:
+            out[f"{m[1]}norm.{m[2]}"] = v
+        elif (m := re.match(r"(.*\.attn\.)qkv\.weight$", k)) and f"{m[1]}q_proj.weight" in theirs:
+            sizes = [theirs[f"{m[1]}{p}_proj.weight"][0] for p in "qkv"]
+            for p, part in zip("qkv", v.split(sizes), strict=True):
+                out[f"{m[1]}{p}_proj.weight"] = part
+        elif (m := re.match(r"(.*\.attn\.)([qv])_bias$", k)) and f"{m[1]}{m[2]}_proj.bias" in theirs:
+            out[f"{m[1]}{m[2]}_proj.bias"] = v
+        elif (m := re.match(r"(.*\.mlp\.)fc1_([gx])\.(weight|bias)$", k)) and f"{m[1]}fc1.{m[3]}" in theirs:
+            if m[2] == "g":  # timm's GluMlp: [gate | value] rows in one layer
+                out[f"{m[1]}fc1.{m[3]}"] = torch.cat([v, sd[f"{m[1]}fc1_x.{m[3]}"]])
+        else:
+            out[k] = v
+    return out
+
+
 OFFICIAL_DINO: Rules = [  # facebookresearch/dinov2 and dinov3 (their SwiGLU: w12 packed or w1, w2; then w3)
     (r"^register_tokens$", "reg_token"),
     (r"^storage_tokens$", "reg_token"),

@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from ..models.registry import preset_config
 from .adapt import adapt, classifier_names, head_keys, headless
 from .files import CheckpointError, is_sharded, read_file, resolve, write_json, write_safetensors
-from .formats import split_pretraining_heads, to_vitkit, unwrap
+from .formats import split_pretraining_heads, timm_layout, to_vitkit, unwrap
 from .hf_config import mim_config, preset_for
 from .sharded import read_sharded
 
@@ -237,24 +238,47 @@ TIMM_ARGS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "depths
              "window_size", "global_pool")
 
 
+def timm_args(model: nn.Module) -> tuple[str, dict]:
+    """(preset name, the arguments timm's ``create_model`` takes to build the same architecture)."""
+    name = getattr(model, "name", None)
+    if name is None:
+        raise ValueError("save_pretrained needs a model made by vitkit.create_model (it records the preset name)")
+    cfg, preset = dataclasses.asdict(model.cfg), dataclasses.asdict(preset_config(name))
+    changed = {k: cfg[k] for k in TIMM_ARGS if k in cfg and cfg[k] != preset[k]}
+    return name, {"num_classes": cfg["num_classes"], **changed}
+
+
+def timm_shapes(name: str, model_args: dict) -> dict[str, torch.Size] | None:
+    """The state dict's names and shapes of timm's model ``name`` built with ``model_args`` (on the meta device:
+    nothing is allocated), or None where timm has no such model or does not take these arguments."""
+    import timm
+
+    if not timm.is_model(name):
+        return None
+    try:
+        with torch.device("meta"):
+            theirs = timm.create_model(name, pretrained=False, **model_args)
+    except (TypeError, ValueError, AssertionError) as e:
+        log.debug("timm does not build %s with %s (%s): the folder keeps vitkit's names", name, model_args, e)
+        return None
+    return {k: v.shape for k, v in theirs.state_dict().items()}
+
+
 def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names: list[str] | None = None) -> Path:
     """Write ``model.safetensors`` + ``config.json`` to a folder that vitkit and timm both load.
 
     config.json has timm's layout (architecture, num_classes, pretrained_cfg) plus a ``vitkit`` section
-    with the full config, so ``vitkit.create_model(checkpoint=DIR)`` rebuilds the exact model."""
-    name = getattr(model, "name", None)
-    if name is None:
-        raise ValueError("save_pretrained needs a model made by vitkit.create_model (it records the preset name)")
+    with the full config, so ``vitkit.create_model(checkpoint=DIR)`` rebuilds the exact model. The weights carry
+    the names of timm's model of the same preset (for timm's Eva class, EVA-02 and DINOv3, not vitkit's own)."""
+    name, model_args = timm_args(model)
     directory = Path(directory)
     cfg = dataclasses.asdict(model.cfg)
-    preset = dataclasses.asdict(preset_config(name))
-    model_args = {k: cfg[k] for k in TIMM_ARGS if k in cfg and cfg[k] != preset[k]}
     in_size = cfg["img_size"] if isinstance(cfg["img_size"], (list, tuple)) else [cfg["img_size"]] * 2
     config = {
         "architecture": name,
         "num_classes": cfg["num_classes"],
         "num_features": model.num_features,
-        "model_args": {"num_classes": cfg["num_classes"], **model_args},
+        "model_args": model_args,
         "pretrained_cfg": {
             "input_size": [cfg["in_chans"], *in_size], "mean": cfg["mean"], "std": cfg["std"],
             "crop_pct": cfg["crop_pct"], "interpolation": cfg["interpolation"], "num_classes": cfg["num_classes"],
@@ -265,6 +289,10 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names:
     }
     if class_names:
         config["label_names"] = list(class_names)
-    write_safetensors(model.state_dict(), directory / "model.safetensors", metadata={"format": "pt"})
+    state = model.state_dict()
+    theirs = timm_shapes(name, model_args)
+    if theirs is not None:  # timm's names where its class names a tensor otherwise (its Eva class)
+        state = timm_layout(state, theirs)
+    write_safetensors(state, directory / "model.safetensors", metadata={"format": "pt"})
     write_json(config, directory / "config.json")
     return directory
