@@ -61,3 +61,56 @@ def test_the_default_augmentation_suits_the_image_size_and_given_fields_win():
     assert default_augment(224, auto_augment=None, color_jitter=None)["auto_augment"] is None
     assert default_augment(224, color_jitter=None)["color_jitter"] is None
     assert default_augment(224, scale=(0.5, 1.0), re_prob=None)["scale"] == (0.5, 1.0)
+
+
+def _photos(n: int = 12) -> list[Image.Image]:
+    from sklearn.datasets import load_sample_images
+
+    photos = load_sample_images().images  # two real photos (427 x 640) that ship with scikit-learn
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):  # crops of several sizes
+        h, w = rng.integers(60, 300, size=2)
+        y, x = rng.integers(0, 427 - 300), rng.integers(0, 640 - 300)
+        out.append(Image.fromarray(photos[i % 2][y:y + h, x:x + w]))
+    return out
+
+
+def test_the_uint8_pipeline_gives_the_float_pipelines_pixels_once_normalised_on_the_device():
+    """RandomResizedCrop, flip and RandAugment in the worker up to uint8, then ``device_batch``: the same random
+    draws, and the pixels ToTensor and Normalize give, within float rounding."""
+    import random
+
+    from vitkit.data.transforms import device_batch
+
+    cfg = get_config("vit_base_patch16_clip_224")  # a mean and std other than ImageNet's
+    cfg.img_size, cfg.in_chans = 64, 3
+    aug = dict(auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.0, scale=(0.08, 1.0), hflip=0.5, color_jitter=0.4)
+    photos = _photos()
+    batches = []
+    for on_device in (False, True):
+        random.seed(0), np.random.seed(0), torch.manual_seed(0)  # RandAugment draws from all three
+        tf = train_transform(cfg, **aug, on_device=on_device)
+        batches.append(torch.stack([tf(p) for p in photos]))
+    floats, raw = batches
+    assert raw.dtype == torch.uint8 and floats.dtype == torch.float32 and raw.shape == floats.shape == (12, 3, 64, 64)
+    torch.testing.assert_close(device_batch(raw, cfg), floats, atol=1e-5, rtol=1e-5)
+
+
+def test_random_erasing_on_the_device_erases_a_share_of_images_with_noise():
+    from vitkit.data.transforms import device_batch
+
+    cfg = get_config("vit_base_patch16_224")
+    x = torch.full((400, 3, 32, 32), 128, dtype=torch.uint8)
+    torch.manual_seed(0)
+    import random
+
+    random.seed(0)
+    out = device_batch(x, cfg, re_prob=0.25)
+    plain = device_batch(x[:1], cfg)[0]
+    erased = [not torch.equal(o, plain) for o in out]
+    assert 0.15 < sum(erased) / len(erased) < 0.35, sum(erased)
+    box = (out[erased.index(True)] - plain).abs().sum(0) > 0  # one rectangle of per-pixel noise
+    rows, cols = box.any(1).nonzero().flatten(), box.any(0).nonzero().flatten()
+    assert box[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1].all()
+    assert torch.equal(device_batch(x, cfg, re_prob=0.0), plain.expand_as(out))

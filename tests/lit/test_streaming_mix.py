@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from scipy.stats import chisquare
 from sklearn.datasets import load_digits
@@ -75,7 +76,8 @@ def _stream(shards: Path, monkeypatch, epochs: int = 3) -> list[list[list[list[i
         for epoch in range(epochs):
             for x, _, _ in loader:
                 if x is not None:  # a padding batch of the shorter rank
-                    r, g = (x[:, :2, 0, 0] * 255).round().long().div(4, rounding_mode="floor").T.tolist()
+                    assert x.dtype == torch.uint8  # the training split crosses to the device as bytes
+                    r, g = x[:, :2, 0, 0].long().div(4, rounding_mode="floor").T.tolist()
                     runs[epoch][rank].append([a + 64 * b for a, b in zip(r, g, strict=True)])
     return runs
 

@@ -44,18 +44,35 @@ def eval_transform(cfg) -> nn.Module:
 
 def train_transform(cfg, *, auto_augment: str | None = "rand-m9-mstd0.5-inc1", re_prob: float = 0.25,
                     scale: tuple[float, float] = (0.08, 1.0), hflip: float = 0.5,
-                    color_jitter: float | None = 0.4) -> nn.Module:
+                    color_jitter: float | None = 0.4, on_device: bool = False) -> nn.Module:
     """timm's train pipeline: RandomResizedCrop, flip, RandAugment (or, without it, colour jitter), normalise,
-    random erasing."""
+    random erasing. With ``on_device`` it stops at uint8 (C, H, W) tensors, as timm's prefetcher takes them: a
+    quarter of float32's bytes across the loader's worker boundary and to the device, where :func:`device_batch`
+    normalises and erases."""
     tf = create_transform(input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=True, scale=tuple(scale),
                           hflip=hflip, color_jitter=color_jitter, auto_augment=auto_augment, interpolation="bicubic",
-                          re_prob=re_prob, re_mode="pixel", re_count=1, mean=cfg.mean, std=cfg.std)
+                          re_prob=0.0 if on_device else re_prob, re_mode="pixel", re_count=1, mean=cfg.mean,
+                          std=cfg.std, use_prefetcher=on_device)
     for t in getattr(tf, "transforms", []):
         ops = getattr(t, "ops", None)
         if isinstance(ops, list):
             ops[:] = [AtLeastOneBit(op) if isinstance(op, AugmentOp) and op.name.startswith("Posterize") else op
                       for op in ops]
     return tf
+
+
+def device_batch(x: Tensor, cfg, re_prob: float = 0.0) -> Tensor:
+    """A uint8 batch (B, C, H, W) from :func:`train_transform` with ``on_device``, on the device it trains on: as
+    float32, normalised with ``cfg``'s mean and std (the same values as ToTensor and Normalize give, within float
+    rounding), then timm's random erasing with probability ``re_prob`` per image (per-pixel normal noise, one box)."""
+    mean = torch.tensor(cfg.mean, device=x.device).view(1, -1, 1, 1) * 255
+    std = torch.tensor(cfg.std, device=x.device).view(1, -1, 1, 1) * 255
+    x = (x.float() - mean) / std
+    if re_prob > 0:
+        from timm.data.random_erasing import RandomErasing
+
+        x = RandomErasing(probability=re_prob, mode="pixel", max_count=1, device=x.device)(x)
+    return x
 
 
 class AtLeastOneBit:

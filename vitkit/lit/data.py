@@ -26,6 +26,7 @@ from vitkit.data.transforms import (
     TRAIN_AUGMENT,
     data_config,
     default_augment,
+    device_batch,
     eval_transform,
     random_affine,
     train_transform,
@@ -220,7 +221,9 @@ class _SkippingImages(_TrainValLoaders):
         return default_augment(self.data_cfg.img_size, **{k: self.hparams[k] for k in TRAIN_AUGMENT})
 
     def train_transform(self):
-        return train_transform(self.data_cfg, **self.augmentation())
+        """Decoding and augmentation in the loader's workers, up to uint8 tensors; normalisation and random erasing
+        happen on the device (:meth:`on_after_batch_transfer`), as in timm's training script."""
+        return train_transform(self.data_cfg, **self.augmentation(), on_device=True)
 
     def reset_counts(self) -> None:
         self.skipped = {"train": 0, "val": 0, "test": 0}
@@ -232,7 +235,8 @@ class _SkippingImages(_TrainValLoaders):
     def on_after_batch_transfer(self, batch, dataloader_idx: int):
         """Count the files a batch had to skip. A batch with none left becomes an empty batch, never None:
         Lightning would drop a None batch on that rank alone, and under DDP the other ranks would then wait
-        for it in the next collective; the module skips an empty batch on every rank together."""
+        for it in the next collective; the module skips an empty batch on every rank together. A uint8 batch (the
+        training split's) is normalised and erased here, on the device."""
         x, y, skipped = batch
         trainer = self.trainer
         split = "train" if trainer and trainer.training else "test" if trainer and trainer.testing else "val"
@@ -241,6 +245,8 @@ class _SkippingImages(_TrainValLoaders):
         if x is None:
             x = torch.empty(0, self.data_cfg.in_chans, self.data_cfg.img_size, self.data_cfg.img_size)
             y = torch.empty(0, dtype=torch.long)
+        elif x.dtype == torch.uint8:
+            x = device_batch(x, self.data_cfg, self.augmentation()["re_prob"] if split == "train" else 0.0)
         return x, y
 
     def report_skipped(self, split: str) -> int:
