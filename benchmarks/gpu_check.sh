@@ -9,6 +9,7 @@
 # 6. an MAE step beside a classifier step of ViT-B/16 and ViT-L/16 (img/s, memory), and MAE pre-training 4 steps
 # 7. a DeiT-S step with and without its RegNetY-16GF teacher's forward
 # 8. fine-tuning memory of ViT-B/16 and ViT-L/16 at batch 32: whole model, LoRA, LoRA + checkpointing, frozen
+# 9. the whole training run, `vitkit train fit` beside timm's train.py (if ../shared/peers/timm/train.py is there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python}
@@ -35,4 +36,9 @@ $PY train.py fit --config mae_vit_base_in1k --trainer.devices 1 --trainer.num_no
     --data.batch_size 32 --trainer.default_root_dir $OUT/gpu_mae 2>&1 | tail -5 | tee $OUT/gpu_mae.txt
 $PY benchmarks/distill_cost.py --batch-size 64 --device cuda --out $OUT/gpu_distill_cost.md
 $PY benchmarks/finetune_memory.py --batch-size 32 --device cuda --warmup 2 --steps 5 --out $OUT/gpu_finetune_memory.md
+TIMM_TRAIN=${TIMM_TRAIN:-../shared/peers/timm/train.py}
+if [ -f "$TIMM_TRAIN" ]; then
+  $PY benchmarks/train_run.py --timm-train "$TIMM_TRAIN" --device cuda --workers 8 --batch 128 --precision bf16 --sizes 64 224 \
+      --augment off on --out $OUT/gpu_train_run.json
+fi
 cat $OUT/gpu_mae_speed.md $OUT/gpu_distill_cost.md $OUT/gpu_finetune_memory.md $OUT/gpu_*_eager.md $OUT/gpu_*_compiled.md $OUT/gpu_transformer_base_decode.md

@@ -73,7 +73,9 @@ def write_folder(root: Path, images: int, size: int = 256) -> Path:
 
 def recipe(augment: bool) -> dict:
     """The recipe both commands are given: augmentation off is crops and flips alone."""
-    return {"aa": "rand-m9-mstd0.5-inc1" if augment else None, "reprob": 0.25 if augment else 0.0,
+    # RandAugment without magnitude noise: timm's posterize at a noisy magnitude above 9 asks Pillow (>= 11) for
+    # 0 bits and ends timm's run mid-epoch (vitkit's transforms give 1 bit there: transforms.AtLeastOneBit)
+    return {"aa": "rand-m9-inc1" if augment else None, "reprob": 0.25 if augment else 0.0,
             "mixup": 0.8 if augment else 0.0, "cutmix": 1.0 if augment else 0.0}
 
 
@@ -86,8 +88,9 @@ def vitkit_command(a, data: Path, out: Path, size: int, augment: bool, clock: Pa
             "--data.root", str(data), "--data.img_size", str(size), "--data.batch_size", str(a.batch),
             "--data.num_workers", str(a.workers), "--data.auto_augment", str(r["aa"] or "null"),
             "--data.re_prob", str(r["reprob"]), "--data.color_jitter", "null", "--data.hflip", "0.5",
-            "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.strategy", "auto",
-            "--trainer.precision", "32-true", "--trainer.max_epochs", str(a.epochs),
+            "--trainer.accelerator", "gpu" if a.device == "cuda" else "cpu", "--trainer.devices", "1",
+            "--trainer.strategy", "auto", "--trainer.precision", "bf16-mixed" if a.precision == "bf16" else "32-true",
+            "--trainer.max_epochs", str(a.epochs),
             "--trainer.logger", "vitkit.lit.CSVLogger", "--trainer.callbacks+=benchmarks.train_run.StepClock",
             "--trainer.callbacks.path", str(clock), "--trainer.default_root_dir", str(out)]
 
@@ -101,7 +104,9 @@ def timm_command(a, data: Path, out: Path, size: int, augment: bool) -> list[str
             "--warmup-epochs", "0", "--min-lr", "1e-5", "--smoothing", "0.1", "--train-interpolation", "bicubic",
             "--reprob", str(r["reprob"]), "--remode", "pixel",
             "--mixup", str(r["mixup"]), "--cutmix", str(r["cutmix"]), "--color-jitter", "0",
-            *(["--aa", r["aa"]] if r["aa"] else []), "--workers", str(a.workers), "--device", "cpu",
+            *(["--aa", r["aa"]] if r["aa"] else []), "--workers", str(a.workers), "--device", a.device,
+            *(["--amp", "--amp-dtype", "bfloat16"] if a.precision == "bf16" else []),
+            *(["--pin-mem"] if a.device == "cuda" else []),
             "--log-interval", "1", "--output", str(out), "--experiment", "run", "--seed", "0"]
 
 
@@ -196,6 +201,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--rounds", type=int, default=1, help="interleaved pairs per setting")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast in both")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/train_run.json")
     a = p.parse_args(argv)
     if not a.timm_train.is_file():
