@@ -23,3 +23,32 @@ def test_a_training_step_makes_no_host_sync(name, kw):
         model(x).sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_a_lightning_training_step_reads_nothing_back_to_the_host(tmp_path):
+    """The training module's step (loss, the deferred non-finite check, the epoch loss's update, logging between
+    logging steps) on a GPU, as Lightning runs it: no step but the logging steps reads a value back."""
+    import lightning as L
+
+    from vitkit.lit import DigitsDataModule, ImageClassifier
+
+    module = ImageClassifier("vit_tiny_patch16_224", model_overrides=dict(img_size=32, patch_size=8, depth=2),
+                             num_classes=10, pretrained=False, warmup_epochs=0)
+    step = module.training_step
+    checked = []
+
+    def strict_step(batch, batch_idx):
+        logging_step = module.global_step % module.trainer.log_every_n_steps == 0
+        torch.cuda.set_sync_debug_mode("default" if logging_step else "error")
+        try:
+            return step(batch, batch_idx)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            checked.append(not logging_step)
+
+    module.training_step = strict_step
+    trainer = L.Trainer(accelerator="gpu", devices=1, max_steps=12, log_every_n_steps=5, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, limit_val_batches=0,
+                        default_root_dir=tmp_path)
+    trainer.fit(module, DigitsDataModule(img_size=32, batch_size=32))
+    assert sum(checked) >= 8

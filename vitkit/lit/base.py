@@ -84,8 +84,10 @@ class TrainingModule(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.ema: EMA | None = None  # an attribute, not a class default: nn.Module keeps submodules apart
-        self.train_loss = MeanMetric()  # the epoch's loss, weighted by each batch's samples
+        # the epoch's loss, weighted by each batch's samples; its own NaN check would read the loss back every step
+        self.train_loss = MeanMetric(nan_strategy="disable")
         self.bad_steps = 0  # consecutive steps skipped for a non-finite loss
+        self._first_nonfinite: Tensor | None = None  # (global step, loss) of the first non-finite loss, on the device
         self._stepped = False  # whether a micro-batch of the coming optimizer step had a loss
         self._configured = False
         self._rank_seeded = False
@@ -182,6 +184,11 @@ class TrainingModule(L.LightningModule):
         # can happen.
         n = self.batch_size(batch)
         loss = None if n == 0 else self.step_loss(batch)
+        if not self._decides_each_step:  # one process that stops on a non-finite loss: nothing read back here
+            self._note_nonfinite(loss)
+            self._stepped = True
+            self.log_train_loss(loss, n)
+            return loss
         empty, nonfinite = loss is None, loss is not None and not bool(torch.isfinite(loss))
         all_empty = empty
         if self.trainer.world_size > 1 and self._may_skip:
@@ -192,11 +199,7 @@ class TrainingModule(L.LightningModule):
             value = "nan/inf on another rank" if loss is None or torch.isfinite(loss) else loss.item()
             self.bad_steps += 1
             if self.hparams.nonfinite_loss == "stop" or self.bad_steps > 10:
-                raise FloatingPointError(
-                    f"non-finite training loss ({value}) at global step {self.global_step}"
-                    f"{f', {self.bad_steps} steps in a row' if self.bad_steps > 1 else ''}; the run stops here "
-                    "and the last checkpoint written before this step is left as it was. Lower the lr, check "
-                    "the data, or set model.nonfinite_loss=skip to drop such steps.")
+                raise self._nonfinite_error(value, self.global_step, self.bad_steps)
             log.warning("skipping step %d: non-finite training loss %s", self.global_step, value)
             self.log("train/skipped_steps", float(self.bad_steps), on_step=True)
             return self._no_update_loss()
@@ -212,14 +215,52 @@ class TrainingModule(L.LightningModule):
         self.log_train_loss(loss, n)
         return loss
 
+    @property
+    def _decides_each_step(self) -> bool:
+        """Whether a step must know on the host, before its backward, that it is to be skipped: when non-finite
+        losses are skipped, or when a rank's batch can be empty (then every step asks the other ranks). Otherwise
+        a non-finite loss stops the run, and :meth:`_note_nonfinite` keeps it on the device until the next
+        logging step, epoch end or checkpoint, so that a step reads nothing back from an accelerator."""
+        return self.hparams.nonfinite_loss == "skip" or self._may_skip or self.trainer.world_size > 1
+
+    def _note_nonfinite(self, loss: Tensor) -> None:
+        here = torch.stack([loss.new_full((), float(self.global_step), dtype=torch.float32), loss.detach().float()])
+        if self._first_nonfinite is None:
+            self._first_nonfinite = torch.full_like(here, float("inf"))
+        seen = torch.isfinite(self._first_nonfinite[0])
+        self._first_nonfinite = torch.where(seen | torch.isfinite(here[1]), self._first_nonfinite, here)
+
+    def raise_if_nonfinite(self) -> None:
+        """Stop the run if a step since the last check had a non-finite loss (one read from the device)."""
+        if self._first_nonfinite is None:
+            return
+        step, value = self._first_nonfinite.tolist()
+        if step != float("inf"):
+            raise self._nonfinite_error(value, int(step), 1)
+
+    @staticmethod
+    def _nonfinite_error(value: Any, step: int, in_a_row: int) -> FloatingPointError:
+        return FloatingPointError(
+            f"non-finite training loss ({value}) at global step {step}"
+            f"{f', {in_a_row} steps in a row' if in_a_row > 1 else ''}; the run stops here and the last checkpoint "
+            "written before this step is left as it was. Lower the lr, check the data, or set "
+            "model.nonfinite_loss=skip to drop such steps.")
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if (self.global_step + 1) % max(1, self.trainer.log_every_n_steps) == 0:
+            self.raise_if_nonfinite()
+
     def log_train_loss(self, loss: Tensor, n: int) -> None:
-        """``train/loss_step``: this rank's loss, shown in the progress bar. ``train/loss_epoch``: the mean over every
-        rank's samples of the epoch, synchronised once at its end (``on_train_epoch_end``), so that a rank whose
-        batch was empty, and so logs nothing in that step, never leaves the others waiting in a collective."""
-        self.log("train/loss_step", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=n)
+        """``train/loss_step``: this rank's loss, shown in the progress bar, at the trainer's logging steps (the
+        progress bar reads a logged value back to the host). ``train/loss_epoch``: the mean over every rank's
+        samples of the epoch, synchronised once at its end (``on_train_epoch_end``), so that a rank whose batch was
+        empty, and so logs nothing in that step, never leaves the others waiting in a collective."""
+        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            self.log("train/loss_step", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=n)
         self.train_loss.update(loss.detach().float(), n)
 
     def on_train_epoch_end(self) -> None:
+        self.raise_if_nonfinite()
         self.log("train/loss_epoch", self.train_loss.compute())  # a collective: every rank calls this hook
         self.train_loss.reset()
 
@@ -251,6 +292,8 @@ class TrainingModule(L.LightningModule):
     # draws what the uninterrupted run would have drawn.
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.trainer.state.fn == "fit":  # never a checkpoint of weights a non-finite step has touched
+            self.raise_if_nonfinite()
         checkpoint["rng_states"] = gather_rng_states(self.trainer)  # every rank calls this hook
         hp = checkpoint.get("hyper_parameters")
         if hp is not None and "checkpoint" in hp:  # the state dict holds every weight: no other file to read
