@@ -11,8 +11,8 @@ if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os
         tempfile.gettempdir(), f"torchinductor_{os.getuid()}_{os.environ['ATEN_CPU_CAPABILITY']}")
 
 # Under pytest-xdist (`make test` runs 2 processes) each process takes its share of the cores, and so do the
-# processes the tests start (DDP ranks, killed runs), which read OMP_NUM_THREADS. With 2 threads in each of
-# the 2 processes on 2 cores the suite took 814 s instead of 484 s.
+# processes the tests start (DDP ranks, killed runs), which read OMP_NUM_THREADS: more threads than cores would
+# make every process wait on the others.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 # The same share for inductor's C++ compiles: with one core a process, its pool of compile processes (one per core
@@ -143,5 +143,5 @@ def _seed():
     deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     yield
     # Trainer(deterministic=True) switches deterministic algorithms on for the whole process; left on, it
-    # changes torch.compile's cache key, and every later compile in the session started cold (8 s -> 60 s)
+    # changes torch.compile's cache key, and every later compile in the session would start cold
     torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])

@@ -172,7 +172,7 @@ class VitkitCLI(LightningCLI):
     def subcommands(self) -> dict[str, set[str]]:
         """Lightning's four subcommands, or only the one the command line starts with (``fit ...``): each is a
         parser of its own over the trainer's, the module's and the data's arguments, and building the three that
-        would not run took about a quarter of a command's start (0.26 -> 0.20 s). ``--help`` lists all four."""
+        would not run is a good part of a command's start. ``--help`` lists all four."""
         every = LightningCLI.subcommands()
         return {self._asked: every[self._asked]} if self._asked in every else every
 

@@ -155,7 +155,7 @@ def reconstruction_grid(originals: Tensor, masked: Tensor, reconstructions: Tens
                         title: str = "") -> Path:
     """Masked image modeling at a glance: a column per image, its original, masked input and reconstruction in
     rows; each (B, C, H, W) in [0, 1]. Drawn as one mosaic (Pillow, not a figure: a training run draws it every
-    epoch, and 24 matplotlib panels took 0.65 s against the digits recipe's 2.4 s epoch): the cells fill the
+    epoch, and a figure of 24 matplotlib panels costs a good part of a small recipe's epoch): the cells fill the
     bottom right, ``GRID_GAP`` px apart after each, every image scaled by the whole factor ``cell_scale``
     (nearest neighbour, at least 96 px a side); the rows are named on the left, the title above."""
     from PIL import Image, ImageDraw, ImageFont
