@@ -4,14 +4,16 @@ stepped per optimizer step, an EMA of the weights, and a non-finite loss that st
 rank together. :class:`~vitkit.lit.ImageClassifier`, :class:`~vitkit.lit.Seq2SeqModule` and
 :class:`~vitkit.lit.MaskedImageModeling` derive from :class:`TrainingModule` and add their loss and metrics.
 
-A subclass sets ``self.model`` (and ``self.ema`` with :meth:`make_ema`), saves its hyper-parameters, which include
-``lr``, ``weight_decay``, ``betas``, ``nonfinite_loss`` and ``compile``, and implements :meth:`step_loss`.
+A subclass sets ``self.model`` (and ``self.ema`` with :meth:`make_ema`), saves its hyper-parameters, among them the
+fields of :class:`TrainingSettings` it takes (the rest keep their defaults there), and implements :meth:`step_loss`.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
@@ -76,6 +78,30 @@ class WarmupCosine:
         return 1.0 if self.total is None else warmup_cosine(step, self.warmup, self.total, self.min_lr_ratio)
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainingSettings:
+    """What the training base reads from a module's hyper-parameters: the optimizer (AdamW with ``betas`` and
+    ``eps``, or SGD with ``momentum``; ``layer_decay`` for layer-wise LR decay), the warmup + cosine schedule
+    (``warmup_epochs``, down to ``min_lr``), what a non-finite loss does (``nonfinite_loss``) and whether the model
+    is compiled. A module that does not take a field keeps its default here."""
+
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    optimizer: str = "adamw"
+    momentum: float = 0.9
+    layer_decay: float | None = None
+    warmup_epochs: float = 0.0
+    min_lr: float = 0.0
+    nonfinite_loss: str = "stop"
+    compile: bool = False
+
+    @classmethod
+    def of(cls, hparams: Mapping[str, Any]) -> TrainingSettings:
+        return cls(**{f.name: hparams[f.name] for f in dataclasses.fields(cls) if f.name in hparams})
+
+
 class TrainingModule(L.LightningModule):
     """The training machinery the vitkit modules share (see the module docstring)."""
 
@@ -88,6 +114,7 @@ class TrainingModule(L.LightningModule):
         self.train_loss = MeanMetric(nan_strategy="disable")
         self.bad_steps = 0  # consecutive steps skipped for a non-finite loss
         self._first_nonfinite: Tensor | None = None  # (global step, loss) of the first non-finite loss, on the device
+        self.schedule: Callable[[int], float] | None = None  # the LR multiplier per step (configure_optimizers)
         self._stepped = False  # whether a micro-batch of the coming optimizer step had a loss
         self._configured = False
         self._rank_seeded = False
@@ -110,10 +137,17 @@ class TrainingModule(L.LightningModule):
         """Samples in a batch (0: every file of it was unreadable, or a streaming rank ran out)."""
         return len(batch[1])
 
-    def lr_multiplier(self):
-        """The schedule: a function of the optimizer step (its length is known at ``on_train_start``)."""
-        self._schedule = WarmupCosine(self.hparams.warmup_epochs, self.hparams.min_lr / self.hparams.lr)
-        return self._schedule
+    @property
+    def settings(self) -> TrainingSettings:
+        """The optimizer, schedule and step settings, read from the hyper-parameters (which a callback may have
+        changed before fit, as :class:`~vitkit.lit.StepsPerEpoch` changes the LR)."""
+        return TrainingSettings.of(self.hparams)
+
+    def lr_multiplier(self) -> Callable[[int], float]:
+        """The schedule: a function of the optimizer step; warmup + cosine, whose length is set at
+        ``on_train_start``."""
+        s = self.settings
+        return WarmupCosine(s.warmup_epochs, s.min_lr / s.lr)
 
     # -- set-up ------------------------------------------------------------------------------------------------
 
@@ -128,7 +162,7 @@ class TrainingModule(L.LightningModule):
             shard(self.model, mesh, self.trainer.precision, **options)
             if self.ema is not None:
                 shard(self.ema.module, mesh)
-        elif self.hparams.get("compile"):
+        elif self.settings.compile:
             self.model.compile()  # in place: parameter names stay those of the plain model
 
     def on_fit_start(self) -> None:
@@ -144,24 +178,24 @@ class TrainingModule(L.LightningModule):
         # steps builds the training loader's iterator, which draws from the global generator; at set-up time a
         # sharded strategy has not yet restored a resumed run's generators, so that draw would not be the one
         # the uninterrupted run made.
-        schedule = getattr(self, "_schedule", None)
-        if schedule is None:
+        if not isinstance(self.schedule, WarmupCosine):  # a schedule that needs no length (the encoder-decoder's)
             return
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        schedule.set_length(total, self.trainer.max_epochs)
+        self.schedule.set_length(total, self.trainer.max_epochs)
         sched = self.lr_schedulers()
         for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
             group["lr"] = base * fn(sched.last_epoch)  # the current step's LR, now that the length is known
 
     def configure_optimizers(self) -> dict:
-        hp = self.hparams
-        if hp.get("optimizer", "adamw") == "sgd":
-            opt = build_sgd(self.model, hp.lr, hp.weight_decay, hp.get("momentum", 0.9))
+        s = self.settings
+        if s.optimizer == "sgd":
+            opt = build_sgd(self.model, s.lr, s.weight_decay, s.momentum)
         else:
-            opt = build_adamw(self.model, hp.lr, hp.weight_decay, tuple(hp.betas), hp.get("layer_decay"),
-                              eps=hp.get("eps", 1e-8), fused=None if self._may_fuse() else False)
+            opt = build_adamw(self.model, s.lr, s.weight_decay, tuple(s.betas), s.layer_decay, eps=s.eps,
+                              fused=None if self._may_fuse() else False)
+        self.schedule = self.lr_multiplier()
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, scaled_lambda(self.lr_multiplier(), [g["lr_scale"] for g in opt.param_groups]))
+            opt, scaled_lambda(self.schedule, [g["lr_scale"] for g in opt.param_groups]))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def _may_fuse(self) -> bool:
@@ -198,7 +232,7 @@ class TrainingModule(L.LightningModule):
         if nonfinite:
             value = "nan/inf on another rank" if loss is None or torch.isfinite(loss) else loss.item()
             self.bad_steps += 1
-            if self.hparams.nonfinite_loss == "stop" or self.bad_steps > 10:
+            if self.settings.nonfinite_loss == "stop" or self.bad_steps > 10:
                 raise self._nonfinite_error(value, self.global_step, self.bad_steps)
             log.warning("skipping step %d: non-finite training loss %s", self.global_step, value)
             self.log("train/skipped_steps", float(self.bad_steps), on_step=True)
@@ -221,7 +255,7 @@ class TrainingModule(L.LightningModule):
         losses are skipped, or when a rank's batch can be empty (then every step asks the other ranks). Otherwise
         a non-finite loss stops the run, and :meth:`_note_nonfinite` keeps it on the device until the next
         logging step, epoch end or checkpoint, so that a step reads nothing back from an accelerator."""
-        return self.hparams.nonfinite_loss == "skip" or self._may_skip or self.trainer.world_size > 1
+        return self.settings.nonfinite_loss == "skip" or self._may_skip or self.trainer.world_size > 1
 
     def _note_nonfinite(self, loss: Tensor) -> None:
         here = torch.stack([loss.new_full((), float(self.global_step), dtype=torch.float32), loss.detach().float()])
@@ -278,7 +312,7 @@ class TrainingModule(L.LightningModule):
     def _may_skip(self) -> bool:
         """Whether any rank could skip a step: its data can yield empty batches, or NaN steps are skipped."""
         datamodule = getattr(self.trainer, "datamodule", None)
-        return self.hparams.nonfinite_loss == "skip" or getattr(datamodule, "may_yield_empty", False)
+        return self.settings.nonfinite_loss == "skip" or getattr(datamodule, "may_yield_empty", False)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)

@@ -83,12 +83,22 @@ class ImageClassifier(TrainingModule):
     Every argument is serializable, so ``ImageClassifier.load_from_checkpoint(path)`` rebuilds the model
     with or without the CLI.
 
+    The arguments come in groups, in this order: the model and its weights (``model_name`` to ``class_names``);
+    the recipe (``lr`` to ``compile``); then three modes, any of which a run may add: probing and small data
+    (``freeze_backbone``, ``head_norm``, ``head_init``), low-rank adapters (``lora_*``) and distillation from a
+    teacher (``teacher``, ``distillation``, ``distill_*``).
+
     Args:
         model_name: a preset from ``vitkit.list_models()``, or a pretrained name: a timm tag
             (``vit_base_patch16_224.augreg2_in21k_ft_in1k``) or torchvision weights
             (``ViT_B_16_Weights.IMAGENET1K_V1``), whose mean, std, crop and interpolation the data follows.
         pretrained: load that name's weights (from the Hugging Face or torch hub cache, downloaded only when
             missing); positions / windows are resampled to ``img_size`` and a new head is made for ``num_classes``.
+        checkpoint: pretrained weights to start from (a file or folder of any format vitkit reads, see
+            ``vitkit.checkpoints``), adapted as with ``pretrained``. Read when the module is built; resuming
+            with ``--ckpt_path`` then replaces them with the run's own. A checkpoint this module writes holds
+            every weight, so it records ``pretrained: false`` and no ``checkpoint``: ``load_from_checkpoint``
+            reads nothing else.
         num_classes: classes of the data (linked from the data module by the CLI).
         img_size: input resolution (linked from the data module by the CLI); None keeps the preset's.
         model_overrides: any other config field of the preset, e.g. ``{"depth": 6, "drop_path_rate": 0.1}``.
@@ -97,27 +107,16 @@ class ImageClassifier(TrainingModule):
         min_lr: floor of the cosine.
         warmup_epochs: linear warmup length, stepped per optimizer step.
         layer_decay: layer-wise LR decay (e.g. 0.65 for fine-tuning); None disables.
+        optimizer, momentum: ``adamw`` (the default; ``betas``) or ``sgd`` with ``momentum`` (the linear
+            probe's).
         label_smoothing, mixup, cutmix, mixup_prob, mixup_switch_prob: timm's Mixup / soft-target CE.
         ema_decay: keep an EMA of the weights, validated alongside (``val/top1_ema``); None disables.
-        freeze_backbone: train only the head (linear probe).
         nonfinite_loss: what a NaN/Inf training loss does: ``stop`` ends the run with an error (the last
             good checkpoint stays as it was), ``skip`` drops that step on every rank and goes on (and
             still stops after 10 bad steps in a row).
-        checkpoint: pretrained weights to start from (a file or folder of any format vitkit reads, see
-            ``vitkit.checkpoints``), adapted as with ``pretrained``. Read when the module is built; resuming
-            with ``--ckpt_path`` then replaces them with the run's own. A checkpoint this module writes holds
-            every weight, so it records ``pretrained: false`` and no ``checkpoint``: ``load_from_checkpoint``
-            reads nothing else.
         compile: run the model under ``torch.compile`` (compiled in place in ``configure_model``, so the
             state_dict and checkpoints keep the plain parameter names).
-        teacher: knowledge distillation from a frozen teacher (``vitkit/lit/distill.py``): a vitkit preset or timm
-            tag (pretrained, offline-first), any timm model by name (``regnety_160.deit_in1k``), or a file or folder
-            vitkit reads; it must predict the data's classes. ``teacher_checkpoint``: the weights of a named one.
-        distillation: ``hard`` (DeiT's: the teacher's argmax for the distillation head, or the one head),
-            ``soft`` (KL at temperature ``distill_tau``, scaled by tau²) or ``none``; default ``hard`` with a teacher.
-        distill_alpha: the distillation term's share of the loss (the label loss has the rest).
-        optimizer, momentum: ``adamw`` (the default; ``betas``) or ``sgd`` with ``momentum`` (the linear
-            probe's).
+        freeze_backbone: train only the head (linear probe).
         head_norm: MAE's linear probe: a BatchNorm without affine parameters between the pooled features and the
             head (``vitkit/lit/probe.py``), folded into the head in every checkpoint.
         head_init: ``random`` (the model's initialisation), or ``probe``: before the first step the head is fitted
@@ -128,6 +127,12 @@ class ImageClassifier(TrainingModule):
             (``vitkit/lora.py``): rank R > 0 trains adapters on the ``lora_targets`` layers (timm's module names;
             default the attention's qkv and proj) and the head, nothing else; ``lora_parts`` "qv" adapts only the
             query and value rows of a fused qkv. The checkpoint holds what trained and names the backbone.
+        teacher: knowledge distillation from a frozen teacher (``vitkit/lit/distill.py``): a vitkit preset or timm
+            tag (pretrained, offline-first), any timm model by name (``regnety_160.deit_in1k``), or a file or folder
+            vitkit reads; it must predict the data's classes. ``teacher_checkpoint``: the weights of a named one.
+        distillation: ``hard`` (DeiT's: the teacher's argmax for the distillation head, or the one head),
+            ``soft`` (KL at temperature ``distill_tau``, scaled by tau²) or ``none``; default ``hard`` with a teacher.
+        distill_alpha: the distillation term's share of the loss (the label loss has the rest).
     """
 
     def __init__(
