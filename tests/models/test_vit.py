@@ -191,3 +191,25 @@ def test_deit_distilled_fine_tunes_with_both_heads_new_and_needs_the_class_token
     assert "head.weight: new classifier (10, 192)" in report and "head_dist.weight: new classifier (10, 192)" in report
     with pytest.raises(ValueError, match="distilled=True .* needs class_token=True and global_pool='token'"):
         vitkit.create_model("deit_tiny_distilled_patch16_224", global_pool="avg")
+
+
+def test_a_config_field_set_in_place_takes_effect_in_its_own_model_alone():
+    """``model.cfg.dynamic_img_size = True`` changes what forward reads (the config calls ``read_config``); a
+    deep copy and a pickled copy follow their own config, not the original's."""
+    import copy
+    import pickle
+
+    m = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3).eval()
+    x = torch.randn(1, 3, 48, 32)
+    with pytest.raises(ValueError, match="48"):
+        m(x)
+    twin = copy.deepcopy(m)
+    m.cfg.dynamic_img_size = True
+    assert m.dynamic_img_size and m(x).shape == (1, 3)
+    with pytest.raises(ValueError, match="48"):
+        twin(x)
+    back = pickle.loads(pickle.dumps(m))
+    back.cfg.dynamic_img_size = False
+    with pytest.raises(ValueError, match="48"):
+        back(x)
+    assert m(x).shape == (1, 3)

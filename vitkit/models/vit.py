@@ -4,10 +4,11 @@ Parameter names and shapes follow timm's ``VisionTransformer``, so a timm state_
 loads with ``strict=True`` and no conversion.
 """
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -113,6 +114,19 @@ class ViTConfig(DataConfig):
         h, w = pair(self.img_size)
         return h // self.patch_size, w // self.patch_size
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A field set on a built model's config takes effect in that model (``model.cfg.dynamic_img_size =
+        True``, as the ``set_*`` methods do): the model reads its config again (``read_config``) when it
+        changes, never in forward."""
+        super().__setattr__(name, value)
+        reader = self.__dict__.get("_reader")
+        model = reader() if reader is not None else None
+        if model is not None:
+            model.read_config()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_reader"}  # a copy belongs to no model yet
+
 
 class VisionTransformer(nn.Module):
     """ViT / DeiT image classifier on the shared attention core."""
@@ -168,6 +182,7 @@ class VisionTransformer(nn.Module):
         self.distilled_training = False
         self.grad_checkpointing = False
         self.read_config()
+        self._follow(cfg)
         self.feature_info = [dict(num_chs=C, reduction=cfg.patch_size, module=f"blocks.{i}") for i in range(cfg.depth)]
         self.output_fmts = ("NCHW", "NLC")  # what forward_intermediates returns, the default first
         self.reset_parameters()
@@ -194,9 +209,16 @@ class VisionTransformer(nn.Module):
         if self.dist_token is not None:
             nn.init.trunc_normal_(self.dist_token, std=0.02)  # as DeiT and timm
 
+    def _follow(self, cfg: ViTConfig) -> None:
+        cfg.__dict__["_reader"] = weakref.ref(self)  # a field set on the config calls read_config
+
+    def __setstate__(self, state: dict) -> None:  # a copy (deepcopy, pickle) follows its own config
+        super().__setstate__(state)
+        self._follow(self.cfg)
+
     def read_config(self) -> None:
         """Copy the config fields that forward reads to plain attributes (timm's names), which TorchScript
-        compiles; the methods that change the config call this."""
+        compiles; the config calls this whenever one of its fields is set."""
         cfg = self.cfg
         self.global_pool, self.dynamic_img_size, self.no_embed_class = (cfg.global_pool, cfg.dynamic_img_size,
                                                                         cfg.no_embed_class)
@@ -205,17 +227,7 @@ class VisionTransformer(nn.Module):
                                                                                   cfg.rope_xy, cfg.rope_ref_grid)
         self.head_dim = cfg.embed_dim // cfg.num_heads
         self.merge_r = merge_schedule(cfg.token_merging, cfg.depth)  # token pairs merged in each block
-        self._merge_set = cfg.token_merging
         self.merging = max(self.merge_r + [0]) > 0
-
-    def _follow_config(self) -> None:
-        """A config field set in place since (``model.cfg.dynamic_img_size = True``) takes effect, as it always
-        did; a scripted model keeps the settings it was scripted with."""
-        cfg = self.cfg
-        if (cfg.global_pool, cfg.dynamic_img_size, cfg.no_embed_class, pair(cfg.img_size), cfg.patch_size,
-                cfg.in_chans, cfg.token_merging) != (self.global_pool, self.dynamic_img_size, self.no_embed_class,
-                                                     self.img_size, self.patch_size, self.in_chans, self._merge_set):
-            self.read_config()
 
     def set_dynamic_img_size(self, enable: bool = True) -> None:
         """Take any H, W (multiples of the patch size): positions are resampled to each input's grid."""
@@ -269,8 +281,6 @@ class VisionTransformer(nn.Module):
 
     def embed_patches(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Images (B, C_in, H, W), checked -> patch tokens (B, N, C) before positions, and the patch grid."""
-        if not torch.jit.is_scripting():
-            self._follow_config()
         p = self.patch_size
         check_image(x, self.in_chans, None if self.dynamic_img_size else self.img_size, "VisionTransformer")
         if self.dynamic_img_size:
