@@ -166,8 +166,11 @@ class VitkitCLI(LightningCLI):
         # the subcommand whose parser alone is built; all four where parser_kwargs set one of them apart
         per_subcommand = set(kwargs.get("parser_kwargs") or {}) & set(LightningCLI.subcommands())
         self._asked = given[0] if given and not per_subcommand else None
+        # no sanity validation before the first step, as in timm's training script: the folders are checked when
+        # the data is set up, and vitkit's validation steps are its own (a recipe may set num_sanity_val_steps)
         super().__init__(L.LightningModule, None, subclass_mode_model=True, subclass_mode_data=True,
-                         trainer_defaults={"callbacks": [TrainingCurves()]}, args=args, run=run, **kwargs)
+                         trainer_defaults={"callbacks": [TrainingCurves()], "num_sanity_val_steps": 0}, args=args,
+                         run=run, **kwargs)
 
     def subcommands(self) -> dict[str, set[str]]:
         """Lightning's four subcommands, or only the one the command line starts with (``fit ...``): each is a
