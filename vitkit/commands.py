@@ -8,6 +8,7 @@ at once, without importing torch."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -412,7 +413,7 @@ def pos_embed(args: argparse.Namespace) -> int:
     net = _load(args)
     if not hasattr(net, "pos_embed"):
         raise SystemExit(f"error: {net.name} has no absolute position embedding (Swin uses relative biases)")
-    fixed = vitkit.create_model(net.name, **{**vars(net.cfg), "pos_embed": "sincos"})
+    fixed = vitkit.create_model(net.name, **{**dataclasses.asdict(net.cfg), "pos_embed": "sincos"})
     print(pos_embed_similarity({f"{net.name} (learned)": net, "2-D sin-cos (fixed)": fixed}, args.output))
     return 0
 

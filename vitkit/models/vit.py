@@ -115,12 +115,10 @@ class ViTConfig(DataConfig):
         return h // self.patch_size, w // self.patch_size
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """A field set on a built model's config takes effect in that model (``model.cfg.dynamic_img_size =
-        True``, as the ``set_*`` methods do): the model reads its config again (``read_config``) when it
-        changes, never in forward."""
+        """A field set on a built model's config takes effect in that model (``model.cfg.dynamic_img_size = True``,
+        as the ``set_*`` methods do): the model reads its config again when it changes, never in forward."""
         super().__setattr__(name, value)
-        reader = self.__dict__.get("_reader")
-        model = reader() if reader is not None else None
+        model = self.__dict__["_reader"]() if "_reader" in self.__dict__ else None
         if model is not None:
             model.read_config()
 
@@ -182,7 +180,7 @@ class VisionTransformer(nn.Module):
         self.distilled_training = False
         self.grad_checkpointing = False
         self.read_config()
-        self._follow(cfg)
+        cfg.__dict__["_reader"] = weakref.ref(self)  # a field set on the config calls read_config
         self.feature_info = [dict(num_chs=C, reduction=cfg.patch_size, module=f"blocks.{i}") for i in range(cfg.depth)]
         self.output_fmts = ("NCHW", "NLC")  # what forward_intermediates returns, the default first
         self.reset_parameters()
@@ -209,12 +207,9 @@ class VisionTransformer(nn.Module):
         if self.dist_token is not None:
             nn.init.trunc_normal_(self.dist_token, std=0.02)  # as DeiT and timm
 
-    def _follow(self, cfg: ViTConfig) -> None:
-        cfg.__dict__["_reader"] = weakref.ref(self)  # a field set on the config calls read_config
-
     def __setstate__(self, state: dict) -> None:  # a copy (deepcopy, pickle) follows its own config
         super().__setstate__(state)
-        self._follow(self.cfg)
+        self.cfg.__dict__["_reader"] = weakref.ref(self)
 
     def read_config(self) -> None:
         """Copy the config fields that forward reads to plain attributes (timm's names), which TorchScript
