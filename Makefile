@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist); each gets its share of the cores. TEST_WORKERS=0 runs in this process. They take
-# work longest first (tests/conftest.py).
+# the tests marked `slow` first (tests/conftest.py).
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
@@ -21,13 +21,13 @@ demo: .venv
 demo-ocr: .venv
 	$(PY) -m vitkit.demo ocr
 
-# The whole suite, heavier parity tests (marked `slow`) included.
+# The whole suite, the tests marked `slow` included.
 test: .venv
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
-# The quick tier, for the loop while working: the work units measured under 4 s (tests/conftest.py).
+# The quick tier, for the loop while working: every test not marked `slow` (markers: pyproject.toml).
 test-fast: .venv
-	$(PY) -m pytest -q $(XDIST) --fast $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The property tests alone, with 2,000 examples each instead of 25 (a few minutes).
 fuzz: .venv
@@ -41,7 +41,7 @@ docs-serve: .venv
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
 bench: .venv
-	$(PY) -m vitkit.tools.bench
+	$(PY) -m vitkit.cli bench
 
 lint: .venv
 	$(PY) -m ruff check vitkit tests benchmarks train.py

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 MARKER = "<!-- vitkit --help -->"
 
 
@@ -12,20 +10,12 @@ def _block(title: str, text: str) -> str:
 
 
 def cli_reference() -> str:
-    from vitkit.cli import parser
-    from vitkit.lit.evaluate import parser as evaluate_parser
-    from vitkit.tools.bench import parser as bench_parser
+    from vitkit.cli import COMMANDS, command, parser
 
-    top = parser()
-    parts = [_block("vitkit", top.format_help())]
-    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
-    for name, p in sub.choices.items():
-        if name == "evaluate":
-            parts.append(_block("vitkit evaluate", evaluate_parser().format_help()))
-        elif name == "bench":
-            parts.append(_block("vitkit bench", bench_parser().format_help()))
-        elif name != "train":
-            parts.append(_block(f"vitkit {name}", p.format_help()))
+    parts = [_block("vitkit", parser().format_help())]
+    for name in COMMANDS:
+        if name != "train":  # LightningCLI's help: `vitkit train fit --help`
+            parts.append(_block(f"vitkit {name}", command(name).parser().format_help()))
     return "\n".join(parts)
 
 

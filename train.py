@@ -5,7 +5,7 @@
     python train.py fit -c vit_tiny_digits --ckpt_path last      # resume
 """
 
-from vitkit.lit.lightning_cli import cli_main
+from vitkit.cli.train import cli_main
 
 if __name__ == "__main__":
     cli_main()

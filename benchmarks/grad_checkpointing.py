@@ -27,7 +27,7 @@ from vitkit.tools.flops import saved_activations_mib
 
 
 def peak_rss_mib(library: str, model: str, batch: int, grad_ckpt: bool) -> float:
-    cmd = [sys.executable, "-m", "vitkit.tools.bench", "--_mem-probe", library, "--models", model, "--mode", "train",
+    cmd = [sys.executable, "-m", "vitkit.cli", "bench", "--_mem-probe", library, "--models", model, "--mode", "train",
            "--batch-sizes", str(batch), "--peers", library] + (["--grad-checkpointing"] if grad_ckpt else [])
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=True)
     return float(out.stdout.strip().splitlines()[-1])

@@ -235,7 +235,7 @@ def test_the_learning_rate_panel_draws_the_heads_rate_and_says_the_layers_are_de
 
 
 def test_the_reconstruction_title_names_the_sizes_that_differ_from_the_preset():
-    from vitkit.commands import _described
+    from vitkit.cli.reconstruct import described as _described
 
     model = vitkit.create_model("vit_tiny_patch16_224", patch_size=4, img_size=32, depth=2)
     assert _described(model) == "vit_tiny_patch16_224, patch 4, 32 px, depth 2"

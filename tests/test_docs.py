@@ -62,7 +62,7 @@ def test_the_runnable_python_blocks_run(page, code, tmp_path, monkeypatch):
 
 
 def _parse_train(args: list[str]) -> None:
-    from vitkit.lit.lightning_cli import VitkitCLI
+    from vitkit.cli.train import VitkitCLI
 
     class ParseOnly(VitkitCLI):
         def instantiate_classes(self) -> None:  # the types are checked by parsing; nothing is built or run
@@ -81,19 +81,14 @@ def _parse(cmd: str) -> None:
     rest = words[1:]
     if rest[0] == "train":
         return _parse_train(rest[1:])
-    if rest[0] == "evaluate":
-        from vitkit.lit.evaluate import _argv, parser
+    from vitkit.cli import COMMANDS as SUBCOMMANDS
+    from vitkit.cli import command, parser
 
-        parser().parse_args(_argv(rest[1:]))
+    if rest[0] not in SUBCOMMANDS:
+        parser().parse_args(rest)  # --help, or an error naming the subcommands
         return None
-    if rest[0] == "bench":
-        from vitkit.tools.bench import parser
-
-        parser().parse_args(rest[1:])
-        return None
-    from vitkit.cli import parser
-
-    parser().parse_args(rest)
+    module = command(rest[0])
+    getattr(module, "parse_args", lambda argv: module.parser().parse_args(argv))(rest[1:])
     return None
 
 

@@ -19,7 +19,7 @@ DEMOS = {  # name -> (config, how the line names the monitored metric)
 
 
 def main(argv: list[str] | None = None) -> str:
-    from vitkit.lit.lightning_cli import cli_main
+    from vitkit.cli.train import cli_main
 
     argv = list(sys.argv[1:] if argv is None else argv)
     demo = argv.pop(0) if argv and argv[0] in DEMOS else "digits"

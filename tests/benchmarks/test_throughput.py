@@ -8,17 +8,18 @@ import sys
 import pytest
 
 from tests import forkserver
+from vitkit.cli import bench as command
 from vitkit.tools import bench as throughput
 
 _RUN = subprocess.run
 
 
 def _probe_in_prepared_interpreter(cmd, **kw):
-    """The peak-memory probe (``python -m vitkit.tools.bench --_mem-probe ...``) as a child of the tests' prepared
+    """The peak-memory probe (``python -m vitkit.cli bench --_mem-probe ...``) as a child of the tests' prepared
     interpreter: the same module run as ``__main__``, without importing torch, timm and vitkit again for each
     entry. The probe measures from its own start (the high-water mark reset, the resident set before subtracted),
     so the imports it inherits do not count. ``test_cli.py`` runs the bench from an installed wheel as is."""
-    if cmd[:3] != [sys.executable, "-m", "vitkit.tools.bench"] or "--_mem-probe" not in cmd:
+    if cmd[:4] != [sys.executable, "-m", "vitkit.cli", "bench"] or "--_mem-probe" not in cmd:
         return _RUN(cmd, **kw)
     assert kw.pop("capture_output") and not set(kw) - {"text", "timeout"}, kw
     return forkserver.run(cmd[1:], timeout=kw.get("timeout"), text=kw.get("text", True))
@@ -27,7 +28,7 @@ def _probe_in_prepared_interpreter(cmd, **kw):
 def test_smoke_run_writes_csv_json_markdown_and_chart(tmp_path, monkeypatch):
     monkeypatch.setattr(throughput.subprocess, "run", _probe_in_prepared_interpreter)
     out = tmp_path / "res.csv"
-    rows = throughput.main(["--models", "vit_tiny_patch16_224", "--peers", "timm", "--mode", "both",
+    rows = command.measure(["--models", "vit_tiny_patch16_224", "--peers", "timm", "--mode", "both",
                             "--batch-sizes", "2", "--rounds", "2", "--iters", "1", "--warmup", "1", "--out", str(out)])
     assert {(r["library"], r["mode"]) for r in rows} == {("vitkit", "infer"), ("vitkit", "train"),
                                                           ("timm", "infer"), ("timm", "train")}
@@ -57,12 +58,12 @@ def test_gmacs_match_published_counts(name, published):
 
 def test_unknown_model_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
-        throughput.parse_args(["--models", "vit_nope"])
+        command.parse_args(["--models", "vit_nope"])
     assert "unknown vitkit preset(s) ['vit_nope']" in capsys.readouterr().err
 
 
 def test_token_merging_rows_beside_the_unmerged_one_and_the_peers(tmp_path):
-    rows = throughput.main(["--models", "vit_tiny_patch16_224", "--peers", "timm", "--mode", "infer", "--batch-sizes",
+    rows = command.measure(["--models", "vit_tiny_patch16_224", "--peers", "timm", "--mode", "infer", "--batch-sizes",
                             "2", "--rounds", "1", "--iters", "1", "--warmup", "1", "--no-mem", "--token-merging", "0,8",
                             "--out", str(tmp_path / "res.csv")])
     assert sorted((r["library"], r["token_merging"]) for r in rows) == [("timm", 0), ("vitkit", 0), ("vitkit", 8)]
@@ -74,11 +75,11 @@ def test_token_merging_rows_beside_the_unmerged_one_and_the_peers(tmp_path):
 def test_swin_rows_build_without_token_merging_and_refuse_it(capsys):
     import torch
 
-    entries, gmacs = throughput.build_entries(throughput.parse_args(
+    entries, gmacs = throughput.build_entries(command.parse_args(
         ["--models", "swin_tiny_patch4_window7_224", "--peers", ""]), torch.device("cpu"))
     assert [(e.library, e.token_merging) for e in entries] == [("vitkit", 0)] and gmacs
     with pytest.raises(SystemExit):
-        throughput.parse_args(["--models", "swin_tiny_patch4_window7_224", "--token-merging", "0,8"])
+        command.parse_args(["--models", "swin_tiny_patch4_window7_224", "--token-merging", "0,8"])
     assert "--token-merging is for ViT/DeiT presets only" in capsys.readouterr().err
 
 
@@ -106,7 +107,7 @@ def test_the_memory_probe_counts_the_model_not_the_imports():
            "--attn-backend", "auto", "--token-merging", "0"]
     mib = {}
     for lib in ("vitkit", "timm"):
-        out = _RUN([sys.executable, "-m", "vitkit.tools.bench", "--_mem-probe", lib, "--peers", lib, *cmd],
+        out = _RUN([sys.executable, "-m", "vitkit.cli", "bench", "--_mem-probe", lib, "--peers", lib, *cmd],
                    capture_output=True, text=True, timeout=300, check=True)
         mib[lib] = float(out.stdout.strip().splitlines()[-1])
     assert abs(mib["vitkit"] - mib["timm"]) < 20, mib

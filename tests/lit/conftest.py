@@ -141,7 +141,7 @@ def digits_run(tmp_path_factory):
     """The demo's recipe for 12 epochs (``test_train.py::test_tiny_vit_learns_digits`` gives its spread): a trained
     model of the digits for the tests that need one (fine-tuning, token merging, a teacher, evaluation). Built once:
     the tests that use it are one work unit (tests/conftest.py)."""
-    from vitkit.lit.lightning_cli import cli_main
+    from vitkit.cli.train import cli_main
 
     tmp_path = tmp_path_factory.mktemp("digits")
     return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), "--trainer.accelerator", "cpu",

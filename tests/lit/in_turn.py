@@ -10,7 +10,7 @@ import sys
 
 from torch.distributed.tensor import DTensor
 
-from vitkit.lit.lightning_cli import cli_main
+from vitkit.cli.train import cli_main
 
 
 def _resolve(arg: str) -> str:

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import vitkit
+from vitkit.cli.train import cli_main
 from vitkit.lit import ImageClassifier
 from vitkit.lit.distill import Preprocessing, distillation_loss, to_teacher
-from vitkit.lit.lightning_cli import cli_main
 
 from ..hub_cache import cache_weights, use_offline_cache
 

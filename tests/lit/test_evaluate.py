@@ -16,8 +16,8 @@ from sklearn.metrics import confusion_matrix, precision_recall_fscore_support, t
 import vitkit
 from tests.commands import one_error_line, run_cli
 from vitkit.cli import main
-from vitkit.lit.lightning_cli import cli_main
-from vitkit.tools.evaluate import Predictions, scores, write_report
+from vitkit.cli.train import cli_main
+from vitkit.evaluation import Predictions, scores, write_report
 
 from .conftest import TINY_VIT
 

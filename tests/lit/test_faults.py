@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitkit.lit.lightning_cli import cli_main
+from vitkit.cli.train import cli_main
 
 from .conftest import PROBES, ROOT, TINY_VIT, run_in_repo
 

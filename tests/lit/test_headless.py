@@ -13,7 +13,7 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 
 from tests import forkserver
-from vitkit.lit.lightning_cli import cli_main
+from vitkit.cli.train import cli_main
 
 from .conftest import ROOT, write_few_shot_digits
 

@@ -14,7 +14,7 @@ from PIL import Image
 import vitkit
 from tests.commands import one_error_line, run_cli
 from vitkit.cli import main
-from vitkit.lit.lightning_cli import cli_main
+from vitkit.cli.train import cli_main
 
 from .conftest import ROOT, TINY_VIT
 

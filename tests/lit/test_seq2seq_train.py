@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from vitkit.cli.train import cli_main
 from vitkit.data.text import Tokenizer, read_tsv
 from vitkit.lit import Seq2SeqModule
-from vitkit.lit.lightning_cli import cli_main
 
 from .conftest import ROOT
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 import vitkit
 from tests.commands import one_error_line, run_cli
-from vitkit.lit.lightning_cli import cli_main
+from vitkit.cli.train import cli_main
 
 from .test_folder_digits import write_digits
 

@@ -13,9 +13,9 @@ from PIL import Image
 from scipy.stats import chisquare
 from sklearn.datasets import load_digits
 
+from vitkit.cli.train import cli_main
 from vitkit.data.shards import MARKER, prepare_data
 from vitkit.lit import StreamingImageDataModule
-from vitkit.lit.lightning_cli import cli_main
 
 from .conftest import ROOT, _solid
 

@@ -11,8 +11,8 @@ import torch
 import yaml
 
 import vitkit
+from vitkit.cli.train import cli_main
 from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule
-from vitkit.lit.lightning_cli import cli_main
 
 from ..hub_cache import cache_weights, use_offline_cache
 from .conftest import PROBES, ROOT, TINY_VIT, run_on_two_nodes, write_few_shot_digits
@@ -221,7 +221,7 @@ def test_lightning_checkpoint_loads_without_lightning(digits_run):
 
 
 def test_the_command_lines_model_arguments_are_told_from_the_rest():
-    from vitkit.lit.lightning_cli import given_model_args
+    from vitkit.cli.train import given_model_args
 
     args = ["validate", "--model.lr", "1e-3", "--model.init_args.ema_decay=0.9", "--model.model_overrides.depth=6",
             "--model.class_path", "vitkit.lit.ImageClassifier", "--data.batch_size", "8", "--ckpt_path", "x.ckpt"]
@@ -244,7 +244,7 @@ def test_token_merging_validates_in_the_classifier_as_the_bench_curve_measures_i
     """The bench's token-merging curve on the digits checkpoint: unmerged, its top-1 is Lightning's validation
     top-1 of the same weights; merged (r=16: the 64 patches halved by the last block), the classifier's validation
     with the merging set from the command line gives the curve's top-1 too, with fewer GMACs."""
-    from vitkit.tools.bench import main as bench
+    from vitkit.cli.bench import measure as bench
 
     ckpt = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
     rows = bench(["--checkpoint", str(ckpt), "--token-merging", "0,16", "--batch-sizes", "64", "--rounds", "1",

@@ -226,7 +226,7 @@ def test_the_bench_curve_reads_a_folder_for_checkpoints_without_a_data_module(tm
     from PIL import Image
 
     from vitkit.checkpoints import save_pretrained
-    from vitkit.tools.bench import main as bench
+    from vitkit.cli.bench import measure as bench
 
     save_pretrained(_model(num_classes=2), tmp_path / "ckpt", class_names=["a", "b"])
     with pytest.raises(SystemExit, match="--val-dir"):

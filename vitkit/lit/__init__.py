@@ -1,11 +1,11 @@
-"""Lightning glue: the only package code that imports lightning."""
+"""Lightning glue: the modules, data modules, callbacks and strategies that training runs on. Besides this package,
+only the commands that run Lightning import it (``vitkit train``'s LightningCLI is ``vitkit/cli/train.py``)."""
 
 from vitkit.data.text import Tokenizer
 
 from .callbacks import AtomicCheckpointIO, CSVLogger, ModelCheckpoint, TrainingCurves
 from .classifier import EMA, ImageClassifier
 from .data import DigitsDataModule, ImageFolderDataModule, UnlabeledImageDataModule
-from .lightning_cli import VitkitCLI, cli_main
 from .mim import MaskedImageModeling
 from .seq2seq import Seq2SeqModule
 from .small_data import StepsPerEpoch
@@ -15,7 +15,7 @@ from .text_data import OcrDigitsDataModule, Seq2SeqDataModule
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DigitsDataModule", "FSDP2Strategy", "HFDataModule",
            "ImageClassifier", "ImageFolderDataModule", "MaskedImageModeling", "ModelCheckpoint", "OcrDigitsDataModule",
            "Seq2SeqDataModule", "Seq2SeqModule", "StepsPerEpoch", "StreamingImageDataModule", "Tokenizer",
-           "TrainingCurves", "UnlabeledImageDataModule", "VitkitCLI", "cli_main"]
+           "TrainingCurves", "UnlabeledImageDataModule"]
 
 
 def __getattr__(name: str):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Any, Literal
 
+import lightning as L
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
@@ -15,8 +17,9 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitkit
+from vitkit.evaluation.metrics import Predictions, scores, summary
+from vitkit.evaluation.report import display_stats, write_report
 from vitkit.lora import DEFAULT_TARGETS, LoraSettings, add_lora
-from vitkit.tools.evaluate import Predictions
 
 from .base import EMA, TrainingModule
 from .distill import (
@@ -28,9 +31,8 @@ from .distill import (
     distillation_loss,
     to_teacher,
 )
-from .hparams import keep_own_hparams
+from .hparams import gather_from_ranks, keep_own_hparams
 from .probe import HeadNorm, fold_into_checkpoint, unfold_from_checkpoint
-from .report import collect, write_test_report
 from .small_data import fit_head, keep_what_trained, probe_path, suggest_small_data_recipe
 
 __all__ = ["EMA", "ImageClassifier"]
@@ -383,3 +385,38 @@ class ImageClassifier(TrainingModule):
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(x).softmax(dim=-1)
+
+
+# -- the report of `vitkit train test`: every rank's predictions, gathered, written as `vitkit evaluate` writes them
+
+
+def collect(pred: Predictions, trainer: L.Trainer, batch: tuple[Tensor, Tensor], logits: Tensor,
+            batch_idx: int) -> None:
+    """One test batch's probabilities, labels and most confident mistakes, on this rank."""
+    x, y = batch
+    p = logits.float().softmax(-1).detach().cpu()
+    pred.probs = torch.cat([pred.probs.view(-1, p.shape[1]), p])
+    pred.labels = torch.cat([pred.labels, y.cpu()])
+    pred.sources += [f"rank {trainer.global_rank} batch {batch_idx} row {i}" for i in range(len(y))]
+    mean, std = display_stats(trainer.datamodule)
+    pred.keep_mistakes((x.float().cpu() * std + mean).clamp(0, 1), p, y.cpu())
+
+
+def write_test_report(module: L.LightningModule, pred: Predictions) -> dict[str, float]:
+    """Every rank's test predictions together: the report of ``vitkit evaluate`` in ``<root>/evaluation`` (written
+    by rank 0), and the scores to log beside top-1 and top-5 (every rank has them)."""
+    trainer = module.trainer
+    parts = gather_from_ranks(trainer, pred)
+    if not any(len(p.labels) for p in parts):
+        return {}
+    merged = Predictions(torch.cat([p.probs for p in parts if len(p.labels)]), torch.cat([p.labels for p in parts]),
+                         [s for p in parts for s in p.sources])
+    merged.mistakes = sorted((m for p in parts for m in p.mistakes), key=lambda m: -m[0])[:len(pred.mistakes) or 16]
+    names = list(getattr(module.hparams, "class_names", None) or []) or \
+        list(getattr(module.model, "class_names", None) or []) or [str(i) for i in range(merged.probs.shape[1])]
+    if trainer.is_global_zero:
+        result = write_report(merged, names, Path(trainer.default_root_dir) / "evaluation")
+        print(f"test report -> {Path(trainer.default_root_dir) / 'evaluation'}\n{summary(result)}")
+    else:
+        result = scores(merged.probs, merged.labels, names)
+    return {"ece": result["ece"], "macro_f1": result["macro"]["f1"], "weighted_f1": result["weighted"]["f1"]}

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from vitkit.data.transforms import eval_transform
-from vitkit.tools.evaluate import fit_linear_probe
+from vitkit.evaluation.metrics import fit_linear_probe
 
 PROBE_FILE = "probe.ckpt"
 

@@ -1,4 +1,5 @@
-"""The LightningCLI behind ``train.py`` and ``vitkit train`` (fit / validate / test / predict), callable from tests.
+"""``vitkit train`` (and ``python train.py``): fit, validate, test or predict with LightningCLI, callable from tests
+(:func:`cli_main`).
 
 The config picks the LightningModule by its class path (``model.class_path``: :class:`ImageClassifier`
 by default, :class:`Seq2SeqModule` for the encoder-decoder presets) and the data module likewise.
@@ -31,12 +32,14 @@ from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from .. import recipes
-from ..builder import checkpoint_preset
-from ..errors import one_line, take_traceback_flag, take_verbose_flag, user_error, wants_traceback
-from .callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
-from .classifier import ImageClassifier
-from .strategies import settle_interrupted_saves
+from vitkit import recipes
+from vitkit.builder import checkpoint_preset
+from vitkit.errors import one_line, take_traceback_flag, take_verbose_flag, user_error, wants_traceback
+from vitkit.lit.callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
+from vitkit.lit.classifier import ImageClassifier
+from vitkit.lit.strategies import settle_interrupted_saves
+
+from .common import usage_error
 
 # What a module takes from its data module once the data is built: image classes, or vocabularies.
 DATA_TO_MODEL = {"num_classes": "num_classes", "classes": "class_names", "src_vocab_size": "src_vocab_size",
@@ -118,16 +121,16 @@ def condense(message: str) -> str:
     return " ".join(line.strip() for line in message.strip().splitlines() if line.strip())
 
 
-class OneLineParser(LightningArgumentParser):
-    """Lightning's parser, whose errors end the command with one ``error:`` line and exit status 1 (instead of the
-    usage listing and a nested message); where jsonargparse asks for an exception instead, it still gets one."""
+class OneLineLightningParser(LightningArgumentParser):
+    """Lightning's parser (jsonargparse's), whose errors end the command with one ``error:`` line and exit status 1
+    as argparse's do in the other subcommands (instead of the usage listing and a nested message); where jsonargparse
+    asks for an exception instead, it still gets one."""
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        prog = parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"error: {condense(message)} (`{prog} --help` lists the options)\n")
+        sys.stderr.write(usage_error(parser.prog.replace(" [options]", ""), condense(message)))
         sys.exit(1)
 
 
@@ -156,7 +159,7 @@ class VitkitCLI(LightningCLI):
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        kwargs.setdefault("parser_class", OneLineParser)
+        kwargs.setdefault("parser_class", OneLineLightningParser)
         if args is None:  # from the shell: LightningCLI reads sys.argv itself
             sys.argv[1:] = with_recipes(take_verbose_flag(take_traceback_flag(sys.argv[1:])))
         else:
@@ -334,3 +337,14 @@ def cli_main(args: list[str] | None = None, run: bool = True, prog: str | None =
         if cause is None or wants_traceback(sys.argv):
             raise
         raise SystemExit(one_line(cause)) from None
+
+
+def main(argv: list[str], prog: str = "vitkit train") -> int:
+    """``vitkit train ARGS``. ``sys.argv`` stays as typed: Lightning starts the other processes of a multi-device run
+    by running that same command line again (LightningCLI then warns that it was given both; that is the point)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        cli_main(argv, prog=prog)
+    return 0

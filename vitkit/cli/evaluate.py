@@ -1,5 +1,5 @@
 """``vitkit evaluate``: a classifier (a checkpoint, a tag or an ONNX file) over a split of any data module, into a
-folder of scores and pictures (``vitkit/tools/evaluate.py``); a backbone by k-NN and a linear probe on its features.
+folder of scores and pictures (``vitkit.evaluation``); a backbone by k-NN and a linear probe on its features.
 
 The data comes by the training command's ``--data`` arguments (``--data.root DIR`` alone means an image folder);
 the data module's preprocessing defaults to the model's own (its size, mean, std, crop and interpolation).
@@ -8,25 +8,16 @@ the data module's preprocessing defaults to the model's own (its size, mean, std
 from __future__ import annotations
 
 import inspect
-import sys
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from jsonargparse import ArgumentParser
-from torch import Tensor
 
-from vitkit.tools.evaluate import (
-    Predictions,
-    knn_top1,
-    linear_probe_top1,
-    summary,
-    write_backbone_report,
-    write_report,
-)
-
-from .report import display_stats
+from vitkit.evaluation.metrics import summary
+from vitkit.evaluation.predict import backbone_scores, predict, width
+from vitkit.evaluation.report import write_backbone_report, write_report
 
 PREPROCESSING = ("img_size", "mean", "std", "crop_pct", "interpolation")
 PRECISIONS = ("32-true", "bf16-mixed")
@@ -49,12 +40,11 @@ def _autocast(model, device: torch.device):
 
 
 def parser() -> ArgumentParser:
-    from .lightning_cli import OneLineParser
+    from . import COMMANDS
+    from .train import OneLineLightningParser
 
-    p = OneLineParser(prog="vitkit evaluate", description="Score a classifier on a split of a data module: "
-                       "metrics.json, predictions.csv and pictures into --out; or a backbone by --knn / "
-                       "--linear-probe. The data: --data.root DIR (an image folder), or --data CLASS with its "
-                       "arguments, as for `vitkit train`.")
+    p = OneLineLightningParser(prog="vitkit evaluate", description=f"{COMMANDS['evaluate']}. The data: --data.root DIR "
+                               "(an image folder), or --data CLASS with its arguments, as for `vitkit train`.")
     p.add_argument("--checkpoint", type=str | None, default=None, help="any checkpoint or weights file vitkit reads")
     p.add_argument("--model", type=str | None, default=None, help="a preset or timm tag (pretrained, by name); with "
                    "--checkpoint, the preset the file holds (by default the one it records, or the one its shapes fit)")
@@ -90,6 +80,11 @@ def _argv(argv: list[str]) -> list[str]:
     return out
 
 
+def parse_args(argv: list[str]):
+    """The parsed command line (``--data.root DIR`` alone: an image folder; a bare ``--knn``: true)."""
+    return parser().parse_args(_argv(argv))
+
+
 def main(argv: list[str]) -> int:
     p = parser()
     cfg = p.parse_args(_argv(argv))
@@ -116,12 +111,12 @@ def main(argv: list[str]) -> int:
     split, ds = _split(dm, cfg.split)
     out = Path(cfg.out)
     if backbone:
-        result = _backbone(model, dm, ds, cfg, device)
+        result = backbone_scores(model, dm, ds, device, cfg.knn, cfg.linear_probe, cfg.k, cfg.temperature)
         write_backbone_report(result, out)
         print(", ".join(f"{k} {v:.4f}" for k, v in result.items() if k.endswith("_top1")) + f"  -> {out}")
         return 0
-    if len(names) != _width(model, dm, ds, device):
-        raise ValueError(f"the model has {_width(model, dm, ds, device)} classes and the data "
+    if len(names) != width(model, dm, ds, device):
+        raise ValueError(f"the model has {width(model, dm, ds, device)} classes and the data "
                          f"{len(getattr(dm, 'classes', names))}: evaluate it on data of its own classes")
     pred = predict(model, dm, ds, device)
     skipped = sum(getattr(dm, "skipped", {}).values())  # unreadable images, counted by the data module
@@ -196,74 +191,4 @@ def _split(dm, split: str | None) -> tuple[str, Any]:
         raise ValueError(f"--split {split!r}: expected test, val or train")
     return split, {"test": test, "val": dm.val_set, "train": getattr(dm, "train_set", None)}[split]
 
-
-def _batches(dm, ds, device: torch.device):
-    """(x on the device, y, the rows' sources) of each batch that has an image; unreadable images are skipped."""
-    from rich.progress import track
-
-    loader = dm._loader(ds, False)
-    samples = getattr(ds, "samples", None)
-    seen = 0
-    for batch in track(loader, description="evaluating", transient=True, disable=not sys.stderr.isatty()):
-        skipped = int(batch[2]) if len(batch) == 3 else 0
-        x, y = dm.on_after_batch_transfer(batch, 0)[:2]
-        rows = list(range(seen, seen + len(y) + skipped))
-        seen += len(y) + skipped
-        if len(y) == 0:
-            continue
-        if skipped:  # which rows were dropped is not known here: name the batch's rows
-            sources = [f"rows {rows[0]}-{rows[-1]}"] * len(y)
-        elif samples is not None:  # a file path (or a dataset's row name)
-            sources = [str(samples[i][0]) for i in rows]
-        else:
-            sources = [str(i) for i in rows]
-        yield x.to(device), y, sources
-
-
-def _width(model, dm, ds, device: torch.device) -> int:
-    cfg = getattr(model, "cfg", None)
-    if cfg is not None:
-        return cfg.num_classes
-    x, _, _ = next(_batches(dm, ds, device))
-    with torch.no_grad():
-        return model(x[:1]).shape[-1]
-
-
-@torch.no_grad()
-def predict(model, dm, ds, device: torch.device) -> Predictions:
-    """Softmax probabilities, labels and sources of every readable image of ``ds``; the most confident mistakes."""
-    mean, std = display_stats(dm)
-    probs, labels, sources = [], [], []
-    pred = Predictions(torch.empty(0), torch.empty(0, dtype=torch.long), [])
-    for x, y, src in _batches(dm, ds, device):
-        p = model(x).float().softmax(-1).cpu()
-        probs.append(p)
-        labels.append(y.cpu())
-        sources += src
-        pred.keep_mistakes((x.float().cpu() * std + mean).clamp(0, 1), p, y.cpu())
-    pred.probs, pred.labels, pred.sources = torch.cat(probs), torch.cat(labels), sources
-    return pred
-
-
-@torch.no_grad()
-def features(model, dm, ds, device: torch.device) -> tuple[Tensor, Tensor]:
-    feats, labels = [], []
-    for x, y, _ in _batches(dm, ds, device):
-        feats.append(model.features(x).float().cpu())
-        labels.append(y.cpu())
-    return torch.cat(feats), torch.cat(labels)
-
-
-def _backbone(model, dm, ds, cfg, device: torch.device) -> dict:
-    if not hasattr(model, "features"):
-        raise ValueError("--knn and --linear-probe need a PyTorch model (--checkpoint or --model), not --onnx")
-    train, train_y = features(model, dm, dm.train_set, device)
-    val, val_y = features(model, dm, ds, device)
-    result: dict = {"train_samples": len(train_y), "samples": len(val_y), "feature_dim": train.shape[1]}
-    if cfg.knn:
-        result["knn_top1"] = knn_top1(train, train_y, val, val_y, cfg.k, cfg.temperature)
-        result.update(k=cfg.k, temperature=cfg.temperature)
-    if cfg.linear_probe:
-        result["linear_probe_top1"] = linear_probe_top1(train, train_y, val, val_y)
-    return result
 

@@ -1,0 +1,110 @@
+"""What the subcommands share: the one-line parser, ``--overrides``, loading a classifier, reading an image."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+TOKEN_MERGING = ("ToMe: merge R token pairs in every block (ViT/DeiT; Bolya et al., 2023), faster at some cost in "
+                 "accuracy; 0: off")
+OVERRIDES = "config fields as JSON, for files that do not record them, e.g. '{\"depth\": 6, \"img_size\": 384}'"
+
+
+def usage_error(prog: str, message: str) -> str:
+    """The one line a parser's error becomes, the same for every subcommand."""
+    return f"error: {message} (`{prog} --help` lists the options)\n"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one ``error:`` line and exit status 1, as the other errors of vitkit."""
+
+    def error(self, message: str):
+        self.exit(1, usage_error(self.prog, message))
+
+
+def command_parser(name: str, **kwargs) -> OneLineParser:
+    """The parser of subcommand ``name``, described by its line in :data:`vitkit.cli.COMMANDS`."""
+    from . import COMMANDS
+
+    return OneLineParser(prog=f"vitkit {name}", description=COMMANDS[name], **kwargs)
+
+
+def add_model_source(p: argparse.ArgumentParser, checkpoint_help: str, model_help: str | None = None) -> None:
+    """``--checkpoint``, ``--model`` and ``--overrides``: where a command's model comes from."""
+    p.add_argument("--checkpoint", help=checkpoint_help)
+    p.add_argument("--model", help=model_help)
+    p.add_argument("--overrides", default="{}", help=OVERRIDES)
+
+
+def parse_overrides(text: str) -> dict:
+    """``--overrides``: a JSON object of config fields (their types are checked when the model is built)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise SystemExit(f"error: --overrides expects a JSON object such as '{{\"depth\": 6}}', got {text!r} "
+                         f"({e})") from None
+    if not isinstance(value, dict):
+        raise SystemExit(f"error: --overrides expects a JSON object such as '{{\"depth\": 6}}', got a JSON "
+                         f"{type(value).__name__}: {text!r}")
+    return value
+
+
+def load_classifier(args: argparse.Namespace) -> torch.nn.Module:
+    """The classifier ``--checkpoint`` / ``--model`` / ``--overrides`` (and ``--token-merging``) name, in eval mode."""
+    import vitkit
+    from vitkit.checkpoints.hub import MissingWeightsError
+
+    if args.checkpoint is None and args.model is None:
+        raise SystemExit("error: give --checkpoint FILE, or --model NAME for pretrained weights by name "
+                         "(a timm tag such as vit_base_patch16_224.augreg2_in21k_ft_in1k, or torchvision weights)")
+    overrides = parse_overrides(args.overrides)
+    if getattr(args, "token_merging", None):
+        overrides["token_merging"] = args.token_merging
+    try:
+        net = vitkit.create_model(args.model, checkpoint=args.checkpoint, pretrained=args.checkpoint is None,
+                                  **overrides).eval()
+    except MissingWeightsError as e:
+        raise SystemExit(f"error: {e}") from None
+    except ValueError as e:
+        if "token_merging" not in overrides:
+            raise
+        raise SystemExit(f"error: --token-merging {args.token_merging}: {e}") from None
+    if vitkit.family(net.name) == "seq2seq":
+        raise SystemExit(f"error: {args.checkpoint} holds an encoder-decoder ({net.name}); this command takes "
+                         "classifiers")
+    require_classifier(net, args.checkpoint or args.model)
+    return net
+
+
+def require_classifier(net: torch.nn.Module, source: str) -> None:
+    """Refuse a backbone: a model without a classifier, or with one that the weights did not hold."""
+    report = getattr(net, "load_report", None)
+    if net.cfg.num_classes == 0 or (report is not None and report.new_head):
+        what = "has no classifier head (num_classes=0)" if net.cfg.num_classes == 0 else (
+            f"holds no classifier for the {net.cfg.num_classes} classes asked for (new, untrained: "
+            f"{', '.join(report.new_head)})")
+        raise SystemExit(f"error: {source} {what}: it is a backbone, so there are no classes to predict. Fine-tune "
+                         "it first, e.g. `vitkit train fit -c vit_base_finetune --model.model_name "
+                         f"{net.name} --model.pretrained false --model.checkpoint {source} --data.root DATA`, then "
+                         "use the checkpoint that writes")
+
+
+def read_image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """(model input (1, C, H, W) after the model's eval transform, the same crop unnormalised in [0, 1])."""
+    import torch
+    from PIL import Image, UnidentifiedImageError
+
+    from vitkit.data.transforms import eval_transform
+
+    try:
+        img = Image.open(path).convert("L" if cfg.in_chans == 1 else "RGB")
+    except (OSError, UnidentifiedImageError) as e:
+        raise SystemExit(f"error: cannot read image {path!r}: {e}") from None
+    x = eval_transform(cfg)(img)[None]
+    mean = torch.tensor(cfg.mean[: cfg.in_chans]).view(-1, 1, 1)
+    std = torch.tensor(cfg.std[: cfg.in_chans]).view(-1, 1, 1)
+    return x, (x[0] * std + mean).clamp(0, 1)

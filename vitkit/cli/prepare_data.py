@@ -1,0 +1,36 @@
+"""``vitkit prepare-data``: ImageNet-layout folders -> litdata shards, resumable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .common import command_parser
+
+
+def parser():
+    p = command_parser("prepare-data")
+    p.add_argument("root", help="a folder with train/<class>/<images>, val/<class>/<images> and optionally test/")
+    p.add_argument("out", help="the output folder; run again on it to resume an interrupted conversion")
+    p.add_argument("--workers", type=int, default=None, help="parallel workers (default: every CPU)")
+    p.add_argument("--chunk-bytes", default="64MB", help="size of a shard file (default: 64MB)")
+    p.add_argument("--overwrite", action="store_true", help="delete OUT and convert from the start")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random order each split is written in (default: 0)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    import logging
+
+    from vitkit.data.shards import MARKER, prepare_data
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        summary = prepare_data(args.root, args.out, workers=args.workers, chunk_bytes=args.chunk_bytes,
+                               overwrite=args.overwrite, seed=args.seed)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+    for split, n in summary["splits"].items():
+        print(f"{split}: {n['samples']} samples, {n['skipped']} unreadable file(s) left out")
+    print(f"{len(summary['classes'])} classes; {Path(args.out) / MARKER} written: the dataset is complete")
+    return 0
