@@ -1,7 +1,5 @@
-import json
 import os
 import tempfile
-from pathlib import Path
 
 # torch.compile's on-disk cache is not keyed on ATEN_CPU_CAPABILITY: kernels cached by a run on another
 # kernel path were reused, and flex attention then disagreed with the reference by up to 0.8. A run that
@@ -24,9 +22,6 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "TORCHINDUCTOR_
 import pytest  # noqa: E402
 import torch
 from hypothesis import HealthCheck, settings
-
-pytest_plugins = ["tests.timing"]  # VITKIT_TEST_TIMES=FILE: each test's wall and CPU seconds
-from tests.timing import measured_id  # noqa: E402
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" in os.environ:  # torch may predate the variable
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -54,17 +49,14 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.load_profile("fuzz" if fuzz else "ci" if os.environ.get("CI") else "dev")
 
 
+# Tiers, by marker (pyproject.toml): `slow` marks a test of more than a few seconds (full-size parity, compiling,
+# training to an accuracy, starting processes); `make test-fast` is `-m "not slow"`.
+#
 # The two test processes of `make test` (pytest-xdist, --dist loadgroup) take work units in the order of the
-# collection, each when it is almost out of work. A unit is one test, or every test of a file that shares a
-# fixture of module scope (built once, in one process): an ``xdist_group`` named after the file, or every test that
-# uses one of the expensive session fixtures of SHARED_EXPENSIVE. Units go longest
-# first by their seconds in a measured run (tests/durations.json, written by `python -m tests.timing FILE
-# --write tests/durations.json`), so that the two processes finish together; a test not measured yet counts as
-# DEFAULT_SECONDS.
-DURATIONS = json.loads((Path(__file__).parent / "durations.json").read_text()) \
-    if (Path(__file__).parent / "durations.json").exists() else {}
-DEFAULT_SECONDS = 2.0
-
+# collection, each when it is almost out of work. A unit is one test, or every test of a file that shares a fixture
+# of module scope (built once, in one process): an ``xdist_group`` named after the file, or every test that uses one
+# of the expensive session fixtures of SHARED_EXPENSIVE. Units with a slow test go first, so that the two processes
+# finish together on quick ones.
 
 # session fixtures of a conftest that take long to build: the tests that use one are one work unit, whatever their file
 SHARED_EXPENSIVE = {"digits_run"}
@@ -98,18 +90,6 @@ def _work_unit(item: pytest.Item) -> str | None:
     return None
 
 
-# `make test-fast` (pytest --fast): the work units measured under FAST_UNIT_SECONDS and not marked slow, and of a
-# test swept over many parameters its first FAST_CASES. A unit goes whole or not at all (its tests share one
-# expensive fixture). tests/test_imports.py imports every module,
-# so the tier reaches each at least once.
-FAST_UNIT_SECONDS = 4.0
-FAST_CASES = 2
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--fast", action="store_true", help="only the quick work units (`make test-fast`)")
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (it appends "@group" to the node ids)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     units: dict[str, list[pytest.Item]] = {}
@@ -120,21 +100,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if getattr(config.option, "loadgroup", False) and "@" not in item.nodeid:
                 _rename(item, f"{item.nodeid}@{group}")
         units.setdefault(group or item.nodeid, []).append(item)
-    cost = {key: sum(DURATIONS.get(measured_id(i.nodeid), DEFAULT_SECONDS) for i in unit)
-            for key, unit in units.items()}
-    if config.getoption("--fast"):
-        slow = {k for k, unit in units.items() if cost[k] > FAST_UNIT_SECONDS
-                or any(i.get_closest_marker("slow") for i in unit)}
-        seen: dict[tuple[str, str], int] = {}
-        for k, unit in units.items():  # of a test swept over many parameters, the first FAST_CASES
-            if len(unit) == 1 and k not in slow:
-                fn = (unit[0].nodeid.split("::")[0], getattr(unit[0], "originalname", unit[0].name))
-                seen[fn] = seen.get(fn, 0) + 1
-                if seen[fn] > FAST_CASES:
-                    slow.add(k)
-        config.hook.pytest_deselected(items=[i for k in slow for i in units[k]])
-        units = {k: v for k, v in units.items() if k not in slow}
-    items[:] = [i for key in sorted(units, key=lambda k: -cost[k]) for i in units[key]]  # stable for ties
+    slow = {k for k, unit in units.items() if any(i.get_closest_marker("slow") for i in unit)}
+    items[:] = [i for key in sorted(units, key=lambda k: k not in slow) for i in units[key]]  # stable otherwise
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,7 @@ import json
 import os
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -213,6 +214,7 @@ class _Server:
         for server in cls._instances.values():
             if server.proc.poll() is None:
                 server.proc.kill()
+            shutil.rmtree(server.dir, ignore_errors=True)  # the socket and the children's captured output
 
 
 atexit.register(_Server.stop)
