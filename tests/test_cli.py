@@ -46,6 +46,7 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and "attention-map" in out.stdout
 
 
+@pytest.mark.slow
 def test_help_and_recipes_answer_without_importing_torch():
     """The first commands a newcomer types answer at once: torch (2 s to import, 4 s with the rest of vitkit) is
     imported by the commands that need it, and `import vitkit` gives its names when first used."""
@@ -60,6 +61,7 @@ def test_help_and_recipes_answer_without_importing_torch():
         vitkit.no_such_name  # noqa: B018
 
 
+@pytest.mark.slow
 def test_predict_prints_topk_class_names(exports, tmp_path, capsys):
     a, b = _png(tmp_path / "a.png"), _png(tmp_path / "b.png", seed=1)
     (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
@@ -117,12 +119,14 @@ def test_attention_map_writes_a_png(which, exports, tmp_path, capsys):
     assert _is_png(out) and str(out) in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_pos_embed_plot_writes_a_png(exports, tmp_path):
     out = tmp_path / "pe.png"
     assert main(["pos-embed", "--checkpoint", str(exports[0]), "-o", str(out)]) == 0
     assert _is_png(out)
 
 
+@pytest.mark.slow
 def test_train_and_bench_pass_their_arguments_through(tmp_path):
     main(["train", "fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), "--trainer.accelerator", "cpu",
           "--trainer.max_steps", "2", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2",
@@ -135,6 +139,7 @@ def test_train_and_bench_pass_their_arguments_through(tmp_path):
     assert (tmp_path / "b.csv").exists() and (tmp_path / "b.png").exists()
 
 
+@pytest.mark.slow
 def test_vitkit_train_from_the_shell_prints_no_argv_warning(tmp_path):
     """`vitkit train ...` as a user types it: LightningCLI reads the arguments itself, without its warning
     about `args` given together with sys.argv, and the run lands under its root."""
@@ -186,6 +191,7 @@ def test_bench_runs_from_an_installed_wheel(wheel_site, tmp_path):
     assert (tmp_path / "b/t.csv").exists() and (tmp_path / "b/t.png").exists()
 
 
+@pytest.mark.slow
 def test_the_wheel_carries_every_package_and_the_recipes(wheel_site):
     packages = sorted(".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "vitkit").rglob("__init__.py"))
     installed = sorted(".".join(p.parent.relative_to(wheel_site).parts) for p in (wheel_site / "vitkit").rglob(
@@ -195,6 +201,7 @@ def test_the_wheel_carries_every_package_and_the_recipes(wheel_site):
     assert recipes == sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
 
 
+@pytest.mark.slow
 def test_demo_train_and_recipes_run_from_an_installed_wheel(wheel_site, tmp_path):
     """`python -m vitkit.demo` and `vitkit train fit --config NAME` read the recipes inside the wheel."""
     demo = _from_wheel(wheel_site, tmp_path, "demo", "--trainer.max_epochs", "1", "--trainer.limit_train_batches",

@@ -16,6 +16,8 @@ from tests import forkserver
 from tests.commands import one_error_line, run_cli
 from vitkit.cli import main
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(img_size=32, patch_size=8, depth=1, embed_dim=32, num_heads=2, num_classes=3)
 

@@ -213,6 +213,7 @@ def damage(data: bytes, mutation: tuple, other: bytes) -> bytes:
     return bytes(b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f.name)
 @given(mutation=MUTATIONS)
 def test_a_damaged_file_loads_or_is_named(valid, tmp_path_factory, fmt, mutation):

@@ -38,6 +38,7 @@ def test_readme_stays_under_200_lines():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
 
+@pytest.mark.slow
 def test_the_site_builds_strict(tmp_path):
     # forked from the tests' prepared interpreter: the build's hooks import vitkit's commands (torch, Lightning)
     done = forkserver.run(["-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")], cwd=ROOT,
@@ -92,6 +93,7 @@ def _parse(cmd: str) -> None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page, cmd", COMMANDS)
 def test_every_command_shown_parses(page, cmd, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["vitkit"])

@@ -12,6 +12,8 @@ import vitkit
 from vitkit import family
 from vitkit.tools.export import ExportError, OnnxModel, export_onnx, export_program, min_size
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("onnxruntime")
 
 TINY_VIT = dict(depth=1, embed_dim=32, num_heads=2, patch_size=8)

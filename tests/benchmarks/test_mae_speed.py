@@ -11,6 +11,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import mae_speed  # noqa: E402
 
 
+@pytest.mark.slow
 def test_a_tiny_run_writes_the_row_with_its_ratio_and_memory(tmp_path):
     out = tmp_path / "mae.md"
     mae_speed.main(["--models", "vit_tiny_patch16_224", "--batch-size", "2", "--rounds", "1", "--iters", "1",
@@ -27,6 +28,7 @@ def test_a_tiny_run_writes_the_row_with_its_ratio_and_memory(tmp_path):
     assert 0 < cls_state < mae_state, state
 
 
+@pytest.mark.slow
 def test_the_activation_count_grows_by_the_same_amount_per_image():
     """Counted at 1 and 2 images and at 2 and 4: the same bytes per image (the weights, saved too, cancel in the
     difference, as do other per-step tensors)."""

@@ -4,7 +4,11 @@ most 0.55x of what a DDP rank holds."""
 import csv
 from pathlib import Path
 
+import pytest
+
 from tests import forkserver
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 

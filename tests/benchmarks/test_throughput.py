@@ -25,6 +25,7 @@ def _probe_in_prepared_interpreter(cmd, **kw):
     return forkserver.run(cmd[1:], timeout=kw.get("timeout"), text=kw.get("text", True))
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_csv_json_markdown_and_chart(tmp_path, monkeypatch):
     monkeypatch.setattr(throughput.subprocess, "run", _probe_in_prepared_interpreter)
     out = tmp_path / "res.csv"
@@ -62,6 +63,7 @@ def test_unknown_model_is_a_clear_error(capsys):
     assert "unknown vitkit preset(s) ['vit_nope']" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_token_merging_rows_beside_the_unmerged_one_and_the_peers(tmp_path):
     rows = command.measure(["--models", "vit_tiny_patch16_224", "--peers", "timm", "--mode", "infer", "--batch-sizes",
                             "2", "--rounds", "1", "--iters", "1", "--warmup", "1", "--no-mem", "--token-merging", "0,8",
@@ -98,6 +100,7 @@ def test_rounds_alternate_the_order_of_the_entries():
     assert [len(e.times) for e in entries] == [8, 8, 8]
 
 
+@pytest.mark.slow
 def test_the_memory_probe_counts_the_model_not_the_imports():
     """In a fresh process (as the bench runs it), vitkit's and timm's ViT-Ti take about the same memory. Before the
     probe imported what building a vitkit model imports (timm for the pretrained config, and through it torchvision

@@ -69,6 +69,7 @@ def test_sdpa_matches_math_forward_and_backward(case):
         assert_close(g_sdpa, g_math, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 @needs_flex
 @pytest.mark.parametrize("case", CASES)
 def test_flex_matches_math_forward(case):

@@ -50,6 +50,7 @@ def test_the_teacher_is_frozen_and_outside_the_optimizer_the_state_dict_and_the_
     assert student.cfg.depth == 1 and student.load_report.ok
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lightning checkpoint", "timm cnn file"])
 def test_a_checkpoint_and_a_timm_cnn_teach_a_student(kind, tmp_path, digits_run):
     """The demo's Lightning checkpoint, and a timm CNN by name with its weights as a file."""
@@ -139,6 +140,7 @@ def test_a_deit_student_learns_from_the_teacher_through_its_second_head(tmp_path
         assert_close(module.model(x), (cls + dist) / 2)
 
 
+@pytest.mark.slow
 def test_a_distilled_student_predicts_exports_and_evaluates_with_its_heads_averaged(tmp_path):
     """Trained with a teacher through the command, the DeiT student's checkpoint loads without the teacher, gives
     the average of its two heads, and exports to ONNX with the same logits."""
@@ -189,6 +191,7 @@ def _student(root: Path, seed: int, teacher: Path | None) -> float:
     return float(cli.trainer.callback_metrics["val/top1"])
 
 
+@pytest.mark.slow
 def test_a_student_with_the_teacher_beats_the_same_student_without_it(digits_run, tmp_path):
     """Over seeds 0-4 (teacher: a 12-epoch demo run, val 0.919), val top-1 without the teacher 0.450 / 0.519 / 0.528
     / 0.603 / 0.514, with it (soft) 0.650 / 0.742 / 0.753 / 0.694 / 0.681: gaps +0.09 to +0.23. The bound sits
@@ -201,6 +204,7 @@ def test_a_student_with_the_teacher_beats_the_same_student_without_it(digits_run
     assert taught >= alone + 0.04, (taught, alone)
 
 
+@pytest.mark.slow
 def test_the_digits_recipe_distils_the_demo_model(digits_run, tmp_path):
     cli = cli_main(["fit", "-c", "vit_tiny_digits_distilled", *_cpu(tmp_path), "--trainer.max_steps", "2",
                     "--trainer.limit_val_batches", "1", "--model.teacher",

@@ -9,6 +9,8 @@ import pytest
 
 from .conftest import TINY_VIT, run_in_repo, run_in_turn
 
+pytestmark = pytest.mark.slow
+
 
 def _ddp(root: Path, *extra: str) -> list[str]:
     root.mkdir(parents=True, exist_ok=True)

@@ -63,6 +63,7 @@ def test_the_scores_are_scikit_learns_on_the_same_predictions():
     assert got["ece"] == pytest.approx(_ece(p, y), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_evaluate_writes_the_folder_and_agrees_with_the_runs_own_validation(digits_run, tmp_path, capfd):
     assert main(["evaluate", "--checkpoint", str(_ckpt(digits_run)), *DIGITS, "-o", str(tmp_path / "ev")]) == 0
     printed = capfd.readouterr().out
@@ -81,6 +82,7 @@ def test_evaluate_writes_the_folder_and_agrees_with_the_runs_own_validation(digi
             assert im.size[0] > 300 and im.size[1] > 300
 
 
+@pytest.mark.slow
 def test_evaluate_in_bf16_scores_what_a_bf16_mixed_run_validated(tmp_path, capfd):
     """A run trained in bf16-mixed validated under bf16 autocast: ``--precision bf16-mixed`` gives its score to the
     last digit (float32 may differ in the third)."""
@@ -109,6 +111,7 @@ def test_past_fifty_classes_the_matrix_becomes_the_most_confused_pairs(tmp_path)
     assert result["confused_pairs"][0]["count"] == off.max() and len(result["confused_pairs"]) == 20
 
 
+@pytest.mark.slow
 def test_knn_of_a_trained_backbone_is_far_above_random_weights(digits_run, tmp_path, capfd):
     """DINO's k-NN (k 20, T 0.07) on the digits: the demo's trained model gives 0.928 (seed 0); random weights of
     the same shape give 0.456 / 0.486 / 0.478 / 0.456 / 0.497 over seeds 0-4 (chance is 0.1)."""
@@ -126,6 +129,7 @@ def test_knn_of_a_trained_backbone_is_far_above_random_weights(digits_run, tmp_p
     assert got["trained"]["train_samples"] == 1437 and got["trained"]["samples"] == 360
 
 
+@pytest.mark.slow
 def test_the_linear_probe_recipe_lands_near_the_probe_of_the_same_features(digits_run, tmp_path, capfd):
     """Three epochs of the recipe (SGD, BatchNorm before the head, frozen backbone) on the demo model's features,
     against scikit-learn's logistic regression on them; the checkpoint, its norm folded into the head, predicts
@@ -147,6 +151,7 @@ def test_the_linear_probe_recipe_lands_near_the_probe_of_the_same_features(digit
     assert json.loads((tmp_path / "folded/metrics.json").read_text())["top1"] == pytest.approx(probe, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_train_test_writes_the_same_report_into_the_run_folder(digits_run, tmp_path):
     root = Path(digits_run.trainer.default_root_dir)
     cli = cli_main(["test", "--config", str(Path(vitkit.__file__).parents[1] / "configs/vit_tiny_digits.yaml"),
@@ -162,6 +167,7 @@ def test_train_test_writes_the_same_report_into_the_run_folder(digits_run, tmp_p
     assert root.exists()
 
 
+@pytest.mark.slow
 def test_bad_input_gets_one_line(digits_run, tmp_path, capfd):
     torch.manual_seed(0)
     headless = vitkit.save_pretrained(vitkit.create_model("vit_tiny_patch16_224", num_classes=0, **DEMO),

@@ -106,6 +106,7 @@ def test_nan_loss_skip_policy_drops_steps_then_gives_up(tmp_path, caplog):
     assert caplog.text.count("skipping step") == 10
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_ends_like_an_uninterrupted_run(tmp_path):
     def train(out: Path, *extra: str):
         args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
@@ -129,6 +130,7 @@ def test_sigkill_mid_epoch_then_resume_ends_like_an_uninterrupted_run(tmp_path):
         torch.testing.assert_close(b["state_dict"][k], v, atol=1e-5, rtol=1e-5, msg=k)
 
 
+@pytest.mark.slow
 def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint_whole(tmp_path):
     args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
             "--model.model_overrides", TINY_VIT, "--trainer.max_epochs", "3", "--trainer.limit_train_batches", "2",
@@ -148,6 +150,7 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_checkpoint_whole(t
     assert torch.load(last, weights_only=True)["global_step"] == 6 and not torn.exists()
 
 
+@pytest.mark.slow
 def test_one_failing_ddp_rank_ends_the_whole_job(tmp_path):
     args = ["train.py", "fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.accelerator", "cpu",
             "--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_epochs", "1",

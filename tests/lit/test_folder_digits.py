@@ -18,6 +18,8 @@ from safetensors.torch import save_file
 from tests.commands import one_error_line, run_cli
 from vitkit.lit.data import MAX_WORKERS, ImageFolderDataModule
 
+pytestmark = pytest.mark.slow
+
 CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32-true"]
 
 

@@ -88,6 +88,7 @@ def backbones(tmp_path_factory, digits_run) -> tuple[dict[str, Path], Path]:
             write_few_shot_digits(out / "few_shot"))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("freeze", [True, False], ids=["linear_probe", "full"])
 @pytest.mark.parametrize("family", list(FAMILIES))

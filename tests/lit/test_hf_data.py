@@ -92,6 +92,7 @@ def cache(sources, monkeypatch):
     return sources["cache"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", FORMATS)
 def test_every_form_gives_the_folder_modules_samples_in_its_transforms(kind, sources, cache, id_folder):
     dm, folder = HFDataModule(**sources[kind], **KW), ImageFolderDataModule(str(id_folder), **KW)
@@ -165,6 +166,7 @@ def bad_sets(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, says", [
     (["--data.data_files", "{root}/two_images.parquet"],
      "has 2 image column(s), expected one; its columns are a (Image), b (Image), label (ClassLabel, 1 classes)"),
@@ -188,6 +190,7 @@ def test_bad_data_is_refused_in_one_line_and_nothing_is_written(args, says, bad_
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_download_names_a_dataset_it_cannot_fetch_in_one_line(cache, capfd):
     code, err = run_cli(["download", "--dataset", "vitkit/not-cached"], capfd)
     assert code == 1 and err.strip().startswith("vitkit/not-cached: error:"), err
@@ -233,6 +236,7 @@ def ddp_runs(sources, tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_map_style_ranks_read_their_parts_and_a_resumed_run_ends_with_the_same_weights(ddp_runs):
     full = [_ids(ddp_runs / "full", r) for r in (0, 1)]
@@ -250,6 +254,7 @@ def test_map_style_ranks_read_their_parts_and_a_resumed_run_ends_with_the_same_w
         torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=1e-6, msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_stream_makes_the_same_steps_on_every_rank_and_reads_every_row_once_per_epoch(ddp_runs):
     """Each rank streams 2 of the 4 files, one per loader worker, in batches of 4: their batch counts differ, and
@@ -267,6 +272,7 @@ def test_a_stream_makes_the_same_steps_on_every_rank_and_reads_every_row_once_pe
     assert order[0] != order[1], "the second epoch was not shuffled anew"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_killed_stream_resumes_from_its_saved_state(sources, tmp_path):
     """One process, 2 loader workers, a shuffle buffer of 8, last.ckpt every 5 steps (20 steps per epoch): killed in

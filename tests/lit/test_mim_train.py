@@ -60,6 +60,7 @@ def pretrained(tmp_path_factory) -> Path:
     return root / "run"
 
 
+@pytest.mark.slow
 def test_the_pretraining_run_logs_draws_and_checkpoints(pretrained):
     pictures = sorted((pretrained / "reconstructions").glob("epoch_*.png"))
     assert [p.name for p in pictures] == [f"epoch_{e:03d}.png" for e in range(PRETRAIN_EPOCHS)]
@@ -72,6 +73,7 @@ def test_the_pretraining_run_logs_draws_and_checkpoints(pretrained):
     assert (pretrained / "checkpoints/last.ckpt").exists()
 
 
+@pytest.mark.slow
 def test_the_checkpoint_is_the_presets_backbone_everywhere_a_checkpoint_goes(pretrained, tmp_path, capsys):
     last = pretrained / "checkpoints/last.ckpt"
     encoder = vitkit.create_model(checkpoint=last)  # name and sizes from the checkpoint
@@ -111,6 +113,7 @@ def _tune(root: Path, checkpoint: Path | None, freeze: bool, seed: int) -> float
     return float(cli.trainer.callback_metrics["val/top1"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("freeze", [False, True], ids=["fine_tune", "linear_probe"])
 def test_pretraining_on_the_unlabeled_digits_beats_random_weights_with_ten_labels_per_class(pretrained, tmp_path,
                                                                                             freeze):
@@ -130,6 +133,7 @@ def _mim_fit(root: Path, *extra: str):
                      "--trainer.limit_val_batches", "2", "--trainer.deterministic", "true", *extra])
 
 
+@pytest.mark.slow
 def test_a_resumed_pretraining_run_ends_where_the_uninterrupted_one_does(tmp_path):
     """The masks, augmentation and schedule of a resumed run are those the uninterrupted run drew."""
     full = _mim_fit(tmp_path / "full", "--trainer.max_epochs", "4")

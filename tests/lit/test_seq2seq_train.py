@@ -34,6 +34,7 @@ def _tsv(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "train.tsv", tmp_path / "val.tsv"
 
 
+@pytest.mark.slow
 def test_reverse_task_is_learned(tmp_path):
     """4 epochs of 94 steps take an untrained model (exact match 0) to reversing most held-out strings. Over
     seeds 0-4 with the native (Zen 4) and the AVX2 kernels, exact match was 0.70-0.97, BLEU 0.87-0.99, token
@@ -68,6 +69,7 @@ def test_tsv_data_and_tokenizer_live_in_the_checkpoint(tmp_path):
     assert isinstance(out[0], str) and all(w in model.tgt_tokenizer.vocab for w in out[0].split())
 
 
+@pytest.mark.slow
 def test_seq2seq_test_and_predict(tmp_path):
     """`test` reports the decoding metrics under test/, `predict` returns the decoded text."""
     train, val = _tsv(tmp_path)

@@ -119,6 +119,7 @@ def _fsdp2_equals_ddp(ddp_root: Path, fsdp_root: Path) -> dict[str, torch.Tensor
     return ddp
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("family", list(MODELS))
 def test_fsdp2_trains_as_ddp_does_with_the_whole_recipe_on(runs, family):
@@ -179,6 +180,7 @@ def test_the_encoder_decoder_trains_as_under_ddp_and_decodes_in_validation(runs)
         torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(ddp), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", ["mim", "distill"])
 def test_pretraining_and_distillation_train_under_fsdp2_as_under_ddp(runs, kind):

@@ -10,6 +10,8 @@ import torch
 
 from .conftest import PROBES, launch, run_in_repo, run_on_two_nodes
 
+pytestmark = pytest.mark.slow
+
 TINY_L = '{"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 8, "drop_path_rate": 0.1}'
 
 

@@ -48,6 +48,7 @@ def _top1(root: Path) -> list[float]:
     return [float(r["val/top1"]) for r in rows if r.get("val/top1")]
 
 
+@pytest.mark.slow
 def test_the_recipe_fits_the_probe_first_and_ends_above_it(backbone, few, tmp_path, capsys, said, monkeypatch):
     """The digits 5-9 with 20 labels each, from the backbone of the digits 0-4. Over seeds 0-2 of the data's
     order (this test's is 0) the probe scored 0.508 / 0.569 / 0.569 and the run's best 0.613 / 0.602 / 0.597 (a
@@ -86,6 +87,7 @@ def test_the_recipe_fits_the_probe_first_and_ends_above_it(backbone, few, tmp_pa
                         rf"features: {baseline:.4f}\)", lines[-1]), lines[-1]
 
 
+@pytest.mark.slow
 def test_a_run_that_does_not_beat_the_probe_ends_with_the_probe(backbone, few, tmp_path, said):
     """An LR that wrecks the backbone in its one epoch: the best checkpoint is the probe's."""
     cli = cli_main(["fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone), "--data.root", str(few),
@@ -96,6 +98,7 @@ def test_a_run_that_does_not_beat_the_probe_ends_with_the_probe(backbone, few, t
     assert said.messages[-1].endswith(f"{probe} (the probe on frozen features; training did not beat it)")
 
 
+@pytest.mark.slow
 def test_the_ordinary_recipes_name_the_small_data_recipe_on_small_data(backbone, few, tmp_path, said):
     cli_main(["fit", "-c", "linear_probe", "--model.checkpoint", str(backbone), "--data.root", str(few),
               "--data.img_size", "32", "--trainer.fast_dev_run", "1", *CPU])
@@ -181,6 +184,7 @@ def test_lora_merges_to_the_same_logits_and_its_adapter_folder_loads_in_peft(nam
         torch.testing.assert_close(ours(x), before, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_lora_run_keeps_what_trained_and_converts_merged_or_as_an_adapter(backbone, few, tmp_path, capsys):
     from peft import PeftModel
 

@@ -73,6 +73,7 @@ def test_an_interrupted_conversion_resumes_and_a_finished_or_foreign_one_is_refu
     assert (tmp_path / "other/notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_prepare_data_killed_mid_split_resumes_to_the_same_dataset(tmp_path):
     """SIGKILL the command (and its workers) while it works through a split, run it again: every file once, none
@@ -174,6 +175,7 @@ def _fit(root: Path, shards: Path, *extra: str, devices: int = 1, timeout: int =
     return run_in_repo(args, env=PROBES, timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_ddp_ranks_with_workers_read_every_sample_once_per_epoch_also_across_a_kill(shards, tmp_path):
     """75 samples, batch 4, 2 workers per rank: 10 batches per rank per epoch (one rank has fewer samples and
@@ -213,6 +215,7 @@ def test_two_ddp_ranks_with_workers_read_every_sample_once_per_epoch_also_across
     assert order[0] != order[1], "the second epoch was not shuffled anew"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigkill_mid_epoch_then_resume_continues_at_the_next_batch(shards, tmp_path):
     """Augmentation, drop path and mixup on, 2 workers, last.ckpt every 5 steps (19 steps per epoch): killed in

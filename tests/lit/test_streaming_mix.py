@@ -19,6 +19,8 @@ from vitkit.lit import StreamingImageDataModule
 
 from .conftest import ROOT, _solid
 
+pytestmark = pytest.mark.slow
+
 CLASSES, PER_CLASS, BATCH = 10, 40, 16  # 400 training samples, about 12 batches of 16 per rank and epoch
 N = CLASSES * PER_CLASS
 SIMULATED = 4000  # uniform draws behind each bound

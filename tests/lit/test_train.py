@@ -29,6 +29,7 @@ def _cpu(tmp_path: Path) -> list[str]:
             "--trainer.default_root_dir", str(tmp_path)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CLASSIFIER_CONFIGS, ids=lambda p: p.stem)
 def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_path, monkeypatch, request):
     tiny = TINY_SWIN if "swin" in config.stem else TINY_VIT
@@ -80,6 +81,7 @@ def _fit(tmp_path: Path, *extra: str):
                      "--trainer.deterministic", "true", *extra])
 
 
+@pytest.mark.slow
 def test_resume_from_last_continues_step_schedule_and_weights(tmp_path):
     full = _fit(tmp_path / "full", "--trainer.max_epochs", "4")
     half = _fit(tmp_path / "resumed", "--trainer.max_epochs", "4",
@@ -95,6 +97,7 @@ def test_resume_from_last_continues_step_schedule_and_weights(tmp_path):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_run_ending_by_max_steps_leaves_last_ckpt_and_a_second_run_cannot_replace_it(tmp_path):
     cli = _fit(tmp_path, "--trainer.max_steps", "2", "--trainer.val_check_interval", "1")
     assert cli.trainer.global_step == 2
@@ -172,6 +175,7 @@ def test_several_loggers_at_once(tmp_path):
     assert (tmp_path / "second/lightning_logs/version_0/metrics.csv").exists()
 
 
+@pytest.mark.slow
 def test_wandb_logs_offline_without_an_account(tmp_path):
     _fit(tmp_path, "--trainer.max_steps", "1",
          "--trainer.logger+=lightning.pytorch.loggers.WandbLogger",
@@ -180,6 +184,7 @@ def test_wandb_logs_offline_without_an_account(tmp_path):
     assert runs, list(tmp_path.rglob("*"))[:20]
 
 
+@pytest.mark.slow
 def test_ddp_on_two_nodes_splits_the_data_and_node_0_writes_the_one_checkpoint(tmp_path):
     """Two 1-process nodes on loopback (``NODE_RANK``, ``MASTER_ADDR``) into one shared root, as a launcher on
     each node of a 2-node job starts them: each rank trains on its own images, node 0 writes the checkpoints."""
@@ -200,6 +205,7 @@ def test_ddp_on_two_nodes_splits_the_data_and_node_0_writes_the_one_checkpoint(t
     assert ckpts[-1] == "last.ckpt" and len(ckpts) == 2, ckpts  # one best + last, written by node 0 only
 
 
+@pytest.mark.slow
 def test_tiny_vit_learns_digits(digits_run):
     """12 epochs in well under a minute of CPU take a chance-level model (0.10) far up. Over seeds 0-4, with
     the native and the AVX2 kernels, the last val top-1 was 0.67-0.93 and the last epoch's loss 0.34-0.59 of
@@ -211,6 +217,7 @@ def test_tiny_vit_learns_digits(digits_run):
     assert losses[-1] < losses[0] * 0.8, losses
 
 
+@pytest.mark.slow
 def test_lightning_checkpoint_loads_without_lightning(digits_run):
     ckpt = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
     model = vitkit.create_model(checkpoint=ckpt).eval()  # name, overrides and classes from the hparams
@@ -240,6 +247,7 @@ def test_a_command_builds_the_parser_of_its_subcommand_and_help_lists_all_four(t
     assert "{fit,validate,test,predict}" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_token_merging_validates_in_the_classifier_as_the_bench_curve_measures_it(digits_run, tmp_path):
     """The bench's token-merging curve on the digits checkpoint: unmerged, its top-1 is Lightning's validation
     top-1 of the same weights; merged (r=16: the 64 patches halved by the last block), the classifier's validation
@@ -272,6 +280,7 @@ def fine_tune_args(root: Path, data: Path, *extra: str) -> list[str]:
             "--data.scale", "[0.8, 1.0]", "--data.hflip", "0"]
 
 
+@pytest.mark.slow
 def test_fine_tuning_from_the_digits_checkpoint_beats_scratch(digits_run, few_shot_folder, tmp_path):
     """Fine-tune the digits model on a new 3-class folder at another resolution (so the positions are
     resampled and the head replaced) with 8 images per class; from scratch the same run stays far behind.
@@ -322,6 +331,7 @@ def test_an_encoder_decoder_preset_in_the_classifier_is_named(tmp_path):
         ImageClassifier(model_name="transformer_tiny")
 
 
+@pytest.mark.slow
 def test_ema_updates_once_per_optimizer_step_and_never_for_a_skipped_one(tmp_path):
     import sys
 
@@ -352,6 +362,7 @@ def test_compiled_training_checkpoints_plain_parameter_names(tmp_path):
         torch.testing.assert_close(ImageClassifier.load_from_checkpoint(last).model.eval().forward(x), ref)
 
 
+@pytest.mark.slow
 def test_test_evaluates_a_held_out_split_and_says_which(tmp_path, caplog):
     import logging
 

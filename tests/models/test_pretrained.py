@@ -142,6 +142,7 @@ def test_backbone_tags_give_timms_output_at_full_size_and_fine_tune_like_timm(ta
     assert ours.load_report.new_head == [f"{head}.bias", f"{head}.weight"]
 
 
+@pytest.mark.slow
 def test_torchvision_weights_from_torch_hub_cache_give_torchvisions_logits(tmp_path, monkeypatch, hf_cache,
                                                                            no_network):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
@@ -279,6 +280,7 @@ def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
                           timeout=240, preload="torch")
 
 
+@pytest.mark.slow
 def test_cli_predict_by_tag_prints_label_names_and_download_reports_the_cache(tmp_path):
     """From a shell, as a user would: HF_HUB_CACHE and HF_HUB_OFFLINE=1 in the environment."""
     from PIL import Image
@@ -319,6 +321,7 @@ def test_cli_predict_without_the_weights_says_how_to_get_them(hf_cache, tmp_path
         main(["predict", str(tmp_path / "img.png")])
 
 
+@pytest.mark.slow
 def test_download_fills_the_cache_then_loading_needs_no_network(hf_cache, tmp_path, monkeypatch):
     """`vitkit download`, from a shell, against a local server that answers as the hub does (HF_ENDPOINT, as
     for a hub mirror): the weights land in the standard cache layout, and then load with the server gone

@@ -79,6 +79,7 @@ def test_target_pads_do_not_change_real_positions():
         assert_close(m(src, tgt), m(src, padded)[:, :5], atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [dict(pos_encoding=p) for p in POS]
                          + [dict(sliding_window=3), dict(sliding_window=3, pos_encoding="rope"),
                             dict(num_kv_heads=1), dict(num_kv_heads=2, norm="pre")],
@@ -129,6 +130,7 @@ def test_a_compiled_decode_step_compiles_once(kw):
     assert len(graphs) == 1
 
 
+@pytest.mark.slow
 def test_beam_one_is_greedy_and_wider_beams_score_at_least_as_well():
     m = _trained()
     src = _tokens(4, 7)

@@ -39,6 +39,7 @@ def _check(ours, theirs, backends=("sdpa", "math"), batch=2, atol=1e-4):
             assert (ours(x) - ref).abs().max().item() < atol, b
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [
     TINY,
     dict(TINY, window_size=(4, 4, 2)),  # per-stage windows
@@ -66,6 +67,7 @@ def test_swinv2_tiny_configs_match_timm_on_every_backend(kw):
     _check(*_pair("swinv2_tiny_window8_256", **kw), backends=BACKENDS if kw is TINY else ("sdpa", "math"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", vitkit.list_models("swinv2_*"))
 def test_every_swinv2_preset_matches_timm_at_one_block_per_stage(name):
     _check(*_pair(name, depths=(1, 1, 1, 1)), batch=1)
@@ -197,6 +199,7 @@ def test_backward_math_matches_sdpa():
         assert_close(g1, g2, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_tiny_swin():
     """As for ViT: the forward and the training step captured whole and traced by AOTAutograd (inductor's own build
     of the step is checked on ViT). The smallest Swin that has every part: a regular and a shifted block, then

@@ -71,6 +71,7 @@ def test_every_preset_carries_timms_pretrained_cfg_and_gives_timms_preprocessing
     assert repr(create_transform(**data)) == repr(create_transform(**resolve_data_config(pretrained_cfg=timm_cfg)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", IMAGE_PRESETS)
 def test_every_preset_scripts_and_traces_to_its_eager_logits(name):
     """torch.jit.script of the model, torch.fx.symbolic_trace of it, and the traced graph scripted (timm's
@@ -86,6 +87,7 @@ def test_every_preset_scripts_and_traces_to_its_eager_logits(name):
         assert torch.equal(torch.jit.script(graph)(x), eager)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", IMAGE_PRESETS)
 def test_every_preset_passes_timms_backward_intermediates_and_features_checks(name):
     """What timm's model tests check of every model, on every preset (narrow, one block or stage deep): a new

@@ -171,6 +171,7 @@ def test_forward_intermediates_say_what_merged_tokens_are():
         assert distinct.shape[0] == tokens[-1].shape[1]
 
 
+@pytest.mark.slow
 def test_compile_script_and_trace_give_the_eager_output():
     m = _model(depth=2, token_merging=(6, 0.5))  # two blocks: compiling more only takes longer
     x = torch.randn(2, 3, 32, 32)
@@ -182,6 +183,7 @@ def test_compile_script_and_trace_give_the_eager_output():
         assert_close(torch.compile(m, fullgraph=True, backend="aot_eager")(x), ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_export_and_predict_take_token_merging_and_agree(tmp_path, capsys):
     import numpy as np
     from PIL import Image
@@ -208,6 +210,7 @@ def test_export_and_predict_take_token_merging_and_agree(tmp_path, capsys):
         main(["predict", *images, "--onnx", str(tmp_path / "m.onnx"), "--token-merging", "6"])
 
 
+@pytest.mark.slow
 def test_onnx_export_with_dynamic_sizes_merges_as_pytorch_does_even_where_fewer_pairs_are_left(tmp_path):
     from vitkit.tools.export import OnnxModel, export_onnx
 

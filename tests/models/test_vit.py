@@ -48,6 +48,7 @@ def test_presets_cover_the_required_names():
     assert set(vitkit.list_models("deit_*")) >= {"deit_tiny_patch16_224", "deit_base_patch16_384"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(VIT_PRESETS))
 def test_every_preset_matches_timm_at_depth_one(name):
     """Every width, head count, token layout and pooling of the table, on one block to stay fast."""
@@ -136,6 +137,7 @@ def test_resample_abs_pos_embed_matches_timm(prefix, old, new):
     assert_close(ours[:, :prefix], pe[:, :prefix])
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_tiny_vit():
     """The forward is captured whole (fullgraph: a graph break is an error) and traced by AOTAutograd; inductor
     builds the code of the forward and backward in the training step (the backend's own build, checked there)."""
@@ -149,6 +151,7 @@ def test_compile_fullgraph_tiny_vit():
     compiled_training_step_matches_eager(m, x)
 
 
+@pytest.mark.slow
 def test_model_code_does_not_import_lightning():
     code = ("import sys, vitkit, vitkit.models, vitkit.layers; m = vitkit.create_model('vit_tiny_patch16_224');"
             "bad = [k for k in sys.modules if k.split('.')[0] in ('lightning', 'pytorch_lightning')];"
