@@ -50,7 +50,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # Tiers, by marker (pyproject.toml): `slow` marks a test of more than a few seconds (full-size parity, compiling,
-# training to an accuracy, starting processes); `make test-fast` is `-m "not slow"`.
+# training to an accuracy, starting processes), and with it every test of its work unit (below), whose shared fixture
+# is what makes it slow; `make test-fast` is `-m "not slow"`.
 #
 # The two test processes of `make test` (pytest-xdist, --dist loadgroup) take work units in the order of the
 # collection, each when it is almost out of work. A unit is one test, or every test of a file that shares a fixture
@@ -101,6 +102,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 _rename(item, f"{item.nodeid}@{group}")
         units.setdefault(group or item.nodeid, []).append(item)
     slow = {k for k, unit in units.items() if any(i.get_closest_marker("slow") for i in unit)}
+    for key in slow:  # a unit goes whole: the tests that share a slow test's fixture are slow too
+        for item in units[key]:
+            if not item.get_closest_marker("slow"):
+                item.add_marker(pytest.mark.slow)
     items[:] = [i for key in sorted(units, key=lambda k: k not in slow) for i in units[key]]  # stable otherwise
 
 

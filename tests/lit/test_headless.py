@@ -162,6 +162,7 @@ def _train(*args: str) -> list[str]:
             "--trainer.max_steps", "1", *args]
 
 
+@pytest.mark.slow
 def test_the_training_command_reports_a_bad_checkpoint_path_in_one_line(tmp_path):
     out = forkserver.run(["-m", "vitkit.cli", "train", *_train(
         "--trainer.default_root_dir", str(tmp_path / "run"), "--model.checkpoint", str(tmp_path / "nope.pth"))],

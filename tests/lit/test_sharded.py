@@ -139,6 +139,7 @@ def test_lora_trains_under_fsdp2_as_under_ddp(runs):
     assert b[third:2 * third].abs().max() == 0 and b[:third].abs().max() > 0
 
 
+@pytest.mark.slow
 def test_a_model_parallel_strategy_without_sharding_is_refused(tmp_path):
     """Lightning's ModelParallelStrategy with a module whose configure_model shards nothing: the ranks would
     train apart, so the run stops before the first step and names the unsharded parameters."""
