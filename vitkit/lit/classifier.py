@@ -379,7 +379,7 @@ class ImageClassifier(TrainingModule):
 
     def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         logits = self._evaluate(batch, "test")
-        if logits is not None:  # for the report of `vitkit train test` (lit/evaluate.py)
+        if logits is not None:  # for the report of `vitkit train test` (below)
             collect(self._test_predictions, self.trainer, batch, logits, batch_idx)
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
