@@ -115,8 +115,9 @@ def main(argv: list[str]) -> int:
         write_backbone_report(result, out)
         print(", ".join(f"{k} {v:.4f}" for k, v in result.items() if k.endswith("_top1")) + f"  -> {out}")
         return 0
-    if len(names) != width(model, dm, ds, device):
-        raise ValueError(f"the model has {width(model, dm, ds, device)} classes and the data "
+    classes = width(model, dm, ds, device)
+    if len(names) != classes:
+        raise ValueError(f"the model has {classes} classes and the data "
                          f"{len(getattr(dm, 'classes', names))}: evaluate it on data of its own classes")
     pred = predict(model, dm, ds, device)
     skipped = sum(getattr(dm, "skipped", {}).values())  # unreadable images, counted by the data module
