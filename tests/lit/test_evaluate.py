@@ -172,7 +172,10 @@ def test_bad_input_gets_one_line(digits_run, tmp_path, capfd):
     torch.manual_seed(0)
     headless = vitkit.save_pretrained(vitkit.create_model("vit_tiny_patch16_224", num_classes=0, **DEMO),
                                       tmp_path / "headless")
+    three = vitkit.save_pretrained(vitkit.create_model("vit_tiny_patch16_224", num_classes=3, **DEMO),
+                                   tmp_path / "three", class_names=["a", "b", "c"])
     cases = [
+        (["--checkpoint", str(three), *DIGITS], "the model has 3 classes and the data 10"),
         (["--checkpoint", str(_ckpt(digits_run)), "--data.root", str(tmp_path / "nowhere")], "nowhere"),
         (["--checkpoint", str(headless), *DIGITS], "has no classifier head (a backbone): score its features with "
                                                    "--knn or --linear-probe"),

@@ -115,10 +115,10 @@ def main(argv: list[str]) -> int:
         write_backbone_report(result, out)
         print(", ".join(f"{k} {v:.4f}" for k, v in result.items() if k.endswith("_top1")) + f"  -> {out}")
         return 0
-    classes = width(model, dm, ds, device)
-    if len(names) != classes:
-        raise ValueError(f"the model has {classes} classes and the data "
-                         f"{len(getattr(dm, 'classes', names))}: evaluate it on data of its own classes")
+    classes, data_classes = width(model, dm, ds, device), getattr(dm, "classes", None) or names
+    if len(data_classes) != classes:  # the model's own names may not count the data's labels
+        raise ValueError(f"the model has {classes} classes and the data {len(data_classes)}: evaluate it on data of "
+                         "its own classes")
     pred = predict(model, dm, ds, device)
     skipped = sum(getattr(dm, "skipped", {}).values())  # unreadable images, counted by the data module
     result = write_report(pred, names, out, cfg.topk, {"skipped": skipped, "split": split})
