@@ -14,7 +14,6 @@ from safetensors.torch import save_file
 from torch.testing import assert_close
 
 import vitkit
-from tests.inits import reference_model
 from vitkit.checkpoints import CheckpointError, CheckpointMismatchError, UnsafeCheckpointError
 
 VIT = "vit_tiny_patch16_224"
@@ -133,7 +132,7 @@ def test_torchvision_swin(tmp_path):
 @pytest.mark.parametrize("tv_name, name", [("vit_b_16", "vit_base_patch16_224"),
                                            ("swin_t", "swin_tiny_patch4_window7_224")])
 def test_torchvision_full_size(tv_name, name, tmp_path):
-    theirs = _randomize(reference_model(getattr(torchvision.models, tv_name)))
+    theirs = _randomize(getattr(torchvision.models, tv_name)())
     torch.save(theirs.state_dict(), tmp_path / "w.pth")
     _same_logits(vitkit.create_model(name, checkpoint=tmp_path / "w.pth"), theirs, 224)
 

@@ -24,7 +24,7 @@ from vitkit.models.config import pair
 
 from .. import forkserver
 from ..hub_cache import FakeHub, cache_weights, use_offline_cache, write_hub_repo
-from ..inits import reference_model, skipped_inits
+from ..inits import timm_shapes_model
 from ..test_checkpoints import _randomize
 
 VIT_TAG = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
@@ -53,7 +53,7 @@ def no_network(monkeypatch):
 
 def _cache_timm_weights(cache: Path, tag: str, tmp_path: Path) -> torch.nn.Module:
     classes = timm.models.get_pretrained_cfg(tag).num_classes
-    model = _randomize(reference_model(timm.create_model, tag.split(".")[0], pretrained=False, num_classes=classes))
+    model = _randomize(timm.create_model(tag.split(".")[0], pretrained=False, num_classes=classes))
     cache_weights(cache, tag, model, tmp_path)
     return model
 
@@ -122,7 +122,7 @@ TOWER_TAGS = ["vit_base_patch32_clip_quickgelu_224.openai", "vit_base_patch16_si
 def test_backbone_tags_give_timms_output_at_full_size_and_fine_tune_like_timm(tag, hf_cache, tmp_path):
     _cache_timm_weights(hf_cache, tag, tmp_path)
     ours = vitkit.create_model(tag, pretrained=True).eval()
-    theirs = reference_model(timm.create_model, tag, pretrained=True).eval()
+    theirs = timm.create_model(tag, pretrained=True).eval()
     x = torch.randn(2, *theirs.pretrained_cfg["input_size"], generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         out, ref = ours(x), theirs(x)
@@ -132,7 +132,7 @@ def test_backbone_tags_give_timms_output_at_full_size_and_fine_tune_like_timm(ta
     # fine-tuning: a new head at a new resolution (whole Swin windows: vitkit masks padded keys, timm does not);
     # the backbone's weights (the attention pool's too) load
     ours = vitkit.create_model(tag, pretrained=True, num_classes=10, img_size=128).eval()
-    theirs = reference_model(timm.create_model, tag, pretrained=True, num_classes=10, img_size=128).eval()
+    theirs = timm.create_model(tag, pretrained=True, num_classes=10, img_size=128).eval()
     x = x[..., :128, :128]
     with torch.no_grad():
         assert_close(ours.forward_head(ours.forward_features(x), pre_logits=True),
@@ -193,11 +193,6 @@ def test_every_timm_tag_of_every_preset_builds_the_shapes_of_timms_model():
     tags = _every_tag()
     assert len(tags) > 150
     timm_shapes = {}
-    with skipped_inits():  # shapes only: the inits, decomposed op by op on meta, were most of the time
-        _compare_every_tag(tags, timm_shapes)
-
-
-def _compare_every_tag(tags: list[str], timm_shapes: dict) -> None:
     for tag in tags:
         src = hub.resolve(tag)
         # timm's repo of the tag (the quickgelu CLIP towers share the repo of the GELU preset's same tag), or a url
@@ -207,8 +202,7 @@ def _compare_every_tag(tags: list[str], timm_shapes: dict) -> None:
         pcfg = timm.models.get_pretrained_cfg(tag)
         key = (src.preset, pcfg.num_classes, tuple(pcfg.input_size))
         if key not in timm_shapes:
-            with torch.device("meta"):
-                theirs = timm.create_model(tag, pretrained=False)
+            theirs = timm_shapes_model(tag)
             timm_shapes[key] = {k: tuple(v.shape) for k, v in to_vitkit(theirs.state_dict())[0].items()}
         with torch.device("meta"):
             ours = vitkit.create_model(tag)

@@ -7,7 +7,7 @@ from torch.testing import assert_close
 
 import vitkit
 from tests.backends import BACKENDS, compiled_training_step_matches_eager
-from tests.inits import reference_model, skipped_inits
+from tests.inits import weightless
 from vitkit.layers import Attention
 from vitkit.layers.window import (
     WindowAttention,
@@ -22,9 +22,8 @@ TINY = dict(embed_dim=32, depths=(2, 2, 2), num_heads=(2, 2, 4), window_size=4, 
 
 
 def _pair(name: str, **kw):
-    theirs = reference_model(timm.create_model, name, pretrained=False, **kw).eval()
-    with skipped_inits():  # every parameter and buffer it saves is timm's next (a strict load)
-        ours = vitkit.create_model(name, **kw).eval()
+    theirs = timm.create_model(name, pretrained=False, **kw).eval()
+    ours = weightless(vitkit.create_model, name, **kw).eval()  # every tensor it saves is timm's next
     ours.load_state_dict(theirs.state_dict(), strict=True)
     return ours, theirs
 

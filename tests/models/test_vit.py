@@ -8,7 +8,7 @@ from torch.testing import assert_close
 import vitkit
 from tests import forkserver
 from tests.backends import compiled_training_step_matches_eager, needs_flex
-from tests.inits import reference_model, skipped_inits
+from tests.inits import weightless
 from vitkit.checkpoints.formats import to_vitkit
 from vitkit.layers import resample_abs_pos_embed, sincos_2d
 from vitkit.models import VIT_PRESETS
@@ -21,9 +21,8 @@ LARGE = ["vit_base_patch16_224", "vit_base_patch32_224", "vit_base_patch16_384",
 
 
 def _pair(name: str, **kw):
-    theirs = reference_model(timm.create_model, name, pretrained=False, **kw).eval()
-    with skipped_inits():  # every parameter and buffer it saves is timm's next (a strict load)
-        ours = vitkit.create_model(name, **kw).eval()
+    theirs = timm.create_model(name, pretrained=False, **kw).eval()
+    ours = weightless(vitkit.create_model, name, **kw).eval()  # every tensor it saves is timm's next
     ours.load_state_dict(to_vitkit(theirs.state_dict())[0], strict=True)  # timm's Eva names two things otherwise
     return ours, theirs
 
@@ -122,6 +121,10 @@ def test_sincos_positions_are_fixed_buffers():
     sim = torch.nn.functional.normalize(pe, dim=-1) @ torch.nn.functional.normalize(pe, dim=-1).T
     assert sim[0, 1] > sim[0, 13] > sim[0, 14 * 13 + 13]
     assert m(torch.randn(1, 3, 224, 224)).shape == (1, 1000)
+    # a model built on the meta device and given storage computes them again when its weights are loaded
+    empty = weightless(vitkit.create_model, "vit_tiny_patch16_224", depth=1, pos_embed="sincos")
+    empty.load_state_dict(m.state_dict())
+    assert_close(empty.pos_embed, m.pos_embed, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("prefix,old,new", [(1, (14, 14), (24, 24)), (0, (8, 8), (6, 10)),

@@ -86,22 +86,17 @@ class ViTConfig(DataConfig):
 
     def __post_init__(self) -> None:
         check_backend(self.attn_backend)
-        if self.global_pool not in POOLS:
-            raise ValueError(f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
+        for field, allowed in (("global_pool", POOLS), ("act_layer", tuple(ACTIVATIONS)),
+                               ("mlp_layer", ("mlp", "swiglu")), ("pos_embed", ("learn", "sincos", "none")),
+                               ("rope", ("", "dinov3", "axial", "mixed"))):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field} must be one of {allowed}, got {getattr(self, field)!r}")
         if self.global_pool == "token" and not self.class_token:
             raise ValueError("global_pool='token' needs class_token=True")
         if self.distilled and (not self.class_token or self.global_pool != "token"):
             raise ValueError("distilled=True (DeiT's distillation token) needs class_token=True and "
                              f"global_pool='token', got class_token={self.class_token}, "
                              f"global_pool={self.global_pool!r}")
-        if self.act_layer not in ACTIVATIONS:
-            raise ValueError(f"act_layer must be one of {tuple(ACTIVATIONS)}, got {self.act_layer!r}")
-        if self.pos_embed not in ("learn", "sincos", "none"):
-            raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {self.pos_embed!r}")
-        if self.rope not in ("", "dinov3", "axial", "mixed"):
-            raise ValueError(f"rope must be '', 'dinov3', 'axial' or 'mixed', got {self.rope!r}")
-        if self.mlp_layer not in ("mlp", "swiglu"):
-            raise ValueError(f"mlp_layer must be 'mlp' or 'swiglu', got {self.mlp_layer!r}")
         if self.mlp_norm and self.mlp_layer != "swiglu":
             raise ValueError("mlp_norm=True (a norm on the hidden units) needs mlp_layer='swiglu'")
         check_token_merging(self.token_merging, self.depth, self.rope)
@@ -126,6 +121,10 @@ class ViTConfig(DataConfig):
         return {k: v for k, v in self.__dict__.items() if k != "_reader"}  # a copy belongs to no model yet
 
 
+def _positions_again(model: "VisionTransformer", incompatible_keys) -> None:  # sin-cos, after a load
+    model.pos_embed = model.fixed_positions().to(model.pos_embed)
+
+
 class VisionTransformer(nn.Module):
     """ViT / DeiT image classifier on the shared attention core."""
 
@@ -141,16 +140,14 @@ class VisionTransformer(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, C)) if cfg.reg_tokens else None
-        gh, gw = cfg.grid_size
-        embed_len = gh * gw + (0 if cfg.no_embed_class else self.num_prefix_tokens)
+        embed_len = cfg.grid_size[0] * cfg.grid_size[1] + (0 if cfg.no_embed_class else self.num_prefix_tokens)
         if cfg.pos_embed == "none":
             self.pos_embed = None
         elif cfg.pos_embed == "learn":
             self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, C))
-        else:  # fixed: a buffer, so timm-shaped checkpoints still load strictly
-            pe = sincos_2d((gh, gw), C)
-            pe = torch.cat([pe.new_zeros(embed_len - gh * gw, C), pe])[None]
-            self.register_buffer("pos_embed", pe, persistent=False)
+        else:  # fixed: a buffer, so timm-shaped checkpoints load strictly; computed again where weights load
+            self.register_buffer("pos_embed", self.fixed_positions(), persistent=False)  # (built on meta, say)
+            self.register_load_state_dict_post_hook(_positions_again)
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
         self.rope = RopeMixed(cfg.depth, cfg.num_heads, C // cfg.num_heads, cfg.rope_temperature) \
             if cfg.rope == "mixed" else None  # learned frequencies; the other RoPEs are functions of the grid
@@ -184,6 +181,12 @@ class VisionTransformer(nn.Module):
         self.feature_info = [dict(num_chs=C, reduction=cfg.patch_size, module=f"blocks.{i}") for i in range(cfg.depth)]
         self.output_fmts = ("NCHW", "NLC")  # what forward_intermediates returns, the default first
         self.reset_parameters()
+
+    def fixed_positions(self) -> Tensor:
+        """(1, N, C): 2-D sin-cos positions of the configured grid, after zeros for prefix tokens given any."""
+        pe = sincos_2d(self.cfg.grid_size, self.cfg.embed_dim).to(self.patch_embed.proj.weight.device)
+        prefix = pe.new_zeros(0 if self.cfg.no_embed_class else self.num_prefix_tokens, pe.shape[-1])
+        return torch.cat([prefix, pe])[None]
 
     @staticmethod
     def _mlp(cfg: ViTConfig) -> nn.Module:
@@ -404,8 +407,7 @@ class VisionTransformer(nn.Module):
         """Parameter groups by depth (timm's), for layer-wise LR decay: the stem, each block, the final norm."""
         stem = r"^cls_token|pos_embed|patch_embed|dist_token" if self.cfg.distilled else \
             r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre"  # timm's regexes for DeiT distilled and ViT
-        return dict(stem=stem,
-                    blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
+        return dict(stem=stem, blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
     def forward_intermediates(self, x: Tensor, indices: int | Sequence[int] | None = None,
                               return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
@@ -478,8 +480,7 @@ class VisionTransformer(nn.Module):
             self.pos_embed = nn.Parameter(resample_abs_pos_embed(self.pos_embed, grid, old_grid, prefix),
                                           requires_grad=self.pos_embed.requires_grad)
         elif self.pos_embed is not None:  # fixed sin-cos; RoPE alone needs nothing (its tables follow the input)
-            pe = sincos_2d(grid, self.num_features).to(self.pos_embed)
-            self.pos_embed = torch.cat([pe.new_zeros(prefix, pe.shape[-1]), pe])[None]
+            self.pos_embed = self.fixed_positions().to(self.pos_embed)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
