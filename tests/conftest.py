@@ -63,18 +63,6 @@ def pytest_configure(config: pytest.Config) -> None:
 SHARED_EXPENSIVE = {"digits_run"}
 
 
-def _rename(item: pytest.Item, nodeid: str) -> None:
-    """Give ``item`` the node id pytest-xdist's loadgroup scheduler groups by ("...@group"). xdist 3.8 writes it
-    into ``item._nodeid`` itself, which pytest 9 no longer reads (its node ids live in ``item._id``): without this,
-    the tests of one group ran on both workers and built their shared fixtures twice."""
-    if hasattr(item, "_id"):
-        from _pytest.nodes import coerce_node_id
-
-        item._id = coerce_node_id(nodeid)
-    else:
-        item._nodeid = nodeid
-
-
 def _work_unit(item: pytest.Item) -> str | None:
     """The group an item runs in: the name of an expensive shared fixture it uses, else its file when it uses a fixture
     of module scope or one of session scope its own file defines (a conftest's others are cheap and built in each
@@ -92,14 +80,12 @@ def _work_unit(item: pytest.Item) -> str | None:
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (it appends "@group" to the node ids)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
         group = _work_unit(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-            if getattr(config.option, "loadgroup", False) and "@" not in item.nodeid:
-                _rename(item, f"{item.nodeid}@{group}")
         units.setdefault(group or item.nodeid, []).append(item)
     slow = {k for k, unit in units.items() if any(i.get_closest_marker("slow") for i in unit)}
     for key in slow:  # a unit goes whole: the tests that share a slow test's fixture are slow too
