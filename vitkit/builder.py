@@ -303,7 +303,8 @@ def create_mim(name: str | None = None, *, objective: str | None = None, pretrai
     if name is None:
         raise TypeError("create_mim needs an encoder preset name (or a checkpoint that records one)")
     fam = family(name)
-    objective = objective or (ck.objective if ck is not None else None) or ("simmim" if fam == "swin" else "mae")
+    recorded_objective = ck.objective if ck is not None and ck.objective in ("mae", "simmim") else None  # not DINO's
+    objective = objective or recorded_objective or ("simmim" if fam == "swin" else "mae")
     if objective not in ("mae", "simmim"):
         raise ValueError(f"objective must be 'mae' or 'simmim', got {objective!r}")
     if objective == "mae" and fam != "vit":
@@ -321,7 +322,7 @@ def create_mim(name: str | None = None, *, objective: str | None = None, pretrai
     model = (MaskedAutoencoder if objective == "mae" else SimMIM)(cfg, encoder)
     model.name = encoder.name
     model.load_report = getattr(encoder, "load_report", None)
-    if ck is not None and ck.heads:
+    if ck is not None and ck.heads and recorded_objective is not None:
         if ck.objective != objective:
             raise CheckpointError(f"{ck.path} holds {ck.objective} pre-training heads, not {objective}'s: pass "
                                   f"objective={ck.objective!r}, or a file without heads")

@@ -408,9 +408,12 @@ TRANSFORMERS_MAE_DECODER: Rules = [
 
 
 def split_pretraining_heads(sd: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Tensor], str | None]:
-    """(the encoder's state dict in its file's names, the masked-image-modeling heads in vitkit's names, the
-    objective: "mae", "simmim" or None when the file has no such head)."""
+    """(the encoder's state dict in its file's names, the pre-training heads in vitkit's names, the objective:
+    "mae", "simmim", "dino" (the encoder is DINO's teacher) or None when the file has no such head)."""
     sd = strip_prefixes(sd)
+    if any(k.startswith("teacher.") for k in sd) and any(k.startswith("student_head.") for k in sd):  # vitkit's DINO
+        teacher = {k[len("teacher."):]: v for k, v in sd.items() if k.startswith("teacher.")}
+        return teacher, {k: v for k, v in sd.items() if not k.startswith("teacher.")}, "dino"
     if any(k.startswith("encoder.") for k in sd) and ("decoder_pred.weight" in sd or "decoder.0.weight" in sd):
         encoder = {k[len("encoder."):]: v for k, v in sd.items() if k.startswith("encoder.")}
         heads = {k: v for k, v in sd.items() if not k.startswith("encoder.")}

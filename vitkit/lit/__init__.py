@@ -6,16 +6,17 @@ from vitkit.data.text import Tokenizer
 from .callbacks import AtomicCheckpointIO, CSVLogger, ModelCheckpoint, TrainingCurves
 from .classifier import EMA, ImageClassifier
 from .data import DigitsDataModule, ImageFolderDataModule, UnlabeledImageDataModule
+from .dino import DINOPretraining
 from .mim import MaskedImageModeling
 from .seq2seq import Seq2SeqModule
 from .small_data import StepsPerEpoch
 from .strategies import FSDP2Strategy
 from .text_data import OcrDigitsDataModule, Seq2SeqDataModule
 
-__all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DigitsDataModule", "FSDP2Strategy", "HFDataModule",
-           "ImageClassifier", "ImageFolderDataModule", "MaskedImageModeling", "ModelCheckpoint", "OcrDigitsDataModule",
-           "Seq2SeqDataModule", "Seq2SeqModule", "StepsPerEpoch", "StreamingImageDataModule", "Tokenizer",
-           "TrainingCurves", "UnlabeledImageDataModule"]
+__all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DigitsDataModule", "FSDP2Strategy",
+           "HFDataModule", "ImageClassifier", "ImageFolderDataModule", "MaskedImageModeling", "ModelCheckpoint",
+           "OcrDigitsDataModule", "Seq2SeqDataModule", "Seq2SeqModule", "StepsPerEpoch", "StreamingImageDataModule",
+           "Tokenizer", "TrainingCurves", "UnlabeledImageDataModule"]
 
 
 def __getattr__(name: str):

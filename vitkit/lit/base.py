@@ -315,10 +315,15 @@ class TrainingModule(L.LightningModule):
         return self.settings.nonfinite_loss == "skip" or getattr(datamodule, "may_yield_empty", False)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
-        super().optimizer_step(*args, **kwargs)
-        if self.ema is not None and self._stepped:  # once per optimizer step, never for a skipped one
-            self.ema.update(self.model)
+        super().optimizer_step(*args, **kwargs)  # the training steps of its micro-batches run in here
+        if self._stepped:  # once per optimizer step, never for a skipped one
+            self.after_optimizer_step()
         self._stepped = False
+
+    def after_optimizer_step(self) -> None:
+        """What follows every optimizer step taken (never a skipped one): the EMA's update."""
+        if self.ema is not None:
+            self.ema.update(self.model)
 
     # -- exact resume ------------------------------------------------------------------------------------------
     # Lightning restores weights, optimizer, schedule and loop counters; the random streams that decide

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +30,7 @@ from .distill import (
     distillation_loss,
     to_teacher,
 )
-from .hparams import gather_from_ranks, keep_own_hparams
+from .hparams import gather_from_ranks, keep_own_hparams, record_config
 from .probe import HeadNorm, fold_into_checkpoint, unfold_from_checkpoint
 from .small_data import fit_head, keep_what_trained, probe_path, suggest_small_data_recipe
 
@@ -50,17 +49,6 @@ def _warn_whole_model_augmentation(hp, datamodule) -> None:
         log.warning("--model.freeze_backbone with %s: this augmentation is meant for training the whole model; a "
                     "frozen backbone's head learns better with the linear-probe recipe: `vitkit train fit -c "
                     "linear_probe --model.checkpoint BACKBONE --data.root DATA`", ", ".join(heavy))
-
-
-def _record_config(model: nn.Module, hp: dict[str, Any]) -> None:
-    """Record in ``model_overrides`` every config field of ``model`` that differs from its preset's: the shapes a
-    backbone file gave it are then in the checkpoint, which rebuilds the model without that file."""
-    from vitkit.models.registry import preset_config
-
-    cfg, preset = dataclasses.asdict(model.cfg), dataclasses.asdict(preset_config(model.name))
-    own = dict(hp.get("model_overrides") or {})
-    own.update({k: v for k, v in cfg.items() if k not in ("num_classes", "img_size") and v != preset.get(k)})
-    hp["model_overrides"] = own
 
 
 def _build_model(name: str, pretrained: bool, checkpoint: str | None, num_classes: int | None,
@@ -224,7 +212,7 @@ class ImageClassifier(TrainingModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         if checkpoint.get("hyper_parameters") is not None:
-            _record_config(self.model, checkpoint["hyper_parameters"])
+            record_config(self.model, checkpoint["hyper_parameters"])
         if self.head_norm is not None:  # the file is a plain classifier; the probe as trained rides beside it
             fold_into_checkpoint(self.head_norm, self.model, checkpoint)
         if self.probe_baseline is not None:

@@ -1,7 +1,9 @@
-"""What a vitkit LightningModule carries through a checkpoint: its own hyper-parameters, every rank's random streams."""
+"""What a vitkit LightningModule carries through a checkpoint: its own hyper-parameters, the config its model was
+built with, every rank's random streams."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import random
 from typing import Any
@@ -9,6 +11,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from torch import nn
 
 
 def keep_own_hparams(module: L.LightningModule) -> None:
@@ -67,3 +70,14 @@ def restore_rng_states(trainer: L.Trainer, states: list[dict] | dict) -> None:
     """This rank's state; a run resumed on a different number of ranks reuses them in turn."""
     states = [states] if isinstance(states, dict) else states  # checkpoints before per-rank states
     set_rng_state(states[trainer.global_rank % len(states)])
+
+
+def record_config(model: nn.Module, hp: dict[str, Any]) -> None:
+    """Record in ``model_overrides`` every config field of ``model`` that differs from its preset's: the shapes a
+    backbone file gave it are then in the checkpoint, which rebuilds the model without that file."""
+    from vitkit.models.registry import preset_config
+
+    cfg, preset = dataclasses.asdict(model.cfg), dataclasses.asdict(preset_config(model.name))
+    own = dict(hp.get("model_overrides") or {})
+    own.update({k: v for k, v in cfg.items() if k not in ("num_classes", "img_size") and v != preset.get(k)})
+    hp["model_overrides"] = own

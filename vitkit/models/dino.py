@@ -28,10 +28,10 @@ from .encoders import vision_encoder
 from .vit import VisionTransformer
 
 
-def _all_reduce(x: Tensor) -> Tensor:
-    """Summed over the processes of a distributed run (in place); as it is in a single process."""
+def _all_reduce(x: Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
+    """Summed (or reduced by ``op``) over the processes of a distributed run, in place; as it is in one process."""
     if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(x)
+        dist.all_reduce(x, op=op)
     return x
 
 
@@ -89,7 +89,9 @@ def sinkhorn_knopp(logits: Tensor, temp: float, iterations: int = 3) -> Tensor:
     """Teacher probabilities (M, K) whose prototypes are used equally over the batch of every process: the
     softmax's ``exp(logits / temp)``, scaled alternately so that each prototype's column sums to M/K and each row
     to 1 (SwAV's and DINOv2's centering). M counts the rows of every process."""
-    q = torch.exp((logits.float() - logits.float().max()) / temp).t()  # (K, M); a constant shift cancels below
+    logits = logits.float()
+    top = _all_reduce(logits.max() if logits.numel() else logits.new_tensor(-torch.inf), dist.ReduceOp.MAX)
+    q = torch.exp((logits - top) / temp).t()  # (K, M); one shift for every process cancels below
     K, M = q.shape[0], q.shape[1] * _world()
     q /= _all_reduce(q.sum())
     for _ in range(iterations):
@@ -121,7 +123,8 @@ class TeacherTargets(nn.Module):
         return F.log_softmax(student.float() / self.student_temp, dim=-1)
 
     def update(self, teacher: Tensor) -> None:
-        if self.centering == "mean":
+        """Move the running center (in training mode only: a validation loss leaves it as it is)."""
+        if self.centering == "mean" and self.training:
             self.center.update(teacher)
 
 

@@ -1,0 +1,105 @@
+"""DINO through the training command: the teacher follows the student and is the backbone the checkpoint hands to
+timm and vitkit, the k-NN monitor logs, the head warm-up keeps a pretrained backbone as it was, a resumed run ends
+where the uninterrupted one does, and bad input ends in one line."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+from sklearn.datasets import load_digits
+
+import vitkit
+from tests.commands import one_error_line, run_cli
+from vitkit.cli.train import cli_main
+
+from .conftest import TINY_VIT
+
+TINY_HEAD = ["--model.out_dim", "64", "--model.hidden_dim", "32", "--model.bottleneck_dim", "16",
+             "--model.local_crops", "2"]
+
+
+def _cpu(root: Path, *extra: str) -> list[str]:
+    return ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.num_nodes", "1",
+            "--trainer.strategy", "auto", "--trainer.precision", "32-true", "--trainer.default_root_dir", str(root),
+            "--trainer.enable_progress_bar", "false", *extra]
+
+
+def _fit(root: Path, *extra: str):
+    return cli_main(["fit", "-c", "dino_vit_tiny_digits", *_cpu(root), "--model.model_overrides", TINY_VIT,
+                     *TINY_HEAD, "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1", *extra])
+
+
+def test_the_teacher_follows_the_student_and_is_the_checkpoints_backbone(tmp_path):
+    cli = _fit(tmp_path, "--trainer.max_epochs", "2")
+    model = cli.model.model
+    assert cli.trainer.global_step == 6
+    teacher, student = model.teacher.state_dict(), model.student.state_dict()
+    assert any(not torch.equal(teacher[k], student[k]) for k in teacher)  # a moving average, behind the student
+    last = tmp_path / "checkpoints/last.ckpt"
+    ours = vitkit.create_model(checkpoint=last).eval()
+    assert ours.load_report.ok and ours.num_classes == 0
+    for k, v in ours.state_dict().items():
+        assert torch.equal(v, teacher[k]), k
+    torch.save(ours.state_dict(), tmp_path / "backbone.pth")
+    theirs = timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=0, depth=1, embed_dim=32,
+                               num_heads=2, patch_size=8, checkpoint_path=str(tmp_path / "backbone.pth")).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), ours(x), atol=1e-5, rtol=1e-5)
+    logged = cli.trainer.logged_metrics
+    assert {"train/dino", "train/ibot", "train/koleo", "val/loss"} <= set(logged)
+
+
+def test_the_knn_monitor_scores_a_labelled_folder_at_each_validation(tmp_path):
+    digits = load_digits()
+    for split, rows in (("train", range(0, 60)), ("val", range(60, 90))):
+        for i in rows:
+            d = tmp_path / "knn" / split / str(digits.target[i])
+            d.mkdir(parents=True, exist_ok=True)
+            Image.fromarray((digits.images[i] * 15).astype(np.uint8)).resize((32, 32)).convert("RGB").save(
+                d / f"{i}.png")
+    cli = _fit(tmp_path / "run", "--trainer.max_epochs", "1", "--model.knn_root", str(tmp_path / "knn"))
+    score = float(cli.trainer.logged_metrics["val/knn_top1"])
+    assert 0 < score <= 1
+
+
+def test_a_head_warmup_leaves_a_pretrained_backbone_as_it_was(tmp_path):
+    start = vitkit.create_model("vit_tiny_patch16_224", img_size=32, num_classes=0, depth=1, embed_dim=32,
+                                num_heads=2, patch_size=8)
+    path = vitkit.save_pretrained(start, tmp_path / "start")
+    cli = _fit(tmp_path / "run", "--trainer.max_epochs", "1", "--model.checkpoint", str(path),
+               "--model.head_warmup_epochs", "5")
+    model = cli.model.model
+    for k, v in start.state_dict().items():
+        assert torch.equal(model.student.state_dict()[k], v), k  # the backbone waited
+    head = cli.model.model.student_head.mlp[0].weight
+    assert not torch.equal(head, cli.model.model.teacher_head.mlp[0].weight)  # the head learned
+
+
+@pytest.mark.slow
+def test_a_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path):
+    """Crops, masks, the teacher's average and the centers of a resumed run are those of the uninterrupted run."""
+    args = ["--trainer.max_epochs", "4", "--trainer.deterministic", "true"]
+    full = _fit(tmp_path / "full", *args)
+    _fit(tmp_path / "resumed", *args, "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch",
+         "--trainer.callbacks.epoch", "2")
+    resumed = _fit(tmp_path / "resumed", *args, "--ckpt_path", "last")
+    assert resumed.trainer.global_step == full.trainer.global_step == 12
+    for (k, a), b in zip(resumed.model.state_dict().items(), full.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=k)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--model.model_name", "swin_tiny_patch4_window7_224"], "DINO trains a ViT preset"),
+    (["--model.mask_ratio", "[0.6, 0.2]"], "mask_ratio must be (low, high)"),
+    (["--model.centering", "median"], "centering"),
+    (["--model.local_crops", "0", "--model.global_crops", "1"], "multi-crop needs a global crop and two crops"),
+])
+def test_bad_input_ends_in_one_line(args, says, tmp_path, capfd):
+    argv = ["train", "fit", "-c", "dino_vit_tiny_digits", *_cpu(tmp_path), "--trainer.max_epochs", "1",
+            "--trainer.logger", "false", *args]
+    line = one_error_line(*run_cli(argv, capfd))
+    assert says in line, line

@@ -1,0 +1,260 @@
+"""DINO pre-training with Lightning (DINOv2's recipe: DINO, iBOT, KoLeo), through the same command as every recipe
+(``vitkit train fit -c dinov2_continue --data.root DIR --model.checkpoint FILE``). The data's labels, where it has
+any, are ignored; any image data module serves, its batches cut into DINO's global and local crops on the device
+(:mod:`vitkit.data.multicrop`).
+
+The checkpoint is a backbone: its ``model.teacher.*`` weights are the ViT of ``model_name`` with the preset's names,
+so ``vitkit.create_model(checkpoint="last.ckpt")`` reads the teacher, ``vitkit train fit -c vit_base_finetune
+--model.checkpoint last.ckpt`` fine-tunes it, and ``vitkit convert`` writes it for timm.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+import vitkit
+from vitkit.data.multicrop import MultiCrop
+from vitkit.models.dino import DINO, DINOConfig
+
+from .base import TrainingModule
+from .hparams import keep_own_hparams, record_config
+
+log = logging.getLogger(__name__)
+
+DINO_FIELDS = ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers", "norm_last_layer", "ibot_out_dim",
+               "student_temp", "center_momentum", "centering", "dino_weight", "ibot_weight", "koleo_weight",
+               "mask_ratio", "mask_probability")
+CROP_FIELDS = ("global_crops", "local_crops", "global_scale", "local_scale")
+
+
+class DINOPretraining(TrainingModule):
+    """DINO self-distillation of a vitkit ViT preset (Caron et al., 2021; Oquab et al., 2024), from random weights
+    or continued from a backbone, with the training machinery of every vitkit module (warmup + cosine, skipped
+    non-finite steps, exact resume). Logs ``train/loss_*``, ``train/dino``, ``train/ibot``, ``train/koleo``,
+    ``val/loss`` and, with ``knn_root``, ``val/knn_top1``.
+
+    Args:
+        model_name: the ViT preset; pretrained, checkpoint: start the student and the teacher from those weights
+            (a timm tag, any file vitkit reads); the heads are new.
+        img_size: the data's resolution (linked from the data module): the global crops' size unless
+            ``global_size`` is given; model_overrides: the ViT's config fields.
+        out_dim, hidden_dim, bottleneck_dim, head_layers, norm_last_layer, ibot_out_dim: the heads
+            (:class:`~vitkit.models.dino.DINOConfig`; DINOv2's 65,536 prototypes by default).
+        student_temp, teacher_temp, warmup_teacher_temp, warmup_teacher_temp_epochs: the temperatures; the
+            teacher's rises linearly from ``warmup_teacher_temp`` over the warm-up epochs.
+        center_momentum, centering: the teacher's centering (``mean`` or ``sinkhorn``).
+        dino_weight, ibot_weight, koleo_weight, mask_ratio, mask_probability: the losses and iBOT's masking.
+        momentum_teacher: the teacher's EMA momentum at the first step, rising to 1 on a cosine to the last.
+        global_crops, local_crops, global_size, local_size, global_scale, local_scale: multi-crop (sizes default
+            to ``img_size`` and 3/7 of it, rounded to the patch size).
+        freeze_last_layer_epochs: the prototypes take no update for this many epochs (DINO's 1).
+        head_warmup_epochs: the backbone takes no update for this many epochs while the new heads find their
+            footing (for a pretrained backbone: its features are not pulled towards random prototypes).
+        lr, weight_decay, betas, min_lr, warmup_epochs: AdamW and its schedule.
+        knn_root: an ImageNet-style folder (``train/``, ``val/``) scored by the teacher's weighted k-NN at each
+            validation (``val/knn_top1``); knn_k: its neighbours.
+        nonfinite_loss, compile: as for ``ImageClassifier``.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "vit_small_patch16_224",
+        pretrained: bool = False,
+        checkpoint: str | None = None,
+        img_size: int | None = None,
+        model_overrides: dict[str, Any] | None = None,
+        out_dim: int = 65536,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+        head_layers: int = 3,
+        norm_last_layer: bool = True,
+        ibot_out_dim: int | None = None,
+        student_temp: float = 0.1,
+        teacher_temp: float = 0.07,
+        warmup_teacher_temp: float = 0.04,
+        warmup_teacher_temp_epochs: float = 30.0,
+        center_momentum: float = 0.9,
+        centering: Literal["mean", "sinkhorn"] = "mean",
+        dino_weight: float = 1.0,
+        ibot_weight: float = 1.0,
+        koleo_weight: float = 0.1,
+        mask_ratio: tuple[float, float] = (0.1, 0.5),
+        mask_probability: float = 0.5,
+        momentum_teacher: float = 0.996,
+        global_crops: int = 2,
+        local_crops: int = 8,
+        global_size: int | None = None,
+        local_size: int | None = None,
+        global_scale: tuple[float, float] = (0.32, 1.0),
+        local_scale: tuple[float, float] = (0.05, 0.32),
+        freeze_last_layer_epochs: float = 1.0,
+        head_warmup_epochs: float = 0.0,
+        lr: float = 5e-4,
+        weight_decay: float = 0.04,
+        betas: tuple[float, float] = (0.9, 0.999),
+        min_lr: float = 1e-6,
+        warmup_epochs: float = 10.0,
+        knn_root: str | None = None,
+        knn_k: int = 20,
+        nonfinite_loss: Literal["stop", "skip"] = "stop",
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        keep_own_hparams(self)
+        self.check_nonfinite(nonfinite_loss)
+        self.model = self._build()
+        p, size = self.model.student.patch_size, self.model.student.cfg.img_size
+        size = size if isinstance(size, int) else size[0]
+        self.global_size = global_size or size
+        self.local_size = local_size or max(p, round(self.global_size * 3 / 7 / p) * p)  # 96 px at 224
+        self.multicrop = MultiCrop(global_size=self.global_size, local_size=self.local_size,
+                                   **{k: getattr(self.hparams, k) for k in CROP_FIELDS})
+        self._total_steps = 1
+        self._knn: tuple | None = None
+
+    def _build(self) -> DINO:
+        hp = self.hparams
+        if vitkit.family(hp.model_name) != "vit":
+            raise ValueError(f"DINO trains a ViT preset (its class and patch tokens), got {hp.model_name!r}")
+        if not 0 <= hp.momentum_teacher <= 1:
+            raise ValueError(f"momentum_teacher must be in [0, 1], got {hp.momentum_teacher}")
+        overrides = dict(hp.model_overrides or {})
+        if hp.img_size is not None:
+            overrides["img_size"] = hp.img_size
+        encoder = vitkit.create_model(hp.model_name, pretrained=hp.pretrained, checkpoint=hp.checkpoint,
+                                      num_classes=0, **overrides)
+        if getattr(encoder, "load_report", None) is not None:
+            rank_zero_info(str(encoder.load_report))
+        cfg = DINOConfig(encoder=hp.model_name, encoder_overrides=overrides, **{k: hp[k] for k in DINO_FIELDS})
+        return DINO(cfg, encoder)
+
+    # -- schedules ---------------------------------------------------------------------------------------------
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        self._total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+
+    def epochs_done(self) -> float:
+        """Training progress in epochs, fractional (what the temperature warm-up and the freezes count in)."""
+        epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
+        return self.global_step * epochs / self._total_steps
+
+    def teacher_temp(self) -> float:
+        hp = self.hparams
+        if hp.warmup_teacher_temp_epochs <= 0:
+            return hp.teacher_temp
+        t = min(1.0, self.epochs_done() / hp.warmup_teacher_temp_epochs)
+        return hp.warmup_teacher_temp + t * (hp.teacher_temp - hp.warmup_teacher_temp)
+
+    def teacher_momentum(self) -> float:
+        """DINO's: from ``momentum_teacher`` at the first step to 1 at the last, on a cosine."""
+        m0 = self.hparams.momentum_teacher
+        return 1 - (1 - m0) * (math.cos(math.pi * min(1.0, self.global_step / self._total_steps)) + 1) / 2
+
+    # -- steps -------------------------------------------------------------------------------------------------
+
+    def _crops(self, images: Tensor, generator: torch.Generator | None = None):
+        cfg = self._data_cfg()
+        mean = torch.tensor(getattr(cfg, "mean", (0.5,) * images.shape[1]), device=images.device)
+        std = torch.tensor(getattr(cfg, "std", (0.5,) * images.shape[1]), device=images.device)
+        glob, local = self.multicrop(images, mean, std, generator)
+        p = self.model.student.patch_size
+        grid = (self.global_size // p, self.global_size // p)
+        mask = self.model.random_masks(glob.shape[0], glob.shape[1], grid, images.device, generator)
+        return glob, local, mask
+
+    def forward(self, images: Tensor, generator: torch.Generator | None = None):
+        glob, local, mask = self._crops(images, generator)
+        return self.model(glob, local, mask, teacher_temp=self.teacher_temp())
+
+    def step_loss(self, batch) -> Tensor:
+        out = self(batch[0])
+        if self.global_step % max(1, self.trainer.log_every_n_steps) == 0:
+            self.log_dict({"train/dino": out.dino, "train/ibot": out.ibot, "train/koleo": out.koleo,
+                           "train/teacher_temp": self.teacher_temp(), "train/teacher_momentum":
+                           self.teacher_momentum()}, on_step=True, on_epoch=False, batch_size=len(batch[0]))
+        return out.loss
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        super().on_before_optimizer_step(optimizer)
+        done = self.epochs_done()
+        frozen = []
+        if done < self.hparams.freeze_last_layer_epochs:  # DINO: the prototypes wait while the rest settles
+            frozen += [m.last_layer for m in (self.model.student_head, self.model.student_ibot_head) if m is not None]
+        if done < self.hparams.head_warmup_epochs:  # the backbone waits while the new heads warm up
+            frozen.append(self.model.student)
+        for m in frozen:
+            for p in m.parameters():
+                p.grad = None  # AdamW leaves a parameter without a gradient as it is, weight decay included
+        if done < self.hparams.head_warmup_epochs:
+            self.model.mask_token.grad = None
+
+    def after_optimizer_step(self) -> None:
+        super().after_optimizer_step()
+        self.model.update_teacher(self.teacher_momentum())  # the teacher follows every step the student takes
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        images = batch[0]
+        if len(images) == 0:
+            return
+        g = torch.Generator().manual_seed(10_007 * batch_idx + 1)  # the same crops every epoch: losses compare
+        self.log("val/loss", self(images, g).loss, prog_bar=True, sync_dist=True, batch_size=len(images))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        hp = checkpoint.get("hyper_parameters")
+        if hp is not None:  # the preset a tag named, with every field the weights gave it: rebuilt without them
+            record_config(self.model.student, hp)
+            hp["model_name"] = self.model.student.name
+
+    # -- the k-NN monitor --------------------------------------------------------------------------------------
+
+    def on_validation_epoch_end(self) -> None:
+        if self.hparams.knn_root is None or self.trainer.sanity_checking:
+            return
+        from vitkit.evaluation.metrics import knn_top1
+
+        train, val = self._knn_sets()
+        feats = [self._features(ds) for ds in (train, val)]
+        score = knn_top1(feats[0][0], feats[0][1], feats[1][0], feats[1][1], k=self.hparams.knn_k)
+        self.log("val/knn_top1", score, prog_bar=True, rank_zero_only=True)
+
+    def _knn_sets(self):
+        if self._knn is None:
+            from vitkit.data.folder import SkippingImageFolder
+            from vitkit.data.transforms import data_config, eval_transform
+
+            root = Path(self.hparams.knn_root).expanduser()
+            for split in ("train", "val"):
+                if not (root / split).is_dir():
+                    raise FileNotFoundError(f"knn_root {root} has no {split}/ folder: the k-NN monitor reads "
+                                            "root/train/<class>/* and root/val/<class>/*")
+            cfg = self._data_cfg() or data_config(self.hparams.model_name, self.global_size)
+            tf = eval_transform(cfg)
+            self._knn = tuple(SkippingImageFolder(str(root / s), tf) for s in ("train", "val"))
+        return self._knn
+
+    @torch.no_grad()
+    def _features(self, ds) -> tuple[Tensor, Tensor]:
+        from vitkit.data.folder import collate_skipping
+
+        net = self.model.backbone()
+        feats, labels = [], []
+        for x, y, _ in DataLoader(ds, batch_size=64, collate_fn=collate_skipping):
+            if x is not None:
+                feats.append(net.forward_head(net.forward_features(x.to(self.device)), pre_logits=True).float().cpu())
+                labels.append(y)
+        return torch.cat(feats), torch.cat(labels)
+
+    def _data_cfg(self):
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        return getattr(dm, "data_cfg", None)
