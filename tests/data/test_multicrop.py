@@ -90,3 +90,5 @@ def test_multicrop_gives_normalised_global_and_local_crops(images):
     assert torch.equal(glob, again)  # the draws come from the generator given
     with pytest.raises(ValueError, match="global_scale"):
         MultiCrop(global_scale=(0.5, 0.2))
+    with pytest.raises(ValueError, match="crop sizes must be >= 1 px"):
+        MultiCrop(local_size=0)

@@ -97,6 +97,9 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path):
     (["--model.mask_ratio", "[0.6, 0.2]"], "mask_ratio must be (low, high)"),
     (["--model.centering", "median"], "centering"),
     (["--model.local_crops", "0", "--model.global_crops", "1"], "multi-crop needs a global crop and two crops"),
+    (["--model.out_dim", "0"], "out_dim must be >= 1, got 0"),
+    (["--model.teacher_temp", "0"], "the teacher's temperatures must be > 0"),
+    (["--model.knn_root", "/nonexistent/knn"], "knn_root /nonexistent/knn has no train/ or val/ folder"),
 ])
 def test_bad_input_ends_in_one_line(args, says, tmp_path, capfd):
     argv = ["train", "fit", "-c", "dino_vit_tiny_digits", *_cpu(tmp_path), "--trainer.max_epochs", "1",

@@ -50,6 +50,9 @@ class MultiCrop:
         if self.global_crops < 1 or self.local_crops < 0 or self.global_crops + self.local_crops < 2:
             raise ValueError(f"multi-crop needs a global crop and two crops at least, got {self.global_crops} global "
                              f"and {self.local_crops} local")
+        if min(self.global_size, self.local_size) < 1:
+            raise ValueError(f"crop sizes must be >= 1 px, got global_size={self.global_size}, "
+                             f"local_size={self.local_size}")
         for name in ("global_scale", "local_scale"):
             lo, hi = getattr(self, name)
             if not 0 < lo <= hi <= 1:

@@ -127,6 +127,15 @@ class DINOPretraining(TrainingModule):
             raise ValueError(f"DINO trains a ViT preset (its class and patch tokens), got {hp.model_name!r}")
         if not 0 <= hp.momentum_teacher <= 1:
             raise ValueError(f"momentum_teacher must be in [0, 1], got {hp.momentum_teacher}")
+        if min(hp.teacher_temp, hp.warmup_teacher_temp) <= 0:
+            raise ValueError(f"the teacher's temperatures must be > 0, got teacher_temp={hp.teacher_temp}, "
+                             f"warmup_teacher_temp={hp.warmup_teacher_temp}")
+        if hp.knn_root is not None:  # refused now, not at the first validation
+            root = Path(hp.knn_root).expanduser()
+            missing = [s for s in ("train", "val") if not (root / s).is_dir()]
+            if missing:
+                raise FileNotFoundError(f"knn_root {root} has no {' or '.join(s + '/' for s in missing)} folder: the "
+                                        "k-NN monitor reads root/train/<class>/* and root/val/<class>/*")
         overrides = dict(hp.model_overrides or {})
         if hp.img_size is not None:
             overrides["img_size"] = hp.img_size
@@ -234,10 +243,6 @@ class DINOPretraining(TrainingModule):
             from vitkit.data.transforms import data_config, eval_transform
 
             root = Path(self.hparams.knn_root).expanduser()
-            for split in ("train", "val"):
-                if not (root / split).is_dir():
-                    raise FileNotFoundError(f"knn_root {root} has no {split}/ folder: the k-NN monitor reads "
-                                            "root/train/<class>/* and root/val/<class>/*")
             cfg = self._data_cfg() or data_config(self.hparams.model_name, self.global_size)
             tf = eval_transform(cfg)
             self._knn = tuple(SkippingImageFolder(str(root / s), tf) for s in ("train", "val"))

@@ -201,6 +201,11 @@ class DINOConfig:
     mask_probability: float = 0.5  # the share of global crops that are masked
 
     def __post_init__(self) -> None:
+        for name in ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.student_temp <= 0:
+            raise ValueError(f"student_temp must be > 0, got {self.student_temp}")
         lo, hi = self.mask_ratio
         if not 0 <= lo <= hi < 1:
             raise ValueError(f"mask_ratio must be (low, high) with 0 <= low <= high < 1, got {self.mask_ratio}")
