@@ -1,6 +1,7 @@
-"""DINO through the training command: the teacher follows the student and is the backbone the checkpoint hands to
-timm and vitkit, the k-NN monitor logs, the head warm-up keeps a pretrained backbone as it was, a resumed run ends
-where the uninterrupted one does, and bad input ends in one line."""
+"""DINO through the training command: the digits recipe learns features whose k-NN beats random weights', the
+teacher follows the student and is the backbone the checkpoint hands to timm and vitkit, the k-NN monitor logs,
+the head warm-up keeps a pretrained backbone as it was, a resumed run ends where the uninterrupted one does, and
+bad input ends in one line."""
 
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from sklearn.datasets import load_digits
 import vitkit
 from tests.commands import one_error_line, run_cli
 from vitkit.cli.train import cli_main
+from vitkit.evaluation.metrics import knn_top1
+from vitkit.lit import DigitsDataModule
 
 from .conftest import TINY_VIT
 
@@ -90,6 +93,33 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path):
     assert resumed.trainer.global_step == full.trainer.global_step == 12
     for (k, a), b in zip(resumed.model.state_dict().items(), full.model.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=k)
+
+
+def _digits_knn(net) -> float:
+    """The teacher's weighted k-NN top-1 (k=20) on the recipe's 180 held-out digits, the 1,437 it trained on (their
+    labels unread in training) voting."""
+    dm = DigitsDataModule(img_size=32, val_fraction=0.1, seed=0, augment=False)
+    dm.setup("fit")
+    net = net.eval()
+    with torch.no_grad():
+        (a, ay), (b, by) = [(net.forward_head(net.forward_features(ds.tensors[0]), pre_logits=True), ds.tensors[1])
+                            for ds in (dm.train_set, dm.val_set)]
+    return knn_top1(a, ay, b, by)
+
+
+@pytest.mark.slow
+def test_dino_on_the_unlabeled_digits_learns_features_that_beat_random_weights(tmp_path):
+    """The digits recipe as it ships, 15 of its 30 epochs, against the same ViT at the same seed's random weights.
+    Seeds 0-2 (2-core Intel Xeon): trained 0.656 / 0.633 / 0.611, random 0.517 / 0.506 / 0.467; 30 epochs at seed
+    0: 0.694. The bounds sit outside that spread."""
+    cli = cli_main(["fit", "-c", "dino_vit_tiny_digits", *_cpu(tmp_path), "--trainer.max_epochs", "15",
+                    "--trainer.limit_val_batches", "1", "--trainer.logger", "false"])
+    trained = _digits_knn(cli.model.model.backbone())
+    torch.manual_seed(0)
+    random = _digits_knn(vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=96,
+                                             num_heads=3, depth=2, num_classes=0))
+    print(f"k-NN top-1: DINO {trained:.3f}, random weights {random:.3f}")
+    assert trained >= 0.56 and trained >= random + 0.06, (trained, random)
 
 
 @pytest.mark.parametrize("args, says", [

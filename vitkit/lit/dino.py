@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 DINO_FIELDS = ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers", "norm_last_layer", "ibot_out_dim",
                "student_temp", "center_momentum", "centering", "dino_weight", "ibot_weight", "koleo_weight",
                "mask_ratio", "mask_probability")
-CROP_FIELDS = ("global_crops", "local_crops", "global_scale", "local_scale")
+CROP_FIELDS = ("global_crops", "local_crops", "global_scale", "local_scale", "jitter", "grey", "blur", "solarize")
 
 
 class DINOPretraining(TrainingModule):
@@ -54,7 +54,9 @@ class DINOPretraining(TrainingModule):
         dino_weight, ibot_weight, koleo_weight, mask_ratio, mask_probability: the losses and iBOT's masking.
         momentum_teacher: the teacher's EMA momentum at the first step, rising to 1 on a cosine to the last.
         global_crops, local_crops, global_size, local_size, global_scale, local_scale: multi-crop (sizes default
-            to ``img_size`` and 3/7 of it, rounded to the patch size).
+            to ``img_size`` and 3/7 of it, rounded to the patch size); jitter, grey, blur, solarize: the
+            probabilities of its colour operations (:class:`~vitkit.data.multicrop.MultiCrop`; 0 turns one off, as
+            for grey digits, where colour carries nothing).
         freeze_last_layer_epochs: the prototypes take no update for this many epochs (DINO's 1).
         head_warmup_epochs: the backbone takes no update for this many epochs while the new heads find their
             footing (for a pretrained backbone: its features are not pulled towards random prototypes).
@@ -95,6 +97,10 @@ class DINOPretraining(TrainingModule):
         local_size: int | None = None,
         global_scale: tuple[float, float] = (0.32, 1.0),
         local_scale: tuple[float, float] = (0.05, 0.32),
+        jitter: float = 0.8,
+        grey: float = 0.2,
+        blur: tuple[float, float, float] = (1.0, 0.1, 0.5),
+        solarize: float = 0.2,
         freeze_last_layer_epochs: float = 1.0,
         head_warmup_epochs: float = 0.0,
         lr: float = 5e-4,
