@@ -149,6 +149,11 @@ class TrainingModule(L.LightningModule):
         s = self.settings
         return WarmupCosine(s.warmup_epochs, s.min_lr / s.lr)
 
+    def data_cfg(self):
+        """The data module's preprocessing (mean, std, sizes), or None outside a trainer or without one."""
+        dm = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        return getattr(dm, "data_cfg", None)
+
     # -- set-up ------------------------------------------------------------------------------------------------
 
     def configure_model(self) -> None:

@@ -178,14 +178,19 @@ class DINOPretraining(TrainingModule):
     # -- steps -------------------------------------------------------------------------------------------------
 
     def _crops(self, images: Tensor, generator: torch.Generator | None = None):
-        cfg = self._data_cfg()
-        mean = torch.tensor(getattr(cfg, "mean", (0.5,) * images.shape[1]), device=images.device)
-        std = torch.tensor(getattr(cfg, "std", (0.5,) * images.shape[1]), device=images.device)
+        cfg = self.preprocessing()
+        mean, std = (torch.tensor(v, device=images.device) for v in (cfg.mean, cfg.std))
         glob, local = self.multicrop(images, mean, std, generator)
         p = self.model.student.patch_size
         grid = (self.global_size // p, self.global_size // p)
         mask = self.model.random_masks(glob.shape[0], glob.shape[1], grid, images.device, generator)
         return glob, local, mask
+
+    def preprocessing(self):
+        """How the images were normalised: the data module's, or (outside a trainer) the preset's."""
+        from vitkit.data.transforms import data_config
+
+        return self.data_cfg() or data_config(self.hparams.model_name, self.global_size)
 
     def forward(self, images: Tensor, generator: torch.Generator | None = None):
         glob, local, mask = self._crops(images, generator)
@@ -246,11 +251,10 @@ class DINOPretraining(TrainingModule):
     def _knn_sets(self):
         if self._knn is None:
             from vitkit.data.folder import SkippingImageFolder
-            from vitkit.data.transforms import data_config, eval_transform
+            from vitkit.data.transforms import eval_transform
 
             root = Path(self.hparams.knn_root).expanduser()
-            cfg = self._data_cfg() or data_config(self.hparams.model_name, self.global_size)
-            tf = eval_transform(cfg)
+            tf = eval_transform(self.preprocessing())
             self._knn = tuple(SkippingImageFolder(str(root / s), tf) for s in ("train", "val"))
         return self._knn
 
@@ -265,7 +269,3 @@ class DINOPretraining(TrainingModule):
                 feats.append(net.forward_head(net.forward_features(x.to(self.device)), pre_logits=True).float().cpu())
                 labels.append(y)
         return torch.cat(feats), torch.cat(labels)
-
-    def _data_cfg(self):
-        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        return getattr(dm, "data_cfg", None)

@@ -134,13 +134,9 @@ class MaskedImageModeling(TrainingModule):
         images, masking = self._pictures
         self._pictures = None
         path = Path(self.trainer.default_root_dir) / "reconstructions" / f"epoch_{self.current_epoch:03d}.png"
-        cfg = self._data_cfg()
+        cfg = self.data_cfg()
         draw_reconstructions(self.model, images, masking, getattr(cfg, "mean", None), getattr(cfg, "std", None), path,
                              f"{self.hparams.objective}, epoch {self.current_epoch}")
         for logger in self.loggers:
             if hasattr(logger, "log_image"):  # wandb, neptune, ...
                 logger.log_image(key="val/reconstructions", images=[str(path)], step=self.global_step)
-
-    def _data_cfg(self):
-        dm = getattr(self.trainer, "datamodule", None)
-        return getattr(dm, "data_cfg", None)
