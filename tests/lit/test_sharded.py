@@ -46,6 +46,17 @@ def _mim(root: Path, strategy: str, *extra: str) -> list[str]:
             *_common(root)]
 
 
+def _dino(root: Path, strategy: str, *extra: str) -> list[str]:
+    """DINO with iBOT and KoLeo on the digits, fp32, 6 batches accumulated over 2, clipped: the student's steps,
+    the teacher's moving average and the running centers (mean centering), prototypes unfrozen."""
+    return ["fit", "--config", "configs/dino_vit_tiny_digits.yaml", "--trainer.strategy", strategy,
+            "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1", "--model.model_overrides",
+            TINY_VIT.replace('"depth": 1', '"depth": 2'), "--model.out_dim", "64", "--model.hidden_dim", "32",
+            "--model.bottleneck_dim", "16", "--model.local_crops", "2", "--model.centering", "mean",
+            "--model.freeze_last_layer_epochs", "0", "--model.warmup_teacher_temp_epochs", "1",
+            "--trainer.accumulate_grad_batches", "2", *extra, *_common(root)]
+
+
 def _distilled(root: Path, strategy: str, teacher: Path, *extra: str) -> list[str]:
     """A student taught by a frozen teacher (soft loss), with mixup: the teacher replicated on every rank."""
     return ["fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.strategy", strategy,
@@ -82,9 +93,11 @@ def runs(tmp_path_factory) -> Path:
     every += [_seq2seq(root / f"seq2seq_{strategy}", strategy) for strategy in ("ddp", "fsdp2")]
     teacher = _teacher(root)
     for strategy in ("ddp", "fsdp2"):
-        every += [_mim(root / f"mim_{strategy}", strategy), _distilled(root / f"distill_{strategy}", strategy, teacher)]
+        every += [_mim(root / f"mim_{strategy}", strategy), _distilled(root / f"distill_{strategy}", strategy, teacher),
+                  _dino(root / f"dino_{strategy}", strategy)]
     bf16 = ["--trainer.precision", "bf16-mixed"]
-    every += [_mim(root / "mim_bf16", "fsdp2", *bf16), _distilled(root / "distill_bf16", "fsdp2", teacher, *bf16)]
+    every += [_mim(root / "mim_bf16", "fsdp2", *bf16), _distilled(root / "distill_bf16", "fsdp2", teacher, *bf16),
+              _dino(root / "dino_bf16", "fsdp2", *bf16)]
     run_in_turn(every, root)
     return root
 
@@ -183,14 +196,22 @@ def test_the_encoder_decoder_trains_as_under_ddp_and_decodes_in_validation(runs)
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("kind", ["mim", "distill"])
+@pytest.mark.parametrize("kind", ["mim", "distill", "dino"])
 def test_pretraining_and_distillation_train_under_fsdp2_as_under_ddp(runs, kind):
-    """MAE (masks drawn per rank from the same seeds) and a distilled student (the teacher outside the sharded
-    module, replicated): per-batch losses and final weights equal DDP's within 1e-5, with accumulation over 2;
-    and a bf16-mixed FSDP2 run of each trains with finite losses."""
+    """MAE (masks drawn per rank from the same seeds), a distilled student (the teacher outside the sharded
+    module, replicated) and DINO (crops and masks drawn per rank, the teacher a moving average of the sharded
+    student, the centers averaged over ranks): per-batch losses and final weights, DINO's teacher and centers
+    included, equal DDP's within 1e-5, with accumulation over 2; and a bf16-mixed FSDP2 run of each trains with
+    finite losses."""
     ddp_root, fsdp_root = runs / f"{kind}_ddp", runs / f"{kind}_fsdp2"
     ddp = _fsdp2_equals_ddp(ddp_root, fsdp_root)
-    assert not any("teacher" in k for k in ddp)
+    if kind == "dino":  # the teacher moved (3 steps), and so did the centers
+        centers = ("model.dino_loss.center.center", "model.ibot_loss.center.center")
+        assert all(ddp[k].abs().max() > 0 for k in centers)
+        teacher = {k.removeprefix("model.teacher."): v for k, v in ddp.items() if k.startswith("model.teacher.")}
+        assert any(not torch.equal(v, ddp["model.student." + k]) for k, v in teacher.items())
+    else:
+        assert not any("teacher" in k for k in ddp)
     bf16 = runs / f"{kind}_bf16"
     assert _ran(bf16) == ["FSDP2Strategy", True]
     losses = _losses(bf16, 0) + _losses(bf16, 1)
