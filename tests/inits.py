@@ -15,14 +15,14 @@ def weightless(build, *args, **kwargs) -> torch.nn.Module:
 
 
 def timm_shapes_model(name: str, **kwargs) -> torch.nn.Module:
-    """timm's model ``name`` on the meta device, for its state dict's names and shapes: ViT and Swin skip their
-    weight init (timm's ``weight_init="skip"``); timm's other classes take no such argument and draw theirs."""
+    """timm's model ``name`` built on the meta device (timm's ``device`` argument), for its state dict's names and
+    shapes: ViT and Swin skip their weight init (timm's ``weight_init="skip"``); timm's other classes take no such
+    argument and draw theirs."""
     import timm
 
-    with torch.device("meta"):
-        try:
-            return timm.create_model(name, pretrained=False, weight_init="skip", **kwargs)
-        except TypeError as e:
-            if "weight_init" not in str(e):
-                raise
-            return timm.create_model(name, pretrained=False, **kwargs)
+    try:
+        return timm.create_model(name, pretrained=False, weight_init="skip", device="meta", **kwargs)
+    except TypeError as e:
+        if "weight_init" not in str(e):
+            raise
+        return timm.create_model(name, pretrained=False, device="meta", **kwargs)
