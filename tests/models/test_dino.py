@@ -129,6 +129,29 @@ def test_the_backbone_loads_strictly_in_timm_and_vitkit(tmp_path):
         assert_close(ours(x), model.backbone()(x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("preset, size", [("vit_small_patch14_reg4_dinov2", 28), ("vit_small_patch16_dinov3", 32)])
+def test_registers_and_rope_train_and_the_teacher_is_timms_model(preset, size, tmp_path):
+    """DINOv2 with registers (iBOT reads the patch tokens after them) and DINOv3 with RoPE (its positions follow
+    the global and the local crops' sizes): a step trains every loss, and the teacher, written by save_pretrained,
+    is timm's model of the preset with the same outputs."""
+    torch.manual_seed(0)
+    over = dict(img_size=size, depth=1, embed_dim=64, num_heads=2)
+    model = DINO(DINOConfig(encoder=preset, encoder_overrides=over, out_dim=K, hidden_dim=48, bottleneck_dim=16,
+                            mask_probability=1.0))
+    grid = (size // model.student.patch_size,) * 2
+    out = model(torch.randn(2, 2, 3, size, size), torch.randn(2, 2, 3, size // 2, size // 2),
+                model.random_masks(2, 2, grid), teacher_temp=0.04)
+    assert all(v.isfinite() and v > 0 for v in (out.loss, out.dino, out.ibot, out.koleo))
+    out.loss.backward()
+    assert model.mask_token.grad.abs().sum() > 0
+    model.update_teacher(0.5)
+    folder = vitkit.save_pretrained(model.backbone(), tmp_path / "teacher")
+    theirs = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        assert_close(theirs(x), model.backbone()(x), atol=1e-5, rtol=1e-5)
+
+
 def test_what_dino_cannot_train_is_refused():
     with pytest.raises(ValueError, match="DINO trains a ViT with a class token"):
         DINO(DINOConfig(encoder="vit_tiny_patch16_224", encoder_overrides=dict(class_token=False, global_pool="avg")))

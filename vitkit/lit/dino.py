@@ -241,14 +241,21 @@ class DINOPretraining(TrainingModule):
     def on_validation_epoch_end(self) -> None:
         if self.hparams.knn_root is None or self.trainer.sanity_checking:
             return
+        self.log("val/knn_top1", self.knn_score(), prog_bar=True, rank_zero_only=True)
+
+    def knn_score(self, net: torch.nn.Module | None = None) -> float:
+        """The weighted k-NN top-1 of ``net``'s features (the teacher's by default) on ``knn_root``: its train/
+        images vote for the classes of its val/ ones, both read as the model's validation reads its images."""
         from vitkit.evaluation.metrics import knn_top1
 
         train, val = self._knn_sets()
-        feats = [self._features(ds) for ds in (train, val)]
-        score = knn_top1(feats[0][0], feats[0][1], feats[1][0], feats[1][1], k=self.hparams.knn_k)
-        self.log("val/knn_top1", score, prog_bar=True, rank_zero_only=True)
+        net = self.model.backbone() if net is None else net
+        feats = [self._features(net, ds) for ds in (train, val)]
+        return knn_top1(feats[0][0], feats[0][1], feats[1][0], feats[1][1], k=self.hparams.knn_k)
 
     def _knn_sets(self):
+        if self.hparams.knn_root is None:
+            raise ValueError("knn_score needs knn_root, a folder with train/<class>/* and val/<class>/*")
         if self._knn is None:
             from vitkit.data.folder import SkippingImageFolder
             from vitkit.data.transforms import eval_transform
@@ -259,13 +266,15 @@ class DINOPretraining(TrainingModule):
         return self._knn
 
     @torch.no_grad()
-    def _features(self, ds) -> tuple[Tensor, Tensor]:
+    def _features(self, net: torch.nn.Module, ds) -> tuple[Tensor, Tensor]:
         from vitkit.data.folder import collate_skipping
 
-        net = self.model.backbone()
+        was_training = net.training
+        net.eval()
         feats, labels = [], []
         for x, y, _ in DataLoader(ds, batch_size=64, collate_fn=collate_skipping):
             if x is not None:
                 feats.append(net.forward_head(net.forward_features(x.to(self.device)), pre_logits=True).float().cpu())
                 labels.append(y)
+        net.train(was_training)
         return torch.cat(feats), torch.cat(labels)
