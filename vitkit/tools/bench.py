@@ -219,10 +219,21 @@ def run(args) -> list[dict]:
     return rows
 
 
+def cpu_name() -> str:
+    """The CPU's model name as ``lscpu`` gives it (Linux's /proc/cpuinfo), else what the platform module knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
+    return f"{cpu_name()} x{torch.get_num_threads()} threads"
 
 
 def write_rows(rows: list[dict], out: Path, columns: list[str]) -> None:
