@@ -192,8 +192,16 @@ def test_continued_on_another_domain_the_knn_there_rises(digits_dino, tmp_path):
     (["--model.out_dim", "0"], "out_dim must be >= 1, got 0"),
     (["--model.teacher_temp", "0"], "the teacher's temperatures must be > 0"),
     (["--model.knn_root", "/nonexistent/knn"], "knn_root /nonexistent/knn has no train/ or val/ folder"),
+    (["--model.global_size", "64"], "global_size=64 is larger than the images (32 px, img_size)"),
+    (["--model.global_size", "16", "--model.local_size", "24"], "local_size=24 is larger than global_size=16"),
+    (["--model.model_name", "vit_base_patch16_224", "--model.model_overrides", "{}", "--model.checkpoint", "SWIN"],
+     "does not fit the model vit_base_patch16_224"),
 ])
 def test_bad_input_ends_in_one_line(args, says, tmp_path, capfd):
+    if "SWIN" in args:  # a checkpoint of another family
+        swin = vitkit.create_model("swin_tiny_patch4_window7_224", img_size=32, window_size=4, depths=[1, 1, 1, 1],
+                                   num_classes=0)
+        args = [str(vitkit.save_pretrained(swin, tmp_path / "swin")) if a == "SWIN" else a for a in args]
     argv = ["train", "fit", "-c", "dino_vit_tiny_digits", *_cpu(tmp_path), "--trainer.max_epochs", "1",
             "--trainer.logger", "false", *args]
     line = one_error_line(*run_cli(argv, capfd))

@@ -122,6 +122,13 @@ class DINOPretraining(TrainingModule):
         size = size if isinstance(size, int) else size[0]
         self.global_size = global_size or size
         self.local_size = local_size or max(p, round(self.global_size * 3 / 7 / p) * p)  # 96 px at 224
+        for name, crop in (("global_size", self.global_size), ("local_size", self.local_size)):
+            if crop > size:
+                raise ValueError(f"{name}={crop} is larger than the images ({size} px, img_size): DINO's crops are "
+                                 f"cut from them, at most {size} px")
+        if self.local_size > self.global_size:
+            raise ValueError(f"local_size={self.local_size} is larger than global_size={self.global_size}: the local "
+                             "crops are the small views")
         self.multicrop = MultiCrop(global_size=self.global_size, local_size=self.local_size,
                                    **{k: getattr(self.hparams, k) for k in CROP_FIELDS})
         self._total_steps = 1
