@@ -118,21 +118,27 @@ class DINOPretraining(TrainingModule):
         keep_own_hparams(self)
         self.check_nonfinite(nonfinite_loss)
         self.model = self._build()
-        p, size = self.model.student.patch_size, self.model.student.cfg.img_size
-        size = size if isinstance(size, int) else size[0]
-        self.global_size = global_size or size
-        self.local_size = local_size or max(p, round(self.global_size * 3 / 7 / p) * p)  # 96 px at 224
-        for name, crop in (("global_size", self.global_size), ("local_size", self.local_size)):
-            if crop > size:
-                raise ValueError(f"{name}={crop} is larger than the images ({size} px, img_size): DINO's crops are "
-                                 f"cut from them, at most {size} px")
-        if self.local_size > self.global_size:
-            raise ValueError(f"local_size={self.local_size} is larger than global_size={self.global_size}: the local "
-                             "crops are the small views")
+        self.global_size, self.local_size = self._crop_sizes(global_size, local_size)
         self.multicrop = MultiCrop(global_size=self.global_size, local_size=self.local_size,
                                    **{k: getattr(self.hparams, k) for k in CROP_FIELDS})
         self._total_steps = 1
         self._knn: tuple | None = None
+
+    def _crop_sizes(self, global_size: int | None, local_size: int | None) -> tuple[int, int]:
+        """The crops' sizes: the images' and 3/7 of it (rounded to the patch size) unless given; neither larger
+        than the images, the local not larger than the global."""
+        p, size = self.model.student.patch_size, self.model.student.cfg.img_size
+        size = size if isinstance(size, int) else size[0]
+        global_size = global_size or size
+        local_size = local_size or max(p, round(global_size * 3 / 7 / p) * p)  # 96 px at 224
+        for name, crop in (("global_size", global_size), ("local_size", local_size)):
+            if crop > size:
+                raise ValueError(f"{name}={crop} is larger than the images ({size} px, img_size): DINO's crops are "
+                                 f"cut from them, at most {size} px")
+        if local_size > global_size:
+            raise ValueError(f"local_size={local_size} is larger than global_size={global_size}: the local crops "
+                             "are the small views")
+        return global_size, local_size
 
     def _build(self) -> DINO:
         hp = self.hparams
