@@ -192,6 +192,7 @@ def test_continued_on_another_domain_the_knn_there_rises(digits_dino, tmp_path):
     (["--model.out_dim", "0"], "out_dim must be >= 1, got 0"),
     (["--model.teacher_temp", "0"], "the teacher's temperatures must be > 0"),
     (["--model.knn_root", "/nonexistent/knn"], "knn_root /nonexistent/knn has no train/ or val/ folder"),
+    (["--model.solarize", "1.5"], "solarize is a probability, in [0, 1], got 1.5"),
     (["--model.global_size", "64"], "global_size=64 is larger than the images (32 px, img_size)"),
     (["--model.global_size", "16", "--model.local_size", "24"], "local_size=24 is larger than global_size=16"),
     (["--model.model_name", "vit_base_patch16_224", "--model.model_overrides", "{}", "--model.checkpoint", "SWIN"],

@@ -53,6 +53,11 @@ class MultiCrop:
         if min(self.global_size, self.local_size) < 1:
             raise ValueError(f"crop sizes must be >= 1 px, got global_size={self.global_size}, "
                              f"local_size={self.local_size}")
+        probabilities = {"jitter": self.jitter, "grey": self.grey, "solarize": self.solarize,
+                         **{f"blur[{i}]": b for i, b in enumerate(self.blur)}}
+        for name, prob in probabilities.items():
+            if not 0 <= prob <= 1:
+                raise ValueError(f"{name} is a probability, in [0, 1], got {prob}")
         for name in ("global_scale", "local_scale"):
             lo, hi = getattr(self, name)
             if not 0 < lo <= hi <= 1:

@@ -61,6 +61,22 @@ def predict(model, dm, ds, device: torch.device) -> Predictions:
 
 
 @torch.no_grad()
+def pooled_features(net: torch.nn.Module, batches, device: torch.device) -> tuple[Tensor, Tensor]:
+    """A timm-style network's pooled features before its head (``forward_head(..., pre_logits=True)``), in eval
+    mode, and the labels, over ``batches`` of (images, labels); a batch with no readable image (None or empty) is
+    passed over. The network's mode is restored."""
+    feats, labels = [], []
+    was_training = net.training
+    net.eval()
+    for x, y in batches:
+        if x is not None and len(y):
+            feats.append(net.forward_head(net.forward_features(x.to(device)), pre_logits=True).float().cpu())
+            labels.append(y.cpu())
+    net.train(was_training)
+    return torch.cat(feats), torch.cat(labels)
+
+
+@torch.no_grad()
 def features(model, dm, ds, device: torch.device) -> tuple[Tensor, Tensor]:
     feats, labels = [], []
     for x, y, _ in batches(dm, ds, device):

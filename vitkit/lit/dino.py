@@ -278,16 +278,9 @@ class DINOPretraining(TrainingModule):
             self._knn = tuple(SkippingImageFolder(str(root / s), tf) for s in ("train", "val"))
         return self._knn
 
-    @torch.no_grad()
     def _features(self, net: torch.nn.Module, ds) -> tuple[Tensor, Tensor]:
         from vitkit.data.folder import collate_skipping
+        from vitkit.evaluation.predict import pooled_features
 
-        was_training = net.training
-        net.eval()
-        feats, labels = [], []
-        for x, y, _ in DataLoader(ds, batch_size=64, collate_fn=collate_skipping):
-            if x is not None:
-                feats.append(net.forward_head(net.forward_features(x.to(self.device)), pre_logits=True).float().cpu())
-                labels.append(y)
-        net.train(was_training)
-        return torch.cat(feats), torch.cat(labels)
+        batches = ((x, y) for x, y, _ in DataLoader(ds, batch_size=64, collate_fn=collate_skipping))
+        return pooled_features(net, batches, self.device)

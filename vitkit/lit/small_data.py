@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from vitkit.data.transforms import eval_transform
 from vitkit.evaluation.metrics import fit_linear_probe
+from vitkit.evaluation.predict import pooled_features as backbone_features
 
 PROBE_FILE = "probe.ckpt"
 
@@ -43,16 +44,8 @@ def eval_views(dm: L.LightningDataModule):
 @torch.no_grad()
 def pooled_features(model: nn.Module, dm: L.LightningDataModule, ds, device: torch.device) -> tuple[Tensor, Tensor]:
     """The model's pooled features (before the head) and the labels of every readable image of ``ds``."""
-    feats, labels = [], []
-    was_training = model.training
-    model.eval()
-    for batch in dm._loader(ds, False):
-        x, y = dm.on_after_batch_transfer(batch, 0)[:2]
-        if len(y):  # a batch whose every file was unreadable
-            feats.append(model.forward_head(model.forward_features(x.to(device)), pre_logits=True).float().cpu())
-            labels.append(y.cpu())
-    model.train(was_training)
-    return torch.cat(feats), torch.cat(labels)
+    batches = (dm.on_after_batch_transfer(batch, 0)[:2] for batch in dm._loader(ds, False))
+    return backbone_features(model, batches, device)
 
 
 def fit_head(model: nn.Module, dm: L.LightningDataModule, device: torch.device) -> float:
