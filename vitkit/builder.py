@@ -194,9 +194,8 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
             why = e.report.first_difference()
             raise CheckpointMismatchError(f"{ck.path} does not fit the model {plan.name} ({why}); presets its shapes "
                                           f"fit: {fits}\n{e.report}", e.report) from None
-        model.class_names = ck.class_names or plan.label_names
-    if model.class_names is not None and len(model.class_names) != getattr(model.cfg, "num_classes", None):
-        model.class_names = None  # a new head: the weights' labels no longer apply
+    _label_model(model, ck.class_names if ck is not None else None, plan.label_names,
+                 ck.thresholds if ck is not None else None)
     if hasattr(model, "feature_info"):
         model.pretrained_cfg = model.default_cfg = _pretrained_cfg(model, plan.source)  # timm sets both
     if features_only:
@@ -204,6 +203,17 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
     if feature_cls is not None or feature_cfg:
         raise TypeError("feature_cls and feature_cfg apply with features_only=True")
     return model
+
+
+def _label_model(model: nn.Module, names: list[str] | None, tag_names: list[str] | None,
+                 thresholds: list[float] | None) -> None:
+    """``model.class_names`` (the file's, else the tag's) and a multi-label classifier's ``model.thresholds`` (its
+    outputs take a sigmoid each; None for a softmax); neither where a new head no longer has their classes."""
+    classes = getattr(model.cfg, "num_classes", None)
+    model.class_names = names or tag_names
+    if model.class_names is not None and len(model.class_names) != classes:
+        model.class_names = None
+    model.thresholds = thresholds if thresholds is not None and len(thresholds) == classes else None
 
 
 FEATURE_CLASSES = ("getter", "fx", "hook")

@@ -90,6 +90,8 @@ def runs(tmp_path_factory) -> Path:
     every = [_classifier(root / f"{family}_{strategy}", strategy, family) for family in MODELS
              for strategy in ("ddp", "fsdp2")]
     every += [_classifier(root / f"lora_{strategy}", strategy, "vit", *LORA) for strategy in ("ddp", "fsdp2")]
+    every += [_classifier(root / f"multi_{strategy}", strategy, "vit", "--model.multi_label", "true")
+              for strategy in ("ddp", "fsdp2")]
     every += [_seq2seq(root / f"seq2seq_{strategy}", strategy) for strategy in ("ddp", "fsdp2")]
     teacher = _teacher(root)
     for strategy in ("ddp", "fsdp2"):
@@ -150,6 +152,18 @@ def test_lora_trains_under_fsdp2_as_under_ddp(runs):
     b = ddp["model.blocks.0.attn.qkv.lora_B.default.weight"]
     third = b.shape[0] // 3
     assert b[third:2 * third].abs().max() == 0 and b[:third].abs().max() > 0
+
+
+def test_several_labels_per_image_train_under_fsdp2_as_under_ddp(runs):
+    """``multi_label`` with the whole recipe (BCE, mixup and cutmix of multi-hot rows): the same losses and weights,
+    and the per-class thresholds, chosen on the validation predictions gathered from both ranks, are the same in
+    both runs' checkpoints."""
+    _fsdp2_equals_ddp(runs / "multi_ddp", runs / "multi_fsdp2")
+    from vitkit.checkpoints import read_checkpoint
+
+    ddp, fsdp = (read_checkpoint(runs / f"multi_{s}/checkpoints/last.ckpt").thresholds for s in ("ddp", "fsdp2"))
+    assert len(ddp) == 10 and ddp != [0.5] * 10  # FSDP2's: a sharded checkpoint's folder, read as one
+    torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(ddp), atol=1e-4, rtol=0)
 
 
 @pytest.mark.slow

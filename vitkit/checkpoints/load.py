@@ -49,6 +49,8 @@ class Checkpoint:
     # a LoRA run's hyper-parameters: the state dict holds its adapters and head, which ``create_model`` merges into
     # the backbone they name (vitkit/lora.py)
     lora: dict[str, Any] | None = None
+    # a multi-label classifier's per-class decision thresholds (its outputs are sigmoids), as the file records them
+    thresholds: list[float] | None = None
 
     @property
     def num_classes(self) -> int | None:
@@ -167,7 +169,21 @@ def _interpret(path: str | os.PathLike, weights: Path, config: dict | None, raw:
     head_config = mim_config(config, raw) if objective else {}
     hp = raw.get("hyper_parameters") if fmt == "lightning" else None
     lora = hp if isinstance(hp, dict) and hp.get("lora_rank") else None
-    return Checkpoint(Path(path), fmt, sd, name, overrides, class_names, heads, objective, head_config, lora)
+    return Checkpoint(Path(path), fmt, sd, name, overrides, class_names, heads, objective, head_config, lora,
+                      _thresholds(config, raw, weights))
+
+
+def _thresholds(config: dict | None, raw: dict, weights: Path) -> list[float] | None:
+    """A multi-label classifier's thresholds: a Lightning checkpoint's ``multi_label`` entry, or the ``thresholds``
+    of a folder's config.json (``save_pretrained``)."""
+    entry = raw.get("multi_label") if "pytorch-lightning_version" in raw else (config or {}).get("multi_label")
+    if entry is None:
+        return None
+    values = entry.get("thresholds") if isinstance(entry, dict) else None
+    if not isinstance(values, list) or not all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in values):
+        raise CheckpointError(f"{weights}: its multi_label thresholds should be a list of numbers in [0, 1], got "
+                              f"{str(values)[:60]}")
+    return [float(v) for v in values]
 
 
 def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint, strict: bool = True,
@@ -265,7 +281,8 @@ def timm_shapes(name: str, model_args: dict) -> dict[str, torch.Size] | None:
 
 
 def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names: list[str] | None = None) -> Path:
-    """Write ``model.safetensors`` + ``config.json`` to a folder that vitkit and timm both load.
+    """Write ``model.safetensors`` + ``config.json`` to a folder that vitkit and timm both load (a multi-label
+    classifier's ``model.thresholds`` go into config.json's ``multi_label``).
 
     config.json has timm's layout (architecture, num_classes, pretrained_cfg) plus a ``vitkit`` section
     with the full config, so ``vitkit.create_model(checkpoint=DIR)`` rebuilds the exact model. The weights carry
@@ -289,6 +306,8 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names:
     }
     if class_names:
         config["label_names"] = list(class_names)
+    if getattr(model, "thresholds", None) is not None:
+        config["multi_label"] = {"thresholds": [float(t) for t in model.thresholds]}
     state = model.state_dict()
     theirs = timm_shapes(name, model_args)
     if theirs is not None:  # timm's names where its class names a tensor otherwise (its Eva class)

@@ -16,6 +16,7 @@ import torch
 from jsonargparse import ArgumentParser
 
 from vitkit.evaluation.metrics import summary
+from vitkit.evaluation.multilabel import multilabel_summary, write_multilabel_report
 from vitkit.evaluation.predict import backbone_scores, predict, width
 from vitkit.evaluation.report import write_backbone_report, write_report
 
@@ -99,7 +100,7 @@ def main(argv: list[str]) -> int:
         p.error(f"--precision expects one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
     explicit = {a[len("--data."):].split("=")[0] for a in argv if a.startswith("--data.")}
     size = cfg.data.init_args.get("img_size") if "img_size" in explicit else None
-    model, names, prep = _model(cfg, device, size)
+    model, names, prep, thresholds = _model(cfg, device, size)
     if cfg.precision == "bf16-mixed":
         model = _autocast(model, device)
     backbone = cfg.knn or cfg.linear_probe
@@ -119,17 +120,27 @@ def main(argv: list[str]) -> int:
     if len(data_classes) != classes:  # the model's own names may not count the data's labels
         raise ValueError(f"the model has {classes} classes and the data {len(data_classes)}: evaluate it on data of "
                          "its own classes")
-    pred = predict(model, dm, ds, device)
+    if getattr(dm, "multi_label", False) and thresholds is None:
+        raise ValueError(f"{dm.describe()} gives several labels per image, and the model is a single-label "
+                         "classifier (a softmax over its classes): evaluate a model trained with --model.multi_label")
+    pred = predict(model, dm, ds, device, thresholds, names)
     skipped = sum(getattr(dm, "skipped", {}).values())  # unreadable images, counted by the data module
-    result = write_report(pred, names, out, cfg.topk, {"skipped": skipped, "split": split})
-    print(f"{dm.describe()} ({split}):\n{summary(result)}\n-> {out}")
+    extra = {"skipped": skipped, "split": split}
+    if thresholds is not None:
+        result = write_multilabel_report(pred, names, thresholds, out, extra)
+        text = multilabel_summary(result)
+    else:
+        result = write_report(pred, names, out, cfg.topk, extra)
+        text = summary(result)
+    print(f"{dm.describe()} ({split}):\n{text}\n-> {out}")
     return 0
 
 
-def _model(cfg, device: torch.device, img_size: int | None = None) -> tuple[Any, list[str] | None, dict]:
+def _model(cfg, device: torch.device,
+           img_size: int | None = None) -> tuple[Any, list[str] | None, dict, torch.Tensor | None]:
     """(a callable from a batch to logits or features, the class names or None for a backbone, the model's
-    preprocessing for the data module); ``img_size``: the size given for the data, the model's too (positions and
-    windows resized on load)."""
+    preprocessing for the data module, a multi-label model's thresholds or None); ``img_size``: the size given for
+    the data, the model's too (positions and windows resized on load)."""
     if cfg.onnx:
         from vitkit.tools.export import OnnxModel
 
@@ -139,7 +150,8 @@ def _model(cfg, device: torch.device, img_size: int | None = None) -> tuple[Any,
                              "checkpoint that has them (`vitkit export CKPT`), or evaluate the checkpoint itself")
         c, h, w = net.meta["input_size"]
         prep = {"img_size": h, **{k: net.meta[k] for k in ("mean", "std", "crop_pct", "interpolation")}}
-        return (lambda x: torch.from_numpy(net(x.float().cpu().numpy()))), list(net.labels), prep
+        thresholds = None if net.thresholds is None else torch.tensor(net.thresholds)
+        return (lambda x: torch.from_numpy(net(x.float().cpu().numpy()))), list(net.labels), prep, thresholds
     import vitkit
 
     overrides = {"token_merging": cfg.token_merging} if cfg.token_merging else {}
@@ -155,7 +167,8 @@ def _model(cfg, device: torch.device, img_size: int | None = None) -> tuple[Any,
     prep = {"img_size": size, "mean": tuple(net.cfg.mean), "std": tuple(net.cfg.std),
             "crop_pct": net.cfg.crop_pct, "interpolation": net.cfg.interpolation}
     net.features = lambda x: net.forward_head(net.forward_features(x), pre_logits=True)
-    return net, names, prep
+    thresholds = None if getattr(net, "thresholds", None) is None else torch.tensor(net.thresholds)
+    return net, names, prep, thresholds
 
 
 def _data(p: ArgumentParser, cfg, prep: dict, explicit: set[str], eval_train: bool) -> L.LightningDataModule:

@@ -1,4 +1,5 @@
-"""``vitkit predict``: the top-k classes of image files, from a checkpoint, a tag or an exported ONNX file."""
+"""``vitkit predict``: the top-k classes of image files, from a checkpoint, a tag or an exported ONNX file; for a
+multi-label classifier, the labels above their thresholds."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ def parser():
     add_model_source(p, "any format vitkit reads (a .ckpt keeps the class names)",
                      "without --checkpoint: pretrained weights by name (a timm tag or torchvision weights); with it: "
                      "the preset, for formats that do not record it")
-    p.add_argument("--topk", type=int, default=5)
+    p.add_argument("--topk", type=int, default=None, help="the K most probable classes (default 5; a multi-label "
+                   "model prints the labels above their thresholds, and these K too when given)")
     p.add_argument("--onnx", help="an exported model.onnx, run by onnxruntime with the preprocessing in its metadata")
     p.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
     return p
@@ -23,22 +25,24 @@ def main(argv: list[str]) -> int:
     import torch
 
     args = parser().parse_args(argv)
-    if args.topk < 1:
+    if args.topk is not None and args.topk < 1:
         raise SystemExit(f"error: --topk expects a whole number of classes of 1 or more, got {args.topk}")
     if args.onnx and args.token_merging:
         raise SystemExit("error: --token-merging applies to PyTorch models; an ONNX file merges tokens as it was "
                          "exported (vitkit export --token-merging R)")
     if args.onnx:
-        names, probabilities = onnx_classifier(args.onnx)
+        names, probabilities, thresholds = onnx_classifier(args.onnx)
     else:
         net = load_classifier(args)
         names = getattr(net, "class_names", None) or [str(i) for i in range(net.cfg.num_classes)]
         refuse_an_embedding(net, args.model, args.checkpoint)
+        thresholds = getattr(net, "thresholds", None)
 
         def probabilities(image: str) -> torch.Tensor:
             x, _ = read_image(image, net.cfg)
             with torch.no_grad():
-                return net(x).softmax(-1)[0]
+                logits = net(x)[0]
+            return logits.sigmoid() if thresholds is not None else logits.softmax(-1)
 
     failed = 0
     for path in args.images:
@@ -50,10 +54,24 @@ def main(argv: list[str]) -> int:
             continue
         if len(names) < len(p):
             names = [str(i) for i in range(len(p))]
-        top = p.topk(min(args.topk, len(p)))
-        print(f"{path}: " + ", ".join(f"{names[i]} {v:.3f}" for v, i in zip(top.values.tolist(), top.indices.tolist(),
-                                                                           strict=True)))
+        print(f"{path}: {describe(p, names, thresholds, args.topk)}")
     return 1 if failed else 0
+
+
+def describe(p, names: list[str], thresholds: list[float] | None, topk: int | None) -> str:
+    """One image's line: the top-k classes with their probabilities; for a multi-label model, the labels at or
+    above their thresholds (most probable first; "none" when none is), then the top-k when asked for."""
+    import torch
+
+    def listing(idx: list[int]) -> str:
+        return ", ".join(f"{names[i]} {float(p[i]):.3f}" for i in idx)
+
+    top = p.topk(min(topk or 5, len(p))).indices.tolist()
+    if thresholds is None:
+        return listing(top)
+    on = (p >= torch.tensor(thresholds, dtype=p.dtype)).nonzero().flatten().tolist()
+    line = listing(sorted(on, key=lambda i: -float(p[i]))) or "none"
+    return line + (f"  (top {len(top)}: {listing(top)})" if topk else "")
 
 
 def refuse_an_embedding(net, tag: str | None, checkpoint: str | None = None) -> None:
@@ -81,7 +99,8 @@ def refuse_an_embedding(net, tag: str | None, checkpoint: str | None = None) -> 
 
 
 def onnx_classifier(path: str):
-    """(names, image path -> probabilities) of an exported ONNX model, run by onnxruntime."""
+    """(names, image path -> probabilities, the thresholds of a multi-label model or None) of an exported ONNX model,
+    run by onnxruntime."""
     import torch
     from PIL import Image, UnidentifiedImageError
 
@@ -100,6 +119,7 @@ def onnx_classifier(path: str):
             img = Image.open(image)
         except (OSError, UnidentifiedImageError) as e:
             raise SystemExit(f"error: cannot read image {image!r}: {e}") from None
-        return torch.from_numpy(model(model.preprocess(img))).softmax(-1)[0]
+        logits = torch.from_numpy(model(model.preprocess(img)))[0]
+        return logits.sigmoid() if model.thresholds is not None else logits.softmax(-1)
 
-    return names, probabilities
+    return names, probabilities, model.thresholds

@@ -1,4 +1,4 @@
-"""``vitkit prepare-data``: ImageNet-layout folders -> litdata shards, resumable."""
+"""``vitkit prepare-data``: ImageNet-layout folders, or manifests, -> litdata shards, resumable."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from .common import command_parser
 
 def parser():
     p = command_parser("prepare-data")
-    p.add_argument("root", help="a folder with train/<class>/<images>, val/<class>/<images> and optionally test/")
+    p.add_argument("root", help="a folder with train/<class>/<images>, val/<class>/<images> and optionally test/; or "
+                   "with train.csv and val.csv manifests (or .jsonl; optionally test), one label or several per image")
     p.add_argument("out", help="the output folder; run again on it to resume an interrupted conversion")
     p.add_argument("--workers", type=int, default=None, help="parallel workers (default: every CPU)")
     p.add_argument("--chunk-bytes", default="64MB", help="size of a shard file (default: 64MB)")

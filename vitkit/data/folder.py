@@ -117,11 +117,14 @@ def _read_image(path: str, decoder: Decoder):
 
 
 def collate_skipping(items: list) -> tuple[Tensor | None, Tensor | None, int]:
-    """Stack the readable samples; also return how many were skipped (images None if all were)."""
+    """Stack the readable samples (their targets: class indices, or multi-hot rows); also return how many were
+    skipped (images None if all were)."""
     good = [it for it in items if it is not None]
     if not good:
         return None, None, len(items)
-    return torch.stack([x for x, _ in good]), torch.tensor([y for _, y in good]), len(items) - len(good)
+    ys = [y for _, y in good]  # class indices, or multi-hot rows (a multi-label manifest's)
+    y = torch.stack(ys) if isinstance(ys[0], Tensor) and ys[0].ndim else torch.tensor([int(v) for v in ys])
+    return torch.stack([x for x, _ in good]), y, len(items) - len(good)
 
 
 def scan_unlabeled(root: Path) -> list[Path]:

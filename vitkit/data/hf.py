@@ -143,7 +143,37 @@ def _kind(feature) -> str:
         return f"ClassLabel, {feature.num_classes} classes"
     if isinstance(feature, datasets.Value):
         return feature.dtype
+    if isinstance(feature, datasets.List):
+        return f"a list of {_kind(feature.feature)}"
     return type(feature).__name__
+
+
+def _label_value(feature) -> bool:
+    """A ClassLabel, or integers or strings: one label."""
+    import datasets
+
+    return isinstance(feature, datasets.ClassLabel) or isinstance(feature, datasets.Value) and (
+        feature.dtype.startswith(("int", "uint")) or feature.dtype in ("string", "large_string"))
+
+
+def multi_label(feature) -> bool:
+    """Several labels per row: a list of ClassLabels, of class names or of class indices, or a fixed-length
+    multi-hot list (integers, booleans or floats, one per class)."""
+    import datasets
+
+    if not isinstance(feature, datasets.List):
+        return False
+    return _label_value(feature.feature) or _multi_hot(feature)
+
+
+def _multi_hot(feature) -> bool:
+    """A fixed-length list of numbers (``List(Value('int8'), length=C)``), or a list of booleans: one per class."""
+    import datasets
+
+    inner = feature.feature
+    return feature.length > 0 and isinstance(inner, datasets.Value) and (
+        inner.dtype.startswith(("int", "uint", "float")) or inner.dtype == "bool") or \
+        isinstance(inner, datasets.Value) and inner.dtype == "bool"
 
 
 def find_columns(features, image_column: str | None, label_column: str | None, where: str) -> tuple[str, str]:
@@ -169,17 +199,18 @@ def find_columns(features, image_column: str | None, label_column: str | None, w
                                                                                                            "string"):
         raise ValueError(f"{where}: --data.image_column {image_column!r} is {_kind(features[image_column])}, not "
                          f"images; its columns are {columns}")
-    labels = [k for k, v in features.items() if isinstance(v, datasets.ClassLabel)]
+    labels = [k for k, v in features.items() if isinstance(v, datasets.ClassLabel) or
+              isinstance(v, datasets.List) and isinstance(v.feature, datasets.ClassLabel)]
     if label_column is None:
         if len(labels) != 1:
             raise ValueError(f"{where} has {'no' if not labels else len(labels)} ClassLabel column(s), expected one; "
                              f"its columns are {columns}; name the label column with --data.label_column")
         label_column = labels[0]
     feature = features[label_column]
-    if not (isinstance(feature, datasets.ClassLabel) or isinstance(feature, datasets.Value)
-            and (feature.dtype.startswith(("int", "uint")) or feature.dtype in ("string", "large_string"))):
+    if not (_label_value(feature) or multi_label(feature)):
         raise ValueError(f"{where}: --data.label_column {label_column!r} is {_kind(feature)}, not a label (a "
-                         f"ClassLabel, integers or strings); its columns are {columns}")
+                         f"ClassLabel, integers or strings, or a list of those or a multi-hot list for several "
+                         f"labels per image); its columns are {columns}")
     return image_column, label_column
 
 
@@ -189,6 +220,8 @@ def class_names(ds, label_column: str, given: list[str] | None, where: str) -> l
     import datasets
 
     feature = ds.features[label_column]
+    if multi_label(feature):
+        return _multi_label_names(ds, label_column, given, where)
     if isinstance(feature, datasets.ClassLabel):
         return list(feature.names)
     if given:
@@ -205,10 +238,70 @@ def class_names(ds, label_column: str, given: list[str] | None, where: str) -> l
     return sorted(values)
 
 
-def label_index(feature, classes: list[str]):
-    """A function from a row's label value to its class index."""
+def _multi_label_names(ds, label_column: str, given: list[str] | None, where: str) -> list[str]:
+    """A list column's classes: its ClassLabel's names, else ``given``, else a multi-hot list's positions or (map-style
+    data) the sorted values the rows hold."""
     import datasets
 
+    feature = ds.features[label_column]
+    if isinstance(feature.feature, datasets.ClassLabel):
+        return list(feature.feature.names)
+    if _multi_hot(feature):
+        if feature.length < 0 and not given:
+            raise ValueError(f"{where}: the multi-hot column {label_column!r} does not declare its length; name the "
+                             "classes with --data.classes")
+        if given and feature.length > 0 and len(given) != feature.length:
+            raise ValueError(f"{where}: --data.classes names {len(given)} classes, the multi-hot column "
+                             f"{label_column!r} has {feature.length}")
+        return list(given) if given else [str(i) for i in range(feature.length)]
+    if given:
+        return list(given)
+    if isinstance(ds, datasets.IterableDataset):
+        raise ValueError(f"{where}: the label column {label_column!r} holds lists of {feature.feature.dtype}, and a "
+                         "stream cannot be read through to find its classes; give them with --data.classes")
+    values = sorted({v for row in ds[label_column] for v in (row or [])})
+    if feature.feature.dtype.startswith(("int", "uint")):
+        if values and values[0] < 0:
+            raise ValueError(f"{where}: the label column {label_column!r} holds negative labels")
+        return [str(i) for i in range((values[-1] + 1) if values else 0)]
+    return [str(v) for v in values]
+
+
+def multi_hot_of(feature, classes: list[str]):
+    """A function from a row's list of labels (ClassLabel indices, class indices, names, or a multi-hot list) to
+    its multi-hot row (C,)."""
+    import datasets
+    import torch
+
+    c = len(classes)
+    if _multi_hot(feature):
+        def dense(value) -> torch.Tensor:
+            row = torch.tensor([float(v) for v in value or []])
+            if len(row) != c:
+                raise ValueError(f"a multi-hot label of {len(row)} values, expected one per class ({c})")
+            return row
+        return dense
+    index = None if isinstance(feature.feature, datasets.ClassLabel) or feature.feature.dtype.startswith(
+        ("int", "uint")) else {name: i for i, name in enumerate(classes)}
+
+    def hot(value) -> torch.Tensor:
+        row = torch.zeros(c)
+        for v in value or []:
+            j = int(v) if index is None else index.get(v)
+            if j is None or not 0 <= j < c:
+                raise ValueError(f"label {v!r} is not one of the {c} classes")
+            row[j] = 1.0
+        return row
+
+    return hot
+
+
+def label_index(feature, classes: list[str]):
+    """A function from a row's label value to its class index (to its multi-hot row, for several labels)."""
+    import datasets
+
+    if multi_label(feature):
+        return multi_hot_of(feature, classes)
     if isinstance(feature, datasets.ClassLabel) or feature.dtype.startswith(("int", "uint")):
         return int
     index = {c: i for i, c in enumerate(classes)}

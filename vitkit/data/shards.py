@@ -1,9 +1,11 @@
-"""ImageNet-layout folders as litdata shards: the conversion (``vitkit prepare-data``) and the dataset's marker.
+"""ImageNet-layout folders, or manifests (``vitkit/data/manifest.py``), as litdata shards: the conversion (``vitkit
+prepare-data``) and the dataset's marker.
 
 A converted dataset is a folder with one litdata dataset per split (``OUT/train``, ``OUT/val``, optionally
 ``OUT/test``) and ``OUT/vitkit_dataset.json``, written last: a folder without it is an unfinished
 conversion, which readers refuse and ``prepare-data`` resumes. Each sample keeps the file's original
-encoded bytes (nothing is re-encoded), its class index (``label``), class name and path.
+encoded bytes (nothing is re-encoded), its class index (``label``), class name and path; with several labels per
+image, ``label`` is a multi-hot row (uint8, one per class) and the class names are space-separated.
 
 Each split is written in a seeded random order, as webdataset, FFCV and litdata users shuffle before writing:
 a streaming loader mixes only within a window (litdata 0.2.76 permutes aligned blocks of 256 samples inside a
@@ -28,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from .folder import _image_files, decode, scan_image_folder
+from .manifest import MANIFEST_SUFFIXES, check_rows, read_manifest
 
 MARKER = "vitkit_dataset.json"  # written last; its presence means every split is complete
 INPUTS = ".vitkit_inputs.json"  # the file list a conversion started from, to resume only that one
@@ -46,6 +49,8 @@ def _convert_one(item: list, root: str, skipped_log: str) -> dict | None:
     """One file -> one sample; an unreadable file gives None (litdata writes nothing for it) and a line in
     the split's list of skipped files."""
     rel, label, name = item
+    if isinstance(label, list):  # several labels: a multi-hot row, one fixed-size field for litdata
+        label = np.asarray(label, dtype=np.uint8)
     try:
         data = (Path(root) / rel).read_bytes()
         decode(data)  # the whole file decodes, so the shards hold only readable images
@@ -65,11 +70,53 @@ def _split_inputs(root: Path, split: str, classes: list[str], seed: int) -> list
     return [items[k] for k in order]
 
 
+def find_manifests(root: Path, splits: tuple[str, ...]) -> dict[str, Path]:
+    """``root/train.csv``, ``root/val.csv`` (and ``test``; or ``.jsonl``) where ``root`` has no ``train`` folder."""
+    if (root / "train").is_dir():
+        return {}
+    found = {s: next((root / f"{s}{x}" for x in MANIFEST_SUFFIXES if (root / f"{s}{x}").is_file()), None)
+             for s in splits}
+    return {s: p for s, p in found.items() if p is not None}
+
+
+def _manifest_inputs(manifests: dict[str, Path], seed: int) -> tuple[list[str], bool, dict[str, list[list]]]:
+    """(classes, several labels per image, [path, label, names] per row of each split in a seeded order)."""
+    read = {s: read_manifest(p) for s, p in manifests.items()}
+    multi = any(len(row) > 1 for row in read["train"].labels)
+    classes = read["train"].names()
+    inputs = {}
+    for split, manifest in read.items():
+        check_rows(manifest, classes, multi)
+        index = {c: i for i, c in enumerate(classes)}
+        items = []
+        for file, row in zip(manifest.images, manifest.labels, strict=True):
+            label = [int(c in row) for c in classes] if multi else index[row[0]]
+            items.append([str(file.resolve()), label, " ".join(row)])
+        order = np.random.default_rng([seed, zlib.crc32(split.encode())]).permutation(len(items))
+        inputs[split] = [items[k] for k in order]
+    return classes, multi, inputs
+
+
+def _conversion_inputs(root: Path, splits: tuple[str, ...], seed: int) -> tuple[list[str], bool, dict[str, list]]:
+    """(classes, several labels per image, each split's [path, label, name] rows in their seeded order), from
+    class folders or from manifests."""
+    manifests = find_manifests(root, splits) if root.is_dir() else {}
+    if not manifests:
+        present = [s for s in splits if (root / s).is_dir()]
+        classes = scan_image_folder(root, "train", "val", "test" if "test" in present else None)
+        return classes, False, {s: _split_inputs(root, s, classes, seed) for s in present}
+    if "train" not in manifests or "val" not in manifests:
+        raise FileNotFoundError(f"{root} has no train/ folder, and manifests for {', '.join(manifests)} only; "
+                                "expected train.csv and val.csv (or .jsonl)")
+    return _manifest_inputs(manifests, seed)
+
+
 def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = None, chunk_bytes: str = "64MB",
                  overwrite: bool = False, splits: tuple[str, ...] = ("train", "val", "test"),
                  seed: int = 0) -> dict[str, Any]:
-    """Convert ``root/{train,val[,test]}/<class>/<images>`` into litdata shards under ``out``, each split
-    written in a random order drawn from ``seed`` (see the module docstring for why).
+    """Convert ``root/{train,val[,test]}/<class>/<images>`` (or ``root/{train,val[,test]}.csv`` manifests, one label
+    or several per image) into litdata shards under ``out``, each split written in a random order drawn from
+    ``seed`` (see the module docstring for why).
 
     Re-running on the same ``out`` resumes: complete splits are kept, an interrupted split continues from
     litdata's checkpoints. A finished ``out`` (or one started from other files) is refused unless
@@ -77,9 +124,7 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
     import litdata
 
     root, out = Path(root).expanduser().resolve(), Path(out).expanduser().resolve()
-    present = [s for s in splits if (root / s).is_dir()]
-    classes = scan_image_folder(root, "train", "val", "test" if "test" in present else None)
-    inputs = {s: _split_inputs(root, s, classes, seed) for s in present}
+    classes, multi, inputs = _conversion_inputs(root, splits, seed)
     started = {"format": FORMAT, "root": str(root), "classes": classes, "seed": seed,
                "files": {s: [rel for rel, _, _ in items] for s, items in inputs.items()}}
     workers = _check_output(out, started, workers, overwrite)
@@ -88,7 +133,9 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
     _write_json(out / INPUTS, {**started, "workers": workers})
 
     summary: dict[str, Any] = {"format": FORMAT, "root": str(root), "classes": classes, "order": "shuffled",
-                               "seed": seed, "splits": {}}
+                               "seed": seed, "splits": {}, "multi_label": multi}
+    if multi:  # for pos_weight, which a stream cannot count
+        summary["label_counts"] = np.sum([label for _, label, _ in inputs["train"]], axis=0).tolist()
     for split, items in inputs.items():
         dest, skipped_log = out / split, out / f"{split}.skipped.tsv"
         if not (dest / "index.json").exists():  # not finished: (re)start it, from litdata's checkpoints if any

@@ -71,10 +71,13 @@ class ImageShards(StreamingDataset):
         except Exception as e:  # noqa: BLE001 - a sample damaged after conversion (disk, upload)
             log.debug("skipping undecodable sample %d (%s): %s", i, sample.get("path"), e)
             return None
+        label = sample["label"]
+        if isinstance(label, (np.ndarray, torch.Tensor)):  # several labels: a multi-hot row
+            label = torch.as_tensor(label).float()
         if self.image_transform is None:
-            return img, sample["label"]
+            return img, label
         with seeded(sample_seed(self.augment_seed, self.current_epoch, i)):
-            return self.image_transform(img), sample["label"]
+            return self.image_transform(img), label
 
 
 def litdata_ranks() -> tuple[int, int]:

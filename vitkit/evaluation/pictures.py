@@ -1,5 +1,5 @@
 """What a classifier gets wrong, as pictures (matplotlib): the confusion matrix, the most confident mistakes and
-the reliability diagram."""
+the reliability diagram; for several labels per image, the precision-recall curves."""
 
 from __future__ import annotations
 
@@ -53,19 +53,52 @@ def confusion_picture(cm: Tensor, names: list[str], path: Path) -> Path:
 
 def mistakes_picture(mistakes: list[tuple[float, Tensor, int, int]], names: list[str], path: Path) -> Path:
     """The most confident wrong predictions, each titled with its label and prediction."""
+    return image_grid([(img, f"label {names[y]}\npredicted {names[p]} ({conf:.2f})") for conf, img, y, p in mistakes],
+                      path)
+
+
+def image_grid(images: list[tuple[Tensor, str]], path: Path) -> Path:
+    """Images in [0, 1] (C, H, W), four to a row, each with its title ("no mistakes" when there are none)."""
     plt = _plt()
-    n = max(len(mistakes), 1)
+    n = max(len(images), 1)
     cols = min(4, n)
     rows = -(-n // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(2.4 * cols, 2.6 * rows), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    if not mistakes:
+    if not images:
         axes[0, 0].set_title("no mistakes")
-    for ax, (conf, img, y, p) in zip(axes.flat, mistakes, strict=False):
+    for ax, (img, title) in zip(axes.flat, images, strict=False):
         shown = img.permute(1, 2, 0).clamp(0, 1).numpy()
         ax.imshow(shown[..., 0] if shown.shape[-1] == 1 else shown, cmap="gray" if shown.shape[-1] == 1 else None)
-        ax.set_title(f"label {names[y]}\npredicted {names[p]} ({conf:.2f})", fontsize=8)
+        ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def pr_curves_picture(probs: Tensor, targets: Tensor, names: list[str], result: dict, path: Path,
+                      most: int = 20) -> Path:
+    """Precision against recall of each class (up to ``most``: the weakest by AP), each labelled with its AP, and a
+    dot where its threshold puts it; torchmetrics' curves."""
+    from torchmetrics.functional.classification import multilabel_precision_recall_curve
+
+    plt = _plt()
+    per = result["per_class"]
+    shown = sorted(range(len(names)), key=lambda j: per[names[j]]["ap"])[:most]
+    precision, recall, cuts = multilabel_precision_recall_curve(probs, targets.long(), num_labels=len(names))
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    for j in shown:
+        line, = ax.plot(recall[j].numpy(), precision[j].numpy(), label=f"{names[j]} (AP {per[names[j]]['ap']:.3f})")
+        ax.plot([per[names[j]]["recall"]], [per[names[j]]["precision"]], "o", color=line.get_color())
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7, loc="lower left")
+    weakest = f", the {len(shown)} weakest" if len(shown) < len(names) else ""
+    ax.set_title(f"precision-recall by class{weakest} (dot: at its threshold); mAP {result['mAP']:.3f}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

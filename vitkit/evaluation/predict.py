@@ -8,6 +8,7 @@ import sys
 import torch
 from torch import Tensor
 
+from . import multilabel as ml
 from .metrics import Predictions, knn_top1, linear_probe_top1
 from .report import display_stats
 
@@ -45,17 +46,27 @@ def width(model, dm, ds, device: torch.device) -> int:
 
 
 @torch.no_grad()
-def predict(model, dm, ds, device: torch.device) -> Predictions:
-    """Softmax probabilities, labels and sources of every readable image of ``ds``; the most confident mistakes."""
+def predict(model, dm, ds, device: torch.device, thresholds: Tensor | None = None,
+            names: list[str] | None = None) -> Predictions:
+    """Softmax probabilities, labels and sources of every readable image of ``ds``; the most confident mistakes.
+    With a multi-label model's ``thresholds`` (and its class ``names``): a sigmoid per class, and multi-hot labels
+    (class indices become one-hot rows)."""
     mean, std = display_stats(dm)
     probs, labels, sources = [], [], []
     pred = Predictions(torch.empty(0), torch.empty(0, dtype=torch.long), [])
     for x, y, src in batches(dm, ds, device):
-        p = model(x).float().softmax(-1).cpu()
+        logits = model(x).float().cpu()
+        images = (x.float().cpu() * std + mean).clamp(0, 1)
+        if thresholds is None:
+            p, y = logits.softmax(-1), y.cpu()
+            pred.keep_mistakes(images, p, y)
+        else:
+            p = logits.sigmoid()
+            y = torch.nn.functional.one_hot(y.cpu(), p.shape[1]).float() if y.ndim == 1 else y.float().cpu()
+            ml.keep_mistakes(pred, images, p, y, thresholds, names)
         probs.append(p)
-        labels.append(y.cpu())
+        labels.append(y)
         sources += src
-        pred.keep_mistakes((x.float().cpu() * std + mean).clamp(0, 1), p, y.cpu())
     pred.probs, pred.labels, pred.sources = torch.cat(probs), torch.cat(labels), sources
     return pred
 

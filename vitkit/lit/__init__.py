@@ -5,7 +5,7 @@ from vitkit.data.text import Tokenizer
 
 from .callbacks import AtomicCheckpointIO, CSVLogger, ModelCheckpoint, TrainingCurves
 from .classifier import EMA, ImageClassifier
-from .data import DigitsDataModule, ImageFolderDataModule, UnlabeledImageDataModule
+from .data import DigitsDataModule, ImageFolderDataModule, ManifestDataModule, UnlabeledImageDataModule
 from .dino import DINOPretraining
 from .mim import MaskedImageModeling
 from .seq2seq import Seq2SeqModule
@@ -14,9 +14,9 @@ from .strategies import FSDP2Strategy
 from .text_data import OcrDigitsDataModule, Seq2SeqDataModule
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DigitsDataModule", "FSDP2Strategy",
-           "HFDataModule", "ImageClassifier", "ImageFolderDataModule", "MaskedImageModeling", "ModelCheckpoint",
-           "OcrDigitsDataModule", "Seq2SeqDataModule", "Seq2SeqModule", "StepsPerEpoch", "StreamingImageDataModule",
-           "Tokenizer", "TrainingCurves", "UnlabeledImageDataModule"]
+           "HFDataModule", "ImageClassifier", "ImageFolderDataModule", "ManifestDataModule", "MaskedImageModeling",
+           "ModelCheckpoint", "OcrDigitsDataModule", "Seq2SeqDataModule", "Seq2SeqModule", "StepsPerEpoch",
+           "StreamingImageDataModule", "Tokenizer", "TrainingCurves", "UnlabeledImageDataModule"]
 
 
 def __getattr__(name: str):

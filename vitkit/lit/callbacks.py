@@ -115,8 +115,8 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_fit_end(trainer, pl_module)
         probe = getattr(pl_module, "probe_baseline", None)
-        probe = (probe, getattr(pl_module, "probe_file", "")) if probe is not None and self.monitor == "val/top1" \
-            else None
+        probe = (probe, getattr(pl_module, "probe_file", "")) \
+            if probe is not None and self.monitor in ("val/top1", "val/mAP") else None
         if probe is not None and (self.best_model_score is None or probe[0] >= float(self.best_model_score)):
             self.best_model_path, self.best_model_score, self.best_epoch = probe[1], torch.tensor(probe[0]), None
         if trainer.is_global_zero and not trainer.fast_dev_run:
@@ -133,6 +133,11 @@ class ModelCheckpoint(_LightningModelCheckpoint):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.resolve_dirpath(trainer)
+        if self.monitor == "val/top1" and getattr(pl_module, "multi_label", False):  # a classifier recipe's
+            self.monitor = "val/mAP"
+            self.filename = (self.filename or "").replace("val/top1", "val/mAP") or None
+            rank_zero_info("checkpoints: several labels per image, so the best checkpoint is kept by val/mAP "
+                           "(the recipe names val/top1)")
         super().setup(trainer, pl_module, stage)
 
     def check_fresh(self, trainer: L.Trainer, ckpt_path: str | None) -> None:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
 import vitkit
+from vitkit.evaluation import multilabel as ml
 from vitkit.evaluation.metrics import Predictions, scores, summary
 from vitkit.evaluation.report import display_stats, write_report
 from vitkit.lora import DEFAULT_TARGETS, LoraSettings, add_lora
@@ -31,6 +32,16 @@ from .distill import (
     to_teacher,
 )
 from .hparams import gather_from_ranks, keep_own_hparams, record_config
+from .multilabel import (
+    CHECKPOINT_KEY,
+    MultiLabelLoss,
+    ValidationPredictions,
+    check_multi_label,
+    loss_of,
+    pos_weight_of,
+    soft_targets,
+)
+from .multilabel import metrics as multilabel_metrics
 from .probe import HeadNorm, fold_into_checkpoint, unfold_from_checkpoint
 from .small_data import fit_head, keep_what_trained, probe_path, suggest_small_data_recipe
 
@@ -74,7 +85,8 @@ class ImageClassifier(TrainingModule):
     with or without the CLI.
 
     The arguments come in groups, in this order: the model and its weights (``model_name`` to ``class_names``);
-    the recipe (``lr`` to ``compile``); then three modes, any of which a run may add: probing and small data
+    several labels per image (``multi_label`` to ``thresholds``); the recipe (``lr`` to ``compile``); then three
+    modes, any of which a run may add: probing and small data
     (``freeze_backbone``, ``head_norm``, ``head_init``), low-rank adapters (``lora_*``) and distillation from a
     teacher (``teacher``, ``distillation``, ``distill_*``).
 
@@ -93,6 +105,16 @@ class ImageClassifier(TrainingModule):
         img_size: input resolution (linked from the data module by the CLI); None keeps the preset's.
         model_overrides: any other config field of the preset, e.g. ``{"depth": 6, "drop_path_rate": 0.1}``.
         class_names: stored in the checkpoint for prediction (linked from the data module).
+        multi_label: several labels per image (``vitkit/lit/multilabel.py``): multi-hot targets (a
+            ``ManifestDataModule`` or ``HFDataModule`` gives them; class indices become one-hot rows), a sigmoid per
+            class, validation by mAP (``val/mAP``, ``val/mAP_micro``, ``val/f1``). ``label_smoothing`` moves each
+            target towards 0.5; mixup and cutmix mix the multi-hot rows.
+        multi_label_loss: ``bce`` (binary cross-entropy with logits, the mean over images and classes) or ``asl``
+            (the asymmetric loss, summed over classes).
+        pos_weight: weigh each class's positives by its negatives / positives in the training set.
+        thresholds: how each class's decision threshold is chosen on the validation predictions after each
+            validation (and kept in the checkpoint, exported models and ``vitkit predict``): ``per_class`` (maximum
+            F1 for each class), ``global`` (one threshold, maximum micro F1) or ``fixed`` (0.5).
         lr: peak learning rate (for the whole batch; the configs scale it as lr_base x batch / 512).
         min_lr: floor of the cosine.
         warmup_epochs: linear warmup length, stepped per optimizer step.
@@ -133,6 +155,10 @@ class ImageClassifier(TrainingModule):
         img_size: int | None = None,
         model_overrides: dict[str, Any] | None = None,
         class_names: list[str] | None = None,
+        multi_label: bool = False,
+        multi_label_loss: MultiLabelLoss = "bce",
+        pos_weight: bool = False,
+        thresholds: ml.ThresholdMode = "per_class",
         lr: float = 5e-4,
         weight_decay: float = 0.05,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -168,6 +194,7 @@ class ImageClassifier(TrainingModule):
         self.save_hyperparameters()
         keep_own_hparams(self)
         self.check_nonfinite(nonfinite_loss)
+        check_multi_label(multi_label, multi_label_loss, thresholds, teacher, distillation)
         self.distillation = check_distillation(distillation, teacher, distill_alpha, distill_tau)
         self.model = _build_model(model_name, pretrained, checkpoint, num_classes, img_size, model_overrides)
         self._adapt(LoraSettings(lora_rank, lora_alpha, lora_dropout, lora_targets or list(DEFAULT_TARGETS),
@@ -178,12 +205,26 @@ class ImageClassifier(TrainingModule):
         if self.distillation != "none":
             self._set_teacher(teacher, teacher_checkpoint)
         self.make_ema(ema_decay)
-        self.mixup = Mixup(mixup_alpha=mixup, cutmix_alpha=cutmix, prob=mixup_prob, switch_prob=mixup_switch_prob,
-                           label_smoothing=label_smoothing, num_classes=self.num_classes) \
-            if mixup > 0 or cutmix > 0 else None
-        self.metrics = nn.ModuleDict({
-            f"{split}_{k}": MulticlassAccuracy(self.num_classes, top_k=t, average="micro")
-            for split in ("val", "val_ema", "test") for k, t in (("top1", 1), ("top5", min(5, self.num_classes)))})
+        self._set_targets(multi_label)
+
+    def _set_targets(self, multi_label: bool) -> None:
+        """timm's Mixup (of class indices, or of multi-hot rows) and the metrics: top-1 and top-5, or for several
+        labels per image mAP, micro AP and F1 at the per-class thresholds."""
+        hp = self.hparams
+        self.mixup = Mixup(mixup_alpha=hp.mixup, cutmix_alpha=hp.cutmix, prob=hp.mixup_prob,
+                           switch_prob=hp.mixup_switch_prob, label_smoothing=hp.label_smoothing,
+                           num_classes=self.num_classes, multi_label=multi_label) \
+            if hp.mixup > 0 or hp.cutmix > 0 else None
+        self.multi_label = multi_label
+        if not multi_label:
+            self.metrics = nn.ModuleDict({
+                f"{split}_{k}": MulticlassAccuracy(self.num_classes, top_k=t, average="micro")
+                for split in ("val", "val_ema", "test") for k, t in (("top1", 1), ("top5", min(5, self.num_classes)))})
+            return
+        self.metrics = multilabel_metrics(self.num_classes)
+        self.register_buffer("thresholds", torch.full((self.num_classes,), 0.5), persistent=False)
+        self.pos_weight: Tensor | None = None
+        self._val_predictions = ValidationPredictions()
 
     def _adapt(self, lora: LoraSettings, head_init: str) -> None:
         """A frozen backbone, LoRA adapters (``vitkit/lora.py``) or the probe's head (``lit/small_data.py``), as the
@@ -219,6 +260,8 @@ class ImageClassifier(TrainingModule):
             checkpoint["probe_baseline"], checkpoint["probe_file"] = self.probe_baseline, self.probe_file
         if self.lora.rank:
             keep_what_trained(self, checkpoint)
+        if self.multi_label:
+            checkpoint[CHECKPOINT_KEY] = {"thresholds": self.thresholds.tolist(), "mode": self.hparams.thresholds}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
@@ -226,6 +269,8 @@ class ImageClassifier(TrainingModule):
             unfold_from_checkpoint(self.model, checkpoint)
         self.probe_baseline = checkpoint.get("probe_baseline", self.probe_baseline)
         self.probe_file = checkpoint.get("probe_file", self.probe_file)
+        if self.multi_label and CHECKPOINT_KEY in checkpoint:
+            self.thresholds.copy_(torch.tensor(checkpoint[CHECKPOINT_KEY]["thresholds"]))
         if self.lora.rank:  # the frozen backbone is this module's, read from the file the checkpoint names
             own = self.state_dict()
             checkpoint["state_dict"] = {**{k: v for k, v in own.items() if k not in checkpoint["state_dict"]},
@@ -253,6 +298,7 @@ class ImageClassifier(TrainingModule):
             self._fit_probe_head()
         elif self.hparams.head_init == "random":
             suggest_small_data_recipe(self, getattr(self.trainer, "datamodule", None))
+        self._check_targets(getattr(self.trainer, "datamodule", None))
         if self.hparams.freeze_backbone:
             _warn_whole_model_augmentation(self.hparams, getattr(self.trainer, "datamodule", None))
         if self._teacher is not None:  # the student's device and, for a *-true precision, its dtype
@@ -261,6 +307,14 @@ class ImageClassifier(TrainingModule):
             data_cfg = getattr(getattr(self.trainer, "datamodule", None), "data_cfg", None)
             if data_cfg is not None:  # the batch is normalised as the data module does it
                 self._student_prep.mean, self._student_prep.std = tuple(data_cfg.mean), tuple(data_cfg.std)
+
+    def _check_targets(self, dm) -> None:
+        """Multi-hot data needs ``multi_label``; with it, ``pos_weight`` is counted on the training set."""
+        if getattr(dm, "multi_label", False) and not self.multi_label:
+            raise ValueError(f"{dm.describe() if hasattr(dm, 'describe') else type(dm).__name__} gives several labels "
+                             "per image (multi-hot targets); train with --model.multi_label true")
+        if self.multi_label and self.hparams.pos_weight:
+            self.pos_weight = pos_weight_of(dm, self.num_classes).to(self.device)
 
     def _fit_probe_head(self) -> None:
         """``head_init="probe"``: the head fitted on the frozen features, its score logged and its model saved."""
@@ -271,8 +325,9 @@ class ImageClassifier(TrainingModule):
         path = probe_path(self.trainer)
         self.trainer.save_checkpoint(path)
         self.probe_file = str(path)
+        score = "val/mAP" if self.multi_label else "val/top1"
         rank_zero_info(f"probe: a logistic regression on the frozen features of {len(dm.train_set)} training "
-                       f"images, val/top1 {self.probe_baseline:.4f} (val/probe_baseline): {path}")
+                       f"images, {score} {self.probe_baseline:.4f} (val/probe_baseline): {path}")
 
     # -- a frozen backbone is an inference model: its drop path and dropout stay off --------------------------
 
@@ -300,6 +355,9 @@ class ImageClassifier(TrainingModule):
         return self._loss(*batch)
 
     def _loss(self, x: Tensor, y: Tensor) -> Tensor:
+        if self.multi_label:
+            target = soft_targets(self.mixup, x, self._multi_hot(y), self.num_classes, self.hparams.label_smoothing)
+            return loss_of(self.hparams.multi_label_loss, self(x), target, self.pos_weight)
         soft = self._mix(x, y) if self.mixup is not None else None  # with label smoothing; x is mixed in place
         out = self(x)
         logits, distilled = out if isinstance(out, tuple) else (out, out)  # DeiT's two heads, or the one
@@ -314,6 +372,10 @@ class ImageClassifier(TrainingModule):
         alpha = self.hparams.distill_alpha
         return (1 - alpha) * loss + alpha * distillation_loss(self.distillation, distilled, teacher,
                                                               self.hparams.distill_tau)
+
+    def _multi_hot(self, y: Tensor) -> Tensor:
+        """Multi-hot rows (N, C), from class indices where the data gives one label per image."""
+        return F.one_hot(y, self.num_classes).float() if y.ndim == 1 else y.float()
 
     def _mix(self, x: Tensor, y: Tensor) -> Tensor:
         """timm's Mixup/CutMix, which mixes a batch with its reverse and so takes even batches only. An odd batch
@@ -331,9 +393,14 @@ class ImageClassifier(TrainingModule):
 
     def on_validation_epoch_end(self) -> None:
         self._report_skipped("val")
+        if self.multi_label:  # every rank gathers the epoch's predictions and chooses the same thresholds
+            probs, targets = self._val_predictions.gathered(self.trainer)
+            if len(probs) and not self.trainer.sanity_checking:
+                self.thresholds.copy_(ml.choose_thresholds(probs, targets, self.hparams.thresholds))
 
     def on_test_epoch_start(self) -> None:
-        self._test_predictions = Predictions(torch.empty(0), torch.empty(0, dtype=torch.long), [])
+        self._test_predictions = ml.empty_predictions(self.num_classes) if self.multi_label else \
+            Predictions(torch.empty(0), torch.empty(0, dtype=torch.long), [])
 
     def on_test_epoch_end(self) -> None:
         self._report_skipped("test")
@@ -349,6 +416,8 @@ class ImageClassifier(TrainingModule):
         x, y = batch
         if len(y) == 0:  # every file of the batch was unreadable
             return None
+        if self.multi_label:
+            return self._evaluate_multi_label(x, self._multi_hot(y), split)
         logits = self(x)
         self.log(f"{split}/loss", F.cross_entropy(logits.float(), y), prog_bar=split == "val", sync_dist=True,
                  batch_size=x.shape[0])
@@ -362,6 +431,23 @@ class ImageClassifier(TrainingModule):
                 self.log(f"val/{k}_ema", self.metrics[f"val_ema_{k}"], batch_size=x.shape[0])
         return logits
 
+    def _evaluate_multi_label(self, x: Tensor, y: Tensor, split: str) -> Tensor:
+        """The BCE loss, mAP, micro AP and F1 at the current thresholds; the predictions kept for the thresholds."""
+        logits = self(x)
+        n = x.shape[0]
+        self.log(f"{split}/loss", F.binary_cross_entropy_with_logits(logits.float(), y), prog_bar=split == "val",
+                 sync_dist=True, batch_size=n)
+        runs = [("", logits)] + ([("_ema", self.ema(x))] if split == "val" and self.ema is not None else [])
+        for suffix, out in runs:
+            probs, key = out.float().sigmoid(), f"{split}{suffix}"
+            for name, value in (("mAP", probs), ("mAP_micro", probs), ("f1", ml.decide(probs, self.thresholds))):
+                self.metrics[f"{key}_{name}"](value, y.long())
+                self.log(f"{split}/{name}{suffix}", self.metrics[f"{key}_{name}"],
+                         prog_bar=name == "mAP" and not suffix, batch_size=n)
+        if split == "val":
+            self._val_predictions.add(logits, y)
+        return logits
+
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._evaluate(batch, "val")
 
@@ -372,7 +458,7 @@ class ImageClassifier(TrainingModule):
 
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        return self(x).softmax(dim=-1)
+        return self(x).sigmoid() if self.multi_label else self(x).softmax(dim=-1)
 
 
 # -- the report of `vitkit train test`: every rank's predictions, gathered, written as `vitkit evaluate` writes them
@@ -382,29 +468,50 @@ def collect(pred: Predictions, trainer: L.Trainer, batch: tuple[Tensor, Tensor],
             batch_idx: int) -> None:
     """One test batch's probabilities, labels and most confident mistakes, on this rank."""
     x, y = batch
-    p = logits.float().softmax(-1).detach().cpu()
+    module = trainer.lightning_module
+    multi = getattr(module, "multi_label", False)
+    p = (logits.float().sigmoid() if multi else logits.float().softmax(-1)).detach().cpu()
+    y = module._multi_hot(y).cpu() if multi else y.cpu()
     pred.probs = torch.cat([pred.probs.view(-1, p.shape[1]), p])
-    pred.labels = torch.cat([pred.labels, y.cpu()])
+    pred.labels = torch.cat([pred.labels, y])
     pred.sources += [f"rank {trainer.global_rank} batch {batch_idx} row {i}" for i in range(len(y))]
     mean, std = display_stats(trainer.datamodule)
-    pred.keep_mistakes((x.float().cpu() * std + mean).clamp(0, 1), p, y.cpu())
+    images = (x.float().cpu() * std + mean).clamp(0, 1)
+    if multi:
+        ml.keep_mistakes(pred, images, p, y, module.thresholds.cpu(), _names(module, p.shape[1]))
+    else:
+        pred.keep_mistakes(images, p, y)
+
+
+def _names(module: L.LightningModule, classes: int) -> list[str]:
+    return list(getattr(module.hparams, "class_names", None) or []) or \
+        list(getattr(module.model, "class_names", None) or []) or [str(i) for i in range(classes)]
 
 
 def write_test_report(module: L.LightningModule, pred: Predictions) -> dict[str, float]:
     """Every rank's test predictions together: the report of ``vitkit evaluate`` in ``<root>/evaluation`` (written
-    by rank 0), and the scores to log beside top-1 and top-5 (every rank has them)."""
+    by rank 0), and the scores to log beside top-1 and top-5, or mAP (every rank has them)."""
     trainer = module.trainer
     parts = gather_from_ranks(trainer, pred)
     if not any(len(p.labels) for p in parts):
         return {}
-    merged = Predictions(torch.cat([p.probs for p in parts if len(p.labels)]), torch.cat([p.labels for p in parts]),
-                         [s for p in parts for s in p.sources])
+    merged = Predictions(torch.cat([p.probs for p in parts if len(p.labels)]),
+                         torch.cat([p.labels for p in parts if len(p.labels)]), [s for p in parts for s in p.sources])
     merged.mistakes = sorted((m for p in parts for m in p.mistakes), key=lambda m: -m[0])[:len(pred.mistakes) or 16]
-    names = list(getattr(module.hparams, "class_names", None) or []) or \
-        list(getattr(module.model, "class_names", None) or []) or [str(i) for i in range(merged.probs.shape[1])]
-    if trainer.is_global_zero:
-        result = write_report(merged, names, Path(trainer.default_root_dir) / "evaluation")
-        print(f"test report -> {Path(trainer.default_root_dir) / 'evaluation'}\n{summary(result)}")
+    names = _names(module, merged.probs.shape[1])
+    multi = getattr(module, "multi_label", False)
+    out = Path(trainer.default_root_dir) / "evaluation"
+    if multi:
+        thresholds = module.thresholds.cpu()
+        result = ml.write_multilabel_report(merged, names, thresholds, out) if trainer.is_global_zero else \
+            ml.multilabel_scores(merged.probs, merged.labels, names, thresholds)
+        text = ml.multilabel_summary(result)
     else:
-        result = scores(merged.probs, merged.labels, names)
+        result = write_report(merged, names, out) if trainer.is_global_zero else \
+            scores(merged.probs, merged.labels, names)
+        text = summary(result)
+    if trainer.is_global_zero:
+        print(f"test report -> {out}\n{text}")
+    if multi:
+        return {"micro_f1": result["micro"]["f1"], "macro_f1": result["macro"]["f1"]}
     return {"ece": result["ece"], "macro_f1": result["macro"]["f1"], "weighted_f1": result["weighted"]["f1"]}

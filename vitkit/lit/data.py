@@ -22,6 +22,7 @@ from vitkit.data.folder import (
     scan_image_folder,
     scan_unlabeled,
 )
+from vitkit.data.manifest import ManifestImages, check_rows, read_manifest, targets
 from vitkit.data.transforms import (
     TRAIN_AUGMENT,
     data_config,
@@ -244,7 +245,8 @@ class _SkippingImages(_TrainValLoaders):
         self.seen[split] += 0 if x is None else len(x)
         if x is None:
             x = torch.empty(0, self.data_cfg.in_chans, self.data_cfg.img_size, self.data_cfg.img_size)
-            y = torch.empty(0, dtype=torch.long)
+            y = torch.empty(0, self.num_classes) if getattr(self, "multi_label", False) else \
+                torch.empty(0, dtype=torch.long)
         elif x.dtype == torch.uint8:
             x = device_batch(x, self.data_cfg, self.augmentation()["re_prob"] if split == "train" else 0.0)
         return x, y
@@ -363,3 +365,66 @@ class UnlabeledImageDataModule(_SkippingImages):
 
     def split_location(self, split: str) -> str:
         return f"{self.root} ({split})"
+
+
+class ManifestDataModule(_SkippingImages):
+    """Images listed in manifests (``vitkit/data/manifest.py``): a CSV with a header, or JSON lines, with an
+    ``image`` column (a path relative to the manifest) and a ``labels`` column (one or several class names,
+    separated by ``label_separator``; a JSON-lines row may give a list). Transforms and unreadable-file skipping as
+    :class:`ImageFolderDataModule`'s.
+
+    ``classes``: the class list, in order; by default the sorted names the training manifest uses. ``multi_label``:
+    several labels per image (multi-hot targets, for ``--model.multi_label true``, which the CLI links); by default
+    true where a training row has more than one label. A single-label manifest gives class indices, as a folder
+    does. A label outside the classes, an empty path, a missing file, or a single-label row without one label ends
+    in one line naming the row and the file."""
+
+    sets_up_locally = True
+
+    def __init__(self, train_manifest: str, val_manifest: str, test_manifest: str | None = None,
+                 image_column: str = "image", label_column: str = "labels", label_separator: str = " ",
+                 classes: list[str] | None = None, multi_label: bool | None = None, decoder: Decoder = "pil",
+                 **image_args) -> None:
+        super().__init__(**image_args)
+        if not label_separator:
+            raise ValueError("label_separator must not be empty (a space by default)")
+        read = dict(image_column=image_column, label_column=label_column, separator=label_separator)
+        self.manifests = {"train": read_manifest(train_manifest, **read), "val": read_manifest(val_manifest, **read)}
+        if test_manifest:
+            self.manifests["test"] = read_manifest(test_manifest, **read)
+        train = self.manifests["train"]
+        for hp in (self.hparams, self._hparams_initial):  # the module's multi_label is the run's (Lightning merges
+            hp.pop("multi_label")                         # the two into one record); the data's says what it holds
+        self.multi_label = bool(multi_label) if multi_label is not None else \
+            any(len(row) > 1 for row in train.labels)
+        self.classes = list(classes) if classes else train.names()
+        if not self.classes:
+            raise ValueError(f"{train.path}: no row has a label, and no --data.classes were given")
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError(f"--data.classes names a class twice: {self.classes}")
+        for manifest in self.manifests.values():
+            check_rows(manifest, self.classes, self.multi_label)
+        self.num_classes = len(self.classes)
+
+    def setup(self, stage: str | None = None) -> None:
+        self.reset_counts()
+        if hasattr(self, "train_set"):
+            return
+        sets = {}
+        for split, manifest in self.manifests.items():
+            transform = self.train_transform() if split == "train" else eval_transform(self.data_cfg)
+            sets[split] = ManifestImages(manifest.images, targets(manifest, self.classes, self.multi_label),
+                                         transform, self.hparams.decoder)
+        self.train_set, self.val_set, self.test_set = sets["train"], sets["val"], sets.get("test")
+
+    def label_counts(self) -> tuple[torch.Tensor, int]:
+        """How many training images carry each class (C,), and how many there are (for BCE's ``pos_weight``)."""
+        t = targets(self.manifests["train"], self.classes, self.multi_label)
+        counts = t.sum(0) if self.multi_label else torch.bincount(t, minlength=self.num_classes).float()
+        return counts, len(t)
+
+    def describe(self) -> str:
+        return ", ".join(str(m.path) for m in self.manifests.values())
+
+    def split_location(self, split: str) -> str:
+        return str(self.manifests[split].path)

@@ -23,6 +23,7 @@ from vitkit.data.hf import (
     class_names,
     find_columns,
     label_index,
+    multi_label,
     open_dataset,
 )
 from vitkit.data.transforms import eval_transform
@@ -39,10 +40,13 @@ class HFDataModule(RankPositions, _SkippingImages):
     ``data_files`` are local parquet, arrow, imagefolder or webdataset files. The cache (``HF_DATASETS_CACHE``)
     answers first, without a network call.
 
-    Columns: the one ``Image`` and the one ``ClassLabel`` column unless named; a label column of strings maps to
-    the sorted class names (``classes`` gives them for a stream). Splits: ``train_split`` / ``val_split`` /
-    ``test_split``; without a validation split, ``val_fraction`` of train is held out by ``seed``, the same on
-    every rank and run. ``streaming``: an iterable dataset with a ``shuffle_buffer``, split by node and worker."""
+    Columns: the one ``Image`` and the one ``ClassLabel`` (or list of ClassLabels) column unless named; a label
+    column of strings maps to the sorted class names (``classes`` gives them for a stream). A list column gives
+    several labels per image (``multi_label``: multi-hot targets, for ``--model.multi_label true``): a
+    ``Sequence(ClassLabel)``, lists of class names or indices, or a fixed-length multi-hot list. Splits:
+    ``train_split`` / ``val_split`` / ``test_split``; without a validation split, ``val_fraction`` of train is
+    held out by ``seed``, the same on every rank and run. ``streaming``: an iterable dataset with a
+    ``shuffle_buffer``, split by node and worker."""
 
     def __init__(self, name: str | None = None, data_files: Any = None, config_name: str | None = None,
                  revision: str | None = None, image_column: str | None = None, label_column: str | None = None,
@@ -78,11 +82,28 @@ class HFDataModule(RankPositions, _SkippingImages):
         self.image_column, self.label_column = find_columns(train.features, image_column, label_column, self.where)
         self.classes = class_names(train, self.label_column, classes, self.where)
         self.num_classes = len(self.classes)
+        self.multi_label = multi_label(train.features[self.label_column])  # multi-hot targets
         if not streaming and len(train) == 0:
             raise ValueError(f"{self.where}: the split {train_split!r} has no rows")
 
     def describe(self) -> str:
         return self.where
+
+    def label_counts(self) -> tuple[torch.Tensor, int]:
+        """How many training rows carry each class (C,), and how many there are (for BCE's ``pos_weight``)."""
+        if self.hparams.streaming:
+            raise ValueError(f"{self.where}: pos_weight counts the labels of every training row, which a stream "
+                             "cannot be read through for; leave pos_weight off")
+        if not hasattr(self, "train_set"):
+            self.setup("fit")
+        column = self.train_set.ds[self.label_column]
+        to_target = self.train_set.to_index
+        counts = torch.zeros(self.num_classes)
+        for value in column:
+            target = to_target(value)
+            counts += target if self.multi_label else torch.nn.functional.one_hot(
+                torch.tensor(target), self.num_classes).float()
+        return counts, len(column)
 
     def split_location(self, split: str) -> str:
         return f"{self.where} ({split})"

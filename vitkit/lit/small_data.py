@@ -21,7 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from vitkit.data.transforms import eval_transform
-from vitkit.evaluation.metrics import fit_linear_probe
+from vitkit.evaluation.metrics import fit_linear_probe, fit_multilabel_probe
 from vitkit.evaluation.predict import pooled_features as backbone_features
 
 PROBE_FILE = "probe.ckpt"
@@ -49,14 +49,18 @@ def pooled_features(model: nn.Module, dm: L.LightningDataModule, ds, device: tor
 
 
 def fit_head(model: nn.Module, dm: L.LightningDataModule, device: torch.device) -> float:
-    """Fit ``model``'s linear head on the frozen features of ``dm``'s training images; returns its validation top-1."""
+    """Fit ``model``'s linear head on the frozen features of ``dm``'s training images; returns its validation top-1
+    (mAP for multi-hot targets)."""
     head = model.get_classifier()
     if not isinstance(head, nn.Linear) or getattr(model, "head_dist", None) is not None:
         raise ValueError("head_init 'probe' takes a model with one linear head")
     train_view, val = eval_views(dm)
     train, train_y = pooled_features(model, dm, train_view, device)
     val_x, val_y = pooled_features(model, dm, val, device)
-    weight, bias, top1 = fit_linear_probe(train, train_y, val_x, val_y, head.out_features)
+    if train_y.ndim == 2:  # multi-hot targets: one regression per class, scored by mAP
+        weight, bias, top1 = fit_multilabel_probe(train, train_y, val_x, val_y)
+    else:
+        weight, bias, top1 = fit_linear_probe(train, train_y, val_x, val_y, head.out_features)
     with torch.no_grad():
         head.weight.copy_(weight.to(head.weight))
         head.bias.copy_(bias.to(head.bias))

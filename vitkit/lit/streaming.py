@@ -41,6 +41,13 @@ class StreamingImageDataModule(RankPositions, _SkippingImages):
         self.info = read_dataset_info(self.root)
         self.classes = self.info["classes"]
         self.num_classes = len(self.classes)
+        self.multi_label = bool(self.info.get("multi_label", False))  # multi-hot targets (from manifests)
+
+    def label_counts(self) -> tuple[torch.Tensor, int]:
+        """How many training samples carry each class, as the conversion counted them (for ``pos_weight``)."""
+        if "label_counts" not in self.info:
+            raise ValueError(f"{self.root} records no label counts (a single-label conversion); leave pos_weight off")
+        return torch.tensor(self.info["label_counts"], dtype=torch.float32), self.info["splits"]["train"]["samples"]
 
     def split_location(self, split: str) -> str:
         return self.root.rstrip("/") + "/" + split

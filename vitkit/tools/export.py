@@ -71,7 +71,14 @@ def metadata(model: nn.Module, dynamic_size: bool) -> dict[str, str]:
             "vitkit.min_size": json.dumps(list(min_size(model)) if dynamic_size else [h, w]),
             "vitkit.mean": json.dumps(list(cfg.mean)), "vitkit.std": json.dumps(list(cfg.std)),
             "vitkit.crop_pct": json.dumps(cfg.crop_pct), "vitkit.interpolation": cfg.interpolation,
-            "vitkit.labels": json.dumps(getattr(model, "class_names", None))}
+            "vitkit.labels": json.dumps(getattr(model, "class_names", None)),
+            "vitkit.thresholds": json.dumps(_thresholds(model))}
+
+
+def _thresholds(model: nn.Module) -> list[float] | None:
+    """A multi-label classifier's thresholds (its outputs are sigmoids, one per class), or None (a softmax)."""
+    values = getattr(model, "thresholds", None)
+    return None if values is None else [float(t) for t in values]
 
 
 def _is_swin(model: nn.Module) -> bool:
@@ -260,6 +267,8 @@ _METADATA = {
     "crop_pct": (lambda v: _numbers([v]) and 0 < v <= 1, "a number in (0, 1]"),
     "labels": (lambda v: v is None or isinstance(v, list) and all(isinstance(x, str) for x in v),
                "null or a list of strings"),
+    "thresholds": (lambda v: v is None or _numbers(v) and all(0 <= x <= 1 for x in v),
+                   "null or a list of numbers in [0, 1]"),
 }
 
 
@@ -319,6 +328,11 @@ class OnnxModel:
     @property
     def labels(self) -> list[str] | None:
         return self.meta.get("labels")
+
+    @property
+    def thresholds(self) -> list[float] | None:
+        """A multi-label classifier's per-class thresholds (its outputs take a sigmoid each), or None."""
+        return self.meta.get("thresholds")
 
     def expected(self) -> str:
         c, h, w = self.meta.get("input_size", [None, None, None])
