@@ -16,6 +16,7 @@ CODE = ("import json, os, sys; print(json.dumps(dict(cwd=os.getcwd(), marker=os.
 TESTS = str(Path(forkserver.__file__).resolve().parent)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(forkserver.DISABLED, reason="VITKIT_TEST_FORKSERVER=0: every process a fresh interpreter")
 def test_a_process_is_forked_after_torch_compiled_and_runs_as_python_would(tmp_path):
     """The server that imported vitkit (most tests' processes). The other two are checked by their users: the

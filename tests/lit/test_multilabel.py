@@ -187,6 +187,7 @@ def test_mixup_mixes_the_multi_hot_rows_as_it_mixes_the_images():
     assert torch.allclose(smoothed, y * 0.8 + 0.1)  # towards 0.5, as timm smooths dense targets
 
 
+@pytest.mark.slow
 def test_asl_pos_weight_mixup_and_cutmix_train(small, tmp_path):
     train, val = small
     cli = cli_main(_train_args(train, val, tmp_path, SMALL, "--model.multi_label_loss", "asl", "--model.pos_weight",
@@ -341,6 +342,7 @@ def test_an_onnx_export_and_a_converted_folder_keep_the_thresholds_and_predict_t
 TINY_SWIN = {"embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "window_size": 2, "patch_size": 4}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["swin", "vit_lora_probe"])
 def test_swin_and_lora_with_the_probe_first_head_train_on_several_labels(family, small, tmp_path):
     """Swin, and a ViT backbone file fine-tuned by LoRA from the probe-first head (one logistic regression per class,
