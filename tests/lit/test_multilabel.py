@@ -307,6 +307,13 @@ def test_evaluate_writes_scikit_learns_map_and_predict_prints_the_labels_above_t
     decided = [" ".join(n for n, on in zip(names, row >= thresholds, strict=True) if on) or "-" for row in p]
     assert [r["predicted"] for r in rows] == decided
     assert metrics["micro"]["f1"] == pytest.approx(f1_score(y, p >= thresholds, average="micro"), abs=1e-4)
+    again = tmp_path / "global"  # thresholds chosen on demand, on the evaluated split
+    status, _ = run_cli(["evaluate", "--checkpoint", str(learned["ckpt"]), "--data", "vitkit.lit.ManifestDataModule",
+                         "--data.train_manifest", str(learned["train"]), "--data.val_manifest", str(learned["val"]),
+                         "--data.num_workers", "0", "--thresholds", "global", "-o", str(again)], capsys)
+    chosen = json.loads((again / "metrics.json").read_text())["thresholds"]
+    assert status == 0 and chosen == pytest.approx(choose_thresholds(torch.from_numpy(p), torch.from_numpy(y),
+                                                                     "global").tolist(), abs=1e-4)
     images = [r["source"] for r in rows[:8]]
     printed = _printed(["predict", "--checkpoint", str(learned["ckpt"]), *images], capsys)
     assert len(printed) == 8

@@ -16,7 +16,7 @@ import torch
 from jsonargparse import ArgumentParser
 
 from vitkit.evaluation.metrics import summary
-from vitkit.evaluation.multilabel import multilabel_summary, write_multilabel_report
+from vitkit.evaluation.multilabel import THRESHOLD_MODES, choose_thresholds, multilabel_summary, write_multilabel_report
 from vitkit.evaluation.predict import backbone_scores, predict, width
 from vitkit.evaluation.report import write_backbone_report, write_report
 
@@ -59,6 +59,9 @@ def parser() -> ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.07)
     p.add_argument("--token-merging", type=int, default=0, help="ToMe: merge R tokens per block")
     p.add_argument("--topk", type=int, default=5, help="classes per row of predictions.csv")
+    p.add_argument("--thresholds", type=str | None, default=None, help="a multi-label model: per_class, global or "
+                   "fixed: choose the thresholds on this split (maximum F1; fixed: 0.5) instead of the model's own, "
+                   "and score with them (metrics.json holds them)")
     p.add_argument("--device", type=str, default="auto")
     p.add_argument("--precision", type=str, default="32-true", help="32-true, or bf16-mixed (bf16 autocast: what a "
                    "run trained with --trainer.precision bf16-mixed validated with; float32 scores differ slightly)")
@@ -123,7 +126,15 @@ def main(argv: list[str]) -> int:
     if getattr(dm, "multi_label", False) and thresholds is None:
         raise ValueError(f"{dm.describe()} gives several labels per image, and the model is a single-label "
                          "classifier (a softmax over its classes): evaluate a model trained with --model.multi_label")
+    if cfg.thresholds is not None and (thresholds is None or cfg.thresholds not in THRESHOLD_MODES):
+        p.error(f"--thresholds expects one of {', '.join(THRESHOLD_MODES)}, for a multi-label model; got "
+                f"{cfg.thresholds!r}" + ("" if thresholds is not None else " for a single-label model"))
     pred = predict(model, dm, ds, device, thresholds, names)
+    if cfg.thresholds is not None:  # chosen on this split; the mistakes are those at the new thresholds
+        thresholds = choose_thresholds(pred.probs, pred.labels, cfg.thresholds)
+        if hasattr(dm, "reset_counts"):
+            dm.reset_counts()
+        pred = predict(model, dm, ds, device, thresholds, names)
     skipped = sum(getattr(dm, "skipped", {}).values())  # unreadable images, counted by the data module
     extra = {"skipped": skipped, "split": split}
     if thresholds is not None:
