@@ -239,13 +239,14 @@ def test_hugging_face_lists_and_shards_give_the_manifests_targets(small, tmp_pat
         assert got == expected, form
         counts, n = dm.label_counts()
         assert n == 64 and counts.tolist() == np.sum(list(expected.values()), axis=0).tolist()
-    prepare_data(train.parent, tmp_path / "shards", workers=1)
-    dm = StreamingImageDataModule(str(tmp_path / "shards"), img_size=32)
-    dm.setup("fit")
-    assert dm.multi_label and dm.classes == names
-    got = sorted(y.tolist() for _, y in dm.train_set)
-    assert got == sorted(expected.values())
-    assert dm.label_counts()[0].tolist() == np.sum(list(expected.values()), axis=0).tolist()
+    for source in (train.parent, tmp_path / "Sequence(ClassLabel)"):  # the manifests' folder, save_to_disk's
+        prepare_data(source, tmp_path / "shards" / source.name, workers=1)
+        dm = StreamingImageDataModule(str(tmp_path / "shards" / source.name), img_size=32)
+        dm.setup("fit")
+        assert dm.multi_label and dm.classes == names
+        got = sorted(y.tolist() for _, y in dm.train_set)
+        assert got == sorted(expected.values())
+        assert dm.label_counts()[0].tolist() == np.sum(list(expected.values()), axis=0).tolist()
 
 
 # -- learning, and the thresholds after it ----------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""ImageNet-layout folders, or manifests (``vitkit/data/manifest.py``), as litdata shards: the conversion (``vitkit
-prepare-data``) and the dataset's marker.
+"""ImageNet-layout folders, manifests (``vitkit/data/manifest.py``) or Hugging Face datasets as litdata shards: the
+conversion (``vitkit prepare-data``) and the dataset's marker.
 
 A converted dataset is a folder with one litdata dataset per split (``OUT/train``, ``OUT/val``, optionally
 ``OUT/test``) and ``OUT/vitkit_dataset.json``, written last: a folder without it is an unfinished
@@ -45,14 +45,14 @@ log = logging.getLogger(__name__)
 
 # -- conversion ------------------------------------------------------------------------------------------
 
-def _convert_one(item: list, root: str, skipped_log: str) -> dict | None:
-    """One file -> one sample; an unreadable file gives None (litdata writes nothing for it) and a line in
-    the split's list of skipped files."""
+def _convert_one(item: list, root: str, skipped_log: str, dataset: str | None = None) -> dict | None:
+    """One file (or a Hugging Face ``dataset``'s row, ``split#index``) -> one sample; an unreadable file gives None
+    (litdata writes nothing for it) and a line in the split's list of skipped files."""
     rel, label, name = item
     if isinstance(label, list):  # several labels: a multi-hot row, one fixed-size field for litdata
         label = np.asarray(label, dtype=np.uint8)
     try:
-        data = (Path(root) / rel).read_bytes()
+        data = _row_bytes(dataset, rel) if dataset is not None else (Path(root) / rel).read_bytes()
         decode(data)  # the whole file decodes, so the shards hold only readable images
     except Exception as e:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...
         with open(skipped_log, "a") as f:  # one short line per write: appends from workers do not interleave
@@ -68,6 +68,60 @@ def _split_inputs(root: Path, split: str, classes: list[str], seed: int) -> list
     items = [[str(f.relative_to(root)), i, c] for i, c in enumerate(classes) for f in _image_files(root / split / c)]
     order = np.random.default_rng([seed, zlib.crc32(split.encode())]).permutation(len(items))
     return [items[k] for k in order]
+
+
+_OPENED: dict[str, dict] = {}  # a Hugging Face dataset's splits, opened once per conversion worker
+
+
+def _row_bytes(dataset: tuple[str, str], row: str) -> bytes:
+    """The encoded image of row ``split#index`` of a Hugging Face dataset (its name or folder, its image column),
+    as stored: its bytes, or the file its path names."""
+    from .hf import open_dataset, undecoded
+
+    name, column = dataset
+    if name not in _OPENED:
+        _OPENED.clear()
+        _OPENED[name] = {k: undecoded(v, column) for k, v in open_dataset(name).items()}
+    split, _, index = row.rpartition("#")
+    value = _OPENED[name][split][int(index)][column]
+    if isinstance(value, dict):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, str):
+        return Path(value).read_bytes()
+    if not isinstance(value, (bytes, bytearray)):
+        raise OSError("the row has no image bytes and no path")
+    return bytes(value)
+
+
+def _dataset_inputs(name: str, splits: tuple[str, ...], seed: int, image_column: str | None,
+                    label_column: str | None) -> tuple[list[str], bool, dict[str, list[list]], tuple[str, str]]:
+    """A Hugging Face dataset's (classes, several labels per image, ["split#index", label, names] per row of each
+    split in a seeded order, (name, image column)); its validation split may be named val or valid."""
+    from .hf import class_names, find_columns, label_index, multi_label, open_dataset
+
+    opened = open_dataset(name)
+    names = {"train": ["train"], "val": ["validation", "val", "valid"], "test": ["test"]}
+    found = {s: next((k for k in names[s] if k in opened), None) for s in splits}
+    if found.get("train") is None or found.get("val") is None:
+        raise ValueError(f"{name}: expected a train and a validation split, its splits are {', '.join(opened)}")
+    train = opened[found["train"]]
+    image_column, label_column = find_columns(train.features, image_column, label_column, name)
+    classes = class_names(train, label_column, None, name)
+    feature = train.features[label_column]
+    multi, to_target = multi_label(feature), label_index(feature, classes)
+    inputs = {}
+    for split, key in found.items():
+        if key is None:
+            continue
+        items = []
+        for i, value in enumerate(opened[key][label_column]):
+            target = to_target(value)
+            label = [int(v) for v in target.tolist()] if multi else int(target)
+            shown = " ".join(classes[j] for j, on in enumerate(label) if on) if multi else classes[label]
+            items.append([f"{key}#{i}", label, shown])
+        order = np.random.default_rng([seed, zlib.crc32(split.encode())]).permutation(len(items))
+        inputs[split] = [items[k] for k in order]
+    return classes, multi, inputs, (name, image_column)
 
 
 def find_manifests(root: Path, splits: tuple[str, ...]) -> dict[str, Path]:
@@ -97,42 +151,51 @@ def _manifest_inputs(manifests: dict[str, Path], seed: int) -> tuple[list[str], 
     return classes, multi, inputs
 
 
-def _conversion_inputs(root: Path, splits: tuple[str, ...], seed: int) -> tuple[list[str], bool, dict[str, list]]:
-    """(classes, several labels per image, each split's [path, label, name] rows in their seeded order), from
-    class folders or from manifests."""
+def _conversion_inputs(source: str | Path, splits: tuple[str, ...], seed: int, image_column: str | None,
+                       label_column: str | None) -> tuple[str, list[str], bool, dict[str, list], tuple | None]:
+    """(the source as recorded, classes, several labels per image, each split's [path, label, name] rows in their
+    seeded order, a Hugging Face dataset's (name, image column) or None), from class folders, manifests, a folder
+    written by ``datasets``' ``save_to_disk`` or ``hf:NAME`` (a hub dataset in the cache)."""
+    text = str(source)
+    root = Path(text).expanduser().resolve()
+    if text.startswith("hf:") or (root / "dataset_dict.json").is_file():
+        name = text[3:] if text.startswith("hf:") else str(root)
+        classes, multi, inputs, dataset = _dataset_inputs(name, splits, seed, image_column, label_column)
+        return name, classes, multi, inputs, dataset
     manifests = find_manifests(root, splits) if root.is_dir() else {}
     if not manifests:
         present = [s for s in splits if (root / s).is_dir()]
         classes = scan_image_folder(root, "train", "val", "test" if "test" in present else None)
-        return classes, False, {s: _split_inputs(root, s, classes, seed) for s in present}
+        return str(root), classes, False, {s: _split_inputs(root, s, classes, seed) for s in present}, None
     if "train" not in manifests or "val" not in manifests:
         raise FileNotFoundError(f"{root} has no train/ folder, and manifests for {', '.join(manifests)} only; "
                                 "expected train.csv and val.csv (or .jsonl)")
-    return _manifest_inputs(manifests, seed)
+    return (str(root), *_manifest_inputs(manifests, seed), None)
 
 
 def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = None, chunk_bytes: str = "64MB",
-                 overwrite: bool = False, splits: tuple[str, ...] = ("train", "val", "test"),
-                 seed: int = 0) -> dict[str, Any]:
+                 overwrite: bool = False, splits: tuple[str, ...] = ("train", "val", "test"), seed: int = 0,
+                 image_column: str | None = None, label_column: str | None = None) -> dict[str, Any]:
     """Convert ``root/{train,val[,test]}/<class>/<images>`` (or ``root/{train,val[,test]}.csv`` manifests, one label
-    or several per image) into litdata shards under ``out``, each split written in a random order drawn from
-    ``seed`` (see the module docstring for why).
+    or several per image; or a Hugging Face dataset: a ``save_to_disk`` folder, or ``hf:NAME`` from the cache, its
+    columns found as ``HFDataModule`` finds them) into litdata shards under ``out``, each split written in a random
+    order drawn from ``seed`` (see the module docstring for why).
 
     Re-running on the same ``out`` resumes: complete splits are kept, an interrupted split continues from
     litdata's checkpoints. A finished ``out`` (or one started from other files) is refused unless
     ``overwrite``. Returns what ``vitkit_dataset.json`` records."""
     import litdata
 
-    root, out = Path(root).expanduser().resolve(), Path(out).expanduser().resolve()
-    classes, multi, inputs = _conversion_inputs(root, splits, seed)
-    started = {"format": FORMAT, "root": str(root), "classes": classes, "seed": seed,
+    out = Path(out).expanduser().resolve()
+    root, classes, multi, inputs, dataset = _conversion_inputs(root, splits, seed, image_column, label_column)
+    started = {"format": FORMAT, "root": root, "classes": classes, "seed": seed,
                "files": {s: [rel for rel, _, _ in items] for s, items in inputs.items()}}
     workers = _check_output(out, started, workers, overwrite)
     workers = workers or os.cpu_count() or 1
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / INPUTS, {**started, "workers": workers})
 
-    summary: dict[str, Any] = {"format": FORMAT, "root": str(root), "classes": classes, "order": "shuffled",
+    summary: dict[str, Any] = {"format": FORMAT, "root": root, "classes": classes, "order": "shuffled",
                                "seed": seed, "splits": {}, "multi_label": multi}
     if multi:  # for pos_weight, which a stream cannot count
         summary["label_counts"] = np.sum([label for _, label, _ in inputs["train"]], axis=0).tolist()
@@ -145,7 +208,7 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
             log.info("%s: converting %d files with %d workers", split, len(items), workers)
             start_method = multiprocessing.get_start_method()
             try:
-                litdata.optimize(fn=partial(_convert_one, root=str(root), skipped_log=str(skipped_log)),
+                litdata.optimize(fn=partial(_convert_one, root=root, skipped_log=str(skipped_log), dataset=dataset),
                                  inputs=items, output_dir=str(dest), chunk_bytes=chunk_bytes, num_workers=workers,
                                  use_checkpoint=True, verbose=True, start_method=START_METHOD)
             finally:  # litdata switches the whole process to spawn; data loaders started later expect the default
