@@ -2,6 +2,7 @@
 sizes, every distinct ViT variant among the presets), the metadata round trip, the .pt2 round trip, clear
 errors, and the command line (export, then predict --onnx prints what the PyTorch path prints)."""
 
+import json
 from dataclasses import fields
 
 import numpy as np
@@ -10,7 +11,15 @@ import torch
 
 import vitkit
 from vitkit import family
-from vitkit.tools.export import ExportError, OnnxModel, export_onnx, export_program, min_size
+from vitkit.tools.export import (
+    ExportError,
+    OnnxModel,
+    export_onnx,
+    export_program,
+    metadata,
+    min_size,
+    read_program_metadata,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -113,6 +122,10 @@ def test_torch_export_program_loads_back_with_the_same_logits(tmp_path):
             torch.testing.assert_close(loaded(x), m(x), atol=1e-5, rtol=0)
     with pytest.raises(AssertionError, match=r"x.size\(\)\[2\] >= 5"):  # below one window per stage
         loaded(torch.randn(1, 3, 4, 32))
+    meta = read_program_metadata(tmp_path / "m.pt2")  # the ONNX file's metadata, beside the program
+    assert meta["input_size"] == [3, 32, 32] and meta["mean"] == list(m.cfg.mean) and meta["thresholds"] is None
+    m.thresholds, m.class_names = [0.3, 0.4, 0.5, 0.6], list("abcd")  # a multi-label classifier's, as both write it
+    assert json.loads(metadata(m, True)["vitkit.thresholds"]) == [0.3, 0.4, 0.5, 0.6]
 
 
 def test_wrong_input_and_unsupported_models_get_named_errors(tmp_path):

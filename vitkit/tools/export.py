@@ -227,7 +227,9 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool
 
 def export_program(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool | None = None,
                    atol: float = ATOL) -> ExportReport:
-    """Write ``model`` as a ``torch.export`` ExportedProgram (.pt2); check that it loads back and agrees."""
+    """Write ``model`` as a ``torch.export`` ExportedProgram (.pt2), with the ONNX export's metadata (preprocessing,
+    labels, a multi-label model's thresholds) as the extra file ``vitkit.json``; check that it loads back and
+    agrees."""
     m, dynamic_size, dims, dynamic, x = _example(model, dynamic_size)
     try:
         with _tracing(m, dynamic_size):
@@ -237,13 +239,23 @@ def export_program(model: nn.Module, path: str | os.PathLike, *, dynamic_size: b
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.pt2")  # torch.export.save wants the .pt2 ending
-    torch.export.save(program, str(tmp))
+    torch.export.save(program, str(tmp), extra_files={PROGRAM_METADATA: json.dumps(metadata(m, dynamic_size))})
     report = ExportReport(str(path), "torch-export", m.name, tuple(x.shape), dynamic)
     loaded = torch.export.load(str(tmp)).module()
     with torch.no_grad():
         for xi in _check_inputs(m, dynamic_size):
             report.checks.append((tuple(xi.shape), float((loaded(xi) - m(xi)).abs().max())))
     return _accept(report, tmp, atol, f"exporting {model.name}: the loaded program and the model")
+
+
+PROGRAM_METADATA = "vitkit.json"  # a .pt2's extra file: metadata() of the model, as in an ONNX file
+
+
+def read_program_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``vitkit.*`` metadata of a .pt2 written by :func:`export_program`, checked as an ONNX file's."""
+    files = {PROGRAM_METADATA: ""}
+    torch.export.load(str(path), extra_files=files)
+    return _read_metadata(str(path), json.loads(files[PROGRAM_METADATA] or "{}"))
 
 
 def _accept(report: ExportReport, tmp: Path, atol: float, what: str) -> ExportReport:
