@@ -294,11 +294,11 @@ class ImageClassifier(TrainingModule):
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
+        self._check_targets(getattr(self.trainer, "datamodule", None))
         if self.hparams.head_init == "probe" and self.trainer.ckpt_path is None and not self.trainer.fast_dev_run:
             self._fit_probe_head()
         elif self.hparams.head_init == "random":
             suggest_small_data_recipe(self, getattr(self.trainer, "datamodule", None))
-        self._check_targets(getattr(self.trainer, "datamodule", None))
         if self.hparams.freeze_backbone:
             _warn_whole_model_augmentation(self.hparams, getattr(self.trainer, "datamodule", None))
         if self._teacher is not None:  # the student's device and, for a *-true precision, its dtype
