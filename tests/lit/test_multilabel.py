@@ -87,8 +87,8 @@ def test_a_single_label_manifest_gives_class_indices(small, tmp_path):
     assert dm.train_set.targets.tolist() == [dm.classes.index(r["labels"].split()[0]) for r in rows]
 
 
-def _manifest(path: Path, text: str) -> Path:
-    path.write_text(text)
+def _manifest(path: Path, text: str | bytes) -> Path:
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
     return path
 
 
@@ -98,6 +98,7 @@ BAD = {
     "missing file": ("image,labels\nnot_there.png,3\n", "line 2: image '"),
     "no labels column": ("image,tags\n{img},3\n", "no column 'labels' in its header"),
     "bad json line": ('{{"image": "{img}", "labels": ["3"]}}\n{{"image": \n', "line 2: not a JSON object"),
+    "not text": (b"\xff\xfe\x00image,labels\x00\n", "is not a CSV or JSON-lines text file in UTF-8"),
 }
 
 
@@ -106,7 +107,8 @@ def test_bad_manifests_end_in_one_line_naming_the_row_and_the_file(case, small, 
     train, _ = small
     text, says = BAD[case]
     img = train.parent / "images" / "train_00000.png"
-    bad = _manifest(tmp_path / ("val.jsonl" if "json" in case else "val.csv"), text.format(img=img))
+    bad = _manifest(tmp_path / ("val.jsonl" if "json" in case else "val.csv"),
+                    text if isinstance(text, bytes) else text.format(img=img))
     status, err = run_cli(["train", *_train_args(train, bad, tmp_path / "run"), "--trainer.fast_dev_run", "1"], capsys)
     line = one_error_line(status, err)
     assert str(bad) in line and says in line, line

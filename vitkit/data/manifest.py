@@ -83,18 +83,30 @@ def read_manifest(path: str | Path, image_column: str = "image", label_column: s
         raise FileNotFoundError(f"manifest {str(path)!r} does not exist or is not a file; expected a CSV or JSON-lines "
                                 f"file with an {image_column!r} and a {label_column!r} column")
     images, labels = [], []
-    for where, image, cell in _rows(path, image_column, label_column):
-        if image is None or not str(image).strip():
-            raise ValueError(f"{path} {where}: the {image_column!r} path is empty")
-        file = Path(str(image).strip()).expanduser()
-        file = file if file.is_absolute() else path.parent / file
-        if not file.is_file():
-            raise FileNotFoundError(f"{path} {where}: image {str(file)!r} does not exist")
-        images.append(file)
-        labels.append(_split_labels(cell, separator))
+    try:
+        for where, image, cell in _rows(path, image_column, label_column):
+            images.append(_image_path(path, where, image, image_column))
+            labels.append(_split_labels(cell, separator))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"{path} is not a CSV or JSON-lines text file in UTF-8 ({type(e).__name__}: {e})") from None
     if not images:
         raise ValueError(f"{path} lists no images")
     return Manifest(path, images, labels)
+
+
+def _image_path(manifest: Path, where: str, image, column: str) -> Path:
+    """A row's image file, relative to the manifest's folder; an empty path or a missing file ends in one line."""
+    if image is None or not str(image).strip():
+        raise ValueError(f"{manifest} {where}: the {column!r} path is empty")
+    file = Path(str(image).strip()).expanduser()
+    file = file if file.is_absolute() else manifest.parent / file
+    try:
+        exists = file.is_file()
+    except (OSError, ValueError):  # a path the system cannot hold (a NUL byte, too long)
+        exists = False
+    if not exists:
+        raise FileNotFoundError(f"{manifest} {where}: image {str(file)!r} does not exist")
+    return file
 
 
 def check_rows(manifest: Manifest, classes: list[str], multi_label: bool) -> None:
