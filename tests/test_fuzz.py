@@ -1,6 +1,6 @@
 """Property tests (hypothesis): the attention backends agree on any shapes and masks, Swin takes any
 input size, bad inputs get named errors, and no byte string makes the checkpoint loader crash (damaged copies of
-valid files of every format: ``test_damaged_checkpoints.py``).
+valid files of every format: ``test_damaged_checkpoints.py``) or the manifest reader.
 
 How many examples each draws comes from the hypothesis profile (tests/conftest.py): 25, derandomized in
 CI; `pytest -m fuzz` draws 2,000 each."""
@@ -89,3 +89,27 @@ def test_random_bytes_never_crash_the_loader(tmp_path_factory, data, suffix):
     path.write_bytes(data)
     with pytest.raises(CheckpointError, match=r"w\.(pth|bin|safetensors|ckpt)"):
         vitkit.read_checkpoint(path)
+
+
+@given(data=st.one_of(st.binary(max_size=512), st.text(max_size=256).map(lambda t: ("image,labels\n" + t).encode()),
+                      st.text(max_size=256).map(lambda t: ('{"image": "a.png", "labels": ' + t).encode())),
+       suffix=st.sampled_from([".csv", ".jsonl"]))
+@example(data=b"image,labels\na.png,x y\n", suffix=".csv")  # a row that reads: its image exists
+@example(data=b'{"image": "a.png", "labels": 3}\n', suffix=".jsonl")  # labels as a number, not a list or text
+@example(data=b'["a.png"]\n', suffix=".jsonl")
+def test_any_manifest_reads_or_names_the_file_in_its_error(tmp_path_factory, data, suffix):
+    """A manifest of any bytes is read, or refused by a ValueError / FileNotFoundError that names the manifest
+    (what ``vitkit train`` prints as its one error line); nothing else escapes."""
+    from vitkit.data.manifest import read_manifest
+
+    root = tmp_path_factory.mktemp("manifest")
+    (root / "a.png").write_bytes(b"")
+    path = root / f"m{suffix}"
+    path.write_bytes(data)
+    try:
+        manifest = read_manifest(path)
+    except (ValueError, FileNotFoundError) as e:
+        assert str(path) in str(e), e
+        return
+    assert len(manifest.images) == len(manifest.labels) > 0
+    assert all(isinstance(name, str) for row in manifest.labels for name in row)
