@@ -18,6 +18,7 @@ the same state a fresh interpreter reaches after the imports.
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import json
 import os
 import select
@@ -92,6 +93,7 @@ def _child(request: dict, inherited: list[int]) -> None:
     os.dup2(null, 0)
     sys.stdout = sys.__stdout__ = os.fdopen(1, "w", buffering=1)
     sys.stderr = sys.__stderr__ = os.fdopen(2, "w", buffering=1)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # dump_stacks(): where a child that hangs stands
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     args = request["args"]
     code = 0
@@ -172,6 +174,8 @@ def serve(address: str, preload: str) -> None:
                 code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
                 try:
                     conn.sendall(f"{code}\n".encode())
+                except OSError:  # the client stopped waiting (it killed the child and went)
+                    pass
                 finally:
                     conn.close()
         if os.getppid() == 1:  # the test process that started us is gone
@@ -285,8 +289,36 @@ class ForkedProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def dump_stacks(self) -> str:
+        """The Python stacks of every thread of the child and of the processes it forked (data loader workers),
+        which it writes to its stderr on SIGUSR1; the end of its stderr."""
+        for pid in [self.pid, *_descendants(self.pid)]:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(1)
+        return self._read(self._err)[-8000:]
+
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, from the parent ids in /proc (Linux)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], list(parents.get(pid, []))
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += parents.get(p, [])
+    return found
 
 
 def popen(args: list[str], env: dict | None = None, cwd: str | os.PathLike | None = None, text: bool = True,

@@ -4,6 +4,8 @@ path it was given."""
 
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -34,3 +36,36 @@ def test_a_process_is_forked_after_torch_compiled_and_runs_as_python_would(tmp_p
     assert got["path"][:2] == [str(tmp_path), str(tmp_path)], got["path"]  # PYTHONPATH, then the folder
     assert TESTS not in got["path"], got["path"]  # the server's own folder is not the child's
     assert got["vitkit"] and got["lightning"], got
+
+
+HANGS = """
+import multiprocessing as mp, time
+
+def wait_in_worker():
+    time.sleep(600)
+
+if __name__ == "__main__":
+    mp.get_context("fork").Process(target=wait_in_worker).start()
+    print("started", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(forkserver.DISABLED, reason="VITKIT_TEST_FORKSERVER=0: every process a fresh interpreter")
+def test_a_child_that_hangs_shows_where_it_and_its_workers_stand(tmp_path):
+    """What a multi-process test reports when its processes run past the timeout (tests/lit/conftest.launch)."""
+    (tmp_path / "hangs.py").write_text(HANGS)
+    proc = forkserver.popen([str(tmp_path / "hangs.py")], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while "started" not in Path(proc._out).read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.communicate(timeout=0.5)
+        stacks = proc.dump_stacks()
+    finally:
+        for pid in forkserver._descendants(proc.pid):
+            os.kill(pid, 9)
+        proc.kill()
+    assert proc.wait(timeout=60) == -9
+    assert "wait_in_worker" in stacks and "<module>" in stacks, stacks  # the forked worker's and the child's

@@ -112,6 +112,9 @@ def launch(args: list[str], nodes: int, devices: int, env: dict | None = None, t
              for node in range(nodes) for local in range(devices)]
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]
+    except subprocess.TimeoutExpired as e:
+        stacks = [p.dump_stacks() for p in procs if isinstance(p, forkserver.ForkedProcess)]
+        raise AssertionError(f"{e}; where each process stood:\n" + "\n".join(stacks)) from e
     finally:
         for p in procs:
             p.kill()
