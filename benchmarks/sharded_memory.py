@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     # A process of its own per rank and run (its peak RSS is its own), forked from a server that has imported torch
-    # and vitkit once, instead of one that imports them again for each (about 8 s of CPU a rank).
+    # and vitkit once, instead of one that imports them again for each.
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "vitkit", "vitkit.lit.sharding"])
     rows = []

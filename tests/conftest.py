@@ -14,8 +14,7 @@ if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 # The same share for inductor's C++ compiles: with one core a process, its pool of compile processes (one per core
-# by default) only adds their start and hand-offs; the tiny Swin's training step built in 77.6 CPU-seconds
-# in-process against 88.8 through a pool of 2 (machine-wide, an empty cache).
+# by default) only adds their start and hand-offs.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
     os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
 

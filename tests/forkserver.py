@@ -1,8 +1,8 @@
 """A prepared interpreter for the processes the tests start: torch, Lightning and vitkit imported once, then one
-``fork`` per process instead of a fresh interpreter that imports them again (about 6 s of CPU each, most of it
-in torchmetrics, which Lightning imports). A process that is to import vitkit from elsewhere (the installed
-wheel) asks for a server that imported the libraries alone (``preload="libraries"``), one that is to import
-huggingface_hub under settings of its own for a server that imported torch alone (``preload="torch"``).
+``fork`` per process instead of a fresh interpreter that imports them again. A process that is to import vitkit
+from elsewhere (the installed wheel) asks for a server that imported the libraries alone (``preload="libraries"``),
+one that is to import huggingface_hub under settings of its own for a server that imported torch alone
+(``preload="torch"``).
 
 :func:`popen` takes what ``subprocess.Popen`` takes for ``python ARGS`` (a script, ``-m module`` or ``-c code``)
 and returns an object with Popen's ``pid``, ``poll``, ``wait``, ``communicate``, ``send_signal``, ``kill`` and
@@ -49,8 +49,7 @@ class Preload(NamedTuple):
 # imports vitkit from elsewhere, as the installed wheel's tests do; "torch" alone for a process that must import the
 # rest itself (the Hugging Face hub's settings in its environment, which huggingface_hub, imported by Lightning and
 # timm, reads when imported; or a check of what importing vitkit imports).
-# scikit-learn's digits and split, which the digits data modules import when they set up: a training child imported
-# them in about 1 s of CPU of its own.
+# scikit-learn's digits and split: the digits data modules import them when they set up.
 DIGITS = ("sklearn.datasets", "sklearn.model_selection")
 PRELOADS = {"vitkit": Preload(("torch", "lightning.pytorch", "timm", *DIGITS, "vitkit", "vitkit.lit",
                                "vitkit.lit.streaming"), TORCH_READS + ("HF_", "SKLEARN_")),

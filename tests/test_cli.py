@@ -48,8 +48,8 @@ def test_console_script_is_installed():
 
 @pytest.mark.slow
 def test_help_and_recipes_answer_without_importing_torch():
-    """The first commands a newcomer types answer at once: torch (2 s to import, 4 s with the rest of vitkit) is
-    imported by the commands that need it, and `import vitkit` gives its names when first used."""
+    """The first commands a newcomer types answer at once: torch (seconds to import) is imported by the commands
+    that need it, and `import vitkit` gives its names when first used."""
     code = ("import sys\nfrom vitkit.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "assert main(['recipes']) == 0\nassert 'torch' not in sys.modules, 'torch was imported'\n"
             "import vitkit\nassert 'torch' not in sys.modules\nassert callable(vitkit.create_model) and 'torch' in "

@@ -29,7 +29,7 @@ def _model(**kw) -> torch.nn.Module:
 
 @functools.cache
 def _trained(**kw) -> torch.nn.Module:
-    """120 Adam steps on string reversal (~2 s): enough that decoding depends on the source and the
+    """120 Adam steps on string reversal: enough that decoding depends on the source and the
     position, which a random model's near-constant output would not show."""
     torch.manual_seed(0)
     m = vitkit.create_model("transformer_tiny", src_vocab_size=V, tgt_vocab_size=V, dropout=0.0, **kw)

@@ -51,7 +51,7 @@ def cpu_has_amx() -> bool:
 
 @functools.cache
 def _compiled_flex():
-    """flex_attention compiled once per process (the first compile takes ~15 s on CPU)."""
+    """flex_attention compiled once per process (the first compile is slow on CPU)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     # One compiled function serves every layer shape and mask kind of the process (Swin alone has
