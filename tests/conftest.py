@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 # torch.compile's on-disk cache is not keyed on ATEN_CPU_CAPABILITY: kernels cached by a run on another
@@ -7,6 +9,10 @@ import tempfile
 if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
         tempfile.gettempdir(), f"torchinductor_{os.getuid()}_{os.environ['ATEN_CPU_CAPABILITY']}")
+
+# The datasets the tests build (Hugging Face's parquet, image-folder and arrow builders) go to a cache of the
+# run's own, not to the user's ~/.cache/huggingface/datasets; a test of the cache's layout sets its own.
+os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="vitkit-tests-datasets-")  # removed at exit (below)
 
 # Under pytest-xdist (`make test` runs 2 processes) each process takes its share of the cores, and so do the
 # processes the tests start (DDP ranks, killed runs), which read OMP_NUM_THREADS: more threads than cores would
@@ -21,6 +27,8 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "TORCHINDUCTOR_
 import pytest  # noqa: E402
 import torch
 from hypothesis import HealthCheck, settings
+
+atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" in os.environ:  # torch may predate the variable
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

@@ -355,6 +355,32 @@ def test_nothing_is_timed_in_a_traced_graph_or_under_a_dispatch_mode(monkeypatch
     assert kernels.static_backend(q) in ("sdpa", "math")
 
 
+def test_with_deterministic_algorithms_on_auto_follows_the_static_rule(monkeypatch):
+    """Under ``torch.use_deterministic_algorithms`` (Lightning's ``Trainer(deterministic=True)``) nothing is timed,
+    and a kind of call timed before runs the static rule's path: two runs of a program take the same paths,
+    whatever the load of the machine they ran on."""
+    from vitkit.layers import autotune, kernels
+
+    calls = _slowed(monkeypatch, "sdpa")
+    attn = Attention(C, H).eval()
+    x = torch.randn(B, N, C)
+    with torch.no_grad():
+        attn(x)  # timed: math is the faster here
+    assert list(autotune.choices().values()) == ["math"]
+    static = kernels.static_backend(torch.randn(B, H, N, C // H))
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    calls.update(sdpa=0, math=0)
+    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.no_grad():
+            attn(x)
+            attn(torch.randn(B, 2 * N, C))  # a kind not seen before
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    assert calls == {static: 2, "math" if static == "sdpa" else "sdpa": 0}
+    assert len(autotune.choices()) == 1  # nothing timed while deterministic
+
+
 def test_sdpa_and_math_run_their_own_path_whatever_the_machine(monkeypatch):
     """A forced backend is never timed: ``sdpa`` runs the kernel and ``math`` the explicit path."""
     calls = []

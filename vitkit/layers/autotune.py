@@ -3,9 +3,11 @@ its convolution kernels. The first call of each kind (dtype, grad mode, mask kin
 and key lengths rounded up to powers of two; not the batch) runs every candidate a few times on that call's own
 inputs and keeps the fastest for the process; every later call of that kind is a dictionary look-up.
 
-Nothing is timed while a graph is traced (torch.compile, torch.export, TorchScript, ONNX) or under a dispatch mode
-(the FLOP counter, fake tensors): there the caller's static rule decides, so a traced graph never depends on a
-measurement. A model whose backend is ``sdpa`` or ``math`` is never timed."""
+Nothing is timed while a graph is traced (torch.compile, torch.export, TorchScript, ONNX), under a dispatch mode
+(the FLOP counter, fake tensors), or while deterministic algorithms are on (``torch.use_deterministic_algorithms``,
+Lightning's ``Trainer(deterministic=True)``): there the caller's static rule decides, so a traced graph never
+depends on a measurement, and two runs of one program (an interrupted run and its resumption, the ranks of a job)
+run the same paths whatever the machine's load. A model whose backend is ``sdpa`` or ``math`` is never timed."""
 
 from __future__ import annotations
 
@@ -36,8 +38,11 @@ def bucket(n: int) -> int:
 
 
 def can_time() -> bool:
-    """Whether the current call may be timed: not while a graph is traced or a dispatch mode is active."""
+    """Whether the current call may be timed: not while a graph is traced, a dispatch mode is active or
+    deterministic algorithms are on."""
     if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return False
+    if torch.are_deterministic_algorithms_enabled():
         return False
     return _get_current_dispatch_mode() is None
 
