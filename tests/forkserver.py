@@ -6,10 +6,12 @@ one that is to import huggingface_hub under settings of its own for a server tha
 
 :func:`popen` takes what ``subprocess.Popen`` takes for ``python ARGS`` (a script, ``-m module`` or ``-c code``)
 and returns an object with Popen's ``pid``, ``poll``, ``wait``, ``communicate``, ``send_signal``, ``kill`` and
-``returncode``. The child is a fork of the server (one per test process, started on first use), with the
-environment, working directory and arguments it was given, and its output captured to files. Where the
-environment differs in a variable that is read while those libraries import (``ATEN_CPU_CAPABILITY``, inductor's
-settings, thread counts), or a new session or other file handles are asked for, it is a real subprocess instead.
+``returncode``; the timeout of :func:`run` (and of ``tests/lit/conftest.launch``) raises :class:`Hung`, whose
+message shows each process's Python stacks. The child is a fork of the server (one per test process, started on
+first use), with the environment, working directory and arguments it was given, and its output captured to files.
+Where the environment differs in a variable that is read while those libraries import (``ATEN_CPU_CAPABILITY``,
+inductor's settings, thread counts), or a new session or other file handles are asked for, it is a real subprocess
+instead.
 
 The server runs no tensor work before forking (no thread pool exists in it to copy), and each child starts from
 the same state a fresh interpreter reaches after the imports.
@@ -291,7 +293,7 @@ class ForkedProcess:
     def dump_stacks(self) -> str:
         """The Python stacks of every thread of the child and of the processes it forked (data loader workers),
         which it writes to its stderr on SIGUSR1; the end of its stderr."""
-        for pid in [self.pid, *_descendants(self.pid)]:
+        for pid in [self.pid, *descendants(self.pid)]:
             try:
                 os.kill(pid, signal.SIGUSR1)
             except ProcessLookupError:
@@ -303,7 +305,7 @@ class ForkedProcess:
         self.send_signal(signal.SIGTERM)
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """The processes below ``pid``, from the parent ids in /proc (Linux)."""
     parents: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -318,6 +320,17 @@ def _descendants(pid: int) -> list[int]:
         found.append(p)
         todo += parents.get(p, [])
     return found
+
+
+class Hung(subprocess.TimeoutExpired):
+    """``subprocess.TimeoutExpired`` whose message shows where each process stood (their ``dump_stacks``)."""
+
+    def __init__(self, error: subprocess.TimeoutExpired, procs: list) -> None:
+        super().__init__(error.cmd, error.timeout)
+        self.stacks = "\n".join(p.dump_stacks() for p in procs if isinstance(p, ForkedProcess))
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}; where each process stood:\n{self.stacks}"
 
 
 def popen(args: list[str], env: dict | None = None, cwd: str | os.PathLike | None = None, text: bool = True,
@@ -340,10 +353,11 @@ def run(args: list[str], env: dict | None = None, cwd: str | os.PathLike | None 
     proc = popen(args, env, cwd, text, preload=preload)
     try:
         out, err = proc.communicate(timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as e:
+        hung = Hung(e, [proc])
         proc.kill()
         proc.wait()
-        raise
+        raise hung from e
     return subprocess.CompletedProcess([sys.executable, *args], proc.returncode, out, err)
 
 

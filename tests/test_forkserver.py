@@ -60,11 +60,11 @@ def test_a_child_that_hangs_shows_where_it_and_its_workers_stand(tmp_path):
         deadline = time.monotonic() + 120
         while "started" not in Path(proc._out).read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
-        with pytest.raises(subprocess.TimeoutExpired):
+        with pytest.raises(subprocess.TimeoutExpired) as timeout:
             proc.communicate(timeout=0.5)
-        stacks = proc.dump_stacks()
+        stacks = str(forkserver.Hung(timeout.value, [proc]))
     finally:
-        for pid in forkserver._descendants(proc.pid):
+        for pid in forkserver.descendants(proc.pid):
             os.kill(pid, 9)
         proc.kill()
     assert proc.wait(timeout=60) == -9

@@ -113,8 +113,7 @@ def launch(args: list[str], nodes: int, devices: int, env: dict | None = None, t
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]
     except subprocess.TimeoutExpired as e:
-        stacks = [p.dump_stacks() for p in procs if isinstance(p, forkserver.ForkedProcess)]
-        raise AssertionError(f"{e}; where each process stood:\n" + "\n".join(stacks)) from e
+        raise forkserver.Hung(e, procs) from e
     finally:
         for p in procs:
             p.kill()

@@ -42,7 +42,7 @@ def can_time() -> bool:
     deterministic algorithms are on."""
     if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return False
-    if torch.are_deterministic_algorithms_enabled():
+    if torch.are_deterministic_algorithms_enabled():  # a timed choice could differ between two runs
         return False
     return _get_current_dispatch_mode() is None
 
