@@ -214,12 +214,25 @@ class _Server:
         server = cls._instances.get(preload)
         return server.env if server is not None else dict(os.environ)
 
+    def close(self) -> None:
+        """Ask the server to return, so that its interpreter exits as usual and runs its exit handlers (the
+        temporary folders libraries make at import are removed by them); kill it if it does not."""
+        if self.proc.poll() is None:
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+                    conn.settimeout(5)
+                    conn.connect(self.address)
+                    conn.sendall(b'{"stop": true}\n')
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)  # the socket and the children's captured output
+
     @classmethod
     def stop(cls) -> None:
         for server in cls._instances.values():
-            if server.proc.poll() is None:
-                server.proc.kill()
-            shutil.rmtree(server.dir, ignore_errors=True)  # the socket and the children's captured output
+            server.close()
 
 
 atexit.register(_Server.stop)

@@ -69,3 +69,12 @@ def test_a_child_that_hangs_shows_where_it_and_its_workers_stand(tmp_path):
         proc.kill()
     assert proc.wait(timeout=60) == -9
     assert "wait_in_worker" in stacks and "<module>" in stacks, stacks  # the forked worker's and the child's
+
+
+def test_a_server_that_is_closed_exits_as_an_interpreter_does():
+    """Closed at the end of the test process, a server returns instead of being killed, so the exit handlers of what
+    it imported run (timm imports wandb, whose temporary folders are removed by them)."""
+    server = forkserver._Server("torch")
+    server.close()
+    assert server.proc.returncode == 0, server.proc.returncode  # not -9: it was not killed
+    assert not os.path.exists(server.dir)
