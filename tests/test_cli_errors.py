@@ -63,6 +63,9 @@ def files(tmp_path_factory):
     (["attention-map", "{img}", "--checkpoint", "{damaged}", "--model", "vit_tiny_patch16_224"], "damaged.pth"),
     (["pos-embed", "--model", "nope_model"], "nope_model"),
     (["prepare-data", "{root}/no_such_folder", "{root}/shards"], "no_such_folder"),
+    (["prepare-data", "~no_such_user_here/x", "{root}/shards"], "~no_such_user_here/x' does not exist"),
+    (["train", "fit", "-c", "vit_tiny_digits", "--data", "vitkit.lit.ImageFolderDataModule", "--data.root",
+      "~no_such_user_here/x"], "ImageFolder root '~no_such_user_here/x' does not exist"),
     (["models", "--nope"], "unrecognized arguments: --nope"),
     (["no-such-command"], "invalid choice: 'no-such-command'"),
 ])

@@ -97,6 +97,8 @@ def test_random_bytes_never_crash_the_loader(tmp_path_factory, data, suffix):
 @example(data=b"image,labels\na.png,x y\n", suffix=".csv")  # a row that reads: its image exists
 @example(data=b'{"image": "a.png", "labels": 3}\n', suffix=".jsonl")  # labels as a number, not a list or text
 @example(data=b'["a.png"]\n', suffix=".jsonl")
+@example(data=b"image,labels\n~\x01", suffix=".csv")  # "~name": the home of a user who is not there
+@example(data=b"image,labels\n~\x00", suffix=".csv")  # a NUL byte in a path
 def test_any_manifest_reads_or_names_the_file_in_its_error(tmp_path_factory, data, suffix):
     """A manifest of any bytes is read, or refused by a ValueError / FileNotFoundError that names the manifest
     (what ``vitkit train`` prints as its one error line); nothing else escapes."""

@@ -80,7 +80,7 @@ def open_dataset(name: str | None, *, config_name: str | None = None, revision: 
                                           streaming=streaming))
     if name is None:
         raise ValueError("give --data.name (a hub dataset or a local folder) or --data.data_files")
-    path = Path(name).expanduser()
+    path = Path(os.path.expanduser(name))
     if path.is_dir():
         if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():  # save_to_disk
             loaded = datasets.load_from_disk(str(path))

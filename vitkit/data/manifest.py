@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def read_manifest(path: str | Path, image_column: str = "image", label_column: s
     """The rows of a manifest. A path is relative to the manifest's folder (or absolute); a cell of labels holds
     names separated by ``separator`` (a JSON-lines row may give a list). An empty path, or a file that is not
     there, ends in one line naming the row and the file."""
-    path = Path(path).expanduser()
+    path = Path(os.path.expanduser(path))
     if not path.is_file():
         raise FileNotFoundError(f"manifest {str(path)!r} does not exist or is not a file; expected a CSV or JSON-lines "
                                 f"file with an {image_column!r} and a {label_column!r} column")
@@ -96,13 +97,20 @@ def read_manifest(path: str | Path, image_column: str = "image", label_column: s
 
 def _image_path(manifest: Path, where: str, image, column: str) -> Path:
     """A row's image file, relative to the manifest's folder; an empty path or a missing file ends in one line."""
-    if image is None or not str(image).strip():
+    written = "" if image is None else str(image).strip()
+    if not written:
         raise ValueError(f"{manifest} {where}: the {column!r} path is empty")
-    file = Path(str(image).strip()).expanduser()
+    if "\0" in written:
+        raise ValueError(f"{manifest} {where}: the {column!r} path {written!r} holds a NUL byte")
+    try:
+        file = Path(written).expanduser()
+    except RuntimeError:  # "~name/...": no user of that name here
+        raise FileNotFoundError(f"{manifest} {where}: image {written!r} does not exist (no home folder here for "
+                                f"{written.split('/', 1)[0]!r})") from None
     file = file if file.is_absolute() else manifest.parent / file
     try:
         exists = file.is_file()
-    except (OSError, ValueError):  # a path the system cannot hold (a NUL byte, too long)
+    except (OSError, ValueError):  # a path the system cannot hold (too long)
         exists = False
     if not exists:
         raise FileNotFoundError(f"{manifest} {where}: image {str(file)!r} does not exist")

@@ -157,7 +157,7 @@ def _conversion_inputs(source: str | Path, splits: tuple[str, ...], seed: int, i
     seeded order, a Hugging Face dataset's (name, image column) or None), from class folders, manifests, a folder
     written by ``datasets``' ``save_to_disk`` or ``hf:NAME`` (a hub dataset in the cache)."""
     text = str(source)
-    root = Path(text).expanduser().resolve()
+    root = Path(os.path.expanduser(text)).resolve()
     if text.startswith("hf:") or (root / "dataset_dict.json").is_file():
         name = text[3:] if text.startswith("hf:") else str(root)
         classes, multi, inputs, dataset = _dataset_inputs(name, splits, seed, image_column, label_column)
@@ -186,7 +186,7 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
     ``overwrite``. Returns what ``vitkit_dataset.json`` records."""
     import litdata
 
-    out = Path(out).expanduser().resolve()
+    out = Path(os.path.expanduser(out)).resolve()
     root, classes, multi, inputs, dataset = _conversion_inputs(root, splits, seed, image_column, label_column)
     started = {"format": FORMAT, "root": root, "classes": classes, "seed": seed,
                "files": {s: [rel for rel, _, _ in items] for s, items in inputs.items()}}
@@ -294,7 +294,7 @@ def read_dataset_info(location: str) -> dict[str, Any]:
 
 def _read_marker(location: str) -> dict[str, Any]:
     if "://" not in location:
-        path = Path(location).expanduser() / MARKER
+        path = Path(os.path.expanduser(location)) / MARKER
         if not path.exists():
             folder = path.parent
             if (folder / INPUTS).exists():

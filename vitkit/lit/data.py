@@ -309,7 +309,7 @@ class ImageFolderDataModule(_SkippingImages):
     def __init__(self, root: str, train_dir: str = "train", val_dir: str = "val", test_dir: str | None = "test",
                  decoder: Decoder = "pil", **image_args) -> None:
         super().__init__(**image_args)
-        self.root = Path(root).expanduser()
+        self.root = Path(os.path.expanduser(root))
         self.classes = scan_image_folder(self.root, train_dir, val_dir, test_dir)
         self.num_classes = len(self.classes)
 
@@ -345,7 +345,7 @@ class UnlabeledImageDataModule(_SkippingImages):
         super().__init__(**image_args)
         if not 0 <= val_fraction < 1:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-        self.root = Path(root).expanduser()
+        self.root = Path(os.path.expanduser(root))
         self.files = scan_unlabeled(self.root)
 
     def setup(self, stage: str | None = None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -150,7 +151,7 @@ class DINOPretraining(TrainingModule):
             raise ValueError(f"the teacher's temperatures must be > 0, got teacher_temp={hp.teacher_temp}, "
                              f"warmup_teacher_temp={hp.warmup_teacher_temp}")
         if hp.knn_root is not None:  # refused now, not at the first validation
-            root = Path(hp.knn_root).expanduser()
+            root = Path(os.path.expanduser(hp.knn_root))
             missing = [s for s in ("train", "val") if not (root / s).is_dir()]
             if missing:
                 raise FileNotFoundError(f"knn_root {root} has no {' or '.join(s + '/' for s in missing)} folder: the "
@@ -273,7 +274,7 @@ class DINOPretraining(TrainingModule):
             from vitkit.data.folder import SkippingImageFolder
             from vitkit.data.transforms import eval_transform
 
-            root = Path(self.hparams.knn_root).expanduser()
+            root = Path(os.path.expanduser(self.hparams.knn_root))
             tf = eval_transform(self.preprocessing())
             self._knn = tuple(SkippingImageFolder(str(root / s), tf) for s in ("train", "val"))
         return self._knn

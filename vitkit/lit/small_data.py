@@ -13,6 +13,7 @@ the training split gives at least ``min_steps`` of them.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import lightning as L
@@ -141,5 +142,5 @@ def keep_what_trained(module: L.LightningModule, checkpoint: dict) -> None:
     if hp is not None:  # TrainingModule cleared them for a checkpoint that holds every weight; this one does not
         source = module.hparams.checkpoint
         hp.update(pretrained=module.hparams.pretrained,
-                  checkpoint=str(Path(source).expanduser().resolve()) if source else None)
+                  checkpoint=str(Path(os.path.expanduser(source)).resolve()) if source else None)
     checkpoint["lora"] = {"adapted": list(module.lora_layers), "backbone": hp.get("checkpoint") if hp else None}

@@ -8,6 +8,7 @@ loader are in ``vitkit/data/streaming.py``.
 from __future__ import annotations
 
 import logging
+import os
 from functools import partial
 from pathlib import Path
 
@@ -37,7 +38,7 @@ class StreamingImageDataModule(RankPositions, _SkippingImages):
     def __init__(self, root: str, seed: int = 0, decoder: Decoder = "pil", cache_dir: str | None = None,
                  max_cache_size: str = "100GB", **image_args) -> None:
         super().__init__(**image_args)
-        self.root = root if "://" in root else str(Path(root).expanduser().resolve())
+        self.root = root if "://" in root else str(Path(os.path.expanduser(root)).resolve())
         self.info = read_dataset_info(self.root)
         self.classes = self.info["classes"]
         self.num_classes = len(self.classes)
