@@ -308,6 +308,16 @@ def test_truncated_file_is_a_clear_error(name, timm_vit, tmp_path):
         vitkit.create_model(VIT, checkpoint=path, **VIT_KW)
 
 
+def test_a_path_under_the_home_folder_reads_as_a_data_root_does(timm_vit, tmp_path, monkeypatch):
+    """``model.checkpoint: ~/runs/w.pth`` in a config (where no shell expands ``~``) reads the file there."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    torch.save(timm_vit.state_dict(), tmp_path / "w.pth")
+    ours = vitkit.create_model(VIT, checkpoint="~/w.pth", **VIT_KW)
+    assert ours.load_report.ok
+    with pytest.raises(CheckpointError, match="checkpoint '~no_such_user_here/w.pth' does not exist"):
+        vitkit.read_checkpoint("~no_such_user_here/w.pth")
+
+
 def test_missing_and_empty_paths(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         vitkit.read_checkpoint(tmp_path / "nope.pth")

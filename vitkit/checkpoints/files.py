@@ -35,8 +35,8 @@ class UnsafeCheckpointError(CheckpointError):
 
 def resolve(path: str | os.PathLike) -> tuple[Path, dict | None]:
     """The weight file behind ``path`` and the ``config.json`` beside it (for a folder), if any; a sharded
-    checkpoint's folder is its own weight file."""
-    path = Path(path)
+    checkpoint's folder is its own weight file. ``~`` is the home folder, as in a data root."""
+    path = Path(os.path.expanduser(path))
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     if path.is_file() or is_sharded(path):
