@@ -21,6 +21,7 @@ PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}  # the test callbacks (ddp_
 def _offline_wandb(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))  # its debug logs, not the home's cache
     monkeypatch.setenv("WANDB_SILENT", "true")
 
 
