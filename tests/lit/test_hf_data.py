@@ -187,7 +187,15 @@ def test_bad_data_is_refused_in_one_line_and_nothing_is_written(args, says, bad_
     assert says in line, line
     if "not-cached" in args[-1]:
         assert str(cache) in line and "vitkit download --dataset vitkit/not-cached" in line
+        assert line.endswith("or give a local folder or --data.data_files"), line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_prepare_data_names_a_dataset_not_in_the_cache_with_its_own_alternative(cache, tmp_path, capfd):
+    line = one_error_line(*run_cli(["prepare-data", "hf:vitkit/not-cached", str(tmp_path / "shards")], capfd))
+    assert "dataset 'vitkit/not-cached' is not in the datasets cache (" in line and str(cache) in line, line
+    assert line.endswith("or give a folder written by save_to_disk as the root") and "--data." not in line, line
 
 
 @pytest.mark.slow

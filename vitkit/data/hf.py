@@ -69,9 +69,12 @@ def _builder_of(data_files: str | list[str] | dict) -> str:
 
 
 def open_dataset(name: str | None, *, config_name: str | None = None, revision: str | None = None,
-                 data_files: Any = None, streaming: bool = False) -> dict[str, Any]:
+                 data_files: Any = None, streaming: bool = False, argument: str = "--data.name",
+                 instead: str = "a local folder or --data.data_files") -> dict[str, Any]:
     """Every split of a dataset, by split name: a hub name (offline-first: the cache answers before the network),
-    a folder written by ``save_to_disk``, a folder of data files, or ``data_files`` in a packaged format."""
+    a folder written by ``save_to_disk``, a folder of data files, or ``data_files`` in a packaged format.
+    ``argument`` is what the user gave ``name`` as, and ``instead`` what else the command takes; the errors name
+    them."""
     require()
     import datasets
 
@@ -89,15 +92,16 @@ def open_dataset(name: str | None, *, config_name: str | None = None, revision: 
                     for k, v in splits.items()}
         return dict(datasets.load_dataset(str(path), name=config_name, streaming=streaming))
     if path.exists() or os.sep in name and not _hub_like(name):
-        raise FileNotFoundError(f"--data.name {name!r} is neither a folder nor a hub dataset name")
-    return _from_hub(name, config_name, revision, streaming)
+        raise FileNotFoundError(f"{argument} {name!r} is neither a folder nor a hub dataset name")
+    return _from_hub(name, config_name, revision, streaming, instead)
 
 
 def _hub_like(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/", "~"))
 
 
-def _from_hub(name: str, config_name: str | None, revision: str | None, streaming: bool) -> dict[str, Any]:
+def _from_hub(name: str, config_name: str | None, revision: str | None, streaming: bool,
+              instead: str) -> dict[str, Any]:
     import datasets
 
     kw = dict(name=config_name, revision=revision, streaming=streaming)
@@ -106,19 +110,19 @@ def _from_hub(name: str, config_name: str | None, revision: str | None, streamin
             return dict(datasets.load_dataset(name, **kw))
     except (FileNotFoundError, ConnectionError, ValueError) as cached_error:
         if datasets.config.HF_HUB_OFFLINE:
-            raise _missing(name, "offline mode is on (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE)") from None
+            raise _missing(name, "offline mode is on (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE)", instead) from None
         try:
             return dict(datasets.load_dataset(name, **kw))
         except (ConnectionError, OSError) as e:
-            raise _missing(name, f"it could not be downloaded ({type(e).__name__})") from None
+            raise _missing(name, f"it could not be downloaded ({type(e).__name__})", instead) from None
         except datasets.exceptions.DatasetNotFoundError:
-            raise _missing(name, f"the hub has no such dataset ({cached_error})") from None
+            raise _missing(name, f"the hub has no such dataset ({cached_error})", instead) from None
 
 
-def _missing(name: str, why: str) -> MissingDatasetError:
+def _missing(name: str, why: str, instead: str) -> MissingDatasetError:
     return MissingDatasetError(f"dataset {name!r} is not in the datasets cache ({cache_dir()}) and {why}; fetch it "
                                f"where there is a network with `vitkit download --dataset {name}` (the same cache "
-                               "folder, HF_DATASETS_CACHE), or give a local folder or --data.data_files")
+                               f"folder, HF_DATASETS_CACHE), or give {instead}")
 
 
 def download(name: str, config_name: str | None = None, revision: str | None = None) -> dict[str, int]:

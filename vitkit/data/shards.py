@@ -99,7 +99,7 @@ def _dataset_inputs(name: str, splits: tuple[str, ...], seed: int, image_column:
     split in a seeded order, (name, image column)); its validation split may be named val or valid."""
     from .hf import class_names, find_columns, label_index, multi_label, open_dataset
 
-    opened = open_dataset(name)
+    opened = open_dataset(name, argument="root", instead="a folder written by save_to_disk as the root")
     names = {"train": ["train"], "val": ["validation", "val", "valid"], "test": ["test"]}
     found = {s: next((k for k in names[s] if k in opened), None) for s in splits}
     if found.get("train") is None or found.get("val") is None:
