@@ -255,6 +255,22 @@ def test_hugging_face_lists_and_shards_give_the_manifests_targets(small, tmp_pat
         assert dm.label_counts()[0].tolist() == np.sum(list(expected.values()), axis=0).tolist()
 
 
+def test_shards_count_the_labels_of_the_rows_they_hold_not_of_an_unreadable_file(small, tmp_path):
+    from vitkit.data import prepare_data
+    from vitkit.lit import StreamingImageDataModule
+
+    train, _ = small
+    (train.parent / "images" / "broken.png").write_bytes(b"not a png")
+    with open(train, "a") as f:
+        f.write("images/broken.png,0 1 2\n")
+    summary = prepare_data(train.parent, tmp_path / "shards", workers=1)
+    assert summary["splits"]["train"] == {"samples": 64, "skipped": 1}
+    dm = StreamingImageDataModule(str(tmp_path / "shards"), img_size=32)
+    dm.setup("fit")
+    counts, n = dm.label_counts()
+    assert n == 64 and counts.tolist() == np.sum([y.tolist() for _, y in dm.train_set], axis=0).tolist()
+
+
 # -- learning, and the thresholds after it ----------------------------------------------------------------------
 
 

@@ -197,8 +197,6 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
 
     summary: dict[str, Any] = {"format": FORMAT, "root": root, "classes": classes, "order": "shuffled",
                                "seed": seed, "splits": {}, "multi_label": multi}
-    if multi:  # for pos_weight, which a stream cannot count
-        summary["label_counts"] = np.sum([label for _, label, _ in inputs["train"]], axis=0).tolist()
     for split, items in inputs.items():
         dest, skipped_log = out / split, out / f"{split}.skipped.tsv"
         if not (dest / "index.json").exists():  # not finished: (re)start it, from litdata's checkpoints if any
@@ -223,6 +221,10 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
             log.warning("%s: skipped unreadable %s (%s)", split, rel, why)
         if skipped:
             log.warning("%s: %d unreadable file(s) left out; the full list is in %s", split, len(skipped), skipped_log)
+    if multi:  # for pos_weight, which a stream cannot count: the rows written, not those left out
+        left_out = {rel for rel, _ in _read_skipped(out / "train.skipped.tsv")}
+        kept = [label for rel, label, _ in inputs["train"] if rel not in left_out]
+        summary["label_counts"] = (np.sum(kept, axis=0) if kept else np.zeros(len(classes), int)).tolist()
     _write_json(out / MARKER, summary)  # last: from here on the dataset is complete
     return summary
 
