@@ -102,15 +102,11 @@ def _image_path(manifest: Path, where: str, image, column: str) -> Path:
         raise ValueError(f"{manifest} {where}: the {column!r} path is empty")
     if "\0" in written:
         raise ValueError(f"{manifest} {where}: the {column!r} path {written!r} holds a NUL byte")
-    try:
-        file = Path(written).expanduser()
-    except RuntimeError:  # "~name/...": no user of that name here
-        raise FileNotFoundError(f"{manifest} {where}: image {written!r} does not exist (no home folder here for "
-                                f"{written.split('/', 1)[0]!r})") from None
+    file = Path(os.path.expanduser(written))  # "~name/..." of no user here stays as written, and is not there
     file = file if file.is_absolute() else manifest.parent / file
     try:
         exists = file.is_file()
-    except (OSError, ValueError):  # a path the system cannot hold (too long)
+    except OSError:  # a path the system cannot hold (too long)
         exists = False
     if not exists:
         raise FileNotFoundError(f"{manifest} {where}: image {str(file)!r} does not exist")
