@@ -117,9 +117,15 @@ class ImageClassifier(TrainingModule):
         min_lr: floor of the cosine.
         warmup_epochs: linear warmup length, stepped per optimizer step.
         layer_decay: layer-wise LR decay (e.g. 0.65 for fine-tuning); None disables.
-        optimizer, momentum: ``adamw`` (the default; ``betas``) or ``sgd`` with ``momentum`` (the linear
-            probe's).
-        label_smoothing, mixup, cutmix, mixup_prob, mixup_switch_prob: timm's Mixup / soft-target CE.
+        weight_decay: the optimizer's weight decay (not on norms, biases, tokens and positions).
+        betas: AdamW's betas.
+        optimizer: ``adamw`` (the default; ``betas``) or ``sgd`` with ``momentum`` (the linear probe's).
+        momentum: SGD's momentum.
+        label_smoothing: soft targets (timm's soft-target CE); for several labels, each target moves towards 0.5.
+        mixup: timm's Mixup alpha (0 disables).
+        cutmix: timm's CutMix alpha (0 disables).
+        mixup_prob: the share of batches mixed.
+        mixup_switch_prob: the share of mixed batches that take CutMix when both are on.
         ema_decay: keep an EMA of the weights, validated alongside (``val/top1_ema``); None disables.
         nonfinite_loss: what a NaN/Inf training loss does: ``stop`` ends the run with an error (the last
             good checkpoint stays as it was), ``skip`` drops that step on every rank and goes on (and
@@ -133,10 +139,13 @@ class ImageClassifier(TrainingModule):
             on the frozen backbone's features of the training images, a logistic regression whose validation top-1
             is logged as ``val/probe_baseline`` and whose model is saved as ``probe.ckpt``
             (``vitkit/lit/small_data.py``; the ``finetune_small_data`` recipe).
-        lora_rank, lora_alpha, lora_dropout, lora_targets, lora_parts: low-rank adapters through peft
-            (``vitkit/lora.py``): rank R > 0 trains adapters on the ``lora_targets`` layers (timm's module names;
-            default the attention's qkv and proj) and the head, nothing else; ``lora_parts`` "qv" adapts only the
-            query and value rows of a fused qkv. The checkpoint holds what trained and names the backbone.
+        lora_rank: low-rank adapters through peft (``vitkit/lora.py``): rank R > 0 trains adapters on the
+            ``lora_targets`` layers and the head, nothing else. The checkpoint holds what trained and names the
+            backbone.
+        lora_alpha: the adapters' scale is alpha / rank; None: the rank.
+        lora_dropout: dropout on the adapters' input.
+        lora_targets: timm's module names to adapt (default the attention's qkv and proj).
+        lora_parts: ``qkv``, or ``qv`` to adapt only the query and value rows of a fused qkv.
         teacher: knowledge distillation from a frozen teacher (``vitkit/lit/distill.py``): a vitkit preset or timm
             tag (pretrained, offline-first), any timm model by name (``regnety_160.deit_in1k``), or a file or folder
             vitkit reads; it must predict the data's classes. ``teacher_checkpoint``: the weights of a named one.

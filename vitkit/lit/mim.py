@@ -39,16 +39,28 @@ class MaskedImageModeling(TrainingModule):
     Args:
         model_name: the encoder preset (``vit_base_patch16_224``, ``swin_base_patch4_window7_224``, ...).
         objective: ``mae`` (ViT) or ``simmim`` (Swin or ViT); None: MAE for ViT, SimMIM for Swin.
-        pretrained, checkpoint: start from weights, as for ``ImageClassifier``; a file with pre-training heads
-            (a run of this module, Meta's ``mae_visualize_*``, transformers' ViTMAEForPreTraining) brings those too,
-            so pre-training continues where it stopped.
-        img_size: input resolution (linked from the data module); model_overrides: the encoder's config fields.
-        mask_ratio, norm_pix_loss, decoder_embed_dim, decoder_depth, decoder_num_heads, decoder_mlp_ratio: MAE's
-            (None: the checkpoint's, else the paper's 0.75, on, 512, 8, 16, 4).
+        pretrained: start from the preset's pretrained weights, as for ``ImageClassifier``.
+        checkpoint: start from a file; one with pre-training heads (a run of this module, Meta's
+            ``mae_visualize_*``, transformers' ViTMAEForPreTraining) brings those too, so pre-training continues
+            where it stopped.
+        img_size: input resolution (linked from the data module).
+        model_overrides: the encoder's config fields.
+        mask_ratio: MAE's share of masked patches (None: the checkpoint's, else the paper's 0.75).
+        norm_pix_loss: MAE's loss on per-patch normalised pixels (None: the checkpoint's, else on).
+        decoder_embed_dim: MAE's decoder width (None: the checkpoint's, else 512).
+        decoder_depth: MAE's decoder blocks (None: the checkpoint's, else 8).
+        decoder_num_heads: MAE's decoder heads (None: the checkpoint's, else 16).
+        decoder_mlp_ratio: MAE's decoder MLP ratio (None: the checkpoint's, else 4).
         mask_patch_size: SimMIM's mask block in pixels (None: the checkpoint's, else 32).
-        lr, weight_decay, betas, min_lr, warmup_epochs, layer_decay: AdamW and its schedule (the recipes scale lr
-            as base lr x batch / 256).
-        ema_decay, nonfinite_loss, compile: as for ``ImageClassifier``.
+        lr: AdamW's peak learning rate (the recipes scale it as base lr x batch / 256).
+        weight_decay: AdamW's weight decay.
+        betas: AdamW's betas.
+        min_lr: the floor of the cosine.
+        warmup_epochs: linear warmup length.
+        layer_decay: layer-wise LR decay; None disables.
+        ema_decay: as for ``ImageClassifier``.
+        nonfinite_loss: as for ``ImageClassifier``.
+        compile: as for ``ImageClassifier``.
         num_pictures: validation images drawn each epoch (0: none).
     """
 

@@ -28,14 +28,17 @@ class Seq2SeqModule(TrainingModule):
 
     Args:
         model_name: ``transformer_tiny`` / ``_base`` / ``_big``, or ``ocr_vit_tiny`` / ``ocr_swin_tiny``.
-        src_vocab_size, tgt_vocab_size, tokenizers: linked from the data module by the CLI; the
-            tokenizers are kept in the checkpoint's hyper-parameters so it can decode on its own.
+        src_vocab_size: linked from the data module by the CLI.
+        tgt_vocab_size: linked from the data module by the CLI.
+        tokenizers: linked from the data module by the CLI, and kept in the checkpoint's hyper-parameters so it
+            can decode on its own.
         model_overrides: any other config field, e.g. ``{"pos_encoding": "rope", "norm": "pre"}``.
         lr: the peak learning rate, reached at the end of warmup (the paper's base model peaks at
             512^-0.5 x 4000^-0.5 = 7e-4).
         warmup_steps: linear warmup, then lr x sqrt(warmup / step).
         label_smoothing: on the target tokens; pads are ignored.
-        val_beam_size, val_max_len: decoding used for exact match and BLEU at validation.
+        val_beam_size: the beam used for exact match and BLEU at validation.
+        val_max_len: the longest decoded sequence at validation.
         nonfinite_loss: ``stop`` (a NaN/Inf training loss ends the run) or ``skip`` (that step is dropped on every
             rank), as for the classifier.
     """
