@@ -99,6 +99,33 @@ def test_a_run_that_does_not_beat_the_probe_ends_with_the_probe(backbone, few, t
 
 
 @pytest.mark.slow
+def test_a_multi_label_run_on_one_label_folders_scores_its_probe_by_map(backbone, few, tmp_path, capsys, said,
+                                                                         monkeypatch):
+    """--model.multi_label true on a folder of one label per image: the probe is one regression per class, scored by
+    the mAP the run validates by, logs and saves; `vitkit evaluate` of probe.ckpt gives the same mAP, and the run's
+    last line sets mAP beside mAP."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    status, err = run_cli(["train", "fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone),
+                           "--data.root", str(few), "--data.img_size", "32", "--model.multi_label", "true",
+                           "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(run), *CPU], capsys)
+    assert status == 0, err
+    probe_line = next(m for m in said.messages if m.startswith("probe: "))
+    baseline = float(re.search(r"val/mAP (\d\.\d+)", probe_line).group(1))
+    last = said.messages[-1]
+    rows = list(csv.DictReader(open(run / "logs/version_0/metrics.csv")))
+    assert [float(r["val/probe_baseline"]) for r in rows if r.get("val/probe_baseline")] == \
+        [pytest.approx(baseline, abs=1e-4)]
+    status, err = run_cli(["evaluate", "--checkpoint", str(run / "checkpoints/probe.ckpt"), "--data.root", str(few),
+                           "--data.img_size", "32", "-o", str(tmp_path / "probe_ckpt")], capsys)
+    assert status == 0, err
+    scored = json.loads((tmp_path / "probe_ckpt/metrics.json").read_text())["mAP"]
+    assert scored == pytest.approx(baseline, abs=0.01)
+    assert re.fullmatch(r"best val/mAP \d\.\d{4}.*: \S+\.ckpt \(the probe on frozen features(: "
+                        rf"{baseline:.4f}|; training did not beat it)\)", last), last
+
+
+@pytest.mark.slow
 def test_the_ordinary_recipes_name_the_small_data_recipe_on_small_data(backbone, few, tmp_path, said):
     cli_main(["fit", "-c", "linear_probe", "--model.checkpoint", str(backbone), "--data.root", str(few),
               "--data.img_size", "32", "--trainer.fast_dev_run", "1", *CPU])

@@ -326,7 +326,7 @@ class ImageClassifier(TrainingModule):
     def _fit_probe_head(self) -> None:
         """``head_init="probe"``: the head fitted on the frozen features, its score logged and its model saved."""
         dm = self.trainer.datamodule
-        self.probe_baseline = fit_head(self.model, dm, self.device)
+        self.probe_baseline = fit_head(self.model, dm, self.device, self.multi_label)
         for logger in self.trainer.loggers:
             logger.log_metrics({"val/probe_baseline": self.probe_baseline}, step=0)
         path = probe_path(self.trainer)

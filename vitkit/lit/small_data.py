@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from vitkit.data.transforms import eval_transform
 from vitkit.evaluation.metrics import fit_linear_probe, fit_multilabel_probe
@@ -49,16 +50,19 @@ def pooled_features(model: nn.Module, dm: L.LightningDataModule, ds, device: tor
     return backbone_features(model, batches, device)
 
 
-def fit_head(model: nn.Module, dm: L.LightningDataModule, device: torch.device) -> float:
-    """Fit ``model``'s linear head on the frozen features of ``dm``'s training images; returns its validation top-1
-    (mAP for multi-hot targets)."""
+def fit_head(model: nn.Module, dm: L.LightningDataModule, device: torch.device, multi_label: bool = False) -> float:
+    """Fit ``model``'s linear head on the frozen features of ``dm``'s training images; returns its validation top-1,
+    or with ``multi_label`` its mAP (one regression per class; class indices become one-hot rows), the measure the
+    run validates by."""
     head = model.get_classifier()
     if not isinstance(head, nn.Linear) or getattr(model, "head_dist", None) is not None:
         raise ValueError("head_init 'probe' takes a model with one linear head")
     train_view, val = eval_views(dm)
     train, train_y = pooled_features(model, dm, train_view, device)
     val_x, val_y = pooled_features(model, dm, val, device)
-    if train_y.ndim == 2:  # multi-hot targets: one regression per class, scored by mAP
+    if multi_label or train_y.ndim == 2:  # one regression per class, scored by mAP
+        n = head.out_features
+        train_y, val_y = (y if y.ndim == 2 else F.one_hot(y, n).float() for y in (train_y, val_y))
         weight, bias, top1 = fit_multilabel_probe(train, train_y, val_x, val_y)
     else:
         weight, bias, top1 = fit_linear_probe(train, train_y, val_x, val_y, head.out_features)
