@@ -63,8 +63,11 @@ def take_traceback_flag(argv: list[str]) -> list[str]:
 
 def take_verbose_flag(argv: list[str]) -> list[str]:
     """``argv`` without ``--verbose``; given, vitkit's own log shows its DEBUG lines (the paths of skipped files,
-    the attention path each kind of call runs), in this process and the loader workers it forks."""
+    the attention path each kind of call runs), in this process and the loader workers it forks, and the other
+    libraries' lines that vitkit's commands hide (``vitkit/noise.py``): ``VITKIT_VERBOSE=1``, which the processes a
+    multi-device run starts inherit."""
     if VERBOSE_FLAG in argv:
+        os.environ["VITKIT_VERBOSE"] = "1"
         logger = logging.getLogger("vitkit")
         logger.setLevel(logging.DEBUG)
         if not logger.handlers:

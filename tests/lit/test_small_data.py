@@ -21,6 +21,7 @@ import vitkit
 from tests.commands import one_error_line, run_cli
 from vitkit.cli.train import cli_main
 
+from .conftest import run_in_repo
 from .test_folder_digits import write_digits
 
 CPU = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32-true",
@@ -123,6 +124,27 @@ def test_a_multi_label_run_on_one_label_folders_scores_its_probe_by_map(backbone
     assert scored == pytest.approx(baseline, abs=0.01)
     assert re.fullmatch(r"best val/mAP \d\.\d{4}.*: \S+\.ckpt \(the probe on frozen features(: "
                         rf"{baseline:.4f}|; training did not beat it)\)", last), last
+
+
+NOISE = ("💡 Tip", "weights_only", "smaller than the logging interval", "in eval mode at the start of training",
+         "LeafSpec", "not supported by the model summary", "No positive samples")
+
+
+@pytest.mark.slow
+def test_a_run_prints_vitkits_lines_and_not_other_libraries_noise(backbone, few, tmp_path):
+    """The lines Lightning and torchmetrics print in every run (tips, the probe's save, a logging interval longer
+    than a small epoch, a frozen backbone in eval mode, ...) stay hidden from a run started as a user starts it;
+    --verbose shows them."""
+    base = ["--model.checkpoint", str(backbone), "--data.root", str(few), "--data.img_size", "32",
+            "--trainer.max_epochs", "1", *CPU]
+    cmd = ["-m", "vitkit.cli", "train", "fit", "-c"]
+    for recipe, ours in (("linear_probe", "best val/top1"), ("finetune_small_data", "probe: a logistic regression")):
+        done = run_in_repo([*cmd, recipe, *base, "--trainer.default_root_dir", str(tmp_path / recipe)])
+        said = done.stdout + done.stderr
+        assert done.returncode == 0, said[-3000:]
+        assert ours in said and not [n for n in NOISE if n in said], said[-3000:]
+    done = run_in_repo([*cmd, "linear_probe", *base, "--trainer.default_root_dir", str(tmp_path / "v"), "--verbose"])
+    assert "💡 Tip" in done.stdout + done.stderr and "in eval mode" in done.stdout + done.stderr
 
 
 @pytest.mark.slow

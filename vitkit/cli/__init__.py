@@ -72,11 +72,13 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand; bad input ends it with one ``error:`` line and exit status 1."""
     from vitkit.errors import one_line, take_traceback_flag, take_verbose_flag, user_error, wants_traceback
+    from vitkit.noise import quiet
 
     argv = take_verbose_flag(take_traceback_flag(list(sys.argv[1:] if argv is None else argv)))
     try:
         if argv and argv[0] in COMMANDS:
-            return command(argv[0]).main(argv[1:])
+            with quiet():
+                return command(argv[0]).main(argv[1:])
         parser().parse_args(argv)  # --help, or an error naming the subcommands
         return 1
     except Exception as e:

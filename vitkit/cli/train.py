@@ -38,6 +38,7 @@ from vitkit.errors import one_line, take_traceback_flag, take_verbose_flag, user
 from vitkit.lit.callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
 from vitkit.lit.classifier import ImageClassifier
 from vitkit.lit.strategies import settle_interrupted_saves
+from vitkit.noise import quiet
 
 from .common import usage_error
 
@@ -331,7 +332,8 @@ def cli_main(args: list[str] | None = None, run: bool = True, prog: str | None =
     subcommand runs (a training split smaller than one batch, a checkpoint that does not fit), ends the command with
     its one line and exit status 1 (``--traceback`` or ``VITKIT_TRACEBACK=1``: the traceback instead)."""
     try:
-        return VitkitCLI(args=args, run=run, **({"parser_kwargs": {"prog": prog}} if prog else {}))
+        with quiet(sys.argv if args is None else args):
+            return VitkitCLI(args=args, run=run, **({"parser_kwargs": {"prog": prog}} if prog else {}))
     except Exception as e:
         cause = user_error(e)
         if cause is None or wants_traceback(sys.argv):

@@ -330,7 +330,7 @@ class ImageClassifier(TrainingModule):
         for logger in self.trainer.loggers:
             logger.log_metrics({"val/probe_baseline": self.probe_baseline}, step=0)
         path = probe_path(self.trainer)
-        self.trainer.save_checkpoint(path)
+        self.trainer.save_checkpoint(path, weights_only=True)  # the model at step 0: no optimizer state yet
         self.probe_file = str(path)
         score = "val/mAP" if self.multi_label else "val/top1"
         rank_zero_info(f"probe: a logistic regression on the frozen features of {len(dm.train_set)} training "
