@@ -237,8 +237,38 @@ def test_the_learning_rate_panel_draws_the_heads_rate_and_says_the_layers_are_de
     rows = [{"step": "0", "lr-AdamW/pg1": "1e-6", "lr-AdamW/pg2": "1e-3", "lr-AdamW/pg3": "1e-3"},
             {"step": "1", "lr-AdamW/pg1": "2e-6", "lr-AdamW/pg2": "2e-3", "lr-AdamW/pg3": "2e-3"}]
     key, title = learning_rate_series(rows)
-    assert key == "lr-AdamW/pg2" and title == "learning rate (the head's; 1 groups decayed below it)"
+    assert key == "lr-AdamW/pg2" and title == "learning rate\n(the head's; 1 groups decayed below)"
     assert learning_rate_series([{"step": "0", "lr-SGD": "0.1"}]) == ("lr-SGD", "learning rate")
+
+
+@pytest.mark.parametrize("score", ["val/top1", "val/mAP"])
+def test_the_curves_keep_their_titles_whole_and_draw_the_probe(tmp_path, monkeypatch, score):
+    """A small-data run's curves.png: ViT-S's 26 LR groups in a title that fits its figure, and the probe it started
+    from drawn on the accuracy panel beside the score (top-1, or a multi-label run's mAP)."""
+    import matplotlib.figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from vitkit.tools.plots import training_curves
+
+    groups = [f"lr-AdamW/pg{i}" for i in range(1, 27)]
+    rows = [{"step": "0", "val/probe_baseline": "0.86"}] + [
+        {"step": str(s), "train/loss_step": "0.5", score: "0.9", **{g: str(1e-4 * 0.75 ** i) for i, g in
+                                                                   enumerate(groups)}} for s in (5, 10)]
+    keys = ["step", "train/loss_step", score, "val/probe_baseline", *groups]
+    csv_file = tmp_path / "metrics.csv"
+    csv_file.write_text(",".join(keys) + "\n" + "".join(",".join(r.get(k, "") for k in keys) + "\n" for r in rows))
+    saved = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: saved.append(fig))
+    training_curves(csv_file)
+    fig = saved[0]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    width = fig.bbox.width
+    for ax in fig.axes:
+        box = ax.title.get_window_extent(renderer)
+        assert 0 <= box.x0 and box.x1 <= width, (ax.get_title(), box, width)
+    accuracy = next(ax for ax in fig.axes if ax.get_title() == "accuracy")
+    drawn = {line.get_label(): line.get_ydata() for line in accuracy.get_lines()}
+    assert set(drawn) == {score, "val/probe_baseline"} and list(drawn["val/probe_baseline"]) == [0.86, 0.86]
 
 
 def test_the_reconstruction_title_names_the_sizes_that_differ_from_the_preset():

@@ -93,13 +93,17 @@ def _manifest(path: Path, text: str | bytes) -> Path:
 
 
 BAD = {
-    "unknown label": ("image,labels\n{img},3 11\n", "label '11' is not one of the 10 classes"),
-    "empty path": ("image,labels\n,3\n", "line 2: the 'image' path is empty"),
-    "missing file": ("image,labels\nnot_there.png,3\n", "line 2: image '"),
+    # the same form for each: the file, its line (the header is line 1), the column
+    "unknown label": ("image,labels\n{img},3\n{img},3 11\n", "val.csv line 3, column 'labels': label '11' is not one "
+                      "of the 10 classes"),
+    "empty path": ("image,labels\n,3\n", "line 2, column 'image': the 'image' path is empty"),
+    "missing file": ("image,labels\nnot_there.png,3\n", "val.csv line 2, column 'image': image '"),
     "home of no user": ("image,labels\n~no_such_user_here/a.png,3\n",
-                        "line 2: image '{dir}/~no_such_user_here/a.png' does not exist"),
+                        "line 2, column 'image': image '{dir}/~no_such_user_here/a.png' does not exist"),
+    "unknown label in json": ('\n{{"image": "{img}", "labels": ["12"]}}\n', "val.jsonl line 2, column 'labels': "
+                              "label '12' is not one"),
     "NUL in a json path": ('{{"image": "a\\u0000.png", "labels": ["3"]}}\n',
-                           "line 1: the 'image' path 'a\\x00.png' holds a NUL byte"),
+                           "line 1, column 'image': the 'image' path 'a\\x00.png' holds a NUL byte"),
     "no labels column": ("image,tags\n{img},3\n", "no column 'labels' in its header"),
     "bad json line": ('{{"image": "{img}", "labels": ["3"]}}\n{{"image": \n', "line 2: not a JSON object"),
     "not text": (b"\xff\xfe\x00image,labels\x00\n", "is not a CSV or JSON-lines text file in UTF-8"),
@@ -124,7 +128,7 @@ def test_single_label_rows_without_one_label_and_multi_hot_data_for_a_single_lab
     img = train.parent / "images" / "train_00000.png"
     one = _manifest(tmp_path / "one.csv", f"image,labels\n{img},3\n{img},\n")
     status, err = run_cli(["train", *_train_args(one, one, tmp_path / "a"), "--data.multi_label", "false"], capsys)
-    assert "one.csv row 2 (train_00000.png): no label; a single-label manifest needs one per row" in \
+    assert "one.csv line 3, column 'labels': no label; a single-label manifest needs one per row" in \
         one_error_line(status, err)
     status, err = run_cli(["train", *_train_args(train, val, tmp_path / "b"), "--model.multi_label", "false",
                            "--trainer.fast_dev_run", "1"], capsys)

@@ -88,9 +88,10 @@ def require_classifier(net: torch.nn.Module, source: str) -> None:
             f"holds no classifier for the {net.cfg.num_classes} classes asked for (new, untrained: "
             f"{', '.join(report.new_head)})")
         raise SystemExit(f"error: {source} {what}: it is a backbone, so there are no classes to predict. Fine-tune "
-                         "it first, e.g. `vitkit train fit -c vit_base_finetune --model.model_name "
-                         f"{net.name} --model.pretrained false --model.checkpoint {source} --data.root DATA`, then "
-                         "use the checkpoint that writes")
+                         "it first, e.g. `vitkit train fit -c finetune_small_data --model.model_name "
+                         f"{net.name} --model.pretrained false --model.checkpoint {source} --data.root DATA` (a few "
+                         "labelled images per class; vit_base_finetune for thousands), then use the checkpoint that "
+                         "writes")
 
 
 def read_image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:

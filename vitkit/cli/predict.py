@@ -48,8 +48,8 @@ def main(argv: list[str]) -> int:
     for path in args.images:
         try:
             p = probabilities(path)
-        except SystemExit as e:  # its message says "error: ..." already
-            print(f"{path}: {e}", file=sys.stderr)
+        except SystemExit as e:  # its message says "error: ..." already, and names the file
+            print(e, file=sys.stderr)
             failed += 1
             continue
         if len(names) < len(p):

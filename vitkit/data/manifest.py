@@ -7,7 +7,7 @@ import csv
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,6 +29,13 @@ class Manifest:
     path: Path
     images: list[Path]
     labels: list[list[str]]
+    lines: list[str] = field(default_factory=list)  # where each row stands in the file ("line 7")
+    label_column: str = "labels"
+
+    def where(self, i: int, column: str | None = None) -> str:
+        """Row ``i`` as every error names it: the file, its line and the column."""
+        line = self.lines[i] if i < len(self.lines) else f"row {i + 1}"
+        return f"{self.path} {line}, column {column or self.label_column!r}"
 
     def names(self) -> list[str]:
         """Every label name the rows use, sorted."""
@@ -83,25 +90,26 @@ def read_manifest(path: str | Path, image_column: str = "image", label_column: s
     if not path.is_file():
         raise FileNotFoundError(f"manifest {str(path)!r} does not exist or is not a file; expected a CSV or JSON-lines "
                                 f"file with an {image_column!r} and a {label_column!r} column")
-    images, labels = [], []
+    images, labels, lines = [], [], []
     try:
         for where, image, cell in _rows(path, image_column, label_column):
             images.append(_image_path(path, where, image, image_column))
             labels.append(_split_labels(cell, separator))
+            lines.append(where)
     except (UnicodeDecodeError, csv.Error) as e:
         raise ValueError(f"{path} is not a CSV or JSON-lines text file in UTF-8 ({type(e).__name__}: {e})") from None
     if not images:
         raise ValueError(f"{path} lists no images")
-    return Manifest(path, images, labels)
+    return Manifest(path, images, labels, lines, label_column)
 
 
 def _image_path(manifest: Path, where: str, image, column: str) -> Path:
     """A row's image file, relative to the manifest's folder; an empty path or a missing file ends in one line."""
     written = "" if image is None else str(image).strip()
     if not written:
-        raise ValueError(f"{manifest} {where}: the {column!r} path is empty")
+        raise ValueError(f"{manifest} {where}, column {column!r}: the {column!r} path is empty")
     if "\0" in written:
-        raise ValueError(f"{manifest} {where}: the {column!r} path {written!r} holds a NUL byte")
+        raise ValueError(f"{manifest} {where}, column {column!r}: the {column!r} path {written!r} holds a NUL byte")
     file = Path(os.path.expanduser(written))  # "~name/..." of no user here stays as written, and is not there
     file = file if file.is_absolute() else manifest.parent / file
     try:
@@ -109,7 +117,7 @@ def _image_path(manifest: Path, where: str, image, column: str) -> Path:
     except OSError:  # a path the system cannot hold (too long)
         exists = False
     if not exists:
-        raise FileNotFoundError(f"{manifest} {where}: image {str(file)!r} does not exist")
+        raise FileNotFoundError(f"{manifest} {where}, column {column!r}: image {str(file)!r} does not exist")
     return file
 
 
@@ -120,12 +128,12 @@ def check_rows(manifest: Manifest, classes: list[str], multi_label: bool) -> Non
         unknown = [name for name in row if name not in known]
         if unknown:
             shown = ", ".join(classes[:20]) + (", ..." if len(classes) > 20 else "")
-            raise ValueError(f"{manifest.path} row {i + 1} ({manifest.images[i].name}): label {unknown[0]!r} is not "
-                             f"one of the {len(classes)} classes ({shown})")
+            raise ValueError(f"{manifest.where(i)}: label {unknown[0]!r} is not one of the {len(classes)} classes "
+                             f"({shown}); image {str(manifest.images[i])!r}")
         if not multi_label and len(row) != 1:
             what = "no label" if not row else f"{len(row)} labels ({' '.join(row)})"
-            raise ValueError(f"{manifest.path} row {i + 1} ({manifest.images[i].name}): {what}; a single-label "
-                             "manifest needs one per row (--data.multi_label true takes several, or none)")
+            raise ValueError(f"{manifest.where(i)}: {what}; a single-label manifest needs one per row "
+                             f"(--data.multi_label true takes several, or none); image {str(manifest.images[i])!r}")
 
 
 def targets(manifest: Manifest, classes: list[str], multi_label: bool) -> Tensor:

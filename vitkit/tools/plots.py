@@ -79,7 +79,7 @@ def learning_rate_series(rows: list[dict]) -> tuple[str | None, str]:
         return None, "learning rate"
     top = max(peak, key=peak.__getitem__)
     below = sum(v < 0.999 * peak[top] for v in peak.values())
-    return top, "learning rate" + (f" (the head's; {below} groups decayed below it)" if below else "")
+    return top, "learning rate" + (f"\n(the head's; {below} groups decayed below)" if below else "")
 
 
 def training_curves(metrics_csv: str | Path, path: str | Path | None = None) -> Path:
@@ -95,13 +95,18 @@ def training_curves(metrics_csv: str | Path, path: str | Path | None = None) -> 
     keys = rows[0].keys() if rows else []
     lr_key, lr_title = learning_rate_series(rows)
     panels = [("loss", [k for k in ("train/loss_step", "train/loss_epoch", "val/loss") if k in keys]),
-              ("accuracy", [k for k in ("val/top1", "val/top1_ema", "val/exact_match", "val/token_acc") if k in keys]),
+              ("accuracy", [k for k in ("val/top1", "val/top1_ema", "val/mAP", "val/mAP_ema", "val/exact_match",
+                                        "val/token_acc") if k in keys]),
               (lr_title, [lr_key] if lr_key else [])]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    probe = [float(r["val/probe_baseline"]) for r in rows if r.get("val/probe_baseline") not in (None, "")]
     for ax, (title, ks) in zip(axes, panels, strict=True):
         for k in ks:
             x, y = series(k)
             ax.plot(x, y, marker="o" if k.startswith("val") or k.endswith("epoch") else None, ms=3, lw=1.2, label=k)
+        if title == "accuracy" and probe:  # the probe on frozen features a small-data run started from
+            ax.axhline(probe[-1], color="grey", ls="--", lw=1, label="val/probe_baseline")
+            ks = [*ks, "val/probe_baseline"]
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         if ks:
