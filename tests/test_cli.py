@@ -277,3 +277,22 @@ def test_the_reconstruction_title_names_the_sizes_that_differ_from_the_preset():
     model = vitkit.create_model("vit_tiny_patch16_224", patch_size=4, img_size=32, depth=2)
     assert _described(model) == "vit_tiny_patch16_224, patch 4, 32 px, depth 2"
     assert _described(vitkit.create_model("vit_tiny_patch16_224")) == "vit_tiny_patch16_224"
+
+
+def test_help_shows_whole_first_sentences(capsys):
+    """jsonargparse titles a class's arguments with the first line of its docstring: each of vitkit.lit's classes
+    opens with a whole sentence, and `vitkit evaluate --help` titles its data arguments itself, not with
+    LightningDataModule's "The main advantage is:"."""
+    import inspect
+
+    import vitkit.lit as lit
+
+    for name in lit.__all__:
+        obj = getattr(lit, name)
+        if inspect.isclass(obj) and obj.__module__.startswith("vitkit") and obj.__doc__:
+            first = obj.__doc__.strip().splitlines()[0].rstrip()
+            assert first.endswith((".", ")")), f"{name}: {first}"
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    out = capsys.readouterr().out
+    assert "the data:" in out and "main advantage" not in out

@@ -66,7 +66,10 @@ def parser() -> ArgumentParser:
     p.add_argument("--precision", type=str, default="32-true", help="32-true, or bf16-mixed (bf16 autocast: what a "
                    "run trained with --trainer.precision bf16-mixed validated with; float32 scores differ slightly)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_subclass_arguments(L.LightningDataModule, "data", required=False, fail_untyped=False)
+    p.add_subclass_arguments(L.LightningDataModule, "data", required=False, fail_untyped=False,
+                             help="the data module: --data.root DIR (an image folder), or --data CLASS with its "
+                                  "arguments, as for `vitkit train` (`--data.help CLASS` lists them)")
+    p.groups["data"].title = "the data"  # not the first line of LightningDataModule's docstring
     return p
 
 

@@ -22,7 +22,9 @@ SPECIALS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3: the presets' pad_id, bos_id, 
 
 
 class Tokenizer:
-    """Characters or whitespace-separated words <-> ids; specials first. Stored as a plain dict inside
+    """Characters or whitespace-separated words <-> ids.
+
+    Specials first. Stored as a plain dict inside
     checkpoints (``to_dict`` / ``from_dict``), so a trained model can decode without its data."""
 
     def __init__(self, vocab: list[str], level: str = "char") -> None:

@@ -73,7 +73,9 @@ def fit_head(model: nn.Module, dm: L.LightningDataModule, device: torch.device, 
 
 
 class StepsPerEpoch(L.Callback):
-    """At least ``min_steps`` optimizer steps per epoch: where the training split holds fewer than
+    """At least ``min_steps`` optimizer steps per epoch.
+
+    Where the training split holds fewer than
     ``min_steps`` batches, the batch is lowered to ``len(train) // min_steps`` (at least ``min_batch``) and the
     module's ``lr`` with it (linearly for SGD, by the square root for AdamW), and the run says so in one line."""
 

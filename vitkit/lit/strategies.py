@@ -13,7 +13,9 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, St
 
 
 class FSDP2Strategy(ModelParallelStrategy):
-    """Every rank holds a shard of each block's parameters, gradients and optimizer state (FSDP2, ``fully_shard``
+    """FSDP2: each rank holds a shard of every block.
+
+    Every rank holds a shard of each block's parameters, gradients and optimizer state (FSDP2, ``fully_shard``
     on DTensors); vitkit's LightningModules shard their model in ``configure_model``. Runs on GPUs (NCCL) and on
     CPU processes (gloo). On one node the model is sharded over all its processes; on several, over the
     processes of each node and replicated across nodes (hybrid sharding), with every rank reading its own data.

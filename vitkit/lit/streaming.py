@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 
 
 class StreamingImageDataModule(RankPositions, _SkippingImages):
-    """A dataset converted by ``vitkit prepare-data`` (a local folder, or an object-store URL such as
+    """Shards written by ``vitkit prepare-data``, streamed with litdata.
+
+    A dataset converted by ``vitkit prepare-data`` (a local folder, or an object-store URL such as
     ``s3://bucket/imagenet`` that litdata reads), streamed with litdata, with the transforms, preset-linked
     normalisation and skipping of ``ImageFolderDataModule``.
 
