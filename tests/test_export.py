@@ -3,6 +3,8 @@ sizes, every distinct ViT variant among the presets), the metadata round trip, t
 errors, and the command line (export, then predict --onnx prints what the PyTorch path prints)."""
 
 import json
+import subprocess
+import sys
 from dataclasses import fields
 
 import numpy as np
@@ -163,6 +165,51 @@ def test_export_then_predict_onnx_prints_the_pytorch_top_k(tmp_path, capsys):
     assert (tmp_path / "m.pt2").exists()
     with pytest.raises(SystemExit, match="neither a file nor a model vitkit knows"):
         main(["export", "no_such_model", "-o", str(tmp_path / "x.onnx")])
+
+
+@pytest.mark.parametrize("image_size", [(50, 40), (40, 50), (224, 224), (17, 300), (640, 481)])
+@pytest.mark.parametrize("size, crop_pct, interpolation", [((32, 32), 0.875, "bicubic"), ((224, 224), 1.0, "bilinear"),
+                                                            ((48, 64), 0.9, "bicubic"), ((98, 98), 0.875, "nearest")])
+def test_the_onnx_preprocessing_without_torch_is_the_eval_transform(image_size, size, crop_pct, interpolation):
+    """OnnxModel.preprocess (PIL and numpy) gives what vitkit's eval transform (timm's, in torchvision) gives."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from vitkit.data.transforms import eval_transform
+    from vitkit.tools.onnx_model import OnnxModel
+
+    rng = np.random.default_rng(sum(image_size))
+    image = Image.fromarray(rng.integers(0, 256, (*image_size[::-1], 3), dtype=np.uint8))
+    meta = dict(input_size=[3, *size], mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], crop_pct=crop_pct,
+                interpolation=interpolation)
+    model = OnnxModel.__new__(OnnxModel)  # the preprocessing alone: no session
+    model.path, model.meta = "m.onnx", meta
+    cfg = SimpleNamespace(img_size=size, in_chans=3, mean=tuple(meta["mean"]), std=tuple(meta["std"]),
+                          crop_pct=crop_pct, interpolation=interpolation)
+    expected = eval_transform(cfg)(image)[None].numpy()
+    got = model.preprocess(image)
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+def test_predict_onnx_imports_neither_torch_nor_lightning(tmp_path):
+    """`vitkit predict --onnx` in a fresh interpreter: the export runs in onnxruntime on numpy arrays."""
+    from PIL import Image
+
+    from vitkit.tools.export import export_onnx
+
+    m = vitkit.create_model("vit_small_patch16_224", img_size=32, num_classes=3, **TINY_VIT).eval()
+    export_onnx(m, tmp_path / "m.onnx")
+    Image.new("RGB", (50, 40), (200, 30, 30)).save(tmp_path / "a.png")
+    code = ("import sys; from vitkit.cli import main; status = main(sys.argv[1:]); "
+            "print(sorted(m for m in ('torch', 'lightning', 'timm', 'torchvision') if m in sys.modules)); "
+            "sys.exit(status)")
+    done = subprocess.run([sys.executable, "-c", code, "predict", str(tmp_path / "a.png"), "--onnx",
+                           str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith(f"{tmp_path / 'a.png'}: ") and lines[-1] == "[]", done.stdout
 
 
 def test_onnxruntime_peer_in_the_benchmark_runs_vitkits_export():

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from types import TracebackType
 
 PACKAGE_DIR = str(Path(__file__).resolve().parent)  # vitkit/
 TRACEBACK_FLAG, TRACEBACK_ENV = "--traceback", "VITKIT_TRACEBACK"
 VERBOSE_FLAG = "--verbose"
+
+
+class CheckpointError(ValueError):
+    """A path that does not hold a readable checkpoint (missing, truncated, corrupt or of unknown layout)."""
 
 
 def _raised_by_vitkit(tb: TracebackType | None) -> bool:
@@ -28,14 +33,14 @@ def user_error(e: BaseException | None) -> BaseException | None:
     """The error vitkit raised about the user's input inside ``e``, following what it was raised from (jsonargparse
     wraps whatever a class raises while it is built in a "Does not validate against any of the Union subtypes"
     error); None when ``e`` is not about such input."""
-    # imported here, not at the top: they load torch, which `vitkit --help` does without
-    from .checkpoints.files import CheckpointError
-    from .checkpoints.hub import MissingWeightsError
-
+    # the hub's error only where its module was imported (it loads torch, which `vitkit predict --onnx` and
+    # `vitkit --help` do without); where it was not, nothing raised one
+    hub = sys.modules.get("vitkit.checkpoints.hub")
+    ours = (CheckpointError, hub.MissingWeightsError) if hub is not None else (CheckpointError,)
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, (CheckpointError, MissingWeightsError)) or (
+        if isinstance(e, ours) or (
                 isinstance(e, (ValueError, TypeError, OSError, ImportError)) and _raised_by_vitkit(e.__traceback__)):
             return e
         e = e.__cause__ or e.__context__

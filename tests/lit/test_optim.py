@@ -40,6 +40,21 @@ def test_layer_decay_scales_lr_from_head_to_embeddings():
 
 
 
+def test_lora_adapters_train_at_their_own_rate_without_layer_decay():
+    """Adapters start from zero in every block: each gets lr x adapter_scale, the first block's as the last's,
+    while the head keeps lr and the frozen weights are in no group."""
+    pytest.importorskip("peft")
+    from vitkit.lora import DEFAULT_TARGETS, LoraSettings, add_lora
+
+    m = vitkit.create_model("vit_tiny_patch16_224", depth=4, img_size=32, num_classes=3)
+    add_lora(m, LoraSettings(4, None, 0.0, list(DEFAULT_TARGETS), "qkv"))
+    m.head.requires_grad_(True)
+    scale = {n: g["lr_scale"] for g in param_groups(m, 0.05, layer_decay=0.5, adapter_scale=10.0) for n in g["names"]}
+    adapters = [n for n in scale if ".lora_" in n]
+    assert len(adapters) == 4 * 2 * 2 and {scale[n] for n in adapters} == {10.0}
+    assert scale["head.weight"] == 1.0 and set(scale) == {*adapters, "head.weight", "head.bias"}
+
+
 def test_adamw_is_fused_where_it_can_be_and_updates_as_the_loop_over_weights_does():
     """The fused kernel is the default (one kernel for every weight); given the same gradients for five steps,
     with weight decay groups and layer decay, it ends where torch's loop over weights ends. (Each model's own

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from vitkit.errors import CheckpointError
+
 # Plain-data classes found in training checkpoints that ``weights_only`` refuses by default; rebuilding
 # them sets attributes and nothing else (timm and DeiT save their argparse Namespace as ``args``).
 SAFE_GLOBALS = [argparse.Namespace, pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath]
@@ -25,8 +27,6 @@ WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin", "model.pth", "model.pt
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 
 
-class CheckpointError(ValueError):
-    """A path that does not hold a readable checkpoint (missing, truncated, corrupt or of unknown layout)."""
 
 
 class UnsafeCheckpointError(CheckpointError):

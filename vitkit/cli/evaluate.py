@@ -156,7 +156,7 @@ def _model(cfg, device: torch.device,
     preprocessing for the data module, a multi-label model's thresholds or None); ``img_size``: the size given for
     the data, the model's too (positions and windows resized on load)."""
     if cfg.onnx:
-        from vitkit.tools.export import OnnxModel
+        from vitkit.tools.onnx_model import OnnxModel
 
         net = OnnxModel(cfg.onnx)
         if not net.labels:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+
 from .common import TOKEN_MERGING, add_model_source, command_parser, load_classifier, read_image
 
 
@@ -22,28 +24,14 @@ def parser():
 
 
 def main(argv: list[str]) -> int:
-    import torch
-
     args = parser().parse_args(argv)
     if args.topk is not None and args.topk < 1:
         raise SystemExit(f"error: --topk expects a whole number of classes of 1 or more, got {args.topk}")
     if args.onnx and args.token_merging:
         raise SystemExit("error: --token-merging applies to PyTorch models; an ONNX file merges tokens as it was "
                          "exported (vitkit export --token-merging R)")
-    if args.onnx:
-        names, probabilities, thresholds = onnx_classifier(args.onnx)
-    else:
-        net = load_classifier(args)
-        names = getattr(net, "class_names", None) or [str(i) for i in range(net.cfg.num_classes)]
-        refuse_an_embedding(net, args.model, args.checkpoint)
-        thresholds = getattr(net, "thresholds", None)
-
-        def probabilities(image: str) -> torch.Tensor:
-            x, _ = read_image(image, net.cfg)
-            with torch.no_grad():
-                logits = net(x)[0]
-            return logits.sigmoid() if thresholds is not None else logits.softmax(-1)
-
+    # an ONNX file runs in onnxruntime on numpy arrays: torch is not imported (benchmarks/startup.py)
+    names, probabilities, thresholds = onnx_classifier(args.onnx) if args.onnx else torch_classifier(args)
     failed = 0
     for path in args.images:
         try:
@@ -58,18 +46,37 @@ def main(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
-def describe(p, names: list[str], thresholds: list[float] | None, topk: int | None) -> str:
-    """One image's line: the top-k classes with their probabilities; for a multi-label model, the labels at or
-    above their thresholds (most probable first; "none" when none is), then the top-k when asked for."""
+def torch_classifier(args):
+    """(names, image path -> probabilities as a numpy array, the thresholds of a multi-label model or None) of a
+    model vitkit builds."""
     import torch
 
-    def listing(idx: list[int]) -> str:
+    net = load_classifier(args)
+    names = getattr(net, "class_names", None) or [str(i) for i in range(net.cfg.num_classes)]
+    refuse_an_embedding(net, args.model, args.checkpoint)
+    thresholds = getattr(net, "thresholds", None)
+
+    def probabilities(image: str) -> np.ndarray:
+        x, _ = read_image(image, net.cfg)
+        with torch.no_grad():
+            logits = net(x)[0].float()
+        return (logits.sigmoid() if thresholds is not None else logits.softmax(-1)).numpy()
+
+    return names, probabilities, thresholds
+
+
+def describe(p: np.ndarray, names: list[str], thresholds: list[float] | None, topk: int | None) -> str:
+    """One image's line: the top-k classes with their probabilities; for a multi-label model, the labels at or
+    above their thresholds (most probable first; "none" when none is), then the top-k when asked for."""
+    p = np.asarray(p, dtype=np.float64)
+
+    def listing(idx) -> str:
         return ", ".join(f"{names[i]} {float(p[i]):.3f}" for i in idx)
 
-    top = p.topk(min(topk or 5, len(p))).indices.tolist()
+    top = np.argsort(-p, kind="stable")[:min(topk or 5, len(p))].tolist()
     if thresholds is None:
         return listing(top)
-    on = (p >= torch.tensor(thresholds, dtype=p.dtype)).nonzero().flatten().tolist()
+    on = np.flatnonzero(p >= np.asarray(thresholds, dtype=np.float64)).tolist()
     line = listing(sorted(on, key=lambda i: -float(p[i]))) or "none"
     return line + (f"  (top {len(top)}: {listing(top)})" if topk else "")
 
@@ -101,11 +108,10 @@ def refuse_an_embedding(net, tag: str | None, checkpoint: str | None = None) -> 
 def onnx_classifier(path: str):
     """(names, image path -> probabilities, the thresholds of a multi-label model or None) of an exported ONNX model,
     run by onnxruntime."""
-    import torch
     from PIL import Image, UnidentifiedImageError
 
     try:
-        from vitkit.tools.export import OnnxModel
+        from vitkit.tools.onnx_model import OnnxModel
         model = OnnxModel(path)
     except ImportError as e:
         raise SystemExit(f"error: --onnx needs onnxruntime ({e}); pip install 'vitkit[export]'") from None
@@ -114,12 +120,16 @@ def onnx_classifier(path: str):
     n = model.session.get_outputs()[0].shape[-1]
     names = model.labels or [str(i) for i in range(n if isinstance(n, int) else 0)]
 
-    def probabilities(image: str) -> torch.Tensor:
+    def probabilities(image: str) -> np.ndarray:
         try:
             img = Image.open(image)
+            x = model.preprocess(img)
         except (OSError, UnidentifiedImageError) as e:
             raise SystemExit(f"error: cannot read image {image!r}: {e}") from None
-        logits = torch.from_numpy(model(model.preprocess(img)))[0]
-        return logits.sigmoid() if model.thresholds is not None else logits.softmax(-1)
+        logits = model(x)[0].astype(np.float64)
+        if model.thresholds is not None:
+            return 1.0 / (1.0 + np.exp(-logits))
+        e = np.exp(logits - logits.max())
+        return e / e.sum()
 
     return names, probabilities, model.thresholds

@@ -96,6 +96,7 @@ class TrainingSettings:
     min_lr: float = 0.0
     nonfinite_loss: str = "stop"
     compile: bool = False
+    lora_lr_scale: float = 1.0  # LoRA adapters' LR over ``lr`` (optim.param_groups)
 
     @classmethod
     def of(cls, hparams: Mapping[str, Any]) -> TrainingSettings:
@@ -197,7 +198,7 @@ class TrainingModule(L.LightningModule):
             opt = build_sgd(self.model, s.lr, s.weight_decay, s.momentum)
         else:
             opt = build_adamw(self.model, s.lr, s.weight_decay, tuple(s.betas), s.layer_decay, eps=s.eps,
-                              fused=None if self._may_fuse() else False)
+                              fused=None if self._may_fuse() else False, adapter_scale=s.lora_lr_scale)
         self.schedule = self.lr_multiplier()
         sched = torch.optim.lr_scheduler.LambdaLR(
             opt, scaled_lambda(self.schedule, [g["lr_scale"] for g in opt.param_groups]))

@@ -146,6 +146,8 @@ class ImageClassifier(TrainingModule):
         lora_dropout: dropout on the adapters' input.
         lora_targets: timm's module names to adapt (default the attention's qkv and proj).
         lora_parts: ``qkv``, or ``qv`` to adapt only the query and value rows of a fused qkv.
+        lora_lr_scale: the adapters' LR is ``lr`` x this, without layer decay (they start from zero in every
+            block); the head keeps ``lr``.
         teacher: knowledge distillation from a frozen teacher (``vitkit/lit/distill.py``): a vitkit preset or timm
             tag (pretrained, offline-first), any timm model by name (``regnety_160.deit_in1k``), or a file or folder
             vitkit reads; it must predict the data's classes. ``teacher_checkpoint``: the weights of a named one.
@@ -196,6 +198,7 @@ class ImageClassifier(TrainingModule):
         lora_dropout: float = 0.0,
         lora_targets: list[str] | None = None,
         lora_parts: str = "qkv",
+        lora_lr_scale: float = 10.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()

@@ -36,11 +36,14 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
     return {name: ids[k] for name, k in keys.items()}
 
 
-def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None,
+                 adapter_scale: float = 1.0) -> list[dict]:
     """AdamW groups: no weight decay on 1-D params (norms, biases) and the model's ``no_weight_decay()``
     names (positions, class token, relative-position tables); with ``layer_decay`` each layer's LR is
     scaled by ``layer_decay ** (L - layer_id)`` with layers from ``group_matcher()`` (BEiT/MAE fine-tuning,
-    the same groups as timm's ``param_groups_layer_decay``)."""
+    the same groups as timm's ``param_groups_layer_decay``). LoRA adapters (``lora_A``, ``lora_B``) form a group
+    of their own at ``adapter_scale`` x the LR, without layer decay: they start from zero in every block, and an
+    early block's adapter at the decayed LR of its pretrained weights would hardly move."""
     skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
     ids = layer_ids(model) if layer_decay is not None else {}
     top = max(ids.values(), default=0)
@@ -51,6 +54,8 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
         no_decay = p.ndim <= 1 or name in skip or name.split(".")[-1] in skip
         lid = ids.get(name, top)
         scale = layer_decay ** (top - lid) if layer_decay is not None else 1.0
+        if ".lora_" in name:
+            lid, scale = -1, adapter_scale
         g = groups.setdefault((lid, no_decay), {"params": [], "weight_decay": 0.0 if no_decay else weight_decay,
                                                  "lr_scale": scale, "names": []})
         g["params"].append(p)
@@ -81,13 +86,14 @@ FUSED_DEVICES = ("cpu", "cuda", "xpu", "mps")  # where torch has a fused AdamW k
 
 
 def build_adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
-                layer_decay: float | None, eps: float = 1e-8, fused: bool | None = None) -> torch.optim.AdamW:
+                layer_decay: float | None, eps: float = 1e-8, fused: bool | None = None,
+                adapter_scale: float = 1.0) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups`. ``fused`` (by default wherever every weight is a floating-point tensor on
     a device with the kernel) updates all weights in one kernel: the same update as the loop over weights that
     is torch's default on CPU, in a fifth of the time there (ViT-B/16: 0.05 against 0.29 s a step on 2 cores).
     ``fused=False`` gives torch's default, for where Lightning refuses a fused optimizer (the training modules
     decide: ``_may_fuse``)."""
-    groups = param_groups(model, weight_decay, layer_decay)
+    groups = param_groups(model, weight_decay, layer_decay, adapter_scale)
     for g in groups:
         g.pop("names")
     if fused is None:

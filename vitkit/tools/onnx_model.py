@@ -1,0 +1,171 @@
+"""An exported classifier in onnxruntime, with the preprocessing its metadata records: what ``vitkit predict --onnx``
+and ``vitkit evaluate --onnx`` run. numpy, Pillow and onnxruntime only: no torch, so a command that runs an export
+starts in a fraction of the time one that imports torch takes (``benchmarks/startup.py``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vitkit.errors import CheckpointError
+
+# what each vitkit.* metadata entry of an export holds, as (JSON type check, what the message says it should be)
+_METADATA = {
+    "input_size": (lambda v: _ints(v, 3), "a list of 3 positive ints (C, H, W)"),
+    "dynamic_size": (lambda v: isinstance(v, bool), "true or false"),
+    "size_multiple": (lambda v: _ints([v], 1), "a positive int"),
+    "min_size": (lambda v: _ints(v, 2), "a list of 2 positive ints"),
+    "mean": (lambda v: _numbers(v), "a list of numbers"),
+    "std": (lambda v: _numbers(v) and all(x > 0 for x in v), "a list of positive numbers"),
+    "crop_pct": (lambda v: _numbers([v]) and 0 < v <= 1, "a number in (0, 1]"),
+    "labels": (lambda v: v is None or isinstance(v, list) and all(isinstance(x, str) for x in v),
+               "null or a list of strings"),
+    "thresholds": (lambda v: v is None or _numbers(v) and all(0 <= x <= 1 for x in v),
+                   "null or a list of numbers in [0, 1]"),
+}
+
+
+def _ints(v: Any, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                                       for x in v)
+
+
+def _numbers(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+
+
+def read_metadata(path: str, meta: dict[str, str]) -> dict[str, Any]:
+    """The ``vitkit.*`` metadata of an export, each entry checked; a damaged one is the file's error."""
+    out: dict[str, Any] = {}
+    for key, text in meta.items():
+        name = key.removeprefix("vitkit.")
+        if not key.startswith("vitkit.") or name == "model":
+            continue
+        if name == "interpolation":
+            out[name] = text
+            continue
+        try:
+            value = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise CheckpointError(f"{path}: its metadata {key} is not valid JSON ({e})") from None
+        check, what = _METADATA.get(name, (lambda v: True, ""))
+        if not check(value):
+            raise CheckpointError(f"{path}: its metadata {key} should be {what}, got {text[:60]!r}")
+        out[name] = value
+    return out
+
+
+class OnnxModel:
+    """An exported classifier in onnxruntime (CPU), with its preprocessing from the file's metadata.
+
+    Calling it checks the input against the exported shape and dtype and names what was expected."""
+
+    def __init__(self, path: str | os.PathLike, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+        opts.log_severity_level = 4  # what onnxruntime would log about a damaged graph, vitkit's error says once
+        self.path = str(path)
+        try:  # onnxruntime's own error types for a missing, damaged or foreign file
+            self.session = ort.InferenceSession(self.path, opts, providers=["CPUExecutionProvider"])
+            meta = self.session.get_modelmeta().custom_metadata_map
+            self.input = self.session.get_inputs()[0]
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{self.path} is not an ONNX model onnxruntime can load: "
+                                  f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+        self.meta = read_metadata(self.path, meta)
+        self.name = meta.get("vitkit.model", Path(self.path).stem)
+
+    @property
+    def labels(self) -> list[str] | None:
+        return self.meta.get("labels")
+
+    @property
+    def thresholds(self) -> list[float] | None:
+        """A multi-label classifier's per-class thresholds (its outputs take a sigmoid each), or None."""
+        return self.meta.get("thresholds")
+
+    def expected(self) -> str:
+        c, h, w = self.meta.get("input_size", [None, None, None])
+        if self.meta.get("dynamic_size"):
+            k = self.meta.get("size_multiple", 1)
+            h0, w0 = self.meta.get("min_size", [k, k])  # files from before min_size: one multiple
+            if (h0, w0) == (k, k):  # a multiple is at least one
+                sizes = f"H and W multiples of {k}"
+            else:
+                sizes = f"H >= {h0} and W >= {w0}" + (f", multiples of {k}" if k > 1 else "")
+            return f"(B, {c}, H, W) float32 with {sizes} (exported at {h}x{w})"
+        return f"(B, {c}, {h}, {w}) float32"
+
+    def __call__(self, x) -> np.ndarray:
+        """``x``: a float32 array (or a torch tensor) of the exported shape."""
+        if hasattr(x, "detach"):  # a torch tensor, taken without importing torch
+            x = x.detach().cpu().numpy()
+        c, h, w = self.meta.get("input_size", [x.shape[1] if x.ndim == 4 else None, None, None])
+        k = self.meta.get("size_multiple", 1)
+        h0, w0 = self.meta.get("min_size", [k, k])
+        if not self.meta.get("dynamic_size"):
+            ok_size = x.ndim == 4 and tuple(x.shape[2:]) == (h, w)
+        else:
+            ok_size = x.ndim == 4 and all(n % k == 0 and n >= lo for n, lo in zip(x.shape[2:], (h0, w0), strict=True))
+        if x.dtype != np.float32:
+            raise TypeError(f"{self.path} expects {self.expected()}, got dtype {x.dtype}; normalise the pixels "
+                            "with the model's mean/std (OnnxModel.preprocess does) and pass float32")
+        if x.ndim != 4 or x.shape[1] != c or not ok_size or x.shape[0] == 0:
+            raise ValueError(f"{self.path} expects {self.expected()}, got shape {tuple(x.shape)}")
+        try:
+            return self.session.run(None, {self.input.name: x})[0]
+        except Exception as e:  # noqa: BLE001 - the input passed the checks above: the graph is at fault
+            raise CheckpointError(f"{self.path}: onnxruntime could not run the model on an input of shape "
+                                  f"{tuple(x.shape)}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}") \
+                from None
+
+    def preprocess(self, image) -> np.ndarray:
+        """A PIL image -> the (1, C, H, W) float32 input, with the eval transform the metadata records (timm's:
+        resize the shorter side to size / crop_pct, centre crop, normalise), in PIL and numpy."""
+        missing = [k for k in ("input_size", "mean", "std", "crop_pct", "interpolation") if k not in self.meta]
+        if missing:
+            raise CheckpointError(f"{self.path} has no vitkit.{missing[0]} metadata: it was not written by `vitkit "
+                                  "export`, so its preprocessing is unknown; feed it prepared arrays instead")
+        c, h, w = self.meta["input_size"]
+        if len(self.meta["mean"]) < c or len(self.meta["std"]) < c:
+            raise CheckpointError(f"{self.path}: its metadata has {len(self.meta['mean'])} mean and "
+                                  f"{len(self.meta['std'])} std values for {c} input channels")
+        image = resize_and_crop(image.convert("L" if c == 1 else "RGB"), (h, w), self.meta["crop_pct"],
+                                self.meta["interpolation"])
+        x = np.asarray(image, dtype=np.float32).reshape(h, w, c).transpose(2, 0, 1) / 255.0
+        mean = np.asarray(self.meta["mean"][:c], dtype=np.float32).reshape(c, 1, 1)
+        std = np.asarray(self.meta["std"][:c], dtype=np.float32).reshape(c, 1, 1)
+        return ((x - mean) / std)[None].astype(np.float32)
+
+
+INTERPOLATION = {"nearest": 0, "bilinear": 2, "bicubic": 3, "lanczos": 1, "box": 4, "hamming": 5}  # PIL's numbers
+
+
+def resize_and_crop(image, size: tuple[int, int], crop_pct: float, interpolation: str):
+    """timm's eval geometry on a PIL image, as torchvision computes it: the shorter side resized to
+    floor(size / crop_pct) keeping the aspect ratio (both sides to floor(size / crop_pct) for a non-square
+    size), then the centre ``size`` crop."""
+    from PIL import Image
+
+    h, w = size
+    sh, sw = math.floor(h / crop_pct), math.floor(w / crop_pct)
+    iw, ih = image.size
+    if sh == sw:  # torchvision's Resize(int): the shorter side to sh, the longer in proportion (truncated)
+        new = (sh, int(sh * ih / iw)) if iw <= ih else (int(sh * iw / ih), sh)
+    else:  # timm's ResizeKeepRatio: the scale that makes the image cover (sh, sw)
+        ratio = min(ih / sh, iw / sw)
+        new = (round(iw / ratio), round(ih / ratio))
+    resample = INTERPOLATION.get(interpolation, Image.BILINEAR)
+    if new != (iw, ih):
+        image = image.resize(new, resample)
+    iw, ih = image.size
+    top, left = int(round((ih - h) / 2.0)), int(round((iw - w) / 2.0))
+    return image.crop((left, top, left + w, top + h))
