@@ -168,9 +168,11 @@ def test_export_then_predict_onnx_prints_the_pytorch_top_k(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("image_size", [(50, 40), (40, 50), (224, 224), (17, 300), (640, 481)])
-@pytest.mark.parametrize("size, crop_pct, interpolation", [((32, 32), 0.875, "bicubic"), ((224, 224), 1.0, "bilinear"),
-                                                            ((48, 64), 0.9, "bicubic"), ((98, 98), 0.875, "nearest")])
-def test_the_onnx_preprocessing_without_torch_is_the_eval_transform(image_size, size, crop_pct, interpolation):
+@pytest.mark.parametrize("size, crop_pct, interpolation, crop_mode", [
+    ((32, 32), 0.875, "bicubic", "center"), ((224, 224), 1.0, "bilinear", "center"), ((48, 64), 0.9, "bicubic", "center"),
+    ((98, 98), 0.875, "nearest", "center"), ((28, 56), 0.875, "bicubic", "squash"), ((32, 32), 0.9, "bilinear", "squash")])
+def test_the_onnx_preprocessing_without_torch_is_the_eval_transform(image_size, size, crop_pct, interpolation,
+                                                                    crop_mode):
     """OnnxModel.preprocess (PIL and numpy) gives what vitkit's eval transform (timm's, in torchvision) gives."""
     from types import SimpleNamespace
 
@@ -182,11 +184,11 @@ def test_the_onnx_preprocessing_without_torch_is_the_eval_transform(image_size, 
     rng = np.random.default_rng(sum(image_size))
     image = Image.fromarray(rng.integers(0, 256, (*image_size[::-1], 3), dtype=np.uint8))
     meta = dict(input_size=[3, *size], mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], crop_pct=crop_pct,
-                interpolation=interpolation)
+                interpolation=interpolation, crop_mode=crop_mode)
     model = OnnxModel.__new__(OnnxModel)  # the preprocessing alone: no session
     model.path, model.meta = "m.onnx", meta
     cfg = SimpleNamespace(img_size=size, in_chans=3, mean=tuple(meta["mean"]), std=tuple(meta["std"]),
-                          crop_pct=crop_pct, interpolation=interpolation)
+                          crop_pct=crop_pct, interpolation=interpolation, crop_mode=crop_mode)
     expected = eval_transform(cfg)(image)[None].numpy()
     got = model.preprocess(image)
     assert got.dtype == np.float32 and got.shape == expected.shape

@@ -6,12 +6,15 @@ import csv
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from sklearn.metrics import average_precision_score, f1_score
 
+import vitkit
 from vitkit.cli import main
 from vitkit.cli.train import cli_main
 from vitkit.evaluation.multilabel import choose_thresholds, multilabel_scores
@@ -398,3 +401,65 @@ def test_swin_and_lora_with_the_probe_first_head_train_on_several_labels(family,
     if family != "swin":
         assert 0 < cli.model.probe_baseline <= 1  # the probe's validation mAP
         assert (tmp_path / "run/checkpoints/probe.ckpt").is_file()
+
+
+# -- images that are not square ---------------------------------------------------------------------------------
+
+WIDE_MODELS = {"vit_tiny_patch16_224": {"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 4},
+               "swin_tiny_patch4_window7_224": {"depths": [1, 1], "num_heads": [1, 2], "embed_dim": 16,
+                                                "window_size": 7, "patch_size": 2}}
+
+
+def _wide_digits(root: Path, n: int = 24) -> tuple[Path, Path]:
+    """28 x 56 images of two different real digits side by side, labelled with both."""
+    from sklearn.datasets import load_digits
+
+    digits, rng = load_digits(), np.random.default_rng(0)
+    (root / "images").mkdir(parents=True)
+    rows = []
+    for i in range(n):
+        a, b = rng.choice(10, size=2, replace=False)
+        cells = [Image.fromarray((digits.images[rng.choice(np.flatnonzero(digits.target == d))] * 15).astype(np.uint8))
+                 .resize((28, 28)) for d in (a, b)]
+        canvas = Image.new("L", (56, 28))
+        canvas.paste(cells[0], (0, 0))
+        canvas.paste(cells[1], (28, 0))
+        canvas.convert("RGB").save(root / f"images/{i}.png")
+        rows.append(f"images/{i}.png,{a} {b}\n")
+    for name, part in (("train.csv", rows[: n * 2 // 3]), ("val.csv", rows[n * 2 // 3:])):
+        (root / name).write_text("image,labels\n" + "".join(part))
+    return root / "train.csv", root / "val.csv"
+
+
+@pytest.mark.parametrize("name", list(WIDE_MODELS))
+def test_wide_images_train_and_evaluate_whole_at_h_by_w(name, tmp_path, capsys):
+    """--data.img_size [28, 56] with the multi-label recipe's crop_mode squash: ViT and Swin train at 28 x 56, every
+    image reaches the model whole (both digits of each), and the checkpoint, evaluate and predict keep that size and
+    that preparation."""
+    from vitkit.data.transforms import eval_transform
+
+    train, val = _wide_digits(tmp_path / "data")
+    run = tmp_path / "run"
+    cli = cli_main(["fit", "-c", "multilabel_finetune", "--model.model_name", name, "--model.pretrained", "false",
+                    "--model.model_overrides", json.dumps(WIDE_MODELS[name]), "--data.train_manifest", str(train),
+                    "--data.val_manifest", str(val), "--data.img_size", "[28, 56]", "--data.batch_size", "8",
+                    "--data.num_workers", "0", "--trainer.max_epochs", "1", "--trainer.accelerator", "cpu",
+                    "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
+                    "--trainer.default_root_dir", str(run)])
+    dm = cli.datamodule
+    assert dm.data_cfg.crop_mode == "squash" and dm.data_cfg.img_size == (28, 56)
+    image = Image.open(train.parent / val.read_text().splitlines()[1].split(",")[0])
+    x, _ = dm.val_set[0]
+    whole = np.asarray(image.convert("L").resize((56, 28), Image.BICUBIC), np.float32) / 255
+    seen = x[0].numpy() * dm.data_cfg.std[0] + dm.data_cfg.mean[0]
+    assert x.shape == (3, 28, 56) and np.abs(seen - whole).max() < 1e-3  # the whole image, both digits
+    assert eval_transform(SimpleNamespace(**{**vars(dm.data_cfg), "crop_mode": "center"}))(image).shape == (3, 28, 56)
+    last = run / "checkpoints/last.ckpt"
+    model = vitkit.create_model(checkpoint=str(last))
+    assert tuple(model.cfg.img_size) == (28, 56) and model.cfg.crop_mode == "squash"
+    status, _ = run_cli(["evaluate", "--checkpoint", str(last), "--data", "vitkit.lit.ManifestDataModule",
+                         "--data.train_manifest", str(train), "--data.val_manifest", str(val),
+                         "--data.num_workers", "0", "-o", str(tmp_path / "eval")], capsys)
+    assert status == 0 and json.loads((tmp_path / "eval/metrics.json").read_text())["mAP"] > 0
+    status, err = run_cli(["predict", str(train.parent / "images/0.png"), "--checkpoint", str(last)], capsys)
+    assert status == 0, err

@@ -239,7 +239,7 @@ def test_a_lora_run_keeps_what_trained_and_converts_merged_or_as_an_adapter(back
 
     run = tmp_path / "run"
     cli = cli_main(["fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone), "--data.root", str(few),
-                    "--data.img_size", "32", "--model.lora_rank", "4", "--model.lr", "3e-3",
+                    "--data.img_size", "32", "--model.lora_rank", "4",
                     "--trainer.max_epochs", "2", "--trainer.default_root_dir", str(run), *CPU])
     last = run / "checkpoints/last.ckpt"
     ck = torch.load(last, weights_only=True)
@@ -254,7 +254,7 @@ def test_a_lora_run_keeps_what_trained_and_converts_merged_or_as_an_adapter(back
     with torch.no_grad():  # the module rebuilt from the checkpoint: its backbone read again from the file it names
         torch.testing.assert_close(ImageClassifier.load_from_checkpoint(last).eval()(x), ours)
     resumed = cli_main(["fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone), "--data.root",
-                        str(few), "--data.img_size", "32", "--model.lora_rank", "4", "--model.lr", "3e-3",
+                        str(few), "--data.img_size", "32", "--model.lora_rank", "4",
                         "--trainer.max_epochs", "3", "--trainer.default_root_dir", str(run), "--ckpt_path", "last",
                         *CPU])
     assert resumed.trainer.global_step == cli.trainer.global_step * 3 // 2

@@ -19,8 +19,9 @@ from vitkit.evaluation.metrics import summary
 from vitkit.evaluation.multilabel import THRESHOLD_MODES, choose_thresholds, multilabel_summary, write_multilabel_report
 from vitkit.evaluation.predict import backbone_scores, predict, width
 from vitkit.evaluation.report import write_backbone_report, write_report
+from vitkit.models.config import pair
 
-PREPROCESSING = ("img_size", "mean", "std", "crop_pct", "interpolation")
+PREPROCESSING = ("img_size", "mean", "std", "crop_pct", "interpolation", "crop_mode")
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
@@ -151,7 +152,7 @@ def main(argv: list[str]) -> int:
 
 
 def _model(cfg, device: torch.device,
-           img_size: int | None = None) -> tuple[Any, list[str] | None, dict, torch.Tensor | None]:
+           img_size: int | tuple[int, int] | None = None) -> tuple[Any, list[str] | None, dict, torch.Tensor | None]:
     """(a callable from a batch to logits or features, the class names or None for a backbone, the model's
     preprocessing for the data module, a multi-label model's thresholds or None); ``img_size``: the size given for
     the data, the model's too (positions and windows resized on load)."""
@@ -163,7 +164,8 @@ def _model(cfg, device: torch.device,
             raise ValueError(f"{cfg.onnx} records no class names (no vitkit.labels metadata): export it from a "
                              "checkpoint that has them (`vitkit export CKPT`), or evaluate the checkpoint itself")
         c, h, w = net.meta["input_size"]
-        prep = {"img_size": h, **{k: net.meta[k] for k in ("mean", "std", "crop_pct", "interpolation")}}
+        prep = {"img_size": h if h == w else (h, w), "crop_mode": net.meta.get("crop_mode", "center"),
+                **{k: net.meta[k] for k in ("mean", "std", "crop_pct", "interpolation")}}
         thresholds = None if net.thresholds is None else torch.tensor(net.thresholds)
         return (lambda x: torch.from_numpy(net(x.float().cpu().numpy()))), list(net.labels), prep, thresholds
     import vitkit
@@ -177,9 +179,10 @@ def _model(cfg, device: torch.device,
     headless = net.cfg.num_classes == 0 or (report is not None and bool(report.new_head))
     names = None if headless else (getattr(net, "class_names", None) or
                                    [str(i) for i in range(net.cfg.num_classes)])
-    size = net.cfg.img_size if isinstance(net.cfg.img_size, int) else net.cfg.img_size[0]
-    prep = {"img_size": size, "mean": tuple(net.cfg.mean), "std": tuple(net.cfg.std),
-            "crop_pct": net.cfg.crop_pct, "interpolation": net.cfg.interpolation}
+    h, w = pair(net.cfg.img_size)
+    prep = {"img_size": h if h == w else (h, w), "mean": tuple(net.cfg.mean), "std": tuple(net.cfg.std),
+            "crop_pct": net.cfg.crop_pct, "interpolation": net.cfg.interpolation,
+            "crop_mode": getattr(net.cfg, "crop_mode", "center")}
     net.features = lambda x: net.forward_head(net.forward_features(x), pre_logits=True)
     thresholds = None if getattr(net, "thresholds", None) is None else torch.tensor(net.thresholds)
     return net, names, prep, thresholds

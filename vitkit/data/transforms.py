@@ -36,10 +36,16 @@ def default_augment(img_size: int | tuple[int, int], **given) -> dict:
     return {k: base[k] if given.get(k, auto.get(k)) == auto.get(k) else given[k] for k in TRAIN_AUGMENT}
 
 
+CROP_MODES = ("center", "squash")
+
+
 def eval_transform(cfg) -> nn.Module:
-    """Resize to img_size / crop_pct, center-crop img_size, to tensor, normalise with the model's mean/std."""
+    """Resize to img_size / crop_pct, center-crop img_size, to tensor, normalise with the model's mean/std; with
+    ``cfg.crop_mode`` "squash", the whole image resized to img_size (H, W), nothing cropped."""
+    squash = getattr(cfg, "crop_mode", "center") == "squash"
     return create_transform(input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=False,
-                            interpolation=cfg.interpolation, mean=cfg.mean, std=cfg.std, crop_pct=cfg.crop_pct)
+                            interpolation=cfg.interpolation, mean=cfg.mean, std=cfg.std,
+                            crop_pct=1.0 if squash else cfg.crop_pct, crop_mode="squash" if squash else "center")
 
 
 def train_transform(cfg, *, auto_augment: str | None = "rand-m9-mstd0.5-inc1", re_prob: float = 0.25,
@@ -49,6 +55,8 @@ def train_transform(cfg, *, auto_augment: str | None = "rand-m9-mstd0.5-inc1", r
     random erasing. With ``on_device`` it stops at uint8 (C, H, W) tensors, as timm's prefetcher takes them: a
     quarter of float32's bytes across the loader's worker boundary and to the device, where :func:`device_batch`
     normalises and erases."""
+    if getattr(cfg, "crop_mode", "center") == "squash":
+        return _squash_train(cfg, hflip, color_jitter, auto_augment, re_prob, on_device)
     tf = create_transform(input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=True, scale=tuple(scale),
                           hflip=hflip, color_jitter=color_jitter, auto_augment=auto_augment, interpolation="bicubic",
                           re_prob=0.0 if on_device else re_prob, re_mode="pixel", re_count=1, mean=cfg.mean,
@@ -59,6 +67,33 @@ def train_transform(cfg, *, auto_augment: str | None = "rand-m9-mstd0.5-inc1", r
             ops[:] = [AtLeastOneBit(op) if isinstance(op, AugmentOp) and op.name.startswith("Posterize") else op
                       for op in ops]
     return tf
+
+
+def _squash_train(cfg, hflip: float, color_jitter: float | None, auto_augment: str | None, re_prob: float,
+                  on_device: bool) -> nn.Module:
+    """The whole image resized to img_size (as :func:`eval_transform` squashes it), then flip, RandAugment or
+    colour jitter, as timm's pipeline would: no random crop, which could cut a labelled object out."""
+    from timm.data.transforms import MaybePILToTensor, MaybeToTensor, str_to_interp_mode
+    from torchvision import transforms as T
+
+    tfl = [T.Resize(pair(cfg.img_size), interpolation=str_to_interp_mode(cfg.interpolation))]
+    if hflip > 0:
+        tfl.append(T.RandomHorizontalFlip(hflip))
+    if auto_augment:
+        from timm.data.auto_augment import rand_augment_transform
+
+        tfl.append(rand_augment_transform(auto_augment, {"translate_const": int(min(pair(cfg.img_size)) * 0.45),
+                                                         "img_mean": tuple(round(255 * m) for m in cfg.mean)}))
+    elif color_jitter:
+        tfl.append(T.ColorJitter(*(float(color_jitter),) * 3))
+    if on_device:
+        return T.Compose([*tfl, MaybePILToTensor()])
+    tfl += [MaybeToTensor(), T.Normalize(cfg.mean, cfg.std)]
+    if re_prob > 0:
+        from timm.data.random_erasing import RandomErasing
+
+        tfl.append(RandomErasing(probability=re_prob, mode="pixel", max_count=1, device="cpu"))
+    return T.Compose(tfl)
 
 
 def device_batch(x: Tensor, cfg, re_prob: float = 0.0) -> Tensor:
@@ -96,13 +131,26 @@ class AtLeastOneBit:
         return repr(self.op)
 
 
-def data_config(model_name: str | None, img_size: int, **given) -> SimpleNamespace:
-    """The eval-data settings of a preset (mean, std, crop_pct, interpolation), any of them overridden."""
+def data_config(model_name: str | None, img_size: int | tuple[int, int], **given) -> SimpleNamespace:
+    """The eval-data settings of a preset (mean, std, crop_pct, interpolation, crop_mode), any of them overridden;
+    ``img_size`` one int or (H, W)."""
     base = get_config(model_name) if model_name else SimpleNamespace(**IMAGENET, crop_pct=0.875,
                                                                              interpolation="bicubic")
-    fields = {k: getattr(base, k) for k in ("mean", "std", "crop_pct", "interpolation")}
+    fields = {k: getattr(base, k, "center") for k in ("mean", "std", "crop_pct", "interpolation", "crop_mode")}
     fields.update({k: v for k, v in given.items() if v is not None})
-    return SimpleNamespace(img_size=img_size, in_chans=3, **fields)
+    if fields["crop_mode"] not in CROP_MODES:
+        raise ValueError(f"crop_mode must be one of {', '.join(CROP_MODES)}, got {fields['crop_mode']!r}")
+    return SimpleNamespace(img_size=check_size(img_size), in_chans=3, **fields)
+
+
+def check_size(img_size) -> int | tuple[int, int]:
+    """``img_size`` as given (one int, or H and W), or one line saying what it should be."""
+    ok = isinstance(img_size, int) and not isinstance(img_size, bool) and img_size > 0 or \
+        isinstance(img_size, (tuple, list)) and len(img_size) == 2 and \
+        all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in img_size)
+    if not ok:
+        raise ValueError(f"img_size must be a positive int or two of them (H W, e.g. [224, 448]), got {img_size!r}")
+    return img_size if isinstance(img_size, int) else (int(img_size[0]), int(img_size[1]))
 
 
 def random_affine(x: Tensor, degrees: float, translate: float, scale: tuple[float, float]) -> Tensor:

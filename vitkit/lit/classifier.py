@@ -61,7 +61,7 @@ def _warn_whole_model_augmentation(hp, datamodule) -> None:
 
 
 def _build_model(name: str, pretrained: bool, checkpoint: str | None, num_classes: int | None,
-                 img_size: int | None, overrides: dict[str, Any] | None) -> nn.Module:
+                 img_size: int | tuple[int, int] | None, overrides: dict[str, Any] | None) -> nn.Module:
     if vitkit.family(name) == "seq2seq":
         raise ValueError(f"{name!r} is an encoder-decoder preset; train it with "
                          "--model vitkit.lit.Seq2SeqModule (class_path: vitkit.lit.Seq2SeqModule in a config)")
@@ -100,7 +100,8 @@ class ImageClassifier(TrainingModule):
             every weight, so it records ``pretrained: false`` and no ``checkpoint``: ``load_from_checkpoint``
             reads nothing else.
         num_classes: classes of the data (linked from the data module by the CLI).
-        img_size: input resolution (linked from the data module by the CLI); None keeps the preset's.
+        img_size: input resolution, one int or (H, W) (linked from the data module by the CLI); None keeps the
+            preset's.
         model_overrides: any other config field of the preset, e.g. ``{"depth": 6, "drop_path_rate": 0.1}``.
         class_names: stored in the checkpoint for prediction (linked from the data module).
         multi_label: several labels per image (``vitkit/lit/multilabel.py``): multi-hot targets (a
@@ -161,7 +162,7 @@ class ImageClassifier(TrainingModule):
         model_name: str = "vit_tiny_patch16_224",
         pretrained: bool = False,
         num_classes: int | None = None,
-        img_size: int | None = None,
+        img_size: int | tuple[int, int] | None = None,
         model_overrides: dict[str, Any] | None = None,
         class_names: list[str] | None = None,
         multi_label: bool = False,
@@ -311,12 +312,22 @@ class ImageClassifier(TrainingModule):
             suggest_small_data_recipe(self, getattr(self.trainer, "datamodule", None))
         if self.hparams.freeze_backbone:
             _warn_whole_model_augmentation(self.hparams, getattr(self.trainer, "datamodule", None))
+        self._keep_crop_mode(getattr(self.trainer, "datamodule", None))
         if self._teacher is not None:  # the student's device and, for a *-true precision, its dtype
             dtype = next(self.model.parameters()).dtype
             self._teacher.to(device=self.device, dtype=dtype if dtype.is_floating_point else None)
             data_cfg = getattr(getattr(self.trainer, "datamodule", None), "data_cfg", None)
             if data_cfg is not None:  # the batch is normalised as the data module does it
                 self._student_prep.mean, self._student_prep.std = tuple(data_cfg.mean), tuple(data_cfg.std)
+
+    def _keep_crop_mode(self, dm) -> None:
+        """The data's crop_mode (``squash``: the whole image) becomes the model's, in its config and the checkpoint's
+        overrides, so that predict, evaluate and exports prepare images as this run validated them."""
+        mode = getattr(getattr(dm, "data_cfg", None), "crop_mode", None)
+        if mode is None or mode == getattr(self.model.cfg, "crop_mode", mode):
+            return
+        self.model.cfg.crop_mode = mode
+        self.hparams.model_overrides = {**(self.hparams.model_overrides or {}), "crop_mode": mode}
 
     def _check_targets(self, dm) -> None:
         """Multi-hot data needs ``multi_label``; with it, ``pos_weight`` is counted on the training set."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 import torch
@@ -32,6 +33,7 @@ from vitkit.data.transforms import (
     random_affine,
     train_transform,
 )
+from vitkit.models.config import pair
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +148,8 @@ class DigitsDataModule(_TrainValLoaders):
     num_classes: int = 10
     sets_up_locally = True
 
-    def __init__(self, img_size: int = 32, batch_size: int = 64, num_workers: int = 0, val_fraction: float = 0.2,
+    def __init__(self, img_size: int | tuple[int, int] = 32, batch_size: int = 64, num_workers: int = 0,
+                 val_fraction: float = 0.2,
                  seed: int = 0, augment: bool = True, model_name: str | None = None, test_fraction: float = 0.0,
                  mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
                  train_per_class: int | None = None) -> None:
@@ -161,7 +164,7 @@ class DigitsDataModule(_TrainValLoaders):
 
         digits = load_digits()
         x = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16.0  # (N, 1, 8, 8) in [0, 1]
-        x = F.interpolate(x, size=(self.hparams.img_size,) * 2, mode="bilinear", align_corners=False)
+        x = F.interpolate(x, size=pair(self.data_cfg.img_size), mode="bilinear", align_corners=False)
         x = x.expand(-1, 3, -1, -1)  # grey -> RGB, like ImageFolder's convert("RGB")
         mean = torch.tensor(self.data_cfg.mean).view(1, 3, 1, 1)
         std = torch.tensor(self.data_cfg.std).view(1, 3, 1, 1)
@@ -205,16 +208,17 @@ class _SkippingImages(_TrainValLoaders):
     collate_fn = staticmethod(collate_skipping)
     may_yield_empty = True
 
-    def __init__(self, img_size: int = 224, batch_size: int = 128, num_workers: int | None = None,
+    def __init__(self, img_size: int | tuple[int, int] = 224, batch_size: int = 128, num_workers: int | None = None,
                  model_name: str | None = None, auto_augment: str | None = "auto",
                  re_prob: float | None = None, scale: tuple[float, float] | None = None, hflip: float | None = None,
                  color_jitter: float | str | None = "auto", crop_pct: float | None = None,
                  mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
-                 interpolation: str | None = None, pin_memory: bool = True) -> None:
+                 interpolation: str | None = None, crop_mode: Literal["center", "squash"] | None = None,
+                 pin_memory: bool = True) -> None:
         super().__init__()
         self.save_hyperparameters()  # with the subclass's own arguments (Lightning collects the whole chain)
         self.data_cfg = data_config(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
-                                    interpolation=interpolation)
+                                    interpolation=interpolation, crop_mode=crop_mode)
         self.augmentation()  # a value that is none of the field's refused now, not at the first epoch
 
     def augmentation(self) -> dict:
@@ -244,7 +248,7 @@ class _SkippingImages(_TrainValLoaders):
         self.skipped[split] += int(skipped)
         self.seen[split] += 0 if x is None else len(x)
         if x is None:
-            x = torch.empty(0, self.data_cfg.in_chans, self.data_cfg.img_size, self.data_cfg.img_size)
+            x = torch.empty(0, self.data_cfg.in_chans, *pair(self.data_cfg.img_size))
             y = torch.empty(0, self.num_classes) if getattr(self, "multi_label", False) else \
                 torch.empty(0, dtype=torch.long)
         elif x.dtype == torch.uint8:

@@ -72,7 +72,7 @@ class MaskedImageModeling(TrainingModule):
         objective: Literal["mae", "simmim"] | None = None,
         pretrained: bool = False,
         checkpoint: str | None = None,
-        img_size: int | None = None,
+        img_size: int | tuple[int, int] | None = None,
         model_overrides: dict[str, Any] | None = None,
         mask_ratio: float | None = None,
         norm_pix_loss: bool | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -21,6 +22,9 @@ class DataConfig:
     std: tuple[float, ...] = IMAGENET["std"]
     crop_pct: float = 0.875  # resize to img_size / crop_pct, then center-crop img_size
     interpolation: str = "bicubic"
+    # center: timm's resize and centre crop; squash: the whole image resized to img_size (no crop, its aspect
+    # ratio not kept), for images whose labels may sit anywhere in them (several labels per image)
+    crop_mode: Literal["center", "squash"] = "center"
 
 
 def pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:

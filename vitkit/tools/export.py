@@ -72,6 +72,7 @@ def metadata(model: nn.Module, dynamic_size: bool) -> dict[str, str]:
             "vitkit.min_size": json.dumps(list(min_size(model)) if dynamic_size else [h, w]),
             "vitkit.mean": json.dumps(list(cfg.mean)), "vitkit.std": json.dumps(list(cfg.std)),
             "vitkit.crop_pct": json.dumps(cfg.crop_pct), "vitkit.interpolation": cfg.interpolation,
+            "vitkit.crop_mode": getattr(cfg, "crop_mode", "center"),
             "vitkit.labels": json.dumps(getattr(model, "class_names", None)),
             "vitkit.thresholds": json.dumps(_thresholds(model))}
 

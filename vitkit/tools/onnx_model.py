@@ -46,7 +46,9 @@ def read_metadata(path: str, meta: dict[str, str]) -> dict[str, Any]:
         name = key.removeprefix("vitkit.")
         if not key.startswith("vitkit.") or name == "model":
             continue
-        if name == "interpolation":
+        if name in ("interpolation", "crop_mode"):
+            if name == "crop_mode" and text not in ("center", "squash"):
+                raise CheckpointError(f"{path}: its metadata {key} should be center or squash, got {text[:60]!r}")
             out[name] = text
             continue
         try:
@@ -129,7 +131,8 @@ class OnnxModel:
 
     def preprocess(self, image) -> np.ndarray:
         """A PIL image -> the (1, C, H, W) float32 input, with the eval transform the metadata records (timm's:
-        resize the shorter side to size / crop_pct, centre crop, normalise), in PIL and numpy."""
+        resize the shorter side to size / crop_pct, centre crop, normalise; or with crop_mode "squash" the whole
+        image resized to the size), in PIL and numpy."""
         missing = [k for k in ("input_size", "mean", "std", "crop_pct", "interpolation") if k not in self.meta]
         if missing:
             raise CheckpointError(f"{self.path} has no vitkit.{missing[0]} metadata: it was not written by `vitkit "
@@ -138,8 +141,11 @@ class OnnxModel:
         if len(self.meta["mean"]) < c or len(self.meta["std"]) < c:
             raise CheckpointError(f"{self.path}: its metadata has {len(self.meta['mean'])} mean and "
                                   f"{len(self.meta['std'])} std values for {c} input channels")
-        image = resize_and_crop(image.convert("L" if c == 1 else "RGB"), (h, w), self.meta["crop_pct"],
-                                self.meta["interpolation"])
+        image = image.convert("L" if c == 1 else "RGB")
+        if self.meta.get("crop_mode", "center") == "squash":  # the whole image, resized to (H, W)
+            image = image.resize((w, h), INTERPOLATION.get(self.meta["interpolation"], 2))
+        else:
+            image = resize_and_crop(image, (h, w), self.meta["crop_pct"], self.meta["interpolation"])
         x = np.asarray(image, dtype=np.float32).reshape(h, w, c).transpose(2, 0, 1) / 255.0
         mean = np.asarray(self.meta["mean"][:c], dtype=np.float32).reshape(c, 1, 1)
         std = np.asarray(self.meta["std"][:c], dtype=np.float32).reshape(c, 1, 1)
