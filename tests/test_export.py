@@ -169,8 +169,9 @@ def test_export_then_predict_onnx_prints_the_pytorch_top_k(tmp_path, capsys):
 
 @pytest.mark.parametrize("image_size", [(50, 40), (40, 50), (224, 224), (17, 300), (640, 481)])
 @pytest.mark.parametrize("size, crop_pct, interpolation, crop_mode", [
-    ((32, 32), 0.875, "bicubic", "center"), ((224, 224), 1.0, "bilinear", "center"), ((48, 64), 0.9, "bicubic", "center"),
-    ((98, 98), 0.875, "nearest", "center"), ((28, 56), 0.875, "bicubic", "squash"), ((32, 32), 0.9, "bilinear", "squash")])
+    ((32, 32), 0.875, "bicubic", "center"), ((224, 224), 1.0, "bilinear", "center"),
+    ((48, 64), 0.9, "bicubic", "center"), ((98, 98), 0.875, "nearest", "center"),
+    ((28, 56), 0.875, "bicubic", "squash"), ((32, 32), 0.9, "bilinear", "squash")])
 def test_the_onnx_preprocessing_without_torch_is_the_eval_transform(image_size, size, crop_pct, interpolation,
                                                                     crop_mode):
     """OnnxModel.preprocess (PIL and numpy) gives what vitkit's eval transform (timm's, in torchvision) gives."""
