@@ -293,14 +293,34 @@ def learned(tmp_path_factory) -> dict:
             "ckpt": Path(cli.trainer.checkpoint_callback.best_model_path), "model": cli.model}
 
 
+def _pixels_baseline(train: Path, val: Path) -> float:
+    """Macro mAP of one logistic regression per class on the standardised raw pixels of the same images."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    def read(manifest: Path) -> tuple[np.ndarray, np.ndarray]:
+        rows = list(csv.DictReader(open(manifest)))
+        x = np.stack([np.asarray(Image.open(manifest.parent / r["image"]).convert("L"), np.float32).ravel() / 255
+                      for r in rows])
+        return x, np.array([[float(str(d) in r["labels"].split()) for d in range(10)] for r in rows])
+
+    (xt, yt), (xv, yv) = read(train), read(val)
+    scale = StandardScaler().fit(xt)
+    p = np.stack([LogisticRegression(max_iter=2000).fit(scale.transform(xt), yt[:, j])
+                  .predict_proba(scale.transform(xv))[:, 1] for j in range(10)], 1)
+    return float(average_precision_score(yv, p, average="macro"))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_multi_digit_images_are_learned(learned):
-    """Seeds 0-2 ended at val/mAP 0.721, 0.675 and 0.764 after 15 epochs, from 0.40, 0.43 and 0.38 after the first;
-    a model that ranks at random scores the classes' frequency, about 0.2."""
+    """The recipe's whole images (crop_mode squash) beat a one-vs-rest logistic regression on the same images' raw
+    pixels (0.804 on seed 0's data; the run reached 0.90, where random crops of the same recipe ended at 0.72); a
+    model that ranks at random scores the classes' frequency, about 0.2."""
     maps = learned["maps"]
     assert len(maps) == 15
-    assert max(maps) >= 0.6 and max(maps) >= maps[0] + 0.15, maps
+    baseline = _pixels_baseline(learned["train"], learned["val"])
+    assert max(maps) > baseline and max(maps) >= maps[0] + 0.15, (baseline, maps)
     ckpt = torch.load(learned["ckpt"], map_location="cpu", weights_only=False)
     thresholds = ckpt["multi_label"]["thresholds"]
     assert len(thresholds) == 10 and ckpt["multi_label"]["mode"] == "per_class"

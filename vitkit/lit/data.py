@@ -384,8 +384,9 @@ class ManifestDataModule(_SkippingImages):
     ``classes``: the class list, in order; by default the sorted names the training manifest uses. ``multi_label``:
     several labels per image (multi-hot targets, for ``--model.multi_label true``, which the CLI links); by default
     true where a training row has more than one label. A single-label manifest gives class indices, as a folder
-    does. A label outside the classes, an empty path, a missing file, or a single-label row without one label ends
-    in one line naming the row and the file."""
+    does. Several labels per image train and evaluate the whole image (``crop_mode`` squash) unless ``crop_mode``
+    is given. A label outside the classes, an empty path, a missing file, or a single-label row without one label
+    ends in one line naming the row and the file."""
 
     sets_up_locally = True
 
@@ -405,6 +406,8 @@ class ManifestDataModule(_SkippingImages):
             hp.pop("multi_label")                         # the two into one record); the data's says what it holds
         self.multi_label = bool(multi_label) if multi_label is not None else \
             any(len(row) > 1 for row in train.labels)
+        if self.multi_label and image_args.get("crop_mode") is None:  # labels anywhere in the image: keep it whole
+            self.data_cfg.crop_mode = "squash"
         self.classes = list(classes) if classes else train.names()
         if not self.classes:
             raise ValueError(f"{train.path}: no row has a label, and no --data.classes were given")
