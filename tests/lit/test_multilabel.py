@@ -483,3 +483,16 @@ def test_wide_images_train_and_evaluate_whole_at_h_by_w(name, tmp_path, capsys):
     assert status == 0 and json.loads((tmp_path / "eval/metrics.json").read_text())["mAP"] > 0
     status, err = run_cli(["predict", str(train.parent / "images/0.png"), "--checkpoint", str(last)], capsys)
     assert status == 0, err
+
+
+def test_the_small_data_note_of_a_multi_label_run_names_the_flags_the_recipe_needs(small, tmp_path, said):
+    """multilabel_finetune from pretrained weights on 64 images: the note names finetune_small_data with what it needs
+    to read this data as it is (its own data module is a folder of one label per image)."""
+    train, val = small
+    backbone = vitkit.save_pretrained(vitkit.create_model("vit_tiny_patch16_224", **SMALL, img_size=32),
+                                      tmp_path / "backbone")
+    cli_main(_train_args(train, val, tmp_path / "run", SMALL, "--model.checkpoint", str(backbone),
+                         "--trainer.fast_dev_run", "1"))
+    note = next(m for m in said.messages if m.startswith("note: 64 training images"))
+    assert "`vitkit train fit -c finetune_small_data --data vitkit.lit.ManifestDataModule (and its --data.*) " \
+           "--model.multi_label true`" in note, note

@@ -127,9 +127,14 @@ def suggest_small_data_recipe(module: L.LightningModule, dm: L.LightningDataModu
         return
     per_class = len(train) / classes
     if per_class < SMALL_PER_CLASS:
+        flags = ""  # what the recipe (a folder of one label per image) needs to read this run's data as it is
+        if type(dm).__name__ != "ImageFolderDataModule":
+            flags += f" --data {type(dm).__module__.replace('.lit.data', '.lit')}.{type(dm).__name__} (and its --data.*)"
+        if getattr(module, "multi_label", False):
+            flags += " --model.multi_label true"
         rank_zero_info(f"note: {len(train)} training images, about {per_class:.0f} per class: on a set this small, "
-                       "`vitkit train fit -c finetune_small_data` fits the head on the frozen features first and ends "
-                       "no lower than that probe")
+                       f"`vitkit train fit -c finetune_small_data{flags}` fits the head on the frozen features first "
+                       "and ends no lower than that probe")
 
 
 SMALL_PER_CLASS = 500  # the upper end of what finetune_small_data is made for
