@@ -129,7 +129,8 @@ def suggest_small_data_recipe(module: L.LightningModule, dm: L.LightningDataModu
     if per_class < SMALL_PER_CLASS:
         flags = ""  # what the recipe (a folder of one label per image) needs to read this run's data as it is
         if type(dm).__name__ != "ImageFolderDataModule":
-            flags += f" --data {type(dm).__module__.replace('.lit.data', '.lit')}.{type(dm).__name__} (and its --data.*)"
+            path = f"{type(dm).__module__.replace('.lit.data', '.lit')}.{type(dm).__name__}"
+            flags += f" --data {path} (and its --data.*)"
         if getattr(module, "multi_label", False):
             flags += " --model.multi_label true"
         rank_zero_info(f"note: {len(train)} training images, about {per_class:.0f} per class: on a set this small, "
