@@ -122,6 +122,8 @@ def _describe(config: dict | None, ckpt: dict) -> tuple[str | None, dict, list[s
         overrides = dict(config.get("model_args") or {})  # timm's kwargs; create_model keeps the config fields
         pcfg = config.get("pretrained_cfg", {})
         overrides.update({k: pcfg[k] for k in ("mean", "std", "crop_pct", "interpolation") if k in pcfg})
+        if pcfg.get("crop_mode") in ("center", "squash"):  # timm's field; its "border" vitkit does not take
+            overrides["crop_mode"] = pcfg["crop_mode"]
         overrides["num_classes"] = config.get("num_classes", pcfg.get("num_classes", 1000))
         return config["architecture"], overrides, config.get("label_names")
     if "model_type" in config:  # transformers' save_pretrained
@@ -298,7 +300,8 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names:
         "model_args": model_args,
         "pretrained_cfg": {
             "input_size": [cfg["in_chans"], *in_size], "mean": cfg["mean"], "std": cfg["std"],
-            "crop_pct": cfg["crop_pct"], "interpolation": cfg["interpolation"], "num_classes": cfg["num_classes"],
+            "crop_pct": cfg["crop_pct"], "crop_mode": cfg.get("crop_mode", "center"),
+            "interpolation": cfg["interpolation"], "num_classes": cfg["num_classes"],
             "first_conv": "patch_embed.proj", "classifier": classifier_names(model),
             "custom_load": False,
         },
