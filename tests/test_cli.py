@@ -296,3 +296,19 @@ def test_help_shows_whole_first_sentences(capsys):
         main(["evaluate", "--help"])
     out = capsys.readouterr().out
     assert "the data:" in out and "main advantage" not in out
+
+
+def test_the_help_of_each_subcommand_but_train_and_evaluate_imports_no_torch():
+    """`vitkit X --help` answers from the parser alone (benchmarks/startup.py times it); train and evaluate list a
+    LightningCLI's arguments, which needs Lightning."""
+    from vitkit.cli import COMMANDS
+
+    code = ("import runpy, sys\nsys.argv = ['vitkit', *sys.argv[1:]]\ntry:\n    runpy.run_module('vitkit.cli', "
+            "run_name='__main__')\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
+            "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
+    for name in COMMANDS:
+        if name in ("train", "evaluate"):
+            continue
+        done = subprocess.run([sys.executable, "-c", code, name, "--help"], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0 and done.stdout.strip().endswith("[]"), (name, done.stdout[-300:], done.stderr)

@@ -10,10 +10,7 @@ from .common import command_parser
 
 
 def parser() -> argparse.ArgumentParser:
-    import torch
-
-    from vitkit.tools.bench import PRECISIONS
-
+    """The options; torch is imported when they are checked (:func:`parse_args`), not for ``--help``."""
     p = command_parser("bench")
     p.add_argument("--models", type=lambda s: s.split(","), default=["vit_base_patch16_224"])
     p.add_argument("--peers", default="timm,torchvision",
@@ -21,7 +18,7 @@ def parser() -> argparse.ArgumentParser:
                         "the CPU), or ''")
     p.add_argument("--mode", choices=["infer", "train", "both"], default="infer")
     p.add_argument("--batch-sizes", type=lambda s: [int(b) for b in s.split(",")], default=[16])
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--precision", default="fp32", help="fp32, bf16, amp_bf16 or fp16")
     p.add_argument("--attn-backend", choices=["auto", "sdpa", "math", "flex"], default="auto")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--channels-last", action="store_true")
@@ -34,7 +31,7 @@ def parser() -> argparse.ArgumentParser:
                    "curve (img/s, GMACs, top-1 on its validation data for each --token-merging value) and its plot")
     p.add_argument("--val-dir", help="with --checkpoint, for checkpoints that record no data module: a folder of "
                    "class folders (an ImageNet-style val/)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="default: cuda where there is one, else cpu")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     p.add_argument("--iters", type=int, default=3, help="timed steps per entry per round")
     p.add_argument("--warmup", type=int, default=2)
@@ -48,11 +45,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)  # first: --help answers without importing torch
+    import torch
+
     import vitkit
     from vitkit.builder import family
+    from vitkit.tools.bench import PRECISIONS
 
-    p = parser()
-    args = p.parse_args(argv)
+    if args.precision not in PRECISIONS:
+        p.error(f"argument --precision: invalid choice: {args.precision!r} (choose from {', '.join(PRECISIONS)})")
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.mode = ["infer", "train"] if args.mode == "both" else [args.mode]
     unknown = [m for m in args.models if m not in vitkit.list_models()]
     if unknown:
@@ -66,11 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def measure(argv: list[str] | None = None) -> list[dict]:
     """The table's rows (or the token-merging curve's) for a command line's arguments, written where ``--out``
     says."""
+    args = parse_args(argv)
     import torch
 
     from vitkit.tools.bench import markdown_table, mem_probe, run, write_outputs
 
-    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args._mem_probe:
