@@ -287,6 +287,11 @@ def test_a_lora_run_keeps_what_trained_and_converts_merged_or_as_an_adapter(back
      "lora_targets ['attn.query'] match no linear layer of vit_tiny_patch16_224; its linear layers are named like: "
      "attn.qkv, attn.proj, mlp.fc1, mlp.fc2, head"),
     (["--model.lora_rank", "4", "--model.lora_parts", "qx"], "lora_parts must name some of q, k and v once each"),
+    (["--model.lora_rank", "4", "--model.lora_lr_scale", "0"], "lora_lr_scale must be > 0 (the adapters' LR over lr), "
+     "got 0.0"),
+    (["--data.img_size", "[32, 0]"], "img_size must be a positive int or two of them (H W, e.g. [224, 448]), got "
+     "(32, 0)"),
+    (["--data.crop_mode", "letterbox"], "letterbox"),
 ])
 def test_bad_lora_settings_end_in_one_line(backbone, few, tmp_path, capsys, args, expected):
     line = one_error_line(*run_cli(["train", "fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone),

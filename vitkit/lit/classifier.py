@@ -247,6 +247,8 @@ class ImageClassifier(TrainingModule):
             self._backbone_to_eval()
         self.lora = lora
         if lora.rank:
+            if not hp.get("lora_lr_scale", 1.0) > 0:
+                raise ValueError(f"lora_lr_scale must be > 0 (the adapters' LR over lr), got {hp.lora_lr_scale!r}")
             if hp.freeze_backbone:
                 raise ValueError("lora_rank with freeze_backbone: LoRA trains adapters in the backbone; give one")
             self.lora_layers = add_lora(self.model, lora)  # everything frozen but the adapters ...
