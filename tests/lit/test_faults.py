@@ -3,6 +3,7 @@ configured, a SIGKILLed run resumes to the same end, a failing DDP rank ends the
 mistakes are named before any work starts."""
 
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -43,14 +44,17 @@ def test_unreadable_images_are_skipped_counted_and_logged(image_folder, tmp_path
         caplog.text  # 21 files, drop_last: 20; and how to see which
 
 
-def test_verbose_shows_vitkits_debug_lines_and_leaves_the_command_line():
+def test_verbose_shows_vitkits_debug_lines_and_leaves_the_command_line(monkeypatch):
     from vitkit.errors import take_verbose_flag
+
+    monkeypatch.setenv("VITKIT_VERBOSE", "0")  # the flag sets it to 1; the test's end puts it back
 
     logger = logging.getLogger("vitkit")
     before, handlers = logger.level, list(logger.handlers)
     try:
         assert take_verbose_flag(["fit", "--verbose", "-c", "x"]) == ["fit", "-c", "x"]
         assert logger.isEnabledFor(logging.DEBUG) and logger.handlers
+        assert os.environ["VITKIT_VERBOSE"] == "1"  # for the processes a multi-device run starts
     finally:
         logger.setLevel(before)
         logger.handlers[:] = handlers

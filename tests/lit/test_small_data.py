@@ -131,10 +131,11 @@ NOISE = ("💡 Tip", "weights_only", "smaller than the logging interval", "in ev
 
 
 @pytest.mark.slow
-def test_a_run_prints_vitkits_lines_and_not_other_libraries_noise(backbone, few, tmp_path):
+def test_a_run_prints_vitkits_lines_and_not_other_libraries_noise(backbone, few, tmp_path, monkeypatch):
     """The lines Lightning and torchmetrics print in every run (tips, the probe's save, a logging interval longer
     than a small epoch, a frozen backbone in eval mode, ...) stay hidden from a run started as a user starts it;
     --verbose shows them."""
+    monkeypatch.delenv("VITKIT_VERBOSE", raising=False)
     base = ["--model.checkpoint", str(backbone), "--data.root", str(few), "--data.img_size", "32",
             "--trainer.max_epochs", "1", *CPU]
     cmd = ["-m", "vitkit.cli", "train", "fit", "-c"]
