@@ -49,6 +49,19 @@ def _top1(root: Path) -> list[float]:
     return [float(r["val/top1"]) for r in rows if r.get("val/top1")]
 
 
+def _probe_as_logged_and_evaluated(run: Path, few: Path, tmp_path: Path, capsys, baseline: float,
+                                   score: str) -> float:
+    """The run logged its probe's score once, as val/probe_baseline; what `vitkit evaluate` of probe.ckpt gives as
+    ``score``."""
+    rows = list(csv.DictReader(open(run / "logs/version_0/metrics.csv")))
+    assert [float(r["val/probe_baseline"]) for r in rows if r.get("val/probe_baseline")] == \
+        [pytest.approx(baseline, abs=1e-4)]
+    status, err = run_cli(["evaluate", "--checkpoint", str(run / "checkpoints/probe.ckpt"), "--data.root", str(few),
+                           "--data.img_size", "32", "-o", str(tmp_path / "probe_ckpt")], capsys)
+    assert status == 0, err
+    return json.loads((tmp_path / "probe_ckpt/metrics.json").read_text())[score]
+
+
 @pytest.mark.slow
 def test_the_recipe_fits_the_probe_first_and_ends_above_it(backbone, few, tmp_path, capsys, said, monkeypatch):
     """The digits 5-9 with 20 labels each, from the backbone of the digits 0-4. Over seeds 0-2 of the data's
@@ -72,15 +85,9 @@ def test_the_recipe_fits_the_probe_first_and_ends_above_it(backbone, few, tmp_pa
     assert status == 0, err
     scored = json.loads((tmp_path / "probe_eval/metrics.json").read_text())["linear_probe_top1"]
     assert baseline == pytest.approx(scored, abs=1e-4)
-    rows = list(csv.DictReader(open(run / "logs/version_0/metrics.csv")))
-    assert [float(r["val/probe_baseline"]) for r in rows if r.get("val/probe_baseline")] == \
-        [pytest.approx(baseline, abs=1e-4)]
     # the probe is a classifier checkpoint: evaluate scores it as the baseline
-    status, err = run_cli(["evaluate", "--checkpoint", str(run / "checkpoints/probe.ckpt"), "--data.root", str(few),
-                           "--data.img_size", "32", "-o", str(tmp_path / "probe_ckpt")], capsys)
-    assert status == 0, err
-    top1 = json.loads((tmp_path / "probe_ckpt/metrics.json").read_text())["top1"]
-    assert top1 == pytest.approx(baseline, abs=0.01)
+    assert _probe_as_logged_and_evaluated(run, few, tmp_path, capsys, baseline, "top1") == \
+        pytest.approx(baseline, abs=0.01)
     best = max(_top1(run))
     print(f"probe {baseline:.3f}, fine-tuned best {best:.3f}")
     assert best >= baseline + 0.02, (baseline, _top1(run))
@@ -114,14 +121,8 @@ def test_a_multi_label_run_on_one_label_folders_scores_its_probe_by_map(backbone
     probe_line = next(m for m in said.messages if m.startswith("probe: "))
     baseline = float(re.search(r"val/mAP (\d\.\d+)", probe_line).group(1))
     last = said.messages[-1]
-    rows = list(csv.DictReader(open(run / "logs/version_0/metrics.csv")))
-    assert [float(r["val/probe_baseline"]) for r in rows if r.get("val/probe_baseline")] == \
-        [pytest.approx(baseline, abs=1e-4)]
-    status, err = run_cli(["evaluate", "--checkpoint", str(run / "checkpoints/probe.ckpt"), "--data.root", str(few),
-                           "--data.img_size", "32", "-o", str(tmp_path / "probe_ckpt")], capsys)
-    assert status == 0, err
-    scored = json.loads((tmp_path / "probe_ckpt/metrics.json").read_text())["mAP"]
-    assert scored == pytest.approx(baseline, abs=0.01)
+    assert _probe_as_logged_and_evaluated(run, few, tmp_path, capsys, baseline, "mAP") == \
+        pytest.approx(baseline, abs=0.01)
     assert re.fullmatch(r"best val/mAP \d\.\d{4}.*: \S+\.ckpt \(the probe on frozen features(: "
                         rf"{baseline:.4f}|; training did not beat it)\)", last), last
 
