@@ -136,7 +136,8 @@ def data_config(model_name: str | None, img_size: int | tuple[int, int], **given
     ``img_size`` one int or (H, W)."""
     base = get_config(model_name) if model_name else SimpleNamespace(**IMAGENET, crop_pct=0.875,
                                                                              interpolation="bicubic")
-    fields = {k: getattr(base, k, "center") for k in ("mean", "std", "crop_pct", "interpolation", "crop_mode")}
+    fields = {k: getattr(base, k) for k in ("mean", "std", "crop_pct", "interpolation")}
+    fields["crop_mode"] = getattr(base, "crop_mode", "center")
     fields.update({k: v for k, v in given.items() if v is not None})
     if fields["crop_mode"] not in CROP_MODES:
         raise ValueError(f"crop_mode must be one of {', '.join(CROP_MODES)}, got {fields['crop_mode']!r}")

@@ -207,8 +207,8 @@ class ModelCheckpoint(_LightningModelCheckpoint):
 class CSVLogger(_LightningCSVLogger):
     """Lightning's CSVLogger, under the run's folder by default.
 
-    Lightning's CSVLogger whose ``save_dir`` may be left out: the vitkit CLI then puts the log under the
-    run's ``default_root_dir`` (``<root>/logs/version_N/metrics.csv``), so a config names no paths."""
+    ``save_dir`` may be left out: the vitkit CLI then puts the log under the run's ``default_root_dir``
+    (``<root>/logs/version_N/metrics.csv``), so a config names no paths."""
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "logs", **kwargs) -> None:
         super().__init__(os.getcwd() if save_dir is None else save_dir, name=name, **kwargs)
@@ -217,8 +217,8 @@ class CSVLogger(_LightningCSVLogger):
 class TrainingCurves(Callback):
     """Draws curves.png at the end of ``fit``.
 
-    At the end of ``fit``, draws loss, accuracy and learning rate from the CSV log into
-    ``curves.png`` beside ``metrics.csv`` (rank 0 only; nothing without a CSVLogger)."""
+    Loss, accuracy and learning rate from the CSV log, into ``curves.png`` beside ``metrics.csv`` (rank 0 only; nothing
+    without a CSVLogger)."""
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or trainer.fast_dev_run:

@@ -337,10 +337,9 @@ class ImageFolderDataModule(_SkippingImages):
 class UnlabeledImageDataModule(_SkippingImages):
     """A folder of images without labels, for self-supervised pre-training.
 
-    A folder of images without labels (``root/**/*.jpg``, any layout, class folders or none) for self-supervised
-    pre-training: a fixed, seeded ``val_fraction`` of the files is held out for validation, the same on every rank
-    and run. Transforms and unreadable-file skipping as ``ImageFolderDataModule``'s (MAE's recipe turns the
-    augmentation down to RandomResizedCrop and flips)."""
+    ``root/**/*.jpg``, any layout, class folders or none. A fixed, seeded ``val_fraction`` of the files is held out for
+    validation, the same on every rank and run. Transforms and unreadable-file skipping as ``ImageFolderDataModule``'s
+    (MAE's recipe turns the augmentation down to RandomResizedCrop and flips)."""
 
     classes: list[str] = []
     num_classes: int = 0
@@ -376,10 +375,9 @@ class UnlabeledImageDataModule(_SkippingImages):
 class ManifestDataModule(_SkippingImages):
     """Images and their labels (one or several) listed in CSV or JSON-lines manifests.
 
-    Images listed in manifests (``vitkit/data/manifest.py``): a CSV with a header, or JSON lines, with an
-    ``image`` column (a path relative to the manifest) and a ``labels`` column (one or several class names,
-    separated by ``label_separator``; a JSON-lines row may give a list). Transforms and unreadable-file skipping as
-    :class:`ImageFolderDataModule`'s.
+    A manifest (``vitkit/data/manifest.py``) is a CSV with a header, or JSON lines, with an ``image`` column (a path
+    relative to the manifest) and a ``labels`` column (one or several class names, separated by ``label_separator``; a
+    JSON-lines row may give a list). Transforms and unreadable-file skipping as :class:`ImageFolderDataModule`'s.
 
     ``classes``: the class list, in order; by default the sorted names the training manifest uses. ``multi_label``:
     several labels per image (multi-hot targets, for ``--model.multi_label true``, which the CLI links); by default

@@ -39,7 +39,7 @@ CROP_FIELDS = ("global_crops", "local_crops", "global_scale", "local_scale", "ji
 class DINOPretraining(TrainingModule):
     """DINO self-distillation of a vitkit ViT preset.
 
-    DINO self-distillation of a vitkit ViT preset (Caron et al., 2021; Oquab et al., 2024), from random weights
+    Caron et al., 2021; Oquab et al., 2024. From random weights
     or continued from a backbone, with the training machinery of every vitkit module (warmup + cosine, skipped
     non-finite steps, exact resume). Logs ``train/loss_*``, ``train/dino``, ``train/ibot``, ``train/koleo``,
     ``val/loss`` and, with ``knn_root``, ``val/knn_top1``.

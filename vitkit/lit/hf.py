@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class HFDataModule(RankPositions, _SkippingImages):
     """A Hugging Face dataset (the hub's cache, a save_to_disk folder, or data files).
 
-    A dataset the ``datasets`` library opens: ``name`` is a hub name (``beans``, ``timm/mini-imagenet``; with
+    ``name`` is a hub name (``beans``, ``timm/mini-imagenet``; with
     ``revision`` and ``config_name``) or a local folder (``save_to_disk``'s, or one of data files);
     ``data_files`` are local parquet, arrow, imagefolder or webdataset files. The cache (``HF_DATASETS_CACHE``)
     answers first, without a network call.

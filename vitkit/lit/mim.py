@@ -33,10 +33,9 @@ MIM_FIELDS = ("mask_ratio", "norm_pix_loss", "decoder_embed_dim", "decoder_depth
 class MaskedImageModeling(TrainingModule):
     """Masked image modeling (MAE or SimMIM) of a vitkit ViT or Swin preset.
 
-    Masked image modeling (MAE, He et al., 2022; SimMIM, Xie et al., 2022) of a vitkit ViT or Swin preset, with
-    the training machinery of every vitkit module (warmup + cosine, EMA, skipped non-finite steps, exact resume,
-    FSDP2). Logs ``train/loss_*`` and ``val/loss``; each validation epoch draws original / masked /
-    reconstruction of a few fixed validation images into ``<root>/reconstructions/``.
+    MAE: He et al., 2022; SimMIM: Xie et al., 2022. With the training machinery of every vitkit module (warmup + cosine,
+    EMA, skipped non-finite steps, exact resume, FSDP2). Logs ``train/loss_*`` and ``val/loss``; each validation epoch
+    draws original / masked / reconstruction of a few fixed validation images into ``<root>/reconstructions/``.
 
     Args:
         model_name: the encoder preset (``vit_base_patch16_224``, ``swin_base_patch4_window7_224``, ...).

@@ -15,10 +15,10 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, St
 class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2: each rank holds a shard of every block.
 
-    Every rank holds a shard of each block's parameters, gradients and optimizer state (FSDP2, ``fully_shard``
-    on DTensors); vitkit's LightningModules shard their model in ``configure_model``. Runs on GPUs (NCCL) and on
-    CPU processes (gloo). On one node the model is sharded over all its processes; on several, over the
-    processes of each node and replicated across nodes (hybrid sharding), with every rank reading its own data.
+    Each block's parameters, gradients and optimizer state are sharded (``fully_shard`` on DTensors); vitkit's
+    LightningModules shard their model in ``configure_model``. Runs on GPUs (NCCL) and on CPU processes (gloo). On one
+    node the model is sharded over all its processes; on several, over the processes of each node and replicated across
+    nodes (hybrid sharding), with every rank reading its own data.
 
     Args:
         activation_checkpointing: recompute each block's activations in backward, to save memory.

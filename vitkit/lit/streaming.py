@@ -29,9 +29,8 @@ log = logging.getLogger(__name__)
 class StreamingImageDataModule(RankPositions, _SkippingImages):
     """Shards written by ``vitkit prepare-data``, streamed with litdata.
 
-    A dataset converted by ``vitkit prepare-data`` (a local folder, or an object-store URL such as
-    ``s3://bucket/imagenet`` that litdata reads), streamed with litdata, with the transforms, preset-linked
-    normalisation and skipping of ``ImageFolderDataModule``.
+    A local folder, or an object-store URL such as ``s3://bucket/imagenet`` that litdata reads, with the transforms,
+    preset-linked normalisation and skipping of ``ImageFolderDataModule``.
 
     Each epoch is shuffled anew (chunk order and samples within chunks, from ``seed`` and the epoch), and
     every sample is read exactly once per epoch across all ranks and workers. The training loader's position

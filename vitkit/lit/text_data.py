@@ -68,7 +68,7 @@ class Seq2SeqDataModule(_TrainValLoaders):
 class OcrDigitsDataModule(_TrainValLoaders):
     """Image-to-text on composed digit strings.
 
-    Image-to-text on composed digit strings; train and validation use disjoint digit scans, so the
+    Train and validation use disjoint digit scans, so the
     validation images are held out twice over: new compositions of digits never seen in training."""
 
     drop_last_train = False
