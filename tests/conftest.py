@@ -13,6 +13,8 @@ if os.environ.get("ATEN_CPU_CAPABILITY") and "TORCHINDUCTOR_CACHE_DIR" not in os
 # The datasets the tests build (Hugging Face's parquet, image-folder and arrow builders) go to a cache of the
 # run's own, not to the user's ~/.cache/huggingface/datasets; a test of the cache's layout sets its own.
 os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="vitkit-tests-datasets-")  # removed at exit (below)
+# The same for the help of `vitkit train` and `vitkit evaluate` that vitkit keeps (vitkit/cli/help_cache.py).
+os.environ["VITKIT_CACHE"] = tempfile.mkdtemp(prefix="vitkit-tests-cache-")
 
 # Under pytest-xdist (`make test` runs 2 processes) each process takes its share of the cores, and so do the
 # processes the tests start (DDP ranks, killed runs), which read OMP_NUM_THREADS: more threads than cores would
@@ -29,6 +31,7 @@ import torch
 from hypothesis import HealthCheck, settings
 
 atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
+atexit.register(shutil.rmtree, os.environ["VITKIT_CACHE"], ignore_errors=True)
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" in os.environ:  # torch may predate the variable
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

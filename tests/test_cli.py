@@ -292,23 +292,57 @@ def test_help_shows_whole_first_sentences(capsys):
         if inspect.isclass(obj) and obj.__module__.startswith("vitkit") and obj.__doc__:
             first = obj.__doc__.strip().splitlines()[0].rstrip()
             assert first.endswith((".", ")")), f"{name}: {first}"
-    with pytest.raises(SystemExit):
-        main(["evaluate", "--help"])
+    assert main(["evaluate", "--help"]) == 0
     out = capsys.readouterr().out
     assert "the data:" in out and "main advantage" not in out
 
 
-def test_the_help_of_each_subcommand_but_train_and_evaluate_imports_no_torch():
-    """`vitkit X --help` answers from the parser alone (benchmarks/startup.py times it); train and evaluate list a
-    LightningCLI's arguments, which needs Lightning."""
+def test_the_help_of_each_subcommand_imports_no_torch(tmp_path):
+    """`vitkit X --help` answers from the parser alone (benchmarks/startup.py times it). Train and evaluate list a
+    LightningCLI's arguments, which needs Lightning the first time; then the same help comes from the cache."""
     from vitkit.cli import COMMANDS
 
     code = ("import runpy, sys\nsys.argv = ['vitkit', *sys.argv[1:]]\ntry:\n    runpy.run_module('vitkit.cli', "
             "run_name='__main__')\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
             "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
+    env = {**os.environ, "VITKIT_CACHE": str(tmp_path), "COLUMNS": "100"}
+
+    def help_of(*argv: str) -> tuple[str, str]:
+        done = subprocess.run([sys.executable, "-c", code, *argv, "--help"], capture_output=True, text=True,
+                              timeout=120, env=env, cwd=tmp_path)
+        assert done.returncode == 0, (argv, done.stdout[-300:], done.stderr)
+        text, imported = done.stdout.rstrip().rsplit("\n", 1)
+        return text, imported
+
     for name in COMMANDS:
-        if name in ("train", "evaluate"):
-            continue
-        done = subprocess.run([sys.executable, "-c", code, name, "--help"], capture_output=True, text=True,
-                              timeout=120)
-        assert done.returncode == 0 and done.stdout.strip().endswith("[]"), (name, done.stdout[-300:], done.stderr)
+        if name not in ("train", "evaluate"):
+            assert help_of(name)[1] == "[]", name
+    first, imported = help_of("train", "fit")
+    assert imported == "['lightning', 'torch']" and "--trainer.max_epochs" in first
+    assert help_of("train", "fit") == (first, "[]")
+
+
+def test_the_help_cache_key_holds_what_the_help_depends_on(tmp_path, monkeypatch):
+    """A changed config file, terminal width or folder is a different help; the same command line is the same."""
+    from vitkit.cli.help_cache import asks_for_help, key
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "100")
+    config = tmp_path / "c.yaml"
+    config.write_text("trainer:\n  max_epochs: 3\n")
+    argv = ["train", "fit", "-c", str(config), "--help"]
+    assert asks_for_help(argv) and asks_for_help(["evaluate", "--data.help", "DigitsDataModule"])
+    assert not asks_for_help(["train", "fit", "-c", str(config)]) and not asks_for_help(["predict", "--help"])
+    before = key(argv)
+    assert key(argv) == before and key(["train", "fit", f"--config={config}", "--help"]) != before
+    config.write_text("trainer:\n  max_epochs: 5\n")
+    assert key(argv) != before
+    changed = key(argv)
+    monkeypatch.setenv("COLUMNS", "120")
+    assert key(argv) != changed
+    monkeypatch.setenv("COLUMNS", "100")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert key(argv) != changed
+
+

@@ -74,8 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     from vitkit.errors import one_line, take_traceback_flag, take_verbose_flag, user_error, wants_traceback
     from vitkit.noise import quiet
 
+    from .help_cache import asks_for_help, show
+
     argv = take_verbose_flag(take_traceback_flag(list(sys.argv[1:] if argv is None else argv)))
     try:
+        if asks_for_help(argv):  # train's and evaluate's need Lightning: shown from the cache after the first time
+            return show(argv, lambda: command(argv[0]).main(argv[1:]))
         if argv and argv[0] in COMMANDS:
             with quiet():
                 return command(argv[0]).main(argv[1:])
