@@ -5,7 +5,9 @@
     python train.py fit -c vit_tiny_digits --ckpt_path last      # resume
 """
 
-from vitkit.cli.train import cli_main
+import sys
+
+from vitkit.cli import main
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(main(prog="python train.py"))

@@ -1,7 +1,9 @@
 """The `vitkit` command run as the shell runs it, in this process, and the one-error-line rule its bad input
 follows (``vitkit/errors.py``)."""
 
+import io
 import sys
+from contextlib import redirect_stderr
 
 from vitkit.cli import main
 
@@ -25,3 +27,11 @@ def one_error_line(status: int, err: str) -> str:
     errors = [line for line in lines if line.startswith("error:") or ": error: " in line]
     assert len(errors) == 1, err
     return errors[0]
+
+
+def error_line_of(argv: list[str]) -> str:
+    """The one ``error:`` line that ``vitkit ARGV``, run in this process, ends with."""
+    err = io.StringIO()
+    with redirect_stderr(err):
+        status = main(argv)
+    return one_error_line(status, err.getvalue())

@@ -128,3 +128,16 @@ def test_a_recipe_for_a_gpu_on_a_cpu_machine_names_the_flags_that_run_it_here(fi
     line = one_error_line(out.returncode, out.stderr)
     assert "accelerator=gpu" in line and "0 CUDA GPU" in line, line
     assert "--trainer.accelerator cpu --trainer.devices 1 --trainer.precision 32-true" in line, line
+
+
+def test_train_py_and_predict_of_several_images_take_the_same_path(files, capsys):
+    """`python train.py` is `vitkit train` under another name: bad input ends it with the same one line. `predict`
+    of several images says each unreadable one in its line and still answers for the others (exit status 1)."""
+    out = forkserver.run([str(ROOT / "train.py"), "fit", "-c", "vit_tiny_digit"], cwd=files["root"], timeout=300)
+    line = one_error_line(out.returncode, out.stderr)
+    assert line.startswith("error: --config 'vit_tiny_digit' is neither a file nor a recipe"), line
+    status = main(["predict", files["img"], f"{files['root']}/notes.png", files["img"], "--checkpoint",
+                   files["export"]])
+    out, err = capsys.readouterr()
+    assert one_error_line(status, err).startswith(f"error: cannot read image '{files['root']}/notes.png'")
+    assert [line.split(":")[0] for line in out.splitlines()] == [files["img"], files["img"]], out

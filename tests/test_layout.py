@@ -22,3 +22,13 @@ def test_layer_and_model_files_stay_small():
            for room, limit in FILE_LIMITS.items() for p in sorted((PACKAGE / room).glob("*.py"))
            if len(p.read_text().splitlines()) > limit]
     assert not big, big
+
+
+def test_bad_input_takes_one_path_to_the_command_line():
+    """Below the command line, bad input raises vitkit.errors.UsageError (or another error vitkit.errors knows);
+    only vitkit.cli.guarded turns it into the `error:` line and the exit status. No module raises SystemExit."""
+    raised = [f"{p.relative_to(PACKAGE)}:{n.lineno}" for p in sorted(PACKAGE.rglob("*.py"))
+              for n in ast.walk(ast.parse(p.read_text()))
+              if isinstance(n, ast.Raise) and n.exc is not None
+              and "SystemExit" in ast.unparse(n.exc.func if isinstance(n.exc, ast.Call) else n.exc)]
+    assert not raised, raised

@@ -39,4 +39,6 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    from vitkit.cli import guarded
+
+    sys.exit(guarded(lambda: main() and 0))

@@ -2,8 +2,9 @@
 
 vitkit's commands end bad input (an argument, a file, a config value, an override, a trainer this machine cannot
 run) with ``error: ...`` and exit status 1; ``--traceback`` (or ``VITKIT_TRACEBACK=1``) shows the traceback instead.
-What vitkit itself checked is such an error: its own exception types, and a ValueError, TypeError or OSError raised
-in vitkit's code. Anything else is a fault to report, and keeps its traceback.
+What vitkit itself checked is such an error: :class:`UsageError` (raised by the commands, the tools and the parsers),
+its other exception types, and a ValueError, TypeError or OSError raised in vitkit's code. Anything else is a fault
+to report, and keeps its traceback. One place turns them into the line: ``vitkit.cli.main``, by :func:`error_line`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,12 @@ from types import TracebackType
 PACKAGE_DIR = str(Path(__file__).resolve().parent)  # vitkit/
 TRACEBACK_FLAG, TRACEBACK_ENV = "--traceback", "VITKIT_TRACEBACK"
 VERBOSE_FLAG = "--verbose"
+
+
+class UsageError(ValueError):
+    """Input the user can change (an argument, a file, a config value), said in the words of the command line; the
+    command ends with ``error: <message>`` and exit status 1. Raised wherever vitkit finds the fault, never printed
+    there."""
 
 
 class CheckpointError(ValueError):
@@ -36,7 +43,7 @@ def user_error(e: BaseException | None) -> BaseException | None:
     # the hub's error only where its module was imported (it loads torch, which `vitkit predict --onnx` and
     # `vitkit --help` do without); where it was not, nothing raised one
     hub = sys.modules.get("vitkit.checkpoints.hub")
-    ours = (CheckpointError, hub.MissingWeightsError) if hub is not None else (CheckpointError,)
+    ours = (UsageError, CheckpointError, *((hub.MissingWeightsError,) if hub is not None else ()))
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
@@ -51,6 +58,13 @@ def one_line(e: BaseException) -> str:
     """``error: <message>``, the message on one line (a long listing keeps its first lines, joined)."""
     text = " ".join(line.strip() for line in str(e).strip().splitlines()[:6] if line.strip()) or type(e).__name__
     return text if text.startswith("error:") else f"error: {text}"
+
+
+def error_line(e: BaseException, argv: list[str] | None = None) -> str | None:
+    """The one line that ends a command for ``e``: ``error: ...`` where ``e`` (or what it was raised from) is about
+    the user's input; None where it is a fault to report with its traceback, or a traceback is asked for."""
+    cause = user_error(e)
+    return None if cause is None or wants_traceback(argv) else one_line(cause)
 
 
 def wants_traceback(argv: list[str] | None = None) -> bool:

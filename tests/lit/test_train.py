@@ -12,6 +12,7 @@ import yaml
 
 import vitkit
 from vitkit.cli.train import cli_main
+from vitkit.errors import UsageError
 from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule
 
 from ..hub_cache import cache_weights, use_offline_cache
@@ -104,7 +105,7 @@ def test_run_ending_by_max_steps_leaves_last_ckpt_and_a_second_run_cannot_replac
     last = tmp_path / "checkpoints/last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 2
     before = last.read_bytes()
-    with pytest.raises(SystemExit, match=r"last\.ckpt belongs to an earlier run.*--ckpt_path last"):
+    with pytest.raises(UsageError, match=r"last\.ckpt belongs to an earlier run.*--ckpt_path last"):
         _fit(tmp_path, "--trainer.max_steps", "3")  # a new run into the same root
     assert last.read_bytes() == before and not list(tmp_path.glob("checkpoints/last-v*"))
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["version_0"]  # refused before writing

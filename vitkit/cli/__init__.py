@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 # name -> one line of help; the module is vitkit.cli.<name with "_" for "-">
@@ -69,25 +70,35 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run a subcommand; bad input ends it with one ``error:`` line and exit status 1."""
-    from vitkit.errors import one_line, take_traceback_flag, take_verbose_flag, user_error, wants_traceback
-    from vitkit.noise import quiet
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run a subcommand; bad input ends it with one ``error:`` line and exit status 1. ``prog`` names a program that
+    runs ``vitkit train`` (``python train.py``), whose arguments ``argv`` then are."""
+    from vitkit.errors import take_traceback_flag, take_verbose_flag
 
     from .help_cache import asks_for_help, show
 
     argv = take_verbose_flag(take_traceback_flag(list(sys.argv[1:] if argv is None else argv)))
+    if prog is not None:
+        return guarded(lambda: command("train").main(argv, prog=prog))
+    if asks_for_help(argv):  # train's and evaluate's need Lightning: shown from the cache after the first time
+        return guarded(lambda: show(argv, lambda: command(argv[0]).main(argv[1:])))
+    if argv and argv[0] in COMMANDS:
+        return guarded(lambda: command(argv[0]).main(argv[1:]))
+    return guarded(lambda: parser().parse_args(argv) and 1)  # --help, or an error naming the subcommands
+
+
+def guarded(run: Callable[[], int]) -> int:
+    """``run()`` with other libraries' routine lines hidden (``vitkit/noise.py``); an error about the user's input
+    ends it with its one ``error:`` line on stderr and status 1. The one place where a command's error is said."""
+    from vitkit.errors import error_line
+    from vitkit.noise import quiet
+
     try:
-        if asks_for_help(argv):  # train's and evaluate's need Lightning: shown from the cache after the first time
-            return show(argv, lambda: command(argv[0]).main(argv[1:]))
-        if argv and argv[0] in COMMANDS:
-            with quiet():
-                return command(argv[0]).main(argv[1:])
-        parser().parse_args(argv)  # --help, or an error naming the subcommands
-        return 1
+        with quiet():
+            return run()
     except Exception as e:
-        cause = user_error(e)
-        if cause is None or wants_traceback():
+        line = error_line(e)
+        if line is None:
             raise
-        print(one_line(cause), file=sys.stderr)
+        print(line, file=sys.stderr)
         return 1

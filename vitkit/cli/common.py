@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from vitkit.errors import UsageError
+
 if TYPE_CHECKING:
     import torch
 
@@ -15,15 +17,16 @@ OVERRIDES = "config fields as JSON, for files that do not record them, e.g. '{\"
 
 
 def usage_error(prog: str, message: str) -> str:
-    """The one line a parser's error becomes, the same for every subcommand."""
-    return f"error: {message} (`{prog} --help` lists the options)\n"
+    """The message a parser's error becomes, the same for every subcommand."""
+    return f"{message} (`{prog} --help` lists the options)"
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse's parser, whose errors are one ``error:`` line and exit status 1, as the other errors of vitkit."""
+    """argparse's parser, whose errors are a :class:`~vitkit.errors.UsageError` of one line, as the other errors of
+    vitkit."""
 
     def error(self, message: str):
-        self.exit(1, usage_error(self.prog, message))
+        raise UsageError(usage_error(self.prog, message))
 
 
 def command_parser(name: str, **kwargs) -> OneLineParser:
@@ -45,10 +48,10 @@ def parse_overrides(text: str) -> dict:
     try:
         value = json.loads(text)
     except (ValueError, RecursionError) as e:
-        raise SystemExit(f"error: --overrides expects a JSON object such as '{{\"depth\": 6}}', got {text!r} "
+        raise UsageError(f"--overrides expects a JSON object such as '{{\"depth\": 6}}', got {text!r} "
                          f"({e})") from None
     if not isinstance(value, dict):
-        raise SystemExit(f"error: --overrides expects a JSON object such as '{{\"depth\": 6}}', got a JSON "
+        raise UsageError(f"--overrides expects a JSON object such as '{{\"depth\": 6}}', got a JSON "
                          f"{type(value).__name__}: {text!r}")
     return value
 
@@ -59,7 +62,7 @@ def load_classifier(args: argparse.Namespace) -> torch.nn.Module:
     from vitkit.checkpoints.hub import MissingWeightsError
 
     if args.checkpoint is None and args.model is None:
-        raise SystemExit("error: give --checkpoint FILE, or --model NAME for pretrained weights by name "
+        raise UsageError("give --checkpoint FILE, or --model NAME for pretrained weights by name "
                          "(a timm tag such as vit_base_patch16_224.augreg2_in21k_ft_in1k, or torchvision weights)")
     overrides = parse_overrides(args.overrides)
     if getattr(args, "token_merging", None):
@@ -68,13 +71,13 @@ def load_classifier(args: argparse.Namespace) -> torch.nn.Module:
         net = vitkit.create_model(args.model, checkpoint=args.checkpoint, pretrained=args.checkpoint is None,
                                   **overrides).eval()
     except MissingWeightsError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise UsageError(f"{e}") from None
     except ValueError as e:
         if "token_merging" not in overrides:
             raise
-        raise SystemExit(f"error: --token-merging {args.token_merging}: {e}") from None
+        raise UsageError(f"--token-merging {args.token_merging}: {e}") from None
     if vitkit.family(net.name) == "seq2seq":
-        raise SystemExit(f"error: {args.checkpoint} holds an encoder-decoder ({net.name}); this command takes "
+        raise UsageError(f"{args.checkpoint} holds an encoder-decoder ({net.name}); this command takes "
                          "classifiers")
     require_classifier(net, args.checkpoint or args.model)
     return net
@@ -87,7 +90,7 @@ def require_classifier(net: torch.nn.Module, source: str) -> None:
         what = "has no classifier head (num_classes=0)" if net.cfg.num_classes == 0 else (
             f"holds no classifier for the {net.cfg.num_classes} classes asked for (new, untrained: "
             f"{', '.join(report.new_head)})")
-        raise SystemExit(f"error: {source} {what}: it is a backbone, so there are no classes to predict. Fine-tune "
+        raise UsageError(f"{source} {what}: it is a backbone, so there are no classes to predict. Fine-tune "
                          "it first, e.g. `vitkit train fit -c finetune_small_data --model.model_name "
                          f"{net.name} --model.pretrained false --model.checkpoint {source} --data.root DATA` (a few "
                          "labelled images per class; vit_base_finetune for thousands), then use the checkpoint that "
@@ -104,7 +107,7 @@ def read_image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         img = Image.open(path).convert("L" if cfg.in_chans == 1 else "RGB")
     except (OSError, UnidentifiedImageError) as e:
-        raise SystemExit(f"error: cannot read image {path!r}: {e}") from None
+        raise UsageError(f"cannot read image {path!r}: {e}") from None
     x = eval_transform(cfg)(img)[None]
     mean = torch.tensor(cfg.mean[: cfg.in_chans]).view(-1, 1, 1)
     std = torch.tensor(cfg.std[: cfg.in_chans]).view(-1, 1, 1)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vitkit.errors import UsageError
+
 from .common import OVERRIDES, command_parser, parse_overrides
 
 
@@ -29,7 +31,7 @@ def main(argv: list[str]) -> int:
     from vitkit.checkpoints.files import atomic_write, write_safetensors
 
     if (args.dst is None) == (args.output is None):
-        raise SystemExit("error: give the destination once: `vitkit convert SRC DST` or `vitkit convert SRC -o DST`")
+        raise UsageError("give the destination once: `vitkit convert SRC DST` or `vitkit convert SRC -o DST`")
     args.dst = args.dst or args.output
     if args.adapter:
         return _adapter(args.src, Path(args.dst))
@@ -42,7 +44,7 @@ def main(argv: list[str]) -> int:
     elif dst.suffix == "":
         vitkit.save_pretrained(net, dst, class_names=getattr(net, "class_names", None))
     else:
-        raise SystemExit(f"error: unknown destination {args.dst!r}: expected a folder, .safetensors, .pth, .pt or .bin")
+        raise UsageError(f"unknown destination {args.dst!r}: expected a folder, .safetensors, .pth, .pt or .bin")
     print(f"{args.src} ({net.load_report.format}) -> {dst} as {net.name} in timm / vitkit names")
     return 0
 
@@ -58,7 +60,7 @@ def _adapter(src: str, dst: Path) -> int:
     raw = torch.load(src, map_location="cpu", weights_only=True) if Path(src).is_file() else {}
     hp = raw.get("hyper_parameters") or {} if isinstance(raw, dict) else {}
     if not hp.get("lora_rank"):
-        raise SystemExit(f"error: --adapter takes the checkpoint of a LoRA run (--model.lora_rank > 0); {src} is not "
+        raise UsageError(f"--adapter takes the checkpoint of a LoRA run (--model.lora_rank > 0); {src} is not "
                          "one")
     trained = {k[len("model."):]: v for k, v in raw["state_dict"].items() if k.startswith("model.")}
     model = adapted_model(hp, trained, Path(src), vitkit.create_model)

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from vitkit.errors import UsageError
+
 from .common import OVERRIDES, TOKEN_MERGING, command_parser, load_classifier, parse_overrides, require_classifier
 
 
@@ -33,7 +35,7 @@ def main(argv: list[str]) -> int:
         parent = Path(args.output).parent
         blocking = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
         if blocking is not None:
-            raise SystemExit(f"error: -o {args.output}: {blocking} is a file, not a folder")
+            raise UsageError(f"-o {args.output}: {blocking} is a file, not a folder")
     overrides = parse_overrides(args.overrides)
     if args.img_size:
         overrides["img_size"] = args.img_size[0] if len(args.img_size) == 1 else tuple(args.img_size)
@@ -52,9 +54,9 @@ def main(argv: list[str]) -> int:
         else:
             report = export_program(net, out, dynamic_size=dynamic, atol=args.atol)
     except ExportError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise UsageError(f"{e}") from None
     except ImportError as e:
-        raise SystemExit(f"error: ONNX export needs onnx, onnxscript and onnxruntime ({e}); "
+        raise UsageError(f"ONNX export needs onnx, onnxscript and onnxruntime ({e}); "
                          "pip install 'vitkit[export]'") from None
     print(report)
     return 0
@@ -70,13 +72,13 @@ def _named_model(args, overrides: dict):
     try:
         net = vitkit.create_model(name, pretrained=tagged, **overrides).eval()
     except MissingWeightsError as e:
-        raise SystemExit(f"error: {e}") from None
+        raise UsageError(f"{e}") from None
     except ValueError as e:
         if "token_merging" in overrides:
-            raise SystemExit(f"error: --token-merging {args.token_merging}: {e}") from None
-        raise SystemExit(f"error: {args.src!r} is neither a file nor a model vitkit knows: {e}") from None
+            raise UsageError(f"--token-merging {args.token_merging}: {e}") from None
+        raise UsageError(f"{args.src!r} is neither a file nor a model vitkit knows: {e}") from None
     except KeyError as e:
-        raise SystemExit(f"error: {args.src!r} is neither a file nor a model vitkit knows: {e}") from None
+        raise UsageError(f"{args.src!r} is neither a file nor a model vitkit knows: {e}") from None
     if tagged:
         require_classifier(net, name)
     else:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from vitkit.errors import UsageError
+
 from .common import add_model_source, command_parser, load_classifier
 
 
@@ -22,7 +24,7 @@ def main(argv: list[str]) -> int:
 
     net = load_classifier(args)
     if not hasattr(net, "pos_embed"):
-        raise SystemExit(f"error: {net.name} has no absolute position embedding (Swin uses relative biases)")
+        raise UsageError(f"{net.name} has no absolute position embedding (Swin uses relative biases)")
     fixed = vitkit.create_model(net.name, **{**dataclasses.asdict(net.cfg), "pos_embed": "sincos"})
     print(pos_embed_similarity({f"{net.name} (learned)": net, "2-D sin-cos (fixed)": fixed}, args.output))
     return 0

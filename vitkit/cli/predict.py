@@ -7,6 +7,8 @@ import sys
 
 import numpy as np
 
+from vitkit.errors import UsageError, one_line
+
 from .common import TOKEN_MERGING, add_model_source, command_parser, load_classifier, read_image
 
 
@@ -26,9 +28,9 @@ def parser():
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.topk is not None and args.topk < 1:
-        raise SystemExit(f"error: --topk expects a whole number of classes of 1 or more, got {args.topk}")
+        raise UsageError(f"--topk expects a whole number of classes of 1 or more, got {args.topk}")
     if args.onnx and args.token_merging:
-        raise SystemExit("error: --token-merging applies to PyTorch models; an ONNX file merges tokens as it was "
+        raise UsageError("--token-merging applies to PyTorch models; an ONNX file merges tokens as it was "
                          "exported (vitkit export --token-merging R)")
     # an ONNX file runs in onnxruntime on numpy arrays: torch is not imported (benchmarks/startup.py)
     names, probabilities, thresholds = onnx_classifier(args.onnx) if args.onnx else torch_classifier(args)
@@ -36,8 +38,8 @@ def main(argv: list[str]) -> int:
     for path in args.images:
         try:
             p = probabilities(path)
-        except SystemExit as e:  # its message says "error: ..." already, and names the file
-            print(e, file=sys.stderr)
+        except UsageError as e:  # one image that cannot be read: its line, and on to the next
+            print(one_line(e), file=sys.stderr)
             failed += 1
             continue
         if len(names) < len(p):
@@ -98,7 +100,7 @@ def refuse_an_embedding(net, tag: str | None, checkpoint: str | None = None) -> 
     source = f"--model.model_name {tag}" if by_tag else \
         f"--model.model_name {net.name} --model.pretrained false --model.checkpoint {checkpoint}"
     what = tag if by_tag else f"{checkpoint} ({report.format})"
-    raise SystemExit(f"error: {what} is CLIP's image tower: its {net.cfg.num_classes} outputs are its image "
+    raise UsageError(f"{what} is CLIP's image tower: its {net.cfg.num_classes} outputs are its image "
                      "embedding (the projection into CLIP's image-text space), not classes. "
                      + (f"Take a fine-tuned tag ({', '.join(tuned)}), or fine-tune" if tuned else "Fine-tune")
                      + f" it: `vitkit train fit -c vit_base_clip_finetune {source} "
@@ -114,9 +116,9 @@ def onnx_classifier(path: str):
         from vitkit.tools.onnx_model import OnnxModel
         model = OnnxModel(path)
     except ImportError as e:
-        raise SystemExit(f"error: --onnx needs onnxruntime ({e}); pip install 'vitkit[export]'") from None
+        raise UsageError(f"--onnx needs onnxruntime ({e}); pip install 'vitkit[export]'") from None
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors for a missing or damaged file
-        raise SystemExit(f"error: cannot load {path!r} in onnxruntime: {e}") from None
+        raise UsageError(f"cannot load {path!r} in onnxruntime: {e}") from None
     n = model.session.get_outputs()[0].shape[-1]
     names = model.labels or [str(i) for i in range(n if isinstance(n, int) else 0)]
 
@@ -125,7 +127,7 @@ def onnx_classifier(path: str):
             img = Image.open(image)
             x = model.preprocess(img)
         except (OSError, UnidentifiedImageError) as e:
-            raise SystemExit(f"error: cannot read image {image!r}: {e}") from None
+            raise UsageError(f"cannot read image {image!r}: {e}") from None
         logits = model(x)[0].astype(np.float64)
         if model.thresholds is not None:
             return 1.0 / (1.0 + np.exp(-logits))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vitkit.errors import UsageError
+
 from .common import command_parser
 
 
@@ -39,7 +41,7 @@ def main(argv: list[str]) -> int:
                                overwrite=args.overwrite, seed=args.seed, image_column=args.image_column,
                                label_column=args.label_column)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
-        raise SystemExit(f"error: {e}") from None
+        raise UsageError(f"{e}") from None
     for split, n in summary["splits"].items():
         print(f"{split}: {n['samples']} samples, {n['skipped']} unreadable file(s) left out")
     print(f"{len(summary['classes'])} classes; {Path(args.out) / MARKER} written: the dataset is complete")

@@ -34,7 +34,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from vitkit import recipes
 from vitkit.builder import checkpoint_preset
-from vitkit.errors import one_line, take_traceback_flag, take_verbose_flag, user_error, wants_traceback
+from vitkit.errors import UsageError, take_traceback_flag, take_verbose_flag
 from vitkit.lit.callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
 from vitkit.lit.classifier import ImageClassifier
 from vitkit.lit.strategies import settle_interrupted_saves
@@ -73,7 +73,7 @@ def with_recipes(args: list[str]) -> list[str]:
         if moved and resolved is not None:
             print(f"note: {value} is not a file here; using the recipe {path.stem} ({resolved})", file=sys.stderr)
         if resolved is None:
-            raise SystemExit(f"error: --config {value!r} is neither a file nor a recipe; the recipes are "
+            raise UsageError(f"--config {value!r} is neither a file nor a recipe; the recipes are "
                              f"{', '.join(recipes.list_recipes())} (`vitkit recipes` describes them)")
         if eq:
             out[i] = f"{flag}={resolved}"
@@ -105,7 +105,7 @@ def strategy_from_path(path: str) -> Strategy:
         raise ValueError(f"--trainer.strategy {path}: expected a registered strategy name ({names}) or the class "
                          f"path of a Lightning Strategy; {e}") from None
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-        raise ValueError(f"--trainer.strategy {path}: expected a subclass of lightning's Strategy, got {cls!r}")
+        raise UsageError(f"--trainer.strategy {path}: expected a subclass of lightning's Strategy, got {cls!r}")
     return cls()
 
 
@@ -123,16 +123,15 @@ def condense(message: str) -> str:
 
 
 class OneLineLightningParser(LightningArgumentParser):
-    """Lightning's parser (jsonargparse's), whose errors end the command with one ``error:`` line and exit status 1
-    as argparse's do in the other subcommands (instead of the usage listing and a nested message); where jsonargparse
-    asks for an exception instead, it still gets one."""
+    """Lightning's parser (jsonargparse's), whose errors are a :class:`~vitkit.errors.UsageError` of one line, as
+    argparse's are in the other subcommands (instead of the usage listing and a nested message); where jsonargparse
+    asks for its own exception instead, it still gets one."""
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        sys.stderr.write(usage_error(parser.prog.replace(" [options]", ""), condense(message)))
-        sys.exit(1)
+        raise UsageError(usage_error(parser.prog.replace(" [options]", ""), condense(message)))
 
 
 def _trainer_line(e: Exception, cfg: Namespace) -> str:
@@ -142,7 +141,7 @@ def _trainer_line(e: Exception, cfg: Namespace) -> str:
 
     asked = f"accelerator={cfg.get('accelerator')}, devices={cfg.get('devices')}, precision={cfg.get('precision')}"
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    line = f"error: the trainer cannot start as configured ({asked}): {condense(str(e))}; this machine has {gpus} " \
+    line = f"the trainer cannot start as configured ({asked}): {condense(str(e))}; this machine has {gpus} " \
            "CUDA GPU(s)"
     if not gpus:
         line += ("; to run on its CPU add --trainer.accelerator cpu --trainer.devices 1 --trainer.precision 32-true "
@@ -276,16 +275,10 @@ class VitkitCLI(LightningCLI):
                 init.name = Path(cfg.trainer.default_root_dir).name
 
     def instantiate_classes(self) -> None:
-        """Build the module, data and trainer; an error about the user's input ends the command with vitkit's
-        own message, once, and exit status 1, instead of jsonargparse's traceback of the Union it was in."""
-        try:
-            self._recipe_preset_gives_way(self._section())  # reads the checkpoint: a part of building, not parsing
-            super().instantiate_classes()
-        except Exception as e:
-            cause = user_error(e)
-            if cause is None or wants_traceback(sys.argv):
-                raise
-            raise SystemExit(one_line(cause)) from None
+        """Build the module, data and trainer (an error about the input, raised inside jsonargparse's Union, still
+        names vitkit's cause: ``vitkit.errors.user_error``)."""
+        self._recipe_preset_gives_way(self._section())  # reads the checkpoint: a part of building, not parsing
+        super().instantiate_classes()
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         cfg = self._section().trainer
@@ -296,9 +289,7 @@ class VitkitCLI(LightningCLI):
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except MisconfigurationException as e:  # no such GPU here, too many devices, ...
-            if wants_traceback(sys.argv):
-                raise
-            raise SystemExit(_trainer_line(e, cfg)) from None
+            raise UsageError(_trainer_line(e, cfg)) from e
         for cb in trainer.checkpoint_callbacks:  # known before fit, so that --ckpt_path last finds last.ckpt
             if isinstance(cb, _LightningModelCheckpoint) and cb.dirpath is None:
                 cb.dirpath = checkpoints_dir(trainer)
@@ -316,29 +307,22 @@ class VitkitCLI(LightningCLI):
             try:
                 dm.check_train_size(self.trainer)
             except ValueError as e:
-                raise SystemExit(f"error: {e}") from None
+                raise UsageError(str(e)) from e
         for cb in self.trainer.checkpoint_callbacks:
             if isinstance(cb, ModelCheckpoint):  # refuse to replace another run's last.ckpt, before any write
                 settle_interrupted_saves(cb.dirpath)  # a sharded save killed between its two renames
                 try:
                     cb.check_fresh(self.trainer, self.config_init[self.subcommand].get("ckpt_path"))
                 except FileExistsError as e:
-                    raise SystemExit(f"error: {e}") from None  # a message, not a traceback
+                    raise UsageError(str(e)) from e
 
 
 def cli_main(args: list[str] | None = None, run: bool = True, prog: str | None = None) -> LightningCLI:
-    """``vitkit train fit -c vit_tiny_digits``; ``args`` replaces sys.argv[1:], ``prog`` names
-    the program in ``--help``. An error vitkit raised about the input, while the classes are built or while the
-    subcommand runs (a training split smaller than one batch, a checkpoint that does not fit), ends the command with
-    its one line and exit status 1 (``--traceback`` or ``VITKIT_TRACEBACK=1``: the traceback instead)."""
-    try:
-        with quiet(sys.argv if args is None else args):
-            return VitkitCLI(args=args, run=run, **({"parser_kwargs": {"prog": prog}} if prog else {}))
-    except Exception as e:
-        cause = user_error(e)
-        if cause is None or wants_traceback(sys.argv):
-            raise
-        raise SystemExit(one_line(cause)) from None
+    """``vitkit train fit -c vit_tiny_digits``; ``args`` replaces sys.argv[1:], ``prog`` names the program in
+    ``--help``. Bad input raises: a :class:`~vitkit.errors.UsageError` (or another error ``vitkit.errors.user_error``
+    knows as such), which ``vitkit.cli.main`` turns into the command's one ``error:`` line."""
+    with quiet(sys.argv if args is None else args):
+        return VitkitCLI(args=args, run=run, **({"parser_kwargs": {"prog": prog}} if prog else {}))
 
 
 def main(argv: list[str], prog: str = "vitkit train") -> int:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import vitkit
+from vitkit.errors import UsageError
 from vitkit.models.config import pair
 from vitkit.tools.flops import count_gmacs
 from vitkit.tools.timing import Entry, time_rounds, warm_up
@@ -35,7 +36,7 @@ def validation_loader(checkpoint: str, val_dir: str | None, model: nn.Module, ba
             ckpt = None
         hp = ckpt.get("datamodule_hyper_parameters") if isinstance(ckpt, dict) else None
         if not hp or "_class_path" not in hp:
-            raise SystemExit(f"error: {checkpoint} records no data module (only a Lightning checkpoint of `vitkit "
+            raise UsageError(f"{checkpoint} records no data module (only a Lightning checkpoint of `vitkit "
                              "train` does); give --val-dir, a folder of class folders (an ImageNet-style val/)")
         module, _, cls = hp["_class_path"].rpartition(".")
         kwargs = {k: v for k, v in hp.items() if not k.startswith("_")}
@@ -92,7 +93,7 @@ def curve(args) -> list[dict]:
     """One row per r: speed, GMACs and top-1 of the checkpoint's model with r token pairs merged per block."""
     model = vitkit.create_model(checkpoint=args.checkpoint).eval()
     if vitkit.family(model.name) != "vit":
-        raise SystemExit(f"error: token merging is for ViT/DeiT models; {args.checkpoint} holds {model.name}")
+        raise UsageError(f"token merging is for ViT/DeiT models; {args.checkpoint} holds {model.name}")
     loader = validation_loader(args.checkpoint, args.val_dir, model, args.batch_sizes[0])
     shape = (model.cfg.in_chans, *pair(model.cfg.img_size))
     rows = []

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from vitkit.errors import UsageError
+
 
 @dataclass
 class Entry:
@@ -49,7 +51,7 @@ def prepare(e: Entry, args, device: torch.device) -> None:
     net = net.to(memory_format=memory_format)
     if args.grad_checkpointing:
         if not hasattr(net, "set_grad_checkpointing"):
-            raise SystemExit(f"--grad-checkpointing: {e.library}'s {e.model} has no set_grad_checkpointing()")
+            raise UsageError(f"--grad-checkpointing: {e.library}'s {e.model} has no set_grad_checkpointing()")
         net.set_grad_checkpointing(True)
     x = torch.randn(e.batch_size, *e.input_shape, device=device, dtype=dtype).to(memory_format=memory_format)
     run = torch.compile(net) if args.compile else net
