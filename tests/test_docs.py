@@ -122,3 +122,30 @@ def test_the_architecture_page_names_every_module():
         if not any(f"`{path}`" in first or (f"`{package}" in first and f"`{f.name}`" in row) for first, row in rows):
             missing.append(path)
     assert not missing, f"docs/architecture.md has no row for {missing}"
+
+
+def _globs(cell: str) -> list[str]:
+    """The preset globs a family's row names: `a_{x,y}` is two, and an ending (`_qkvb`, `_rope_ape_224`) stands
+    for the glob before it with its tail from that ending's first part on replaced (or the ending added)."""
+    out: list[str] = []
+    for glob in re.findall(r"`([^`]+)`", cell):
+        if glob.startswith("_") and out:
+            head = "_" + glob.split("_")[1]
+            glob = (out[-1][: out[-1].index(head)] if head in out[-1] else out[-1]) + glob
+        braces = re.search(r"\{([^}]*)\}", glob)
+        out += [glob[: braces.start()] + alt + glob[braces.end():] for alt in braces.group(1).split(",")] \
+            if braces else [glob]
+    return out
+
+
+def test_the_family_table_counts_the_presets_its_globs_match():
+    import fnmatch
+
+    import vitkit
+
+    presets = vitkit.list_models()
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in (ROOT / "docs/models.md").read_text().splitlines()
+            if line.startswith("| ") and line.count("|") > 4]
+    counted = [(row[0], int(row[1]), len({p for p in presets for g in _globs(row[0]) if fnmatch.fnmatch(p, g)}))
+               for row in rows if row[1].isdigit()]
+    assert len(counted) >= 8 and all(said == found for _, said, found in counted), counted

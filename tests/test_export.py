@@ -60,7 +60,7 @@ def test_every_vit_variant_exports_with_dynamic_batch_and_size(name, tmp_path):
     m = vitkit.create_model(name, img_size=(32, 48), num_classes=7, **TINY_VIT).eval()
     report = export_onnx(m, tmp_path / "m.onnx")
     assert report.dynamic == ["batch", "height", "width"] and report.max_abs_diff <= 1e-4
-    m.cfg.dynamic_img_size = True  # the exported graph resamples positions per input, as timm's flag does
+    m.configure(dynamic_img_size=True)  # the exported graph resamples positions per input, as timm's flag does
     session = OnnxModel(tmp_path / "m.onnx")
     with torch.no_grad():
         for shape in [(4, 3, 32, 48), (2, 3, 56, 24)]:

@@ -250,9 +250,9 @@ def test_the_image_data_modules_share_one_definition_of_their_arguments():
     from jsonargparse import ArgumentParser
 
     from vitkit.lit import ImageFolderDataModule, StreamingImageDataModule
-    from vitkit.lit.data import _SkippingImages
+    from vitkit.lit.data import SkippingImages
 
-    shared = [p for p in inspect.signature(_SkippingImages.__init__).parameters.values() if p.name != "self"]
+    shared = [p for p in inspect.signature(SkippingImages.__init__).parameters.values() if p.name != "self"]
     assert {"img_size", "auto_augment", "re_prob", "scale", "hflip", "color_jitter", "mean", "std"} <= {
         p.name for p in shared}
     for cls, own in ((ImageFolderDataModule, "train_dir"), (StreamingImageDataModule, "max_cache_size")):

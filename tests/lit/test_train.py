@@ -348,6 +348,32 @@ def test_ema_updates_once_per_optimizer_step_and_never_for_a_skipped_one(tmp_pat
 
 
 @pytest.mark.slow
+def test_an_ema_that_is_the_model_is_what_evaluation_runs_and_the_checkpoint_holds_and_resume_puts_back(tmp_path):
+    """``ema_is_model``: eval mode runs the average, the checkpoint's ``model.`` weights are the average's (what
+    predict, evaluate and export read), and a resumed run trains the weights it was training, exactly."""
+    ema = ("--model.ema_decay", "0.5", "--model.ema_is_model", "true", "--trainer.max_epochs", "2")
+    full = _fit(tmp_path / "full", *ema)
+    _fit(tmp_path / "resumed", *ema, "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch",
+         "--trainer.callbacks.epoch", "1")
+    resumed = _fit(tmp_path / "resumed", *ema, "--ckpt_path", "last")
+    assert resumed.trainer.global_step == full.trainer.global_step == 6
+    for a, b in zip(resumed.model.state_dict().values(), full.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    module = full.model.eval()
+    saved = torch.load(tmp_path / "full/checkpoints/last.ckpt", weights_only=True)["state_dict"]
+    for key, value in module.ema.module.state_dict().items():
+        torch.testing.assert_close(saved[f"model.{key}"], value)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert not torch.allclose(module.model(x), module.ema.module(x))
+        torch.testing.assert_close(module(x), module.ema.module(x))
+        loaded = vitkit.create_model(checkpoint=tmp_path / "full/checkpoints/last.ckpt").eval()
+        torch.testing.assert_close(loaded(x), module.ema.module(x), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="give ema_decay too"):
+        ImageClassifier(model_name="vit_tiny_patch16_224", ema_is_model=True)
+
+
+@pytest.mark.slow
 def test_compiled_training_checkpoints_plain_parameter_names(tmp_path):
     cli = _fit(tmp_path, "--model.compile", "true", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0")
     assert cli.model.model._compiled_call_impl is not None  # trained compiled

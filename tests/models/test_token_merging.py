@@ -222,7 +222,8 @@ def test_onnx_export_with_dynamic_sizes_merges_as_pytorch_does_even_where_fewer_
     m = _model(depth=1, token_merging=12)
     report = export_onnx(m, tmp_path / "m.onnx", dynamic_size=True)
     assert report.dynamic == ["batch", "height", "width"]
-    session, m.cfg.dynamic_img_size = OnnxModel(tmp_path / "m.onnx"), True
+    session = OnnxModel(tmp_path / "m.onnx")
+    m.configure(dynamic_img_size=True)
     for shape in [(2, 3, 40, 28), (1, 3, 16, 12)]:  # 70 patches: 12 pairs; 12 patches: only 6 to merge
         x = torch.randn(shape)
         with torch.no_grad():

@@ -199,23 +199,29 @@ def test_deit_distilled_fine_tunes_with_both_heads_new_and_needs_the_class_token
         vitkit.create_model("deit_tiny_distilled_patch16_224", global_pool="avg")
 
 
-def test_a_config_field_set_in_place_takes_effect_in_its_own_model_alone():
-    """``model.cfg.dynamic_img_size = True`` changes what forward reads (the config calls ``read_config``); a
-    deep copy and a pickled copy follow their own config, not the original's."""
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "swin_tiny_patch4_window7_224"])
+def test_a_config_changes_through_configure_alone_and_in_its_own_model(name):
+    """ViT and Swin take a config change the same way: ``model.configure(field=...)`` changes what forward reads
+    from the next call; setting a field of a built model's config in place is refused (it would leave the model
+    reading the old value), and a deep or pickled copy follows its own config, not the original's."""
     import copy
     import pickle
 
-    m = vitkit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=1, num_classes=3).eval()
-    x = torch.randn(1, 3, 48, 32)
-    with pytest.raises(ValueError, match="48"):
-        m(x)
+    small = dict(img_size=32, patch_size=8, depth=1) if name.startswith("vit") else \
+        dict(img_size=32, patch_size=4, depths=(1, 1), num_heads=(1, 2), embed_dim=16, window_size=4)
+    m = vitkit.create_model(name, num_classes=3, **small).eval()
+    x = torch.randn(1, 3, 32, 32)
+    with pytest.raises(AttributeError, match=r"read-only.*model.configure\(global_pool=...\)"):
+        m.cfg.global_pool = "max"
     twin = copy.deepcopy(m)
-    m.cfg.dynamic_img_size = True
-    assert m.dynamic_img_size and m(x).shape == (1, 3)
-    with pytest.raises(ValueError, match="48"):
-        twin(x)
     back = pickle.loads(pickle.dumps(m))
-    back.cfg.dynamic_img_size = False
-    with pytest.raises(ValueError, match="48"):
-        back(x)
-    assert m(x).shape == (1, 3)
+    before = m.forward_features(x)
+    m.configure(global_pool="max")
+    pooled = before[:, m.num_prefix_tokens:].amax(dim=1) if name.startswith("vit") else before.amax(dim=(1, 2))
+    torch.testing.assert_close(m.forward_head(before, pre_logits=True), pooled)
+    for copied in (twin, back):
+        assert copied.cfg.global_pool != "max"
+        torch.testing.assert_close(copied(x), twin(x))
+        assert not torch.allclose(copied(x), m(x))
+    with pytest.raises(ValueError, match=r"no field\(s\) \['nope'\]"):
+        m.configure(nope=1)

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vitkit.tools.plots import _plt
+from vitkit.tools.plots import pyplot
 
 from .metrics import ECE_BINS, MATRIX_CLASSES
 
@@ -16,7 +16,7 @@ from .metrics import ECE_BINS, MATRIX_CLASSES
 def confusion_picture(cm: Tensor, names: list[str], path: Path) -> Path:
     """The confusion matrix normalised by each true class; above MATRIX_CLASSES classes, the 20 most confused
     pairs as bars instead."""
-    plt = _plt()
+    plt = pyplot()
     c = len(names)
     if c <= MATRIX_CLASSES:
         norm = cm.float() / cm.sum(1, keepdim=True).clamp_min(1)
@@ -59,7 +59,7 @@ def mistakes_picture(mistakes: list[tuple[float, Tensor, int, int]], names: list
 
 def image_grid(images: list[tuple[Tensor, str]], path: Path) -> Path:
     """Images in [0, 1] (C, H, W), four to a row, each with its title ("no mistakes" when there are none)."""
-    plt = _plt()
+    plt = pyplot()
     n = max(len(images), 1)
     cols = min(4, n)
     rows = -(-n // cols)
@@ -84,7 +84,7 @@ def pr_curves_picture(probs: Tensor, targets: Tensor, names: list[str], result: 
     dot where its threshold puts it; torchmetrics' curves."""
     from torchmetrics.functional.classification import multilabel_precision_recall_curve
 
-    plt = _plt()
+    plt = pyplot()
     per = result["per_class"]
     shown = sorted(range(len(names)), key=lambda j: per[names[j]]["ap"])[:most]
     precision, recall, cuts = multilabel_precision_recall_curve(probs, targets.long(), num_labels=len(names))
@@ -108,7 +108,7 @@ def pr_curves_picture(probs: Tensor, targets: Tensor, names: list[str], result: 
 def reliability_picture(probs: Tensor, labels: Tensor, path: Path, bins: int = ECE_BINS) -> Path:
     """Accuracy against confidence in ``bins`` equal bins (the bins of the ECE), with the diagonal of a calibrated
     model and each bin's share of the images."""
-    plt = _plt()
+    plt = pyplot()
     conf, pred = probs.max(-1)
     edges = torch.linspace(0, 1, bins + 1)
     which = torch.bucketize(conf, edges[1:-1], right=True)

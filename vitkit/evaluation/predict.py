@@ -17,7 +17,7 @@ def batches(dm, ds, device: torch.device):
     """(x on the device, y, the rows' sources) of each batch that has an image; unreadable images are skipped."""
     from rich.progress import track
 
-    loader = dm._loader(ds, False)
+    loader = dm.loader(ds, False)
     samples = getattr(ds, "samples", None)
     seen = 0
     for batch in track(loader, description="evaluating", transient=True, disable=not sys.stderr.isatty()):

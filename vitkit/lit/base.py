@@ -60,6 +60,18 @@ class EMA(nn.Module):
         return self.module(*args, **kwargs)
 
 
+def swap_ema(state: dict[str, Any]) -> dict[str, Any]:
+    """A state dict with the ``model.`` and ``ema.module.`` entries exchanged (its own inverse)."""
+    out = {}
+    for key, value in state.items():
+        if key.startswith("model."):
+            key = "ema.module." + key.removeprefix("model.")
+        elif key.startswith("ema.module."):
+            key = "model." + key.removeprefix("ema.module.")
+        out[key] = value
+    return out
+
+
 class WarmupCosine:
     """The LR multiplier of an optimizer step: linear warmup over ``warmup_epochs``, then cosine down to
     ``min_lr_ratio`` at the last step; 1 until :meth:`set_length` gives the run's length."""
@@ -111,6 +123,7 @@ class TrainingModule(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.ema: EMA | None = None  # an attribute, not a class default: nn.Module keeps submodules apart
+        self.ema_is_model = False
         # the epoch's loss, weighted by each batch's samples; its own NaN check would read the loss back every step
         self.train_loss = MeanMetric(nan_strategy="disable")
         self.bad_steps = 0  # consecutive steps skipped for a non-finite loss
@@ -120,8 +133,25 @@ class TrainingModule(L.LightningModule):
         self._configured = False
         self._rank_seeded = False
 
-    def make_ema(self, decay: float | None) -> None:
+    def make_ema(self, decay: float | None, is_model: bool = False) -> None:
+        """An EMA of ``self.model`` (``decay`` per optimizer step; None: none). With ``is_model`` the average is
+        the run's model: what evaluation (``eval()`` mode) runs and what the checkpoint holds as ``model.``; the
+        weights being trained ride in its ``ema.module.`` entries, put back where they were when a run resumes."""
+        if is_model and not decay:
+            raise ValueError("ema_is_model validates and saves the EMA of the weights; give ema_decay too (e.g. 0.9)")
         self.ema = EMA(self.model, decay) if decay else None
+        self.ema_is_model = is_model
+
+    def evaluated(self) -> nn.Module:
+        """The model that evaluation runs: the EMA where it is the run's model, and not in training mode."""
+        return self.ema.module if self.ema_is_model and self.ema is not None and not self.training else self.model
+
+    @torch.no_grad()
+    def restart_ema(self) -> None:
+        """The EMA from the model as it is now: after a change made before the first step (a head fitted by the
+        probe), which an average begun at construction would only take in step by step."""
+        if self.ema is not None:
+            self.ema.module.load_state_dict(self.model.state_dict())
 
     @staticmethod
     def check_nonfinite(value: str) -> None:
@@ -343,8 +373,12 @@ class TrainingModule(L.LightningModule):
         hp = checkpoint.get("hyper_parameters")
         if hp is not None and "checkpoint" in hp:  # the state dict holds every weight: no other file to read
             hp.update(pretrained=False, checkpoint=None)
+        if self.ema_is_model and "state_dict" in checkpoint:  # the file's model is the average (make_ema)
+            checkpoint["state_dict"] = swap_ema(checkpoint["state_dict"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.ema_is_model and "state_dict" in checkpoint:  # the weights being trained back into the model
+            checkpoint["state_dict"] = swap_ema(checkpoint["state_dict"])
         # restored here, before the fit loop draws its first shuffle from the global generator; not when the
         # module is only loaded (load_from_checkpoint), which must leave the caller's generators alone
         try:

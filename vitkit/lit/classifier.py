@@ -128,6 +128,9 @@ class ImageClassifier(TrainingModule):
         mixup_prob: the share of batches mixed.
         mixup_switch_prob: the share of mixed batches that take CutMix when both are on.
         ema_decay: keep an EMA of the weights, validated alongside (``val/top1_ema``); None disables.
+        ema_is_model: the EMA is the run's model: validation (``val/top1``), test, predict and the checkpoint's
+            ``model.`` weights are the average's; the weights being trained ride in the checkpoint's ``ema.``
+            entries for resuming (so ``use_ema=True`` reads those).
         nonfinite_loss: what a NaN/Inf training loss does: ``stop`` ends the run with an error (the last
             good checkpoint stays as it was), ``skip`` drops that step on every rank and goes on (and
             still stops after 10 bad steps in a row).
@@ -181,6 +184,7 @@ class ImageClassifier(TrainingModule):
         mixup_prob: float = 1.0,
         mixup_switch_prob: float = 0.5,
         ema_decay: float | None = None,
+        ema_is_model: bool = False,
         freeze_backbone: bool = False,
         checkpoint: str | None = None,
         nonfinite_loss: Literal["stop", "skip"] = "stop",
@@ -212,10 +216,8 @@ class ImageClassifier(TrainingModule):
                                  lora_parts), head_init)
         self.num_classes = self.model.cfg.num_classes
         self.head_norm = HeadNorm(self.model) if head_norm else None  # MAE's linear probe (lit/probe.py)
-        self._teacher = None
-        if self.distillation != "none":
-            self._set_teacher(teacher, teacher_checkpoint)
-        self.make_ema(ema_decay)
+        self._set_teacher(teacher, teacher_checkpoint)
+        self.make_ema(ema_decay, ema_is_model)
         self._set_targets(multi_label)
 
     def _set_targets(self, multi_label: bool) -> None:
@@ -254,6 +256,9 @@ class ImageClassifier(TrainingModule):
             self.lora_layers = add_lora(self.model, lora)  # everything frozen but the adapters ...
             for name, p in self.model.named_parameters():
                 p.requires_grad_(p.requires_grad or name.startswith("head"))  # ... and the head
+        if hp.ema_is_model and hp.head_norm:
+            raise ValueError("ema_is_model and head_norm: the probe's normalisation is folded into the model that "
+                             "trains; keep one of them")
         if head_init not in ("random", "probe") or (head_init == "probe" and (hp.head_norm or hp.freeze_backbone)):
             raise ValueError(f"head_init must be 'random' or 'probe' (without head_norm or freeze_backbone: the probe "
                              f"is the fitted head), got {head_init!r}")
@@ -261,7 +266,7 @@ class ImageClassifier(TrainingModule):
         self.probe_file = ""
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.model(x) if self.head_norm is None else self.head_norm(self.model, x)
+        return self.evaluated()(x) if self.head_norm is None else self.head_norm(self.model, x)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
@@ -291,7 +296,10 @@ class ImageClassifier(TrainingModule):
 
     # -- a teacher (lit/distill.py) -----------------------------------------------------------------------------
 
-    def _set_teacher(self, teacher: str, checkpoint: str | None) -> None:
+    def _set_teacher(self, teacher: str | None, checkpoint: str | None) -> None:
+        self._teacher = None
+        if self.distillation == "none":
+            return
         model, self._teacher_prep = build_teacher(teacher, checkpoint)
         classes = classes_of(model)
         if classes != self.num_classes:
@@ -328,7 +336,7 @@ class ImageClassifier(TrainingModule):
         mode = getattr(getattr(dm, "data_cfg", None), "crop_mode", None)
         if mode is None or mode == getattr(self.model.cfg, "crop_mode", mode):
             return
-        self.model.cfg.crop_mode = mode
+        self.model.configure(crop_mode=mode)
         self.hparams.model_overrides = {**(self.hparams.model_overrides or {}), "crop_mode": mode}
 
     def _check_targets(self, dm) -> None:
@@ -343,6 +351,7 @@ class ImageClassifier(TrainingModule):
         """``head_init="probe"``: the head fitted on the frozen features, its score logged and its model saved."""
         dm = self.trainer.datamodule
         self.probe_baseline = fit_head(self.model, dm, self.device, self.multi_label)
+        self.restart_ema()
         for logger in self.trainer.loggers:
             logger.log_metrics({"val/probe_baseline": self.probe_baseline}, step=0)
         path = probe_path(self.trainer)
@@ -447,7 +456,7 @@ class ImageClassifier(TrainingModule):
         for k in ("top1", "top5"):
             self.metrics[f"{split}_{k}"](logits, y)
             self.log(f"{split}/{k}", self.metrics[f"{split}_{k}"], prog_bar=k == "top1", batch_size=x.shape[0])
-        if split == "val" and self.ema is not None:
+        if split == "val" and self.ema is not None and not self.ema_is_model:
             ema_logits = self.ema(x)
             for k in ("top1", "top5"):
                 self.metrics[f"val_ema_{k}"](ema_logits, y)
@@ -460,7 +469,8 @@ class ImageClassifier(TrainingModule):
         n = x.shape[0]
         self.log(f"{split}/loss", F.binary_cross_entropy_with_logits(logits.float(), y), prog_bar=split == "val",
                  sync_dist=True, batch_size=n)
-        runs = [("", logits)] + ([("_ema", self.ema(x))] if split == "val" and self.ema is not None else [])
+        runs = [("", logits)] + ([("_ema", self.ema(x))] if split == "val" and self.ema is not None
+                                 and not self.ema_is_model else [])
         for suffix, out in runs:
             probs, key = out.float().sigmoid(), f"{split}{suffix}"
             for name, value in (("mAP", probs), ("mAP_micro", probs), ("f1", ml.decide(probs, self.thresholds))):

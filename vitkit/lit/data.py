@@ -94,7 +94,9 @@ class _TrainValLoaders(L.LightningDataModule):
             n = min(MAX_WORKERS, suggested_max_num_workers(devices))
         return n
 
-    def _loader(self, ds: Dataset, train: bool) -> DataLoader:
+    def loader(self, ds: Dataset, train: bool) -> DataLoader:
+        """A loader over ``ds`` (a split of this module, or the same split in another transform) as the module's
+        own are built: its batch, workers and collation; shuffled by (seed, epoch, rank) with ``train``."""
         hp = self.hparams
         sampler = generator = None
         if train:  # shuffled by (seed, epoch, rank), never by the global generator: see EpochSampler
@@ -119,17 +121,17 @@ class _TrainValLoaders(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.check_train_size()
-        return self._loader(self.train_set, True)
+        return self.loader(self.train_set, True)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_set, False)
+        return self.loader(self.val_set, False)
 
     def test_dataloader(self) -> DataLoader:
         if self.test_set is not None:
             rank_zero_info(f"test: evaluating the test split of {self.describe()}")
         else:
             rank_zero_info(f"test: {self.describe()} has no test split; evaluating its val split")
-        return self._loader(self.val_set if self.test_set is None else self.test_set, False)
+        return self.loader(self.val_set if self.test_set is None else self.test_set, False)
 
     def describe(self) -> str:
         return type(self).__name__
@@ -197,8 +199,10 @@ class DigitsDataModule(_TrainValLoaders):
 
 
 
-class _SkippingImages(_TrainValLoaders):
-    """Image data whose unreadable files are skipped and counted, batch by batch and epoch by epoch.
+class SkippingImages(_TrainValLoaders):
+    """The base of every image data source (a folder, a manifest, Hugging Face, shards; a new source subclasses it).
+
+    Unreadable files are skipped and counted, batch by batch and epoch by epoch.
 
     Its arguments are those of every image DataModule (each subclass passes its ``**image_args`` on, and the CLI
     lists them with the subclass's own): loader sizes, timm's train augmentation, and the eval preprocessing,
@@ -299,7 +303,7 @@ class RankPositions:
         self._train_loader.restore(positions[self.trainer.global_rank if self.trainer is not None else 0])
 
 
-class ImageFolderDataModule(_SkippingImages):
+class ImageFolderDataModule(SkippingImages):
     """ImageNet layout (``root/train/<class>/*``, ``root/val/<class>/*``, optionally ``root/test/<class>/*``)
     with timm's transforms. ``test`` evaluates ``test_dir`` when it exists, else the val split (and says so).
 
@@ -334,7 +338,7 @@ class ImageFolderDataModule(_SkippingImages):
         return str(self.root / getattr(self.hparams, split + "_dir"))
 
 
-class UnlabeledImageDataModule(_SkippingImages):
+class UnlabeledImageDataModule(SkippingImages):
     """A folder of images without labels, for self-supervised pre-training.
 
     ``root/**/*.jpg``, any layout, class folders or none. A fixed, seeded ``val_fraction`` of the files is held out for
@@ -372,7 +376,7 @@ class UnlabeledImageDataModule(_SkippingImages):
         return f"{self.root} ({split})"
 
 
-class ManifestDataModule(_SkippingImages):
+class ManifestDataModule(SkippingImages):
     """Images and their labels (one or several) listed in CSV or JSON-lines manifests.
 
     A manifest (``vitkit/data/manifest.py``) is a CSV with a header, or JSON lines, with an ``image`` column (a path

@@ -3,7 +3,7 @@
 number of steps on every rank, the stream's position in the checkpoint).
 
 The readers and columns are in ``vitkit/data/hf.py``; the transforms, augmentation and skipping are the folder
-module's (``_SkippingImages``).
+module's (``SkippingImages``).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from vitkit.data.hf import (
 from vitkit.data.transforms import eval_transform
 from vitkit.errors import one_line
 
-from .data import RankPositions, _SkippingImages
+from .data import RankPositions, SkippingImages
 
 log = logging.getLogger(__name__)
 
 
-class HFDataModule(RankPositions, _SkippingImages):
+class HFDataModule(RankPositions, SkippingImages):
     """A Hugging Face dataset (the hub's cache, a save_to_disk folder, or data files).
 
     ``name`` is a hub name (``beans``, ``timm/mini-imagenet``; with
@@ -149,9 +149,9 @@ class HFDataModule(RankPositions, _SkippingImages):
 
     # -- loaders ------------------------------------------------------------------------------------------------
 
-    def _loader(self, ds, train: bool):
+    def loader(self, ds, train: bool):
         if not self.hparams.streaming:
-            return super()._loader(ds, train)
+            return super().loader(ds, train)
         from torchdata.stateful_dataloader import StatefulDataLoader
 
         hp = self.hparams
@@ -162,18 +162,18 @@ class HFDataModule(RankPositions, _SkippingImages):
     def train_dataloader(self):
         if not self.hparams.streaming:
             return super().train_dataloader()
-        self._train_loader = self._loader(self.train_set, True)
+        self._train_loader = self.loader(self.train_set, True)
         if self._resume is not None:
             self._restore_train_loader()
         return self._train_loader
 
     def val_dataloader(self):
-        return self._loader(self.val_set, False)
+        return self.loader(self.val_set, False)
 
     def test_dataloader(self):
         if not self.hparams.streaming:
             return super().test_dataloader()
-        return self._loader(self.test_set if self.test_set is not None else self.val_set, False)
+        return self.loader(self.test_set if self.test_set is not None else self.val_set, False)
 
     predict_dataloader = val_dataloader
 

@@ -46,7 +46,7 @@ def eval_views(dm: L.LightningDataModule):
 @torch.no_grad()
 def pooled_features(model: nn.Module, dm: L.LightningDataModule, ds, device: torch.device) -> tuple[Tensor, Tensor]:
     """The model's pooled features (before the head) and the labels of every readable image of ``ds``."""
-    batches = (dm.on_after_batch_transfer(batch, 0)[:2] for batch in dm._loader(ds, False))
+    batches = (dm.on_after_batch_transfer(batch, 0)[:2] for batch in dm.loader(ds, False))
     return backbone_features(model, batches, device)
 
 

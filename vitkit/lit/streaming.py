@@ -21,12 +21,12 @@ from vitkit.data.shards import read_dataset_info
 from vitkit.data.streaming import EvenBatches, ImageShards
 from vitkit.data.transforms import eval_transform
 
-from .data import RankPositions, _SkippingImages
+from .data import RankPositions, SkippingImages
 
 log = logging.getLogger(__name__)
 
 
-class StreamingImageDataModule(RankPositions, _SkippingImages):
+class StreamingImageDataModule(RankPositions, SkippingImages):
     """Shards written by ``vitkit prepare-data``, streamed with litdata.
 
     A local folder, or an object-store URL such as ``s3://bucket/imagenet`` that litdata reads, with the transforms,
@@ -69,7 +69,7 @@ class StreamingImageDataModule(RankPositions, _SkippingImages):
             self.test_set = self._shards("test", eval_transform(self.data_cfg), shuffle=False)
         self.reset_counts()
 
-    def _loader(self, ds: ImageShards, train: bool) -> StreamingDataLoader:
+    def loader(self, ds: ImageShards, train: bool) -> StreamingDataLoader:
         hp = self.hparams
         # a generator of its own: starting an epoch's iterator must not draw from the global stream, which
         # drop path and mixup use and checkpoints restore (the workers' seeds do not matter, see ImageShards)

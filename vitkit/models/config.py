@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -25,6 +26,39 @@ class DataConfig:
     # center: timm's resize and centre crop; squash: the whole image resized to img_size (no crop, its aspect
     # ratio not kept), for images whose labels may sit anywhere in them (several labels per image)
     crop_mode: Literal["center", "squash"] = "center"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_held"):
+            raise AttributeError(f"{type(self).__name__}.{name}: the config of a built model is read-only, so that "
+                                 f"what the model reads stays in step with it; model.configure({name}=...) changes "
+                                 "both")
+        super().__setattr__(name, value)
+
+
+class FollowsConfig:
+    """What ViT and Swin share: ``self.cfg``, whose fields ``read_config`` copies to the plain attributes that
+    forward reads (and TorchScript compiles). The config is read-only once the model holds it; :meth:`configure`
+    is the one way to change it, and reads it again."""
+
+    def hold_config(self, cfg: DataConfig) -> None:
+        """Take ``cfg`` as this model's config (read-only from now on) and read it."""
+        cfg.__dict__["_held"] = True
+        self.cfg = cfg
+        self.read_config()
+
+    def configure(self, **fields: Any) -> None:
+        """Set config fields of the built model (``model.configure(dynamic_img_size=True)``); forward reads them
+        from the next call. Fields that change the weights' shapes have their own methods (``set_input_size``,
+        ``reset_classifier``)."""
+        known = {f.name for f in dataclasses.fields(self.cfg)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise ValueError(f"{type(self.cfg).__name__} has no field(s) {unknown}")
+        self.cfg.__dict__.update(fields)
+        self.read_config()
+
+    def read_config(self) -> None:
+        raise NotImplementedError
 
 
 def pair(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:

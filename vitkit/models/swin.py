@@ -23,7 +23,7 @@ from ..layers import AttnBackend, Mlp, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
 from ..layers.window import WindowAttention, WindowBlock, WindowPlan, is_symbolic, token_index
 from ..layers.window_v2 import CosineWindowAttention, ResPostNormWindowBlock
-from .config import DataConfig, check_image, pair
+from .config import DataConfig, FollowsConfig, check_image, pair
 from .features import new_head, resize_patch_conv, take_indices
 
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
@@ -254,7 +254,7 @@ class PoolHead(nn.Module):
         return x if pre_logits else self.fc(x)
 
 
-class SwinTransformer(nn.Module):
+class SwinTransformer(FollowsConfig, nn.Module):
     """Hierarchical vision transformer with (shifted) window attention."""
 
     __jit_unused_properties__ = ["num_classes"]  # TorchScript: read from the config, which it does not compile
@@ -279,7 +279,7 @@ class SwinTransformer(nn.Module):
         self.output_fmts = ("NHWC", "NCHW")  # what forward_intermediates can return; NHWC for features_only
         self.output_fmt = "NHWC"  # timm's: the layout of forward_features (B, H, W, C)
         self._ref_windows, self._ref_grid = cfg.stage_windows, self._grid()  # set_input_size scales from these
-        self.read_config()
+        self.hold_config(cfg)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -287,14 +287,17 @@ class SwinTransformer(nn.Module):
                     nn.init.zeros_(m.bias)
 
     def read_config(self) -> None:
-        """Copy the config fields that forward reads to plain attributes, which TorchScript compiles."""
-        self.img_size, self.patch_size, self.in_chans = pair(self.cfg.img_size), self.cfg.patch_size, self.cfg.in_chans
-
-    def set_attn_backend(self, backend: AttnBackend) -> None:
-        self.cfg.attn_backend = check_backend(backend)
+        """Copy the config fields that forward reads to plain attributes (which TorchScript compiles) and to the
+        modules that read them (the pooling, the attention backend); :meth:`configure` calls it."""
+        cfg = self.cfg
+        self.img_size, self.patch_size, self.in_chans = pair(cfg.img_size), cfg.patch_size, cfg.in_chans
+        self.head.pool = cfg.global_pool
         for stage in self.layers:
             for blk in stage.blocks:
-                blk.attn.backend = backend
+                blk.attn.backend = check_backend(cfg.attn_backend)
+
+    def set_attn_backend(self, backend: AttnBackend) -> None:
+        self.configure(attn_backend=backend)
 
     def no_weight_decay(self) -> set[str]:
         """Swin's bias tables; V2's temperatures and bias MLPs (timm's)."""
@@ -347,8 +350,8 @@ class SwinTransformer(nn.Module):
         if global_pool is not None:
             if global_pool not in POOLS:
                 raise ValueError(f"global_pool must be one of {POOLS}, got {global_pool!r}")
-            self.cfg.global_pool = self.head.pool = global_pool
-        self.cfg.num_classes = num_classes
+            self.configure(global_pool=global_pool)
+        self.configure(num_classes=num_classes)
         self.head.fc = new_head(self.num_features, num_classes, self.patch_embed.proj.weight)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -394,7 +397,7 @@ class SwinTransformer(nn.Module):
         self.layers = self.layers[: last + 1]
         cfg = self.cfg
         windows = cfg.window_size if isinstance(cfg.window_size, int) else tuple(cfg.window_size[: last + 1])
-        cfg.depths, cfg.num_heads, cfg.window_size = cfg.depths[: last + 1], cfg.num_heads[: last + 1], windows
+        self.configure(depths=cfg.depths[: last + 1], num_heads=cfg.num_heads[: last + 1], window_size=windows)
         self._ref_windows, self.feature_info = self._ref_windows[: last + 1], self.feature_info[: last + 1]
         if cut:
             self.num_features = self.head_hidden_size = self.feature_info[last]["num_chs"]
@@ -421,11 +424,11 @@ class SwinTransformer(nn.Module):
                 raise ValueError(f"window_ratio {window_ratio} needs one entry per stage ({n})")
         if patch_size is not None and patch_size != self.cfg.patch_size:
             resize_patch_conv(self.patch_embed, patch_size)
-            self.cfg.patch_size = patch_size
+            self.configure(patch_size=patch_size)
             for i, info in enumerate(self.feature_info):
                 info["reduction"] = patch_size * 2**i
         if img_size is not None:
-            self.cfg.img_size = img_size
+            self.configure(img_size=img_size)
         grid = self._grid()
         if ratios is not None:
             chosen = tuple((max(1, grid[0] // r), max(1, grid[1] // r)) for r in ratios)
@@ -435,8 +438,7 @@ class SwinTransformer(nn.Module):
             ref = self._ref_grid
             windows = tuple((max(1, w[0] * grid[0] // ref[0]), max(1, w[1] * grid[1] // ref[1]))
                             for w in self._ref_windows)
-        self.cfg.window_size = tuple(w[0] if w[0] == w[1] else w for w in windows)
-        self.read_config()
+        self.configure(window_size=tuple(w[0] if w[0] == w[1] else w for w in windows))
         for stage, (H, W), w in zip(self.layers, self.cfg.stage_sizes, windows, strict=True):
             stage.size = (H, W)
             stage.set_window((min(w[0], H), min(w[1], W)))

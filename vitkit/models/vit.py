@@ -4,11 +4,10 @@ Parameter names and shapes follow timm's ``VisionTransformer``, so a timm state_
 loads with ``strict=True`` and no conversion.
 """
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -20,7 +19,7 @@ from ..layers.attention_pool import AttentionPool
 from ..layers.mlp import ACTIVATIONS, SwiGLU
 from ..layers.pos_embed import RopeMixed, keep_tokens, resample_abs_pos_embed, resize_pos_grid, rope_tables
 from ..layers.token_merging import TokenMerging, merge_schedule
-from .config import DataConfig, check_image, check_multiple, pair
+from .config import DataConfig, FollowsConfig, check_image, check_multiple, pair
 from .features import new_head, resize_patch_conv, take_indices
 
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
@@ -109,23 +108,12 @@ class ViTConfig(DataConfig):
         h, w = pair(self.img_size)
         return h // self.patch_size, w // self.patch_size
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        """A field set on a built model's config takes effect in that model (``model.cfg.dynamic_img_size = True``,
-        as the ``set_*`` methods do): the model reads its config again when it changes, never in forward."""
-        super().__setattr__(name, value)
-        model = self.__dict__["_reader"]() if "_reader" in self.__dict__ else None
-        if model is not None:
-            model.read_config()
-
-    def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_reader"}  # a copy belongs to no model yet
-
 
 def _positions_again(model: "VisionTransformer", incompatible_keys) -> None:  # sin-cos, after a load
     model.pos_embed = model.fixed_positions().to(model.pos_embed)
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(FollowsConfig, nn.Module):
     """ViT / DeiT image classifier on the shared attention core."""
 
     __jit_unused_properties__ = ["num_classes"]  # TorchScript: read from the config, which it does not compile
@@ -176,8 +164,7 @@ class VisionTransformer(nn.Module):
             if cfg.distilled else None
         self.distilled_training = False
         self.grad_checkpointing = False
-        self.read_config()
-        cfg.__dict__["_reader"] = weakref.ref(self)  # a field set on the config calls read_config
+        self.hold_config(cfg)
         self.feature_info = [dict(num_chs=C, reduction=cfg.patch_size, module=f"blocks.{i}") for i in range(cfg.depth)]
         self.output_fmts = ("NCHW", "NLC")  # what forward_intermediates returns, the default first
         self.reset_parameters()
@@ -210,10 +197,6 @@ class VisionTransformer(nn.Module):
         if self.dist_token is not None:
             nn.init.trunc_normal_(self.dist_token, std=0.02)  # as DeiT and timm
 
-    def __setstate__(self, state: dict) -> None:  # a copy (deepcopy, pickle) follows its own config
-        super().__setstate__(state)
-        self.cfg.__dict__["_reader"] = weakref.ref(self)
-
     def read_config(self) -> None:
         """Copy the config fields that forward reads to plain attributes (timm's names), which TorchScript
         compiles; the config calls this whenever one of its fields is set."""
@@ -226,26 +209,22 @@ class VisionTransformer(nn.Module):
         self.head_dim = cfg.embed_dim // cfg.num_heads
         self.merge_r = merge_schedule(cfg.token_merging, cfg.depth)  # token pairs merged in each block
         self.merging = max(self.merge_r + [0]) > 0
+        for attn in [blk.attn for blk in self.blocks] + ([self.attn_pool] if self.attn_pool is not None else []):
+            attn.backend = check_backend(cfg.attn_backend)
 
     def set_dynamic_img_size(self, enable: bool = True) -> None:
         """Take any H, W (multiples of the patch size): positions are resampled to each input's grid."""
-        self.cfg.dynamic_img_size = enable
-        self.read_config()
+        self.configure(dynamic_img_size=enable)
 
     def set_token_merging(self, r: TokenMerging = 0) -> None:
         """Merge tokens in every block from now on (ToMe, ``layers/token_merging.py``): ``r`` pairs per block, an
         ``(r, inflection)`` schedule or a per-block list; 0 turns it off. The weights stay as they are."""
         check_token_merging(r, self.cfg.depth, self.cfg.rope)
-        self.cfg.token_merging = r
-        self.read_config()
+        self.configure(token_merging=r)
 
     def set_attn_backend(self, backend: AttnBackend) -> None:
         """Switch every attention module to another backend (weights are shared by all three)."""
-        self.cfg.attn_backend = check_backend(backend)
-        for blk in self.blocks:
-            blk.attn.backend = backend
-        if self.attn_pool is not None:
-            self.attn_pool.backend = backend
+        self.configure(attn_backend=backend)
 
     def no_weight_decay(self) -> set[str]:
         learned_rope = {"rope.freqs"} if self.rope is not None else set()  # as timm
@@ -391,10 +370,9 @@ class VisionTransformer(nn.Module):
                                  "global_pool='map' has (its weights come with the checkpoint)")
             if global_pool != "map":
                 self.attn_pool = None  # as timm: another pooling drops the attention pool
-            self.cfg.fc_norm = not isinstance(self.fc_norm, nn.Identity)  # the norms stay where they are
-            self.cfg.global_pool = global_pool
-        self.cfg.num_classes = num_classes
-        self.read_config()
+            # the norms stay where they are
+            self.configure(fc_norm=not isinstance(self.fc_norm, nn.Identity), global_pool=global_pool)
+        self.configure(num_classes=num_classes)
         self.head = new_head(self.num_features, num_classes, self.patch_embed.proj.weight)
         if self.head_dist is not None:
             self.head_dist = new_head(self.num_features, num_classes, self.patch_embed.proj.weight)
@@ -450,7 +428,7 @@ class VisionTransformer(nn.Module):
         """Drop the blocks after the last of ``indices`` (and the final norm / head); returns the indices."""
         taken, last = take_indices(len(self.blocks), indices)
         self.blocks = self.blocks[: last + 1]
-        self.cfg.depth = last + 1
+        self.configure(depth=last + 1)
         self.feature_info = self.feature_info[: last + 1]
         if prune_norm:
             self.norm = nn.Identity()
@@ -466,12 +444,11 @@ class VisionTransformer(nn.Module):
         old_grid = self.cfg.grid_size
         if patch_size is not None and patch_size != self.cfg.patch_size:
             resize_patch_conv(self.patch_embed, patch_size)
-            self.cfg.patch_size = patch_size
+            self.configure(patch_size=patch_size)
             for info in self.feature_info:
                 info["reduction"] = patch_size
         if img_size is not None:
-            self.cfg.img_size = img_size
-        self.read_config()
+            self.configure(img_size=img_size)
         grid = self.cfg.grid_size
         if grid == old_grid:
             return

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-def _plt():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no window), imported on first use."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -49,7 +50,7 @@ def swin_window_attention(attn: Tensor, plan) -> Tensor:
 
 def overlay(image: Tensor, heat: Tensor, path: str | Path, title: str) -> Path:
     """image (C, H, W) in [0, 1], heat (h, w) any range -> PNG of the image and the upsampled heat map."""
-    plt = _plt()
+    plt = pyplot()
     heat = F.interpolate(heat[None, None].float(), size=image.shape[-2:], mode="bilinear", align_corners=False)[0, 0]
     heat = (heat - heat.min()) / (heat.max() - heat.min() + 1e-8)
     img = image.permute(1, 2, 0).clamp(0, 1).cpu().numpy()
@@ -84,7 +85,7 @@ def learning_rate_series(rows: list[dict]) -> tuple[str | None, str]:
 
 def training_curves(metrics_csv: str | Path, path: str | Path | None = None) -> Path:
     """Loss, top-1 (or exact match) and learning rate against the step, from a Lightning CSVLogger file."""
-    plt = _plt()
+    plt = pyplot()
     metrics_csv = Path(metrics_csv)
     rows = list(csv.DictReader(metrics_csv.open()))
 
@@ -122,7 +123,7 @@ def pos_embed_similarity(models: dict[str, nn.Module], path: str | Path, rows: i
     """Cosine similarity of each patch's position embedding with all others (Dosovitskiy et al., 2021,
     Fig. 7), for ViTs side by side, e.g. a learned and a fixed 2-D sin-cos embedding. Shows ``rows`` x
     ``rows`` evenly spaced query patches per model, each as a heat map over the patch grid."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(rows, rows * len(models), figsize=(2.2 * rows * len(models), 2.2 * rows))
     for m_i, (name, model) in enumerate(models.items()):
         gh, gw = model.cfg.grid_size
