@@ -90,7 +90,7 @@ def build_adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[f
                 adapter_scale: float = 1.0) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups`. ``fused`` (by default wherever every weight is a floating-point tensor on
     a device with the kernel) updates all weights in one kernel: the same update as the loop over weights that
-    is torch's default on CPU, in a fifth of the time there (ViT-B/16: 0.05 against 0.29 s a step on 2 cores).
+    is torch's default on CPU, in less time (docs/training.md gives the figure).
     ``fused=False`` gives torch's default, for where Lightning refuses a fused optimizer (the training modules
     decide: ``_may_fuse``)."""
     groups = param_groups(model, weight_decay, layer_decay, adapter_scale)

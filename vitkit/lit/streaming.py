@@ -79,7 +79,7 @@ class StreamingImageDataModule(RankPositions, SkippingImages):
 
     def train_dataloader(self) -> EvenBatches:
         previous, self._train_loader = self._train_loader, EvenBatches(
-            partial(self._loader, self.train_set, True), self.info["splits"]["train"]["samples"])
+            partial(self.loader, self.train_set, True), self.info["splits"]["train"]["samples"])
         if previous is not None:  # rebuilt between epochs (reload_dataloaders_every_n_epochs): keep the epoch count
             self._train_loader.loader.current_epoch = previous.loader.current_epoch
         if self._resume is not None:

@@ -11,7 +11,7 @@ Axes: the batch is always dynamic, and so are height and width unless asked othe
   the input size; any size from the one where every stage's map still holds one whole window (193 for Swin-T at
   224) up. A smaller map would shrink the window, which changes the model, not only its sizes.
 - A ViT with token merging exports at its own size by default (``dynamic_size=True`` exports any size, correctly,
-  but the exporter's symbolic token counts took it about 30 s for a 3-block tiny model and over 14 min for ViT-B).
+  but the exporter's symbolic token counts make the export itself slow, the more so the deeper the model).
 """
 
 from __future__ import annotations

@@ -107,9 +107,8 @@ def warm_up(e: Entry, args, device: torch.device) -> None:
 
 def time_rounds(entries: list[Entry], args, device: torch.device) -> None:
     """Time the warmed-up entries' steps into ``e.times``, interleaved: every entry once per round, in the reverse
-    order every other round. (A step runs faster second than first after another model's step: in one process,
-    EVA-02 B/14 training steps of vitkit and timm measured 7.10 / 7.19 s with timm first and 7.52 / 7.36 s with
-    vitkit first; a fixed order gave the model listed first a lasting handicap.)"""
+    order every other round: in one process a step runs at a different speed right after another model's step
+    than first, so a fixed order would give the model listed first a lasting advantage or handicap."""
     for r in range(args.rounds):
         for e in entries if r % 2 == 0 else entries[::-1]:
             for _ in range(args.iters):
