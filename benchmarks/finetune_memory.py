@@ -1,11 +1,11 @@
-"""Peak memory and step time of fine-tuning a large backbone four ways: the whole model, LoRA (rank 8 on the
-attention's qkv and proj, the head trained too), LoRA with gradient checkpointing, and a frozen backbone (the head
-alone).
+"""Peak memory and step time of fine-tuning a large backbone four ways: the whole model, LoRA (rank 8 by default,
+``--lora-rank``, on the attention's qkv and proj, the head trained too), LoRA with gradient checkpointing, and a
+frozen backbone (the head alone).
 
 Each (model, way) runs in a fresh process: build the model (random weights, 10 classes), AdamW over what trains,
-``--warmup`` steps and then ``--steps`` timed steps on random images at 224 px, fp32; the process's peak resident
-memory (``ru_maxrss``) is its figure on a CPU, and ``torch.cuda.max_memory_allocated`` on a GPU
-(``benchmarks/gpu_check.sh`` runs it there).
+``--warmup`` steps and then ``--steps`` timed steps on random images at 224 px (``--img-size``), fp32; the
+process's peak resident memory (``ru_maxrss``) is its figure on a CPU, and ``torch.cuda.max_memory_allocated`` on
+a GPU (``benchmarks/gpu_check.sh`` runs it there).
 
     python benchmarks/finetune_memory.py --models vit_base_patch16_224,vit_large_patch16_224 --batch-size 32 \
         --out benchmarks/results/finetune_memory_xeon.md
@@ -28,21 +28,22 @@ import torch
 WAYS = ("full", "lora", "lora+checkpointing", "frozen")
 
 
-def probe(model: str, way: str, batch: int, warmup: int, steps: int, device: str) -> dict:
+def probe(model: str, way: str, batch: int, warmup: int, steps: int, device: str, img_size: int = 224,
+          rank: int = 8) -> dict:
     """One (model, way) in this process: peak memory (MiB) and the median step time (s)."""
     import vitkit
     from vitkit.lora import LoraSettings, add_lora
 
-    net = vitkit.create_model(model, num_classes=10).to(device).train()
+    net = vitkit.create_model(model, num_classes=10, img_size=img_size).to(device).train()
     if way.startswith("lora"):
-        add_lora(net, LoraSettings(rank=8))
+        add_lora(net, LoraSettings(rank=rank))
         net.set_grad_checkpointing(way == "lora+checkpointing")
     if way in ("lora", "lora+checkpointing", "frozen"):
         for name, p in net.named_parameters():
             p.requires_grad_(p.requires_grad and way != "frozen" or name.startswith("head"))
     trained = [p for p in net.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trained, lr=1e-4)
-    x, y = torch.randn(batch, 3, 224, 224, device=device), torch.randint(0, 10, (batch,), device=device)
+    x, y = torch.randn(batch, 3, img_size, img_size, device=device), torch.randint(0, 10, (batch,), device=device)
     times = []
     for i in range(warmup + steps):
         if device == "cuda":
@@ -67,6 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", type=lambda s: s.split(","), default=["vit_base_patch16_224", "vit_large_patch16_224"])
     p.add_argument("--ways", type=lambda s: s.split(","), default=list(WAYS))
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -74,14 +77,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--_probe", nargs=2, metavar=("MODEL", "WAY"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._probe:
-        print(json.dumps(probe(*args._probe, args.batch_size, args.warmup, args.steps, args.device)))
+        print(json.dumps(probe(*args._probe, args.batch_size, args.warmup, args.steps, args.device, args.img_size,
+                               args.lora_rank)))
         return
     unit = "peak GPU memory allocated" if args.device == "cuda" else "peak RSS"
     rows = [f"| model | way | trained parameters | {unit} (MiB) | step (s) |", "|---|---|---|---|---|"]
     for model in args.models:
         for way in args.ways:
             cmd = [sys.executable, __file__, "--_probe", model, way, "--batch-size", str(args.batch_size),
-                   "--warmup", str(args.warmup), "--steps", str(args.steps), "--device", args.device]
+                   "--warmup", str(args.warmup), "--steps", str(args.steps), "--device", args.device,
+                   "--img-size", str(args.img_size), "--lora-rank", str(args.lora_rank)]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 rows.append(f"| {model} | {way} | | failed: {done.stderr.strip().splitlines()[-1][:80]} | |")
@@ -91,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
                             f"{r['peak_mib']:.0f} | {r['step_s']:.2f} |")
             print(rows[-1], flush=True)
     where = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
-    text = "\n".join(rows) + (f"\n\nbatch {args.batch_size}, 224 px, fp32, AdamW, LoRA rank 8 on attn.qkv and "
+    text = "\n".join(rows) + (f"\n\nbatch {args.batch_size}, {args.img_size} px, fp32, AdamW, LoRA rank "
+                              f"{args.lora_rank} on attn.qkv and "
                               f"attn.proj; {args.warmup} warm-up and {args.steps} timed steps; {where}, torch "
                               f"{torch.__version__}\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
