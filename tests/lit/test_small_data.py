@@ -96,6 +96,17 @@ def test_the_recipe_fits_the_probe_first_and_ends_above_it(backbone, few, tmp_pa
 
 
 @pytest.mark.slow
+def test_the_average_the_recipe_validates_begins_at_the_probe(backbone, few, tmp_path):
+    """finetune_small_data validates an EMA of the weights, begun at the probe once its head is fitted: with steps
+    that change nothing (lr 1e-12) its first validation is the probe's score, where an average begun at the model
+    as built (the backbone file's head) is not."""
+    cli = cli_main(["fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone), "--data.root", str(few),
+                    "--data.img_size", "32", "--model.lr", "1e-12", "--trainer.max_epochs", "1",
+                    "--trainer.default_root_dir", str(tmp_path), *CPU])
+    assert cli.model.ema_is_model and _top1(tmp_path) == [pytest.approx(cli.model.probe_baseline, abs=1e-6)]
+
+
+@pytest.mark.slow
 def test_a_run_that_does_not_beat_the_probe_ends_with_the_probe(backbone, few, tmp_path, said):
     """An LR that wrecks the backbone in its one epoch: the best checkpoint is the probe's."""
     cli = cli_main(["fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone), "--data.root", str(few),
