@@ -336,6 +336,8 @@ def test_the_help_cache_key_holds_what_the_help_depends_on(tmp_path, monkeypatch
     argv = ["train", "fit", "-c", str(config), "--help"]
     assert asks_for_help(argv) and asks_for_help(["evaluate", "--data.help", "DigitsDataModule"])
     assert not asks_for_help(["train", "fit", "-c", str(config)]) and not asks_for_help(["predict", "--help"])
+    assert not asks_for_help(["train", "fit", "--data.root", "notes.help"])  # a value, not jsonargparse's --X.help
+    assert asks_for_help(["train", "fit", "--model.help=vitkit.lit.ImageClassifier"])
     before = key(argv)
     assert key(argv) == before and key(["train", "fit", f"--config={config}", "--help"]) != before
     config.write_text("trainer:\n  max_epochs: 5\n")
@@ -349,3 +351,21 @@ def test_the_help_cache_key_holds_what_the_help_depends_on(tmp_path, monkeypatch
     assert key(argv) != changed
 
 
+
+
+def test_the_help_cache_keeps_only_a_help_the_parser_printed_before_exiting(tmp_path, monkeypatch, capsys):
+    from vitkit.cli.help_cache import cache_dir, show
+
+    monkeypatch.setenv("VITKIT_CACHE", str(tmp_path))
+    argv = ["train", "fit", "--help"]
+    assert show(argv, lambda: print("ran") or 0) == 0  # a command that ran and returned: not a help
+    assert not list(cache_dir().glob("*.txt"))
+
+    def helps():
+        print("usage: ...")
+        raise SystemExit(0)
+
+    assert show(argv, helps) == 0
+    assert [p.read_text() for p in cache_dir().glob("*.txt")] == ["usage: ...\n"]
+    assert show(argv, lambda: 1 / 0) == 0  # answered from the cache, without running
+    assert capsys.readouterr().out == "ran\nusage: ...\nusage: ...\n"

@@ -33,7 +33,8 @@ def cache_dir() -> Path:
 
 def asks_for_help(argv: list[str]) -> bool:
     """Whether ``vitkit NAME ARGS`` only prints a help: ``-h``, ``--help`` or jsonargparse's ``--X.help CLASS``."""
-    return bool(argv) and argv[0] in CACHED and any(a in ("-h", "--help") or a.endswith(".help") for a in argv[1:])
+    return bool(argv) and argv[0] in CACHED and any(
+        a in ("-h", "--help") or (a.startswith("--") and a.split("=", 1)[0].endswith(".help")) for a in argv[1:])
 
 
 def _sources() -> list[Path]:
@@ -70,8 +71,8 @@ def key(argv: list[str]) -> str:
 
 
 def show(argv: list[str], run: Callable[[], int]) -> int:
-    """Print the help of ``vitkit ARGV``: from the cache, or from ``run()`` (which prints it and exits), kept for
-    next time when it ended with status 0."""
+    """Print the help of ``vitkit ARGV``: from the cache, or from ``run()``, kept for next time where the parser
+    printed it and exited with status 0 (a command that ran instead, returning, is not kept)."""
     path: Path | None = None
     try:
         path = cache_dir() / f"{key(argv)}.txt"
@@ -84,13 +85,13 @@ def show(argv: list[str], run: Callable[[], int]) -> int:
         with redirect_stdout(out):
             code = run()
     except SystemExit as e:
+        sys.stdout.write(out.getvalue())
         if e.code not in (0, None):
-            sys.stdout.write(out.getvalue())
             raise
-        code = 0
+        if out.getvalue() and path is not None:  # the parser printed a help and exited
+            _write(path, out.getvalue())
+        return 0
     sys.stdout.write(out.getvalue())
-    if code == 0 and out.getvalue() and path is not None:
-        _write(path, out.getvalue())
     return code
 
 
