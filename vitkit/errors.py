@@ -4,7 +4,7 @@ vitkit's commands end bad input (an argument, a file, a config value, an overrid
 run) with ``error: ...`` and exit status 1; ``--traceback`` (or ``VITKIT_TRACEBACK=1``) shows the traceback instead.
 What vitkit itself checked is such an error: :class:`UsageError` (raised by the commands, the tools and the parsers),
 its other exception types, and a ValueError, TypeError or OSError raised in vitkit's code. Anything else is a fault
-to report, and keeps its traceback. One place turns them into the line: ``vitkit.cli.main``, by :func:`error_line`.
+to report, and keeps its traceback. One place turns them into the line: ``vitkit.cli.guarded``, by :func:`error_line`.
 """
 
 from __future__ import annotations

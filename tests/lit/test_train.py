@@ -371,6 +371,9 @@ def test_an_ema_that_is_the_model_is_what_evaluation_runs_and_the_checkpoint_hol
         torch.testing.assert_close(loaded(x), module.ema.module(x), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="give ema_decay too"):
         ImageClassifier(model_name="vit_tiny_patch16_224", ema_is_model=True)
+    for decay in (1.5, -0.5, 1.0):  # the average would run away, or never move
+        with pytest.raises(ValueError, match=rf"ema_decay must be in \(0, 1\) .*got {decay}"):
+            ImageClassifier(model_name="vit_tiny_patch16_224", ema_decay=decay, ema_is_model=True)
 
 
 @pytest.mark.slow

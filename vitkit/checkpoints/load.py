@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..models.config import CROP_MODES
 from ..models.registry import preset_config
 from .adapt import adapt, classifier_names, head_keys, headless
 from .files import CheckpointError, is_sharded, read_file, resolve, write_json, write_safetensors
@@ -122,7 +123,7 @@ def _describe(config: dict | None, ckpt: dict) -> tuple[str | None, dict, list[s
         overrides = dict(config.get("model_args") or {})  # timm's kwargs; create_model keeps the config fields
         pcfg = config.get("pretrained_cfg", {})
         overrides.update({k: pcfg[k] for k in ("mean", "std", "crop_pct", "interpolation") if k in pcfg})
-        if pcfg.get("crop_mode") in ("center", "squash"):  # timm's field; its "border" vitkit does not take
+        if pcfg.get("crop_mode") in CROP_MODES:  # timm's field; its "border" vitkit does not take
             overrides["crop_mode"] = pcfg["crop_mode"]
         overrides["num_classes"] = config.get("num_classes", pcfg.get("num_classes", 1000))
         return config["architecture"], overrides, config.get("label_names")

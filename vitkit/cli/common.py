@@ -59,7 +59,6 @@ def parse_overrides(text: str) -> dict:
 def load_classifier(args: argparse.Namespace) -> torch.nn.Module:
     """The classifier ``--checkpoint`` / ``--model`` / ``--overrides`` (and ``--token-merging``) name, in eval mode."""
     import vitkit
-    from vitkit.checkpoints.hub import MissingWeightsError
 
     if args.checkpoint is None and args.model is None:
         raise UsageError("give --checkpoint FILE, or --model NAME for pretrained weights by name "
@@ -70,8 +69,6 @@ def load_classifier(args: argparse.Namespace) -> torch.nn.Module:
     try:
         net = vitkit.create_model(args.model, checkpoint=args.checkpoint, pretrained=args.checkpoint is None,
                                   **overrides).eval()
-    except MissingWeightsError as e:
-        raise UsageError(f"{e}") from None
     except ValueError as e:
         if "token_merging" not in overrides:
             raise

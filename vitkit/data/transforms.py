@@ -13,7 +13,7 @@ from timm.data.auto_augment import AugmentOp
 from torch import Tensor, nn
 
 from ..builder import get_config
-from ..models.config import IMAGENET, pair
+from ..models.config import CROP_MODES, IMAGENET, pair
 
 # The train-augmentation arguments of the image data modules, passed to ``train_transform`` as they are.
 TRAIN_AUGMENT = ("auto_augment", "re_prob", "scale", "hflip", "color_jitter")
@@ -34,9 +34,6 @@ def default_augment(img_size: int | tuple[int, int], **given) -> dict:
     base = SMALL_AUGMENT if min(pair(img_size)) < SMALL_IMAGE else IMAGENET_AUGMENT
     auto = {"auto_augment": "auto", "color_jitter": "auto"}  # None is a value of these two: off
     return {k: base[k] if given.get(k, auto.get(k)) == auto.get(k) else given[k] for k in TRAIN_AUGMENT}
-
-
-CROP_MODES = ("center", "squash")
 
 
 def eval_transform(cfg) -> nn.Module:

@@ -139,6 +139,9 @@ class TrainingModule(L.LightningModule):
         weights being trained ride in its ``ema.module.`` entries, put back where they were when a run resumes."""
         if is_model and not decay:
             raise ValueError("ema_is_model validates and saves the EMA of the weights; give ema_decay too (e.g. 0.9)")
+        if decay and not 0 < decay < 1:
+            raise ValueError(f"ema_decay must be in (0, 1) (the weight kept of the average at each step; null: no "
+                             f"EMA), got {decay!r}")
         self.ema = EMA(self.model, decay) if decay else None
         self.ema_is_model = is_model
 

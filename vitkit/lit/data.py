@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Literal
 
 import lightning as L
 import torch
@@ -33,7 +32,7 @@ from vitkit.data.transforms import (
     random_affine,
     train_transform,
 )
-from vitkit.models.config import pair
+from vitkit.models.config import CropMode, pair
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +216,7 @@ class SkippingImages(_TrainValLoaders):
                  re_prob: float | None = None, scale: tuple[float, float] | None = None, hflip: float | None = None,
                  color_jitter: float | str | None = "auto", crop_pct: float | None = None,
                  mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
-                 interpolation: str | None = None, crop_mode: Literal["center", "squash"] | None = None,
+                 interpolation: str | None = None, crop_mode: CropMode | None = None,
                  pin_memory: bool = True) -> None:
         super().__init__()
         self.save_hyperparameters()  # with the subclass's own arguments (Lightning collects the whole chain)

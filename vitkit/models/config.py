@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -15,6 +15,12 @@ CLIP = dict(mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.2613025
 RAW = dict(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
 
 
+# center: timm's resize and centre crop; squash: the whole image resized to img_size (no crop, its aspect ratio not
+# kept), for images whose labels may sit anywhere in them (several labels per image)
+CropMode = Literal["center", "squash"]
+CROP_MODES: tuple[str, ...] = get_args(CropMode)
+
+
 @dataclass
 class DataConfig:
     """How images are prepared for a model at eval time (timm's ``pretrained_cfg`` fields)."""
@@ -23,9 +29,7 @@ class DataConfig:
     std: tuple[float, ...] = IMAGENET["std"]
     crop_pct: float = 0.875  # resize to img_size / crop_pct, then center-crop img_size
     interpolation: str = "bicubic"
-    # center: timm's resize and centre crop; squash: the whole image resized to img_size (no crop, its aspect
-    # ratio not kept), for images whose labels may sit anywhere in them (several labels per image)
-    crop_mode: Literal["center", "squash"] = "center"
+    crop_mode: CropMode = "center"
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_held"):

@@ -47,7 +47,7 @@ def read_metadata(path: str, meta: dict[str, str]) -> dict[str, Any]:
         if not key.startswith("vitkit.") or name == "model":
             continue
         if name in ("interpolation", "crop_mode"):
-            if name == "crop_mode" and text not in ("center", "squash"):
+            if name == "crop_mode" and text not in ("center", "squash"):  # models.config.CROP_MODES (torch-free here)
                 raise CheckpointError(f"{path}: its metadata {key} should be center or squash, got {text[:60]!r}")
             out[name] = text
             continue
