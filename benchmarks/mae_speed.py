@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 import vitkit
-from vitkit.lit.optim import build_adamw
 from vitkit.tools.flops import count_gmacs_of, saved_activations_mib
+from vitkit.training.optim import build_adamw
 
 
 def build(kind: str, name: str):

@@ -2,7 +2,7 @@
 
 Per rank, after one AdamW step: the bytes of its parameters, gradients and optimizer state (the local shards
 under FSDP2), and the peak resident memory of the process. The model is sharded as vitkit's ImageClassifier
-shards it under FSDP2 (every block, then the root: ``vitkit.lit.sharding.shard``).
+shards it under FSDP2 (every block, then the root: ``vitkit.training.sharding.shard``).
 
     python benchmarks/sharded_memory.py --models vit_base_patch16_224,vit_large_patch16_224 \
         --out benchmarks/results/sharded_memory_cpu.csv
@@ -42,7 +42,7 @@ def _rank(rank: int, world: int, port: int, name: str, strategy: str, img: int, 
     from torch.distributed.device_mesh import init_device_mesh
 
     import vitkit
-    from vitkit.lit.sharding import shard
+    from vitkit.training.sharding import shard
 
     model = vitkit.create_model(name, img_size=img)
     if strategy == "fsdp2":
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     # A process of its own per rank and run (its peak RSS is its own), forked from a server that has imported torch
     # and vitkit once, instead of one that imports them again for each.
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "vitkit", "vitkit.lit.sharding"])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "vitkit", "vitkit.training.sharding"])
     rows = []
     for name in a.models.split(","):
         for strategy in a.strategies.split(","):

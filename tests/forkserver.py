@@ -54,7 +54,7 @@ class Preload(NamedTuple):
 # scikit-learn's digits and split: the digits data modules import them when they set up.
 DIGITS = ("sklearn.datasets", "sklearn.model_selection")
 PRELOADS = {"vitkit": Preload(("torch", "lightning.pytorch", "timm", *DIGITS, "vitkit", "vitkit.lit",
-                               "vitkit.lit.streaming"), TORCH_READS + ("HF_", "SKLEARN_")),
+                               "vitkit.data.modules.streaming"), TORCH_READS + ("HF_", "SKLEARN_")),
             "libraries": Preload(("torch", "lightning.pytorch", "timm", *DIGITS), TORCH_READS + ("HF_", "SKLEARN_")),
             "torch": Preload(("torch",), TORCH_READS)}
 DISABLED = os.environ.get("VITKIT_TEST_FORKSERVER", "1") == "0"  # 0: every process a fresh interpreter

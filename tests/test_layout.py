@@ -32,3 +32,14 @@ def test_bad_input_takes_one_path_to_the_command_line():
               if isinstance(n, ast.Raise) and n.exc is not None
               and "SystemExit" in ast.unparse(n.exc.func if isinstance(n.exc, ast.Call) else n.exc)]
     assert not raised, raised
+
+
+def test_no_room_holds_more_than_a_fifth_of_the_house():
+    """A room (a folder or file directly under vitkit/) over 20 % of the package's lines does several jobs."""
+    lines: dict[str, int] = {}
+    for p in PACKAGE.rglob("*.py"):
+        room = p.relative_to(PACKAGE).parts[0]
+        lines[room] = lines.get(room, 0) + len(p.read_text().splitlines())
+    total = sum(lines.values())
+    big = {room: f"{n / total:.0%}" for room, n in lines.items() if n > 0.2 * total}
+    assert not big, big

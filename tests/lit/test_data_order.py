@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from vitkit.lit.data import EpochSampler
+from vitkit.data.modules.images import EpochSampler
 
 
 def _order(loader: DataLoader) -> list[int]:

@@ -13,7 +13,7 @@ from torch.testing import assert_close
 import vitkit
 from vitkit.cli.train import cli_main
 from vitkit.lit import ImageClassifier
-from vitkit.lit.distill import Preprocessing, distillation_loss, to_teacher
+from vitkit.tasks.classification.distill import Preprocessing, distillation_loss, to_teacher
 
 from ..hub_cache import cache_weights, use_offline_cache
 
@@ -72,7 +72,7 @@ def test_a_tag_teacher_comes_from_the_hub_cache_with_its_preprocessing(tag, size
     size of their pretrained configs."""
     from timm.models import get_pretrained_cfg
 
-    from vitkit.lit.distill import build_teacher
+    from vitkit.tasks.classification.distill import build_teacher
 
     use_offline_cache(monkeypatch, tmp_path / "hf")
     arch = tag.split(".")[0]

@@ -220,7 +220,7 @@ def test_image_folder_layout_errors_come_before_training(image_folder, tmp_path)
 def test_a_sharded_save_killed_between_its_renames_is_settled_to_the_newest_whole_checkpoint(tmp_path):
     """The three places a save can be cut short: between the renames (no last.ckpt: the whole new one takes the
     name), after them (a leftover .old goes), before them (a .saving beside last.ckpt was never finished)."""
-    from vitkit.lit.strategies import settle_interrupted_saves
+    from vitkit.training.strategies import settle_interrupted_saves
 
     def folder(name: str, step: int) -> None:
         (tmp_path / name).mkdir()

@@ -16,7 +16,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from tests.commands import one_error_line, run_cli
-from vitkit.lit.data import MAX_WORKERS, ImageFolderDataModule
+from vitkit.data.modules.images import MAX_WORKERS, ImageFolderDataModule
 
 pytestmark = pytest.mark.slow
 

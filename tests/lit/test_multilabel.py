@@ -19,7 +19,7 @@ from vitkit.cli import main
 from vitkit.cli.train import cli_main
 from vitkit.evaluation.multilabel import choose_thresholds, multilabel_scores
 from vitkit.lit import ManifestDataModule
-from vitkit.lit.multilabel import soft_targets
+from vitkit.tasks.classification.multilabel import soft_targets
 
 from ..commands import one_error_line, run_cli
 from .multilabel_digits import write_multi_digits

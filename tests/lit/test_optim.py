@@ -5,7 +5,7 @@ import torch
 
 import vitkit
 from vitkit.lit import EMA
-from vitkit.lit.optim import build_adamw, inverse_sqrt, layer_ids, param_groups, warmup_cosine
+from vitkit.training.optim import build_adamw, inverse_sqrt, layer_ids, param_groups, warmup_cosine
 
 
 def test_no_weight_decay_on_norms_biases_positions_and_tokens():

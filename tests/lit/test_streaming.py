@@ -249,8 +249,8 @@ def test_the_image_data_modules_share_one_definition_of_their_arguments():
 
     from jsonargparse import ArgumentParser
 
+    from vitkit.data.modules.images import SkippingImages
     from vitkit.lit import ImageFolderDataModule, StreamingImageDataModule
-    from vitkit.lit.data import SkippingImages
 
     shared = [p for p in inspect.signature(SkippingImages.__init__).parameters.values() if p.name != "self"]
     assert {"img_size", "auto_augment", "re_prob", "scale", "hflip", "color_jitter", "mean", "std"} <= {

@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 import vitkit
 from vitkit.checkpoints.formats import to_vitkit
-from vitkit.lit.optim import param_groups
+from vitkit.training.optim import param_groups
 
 # tiny configs both libraries build; the Swin one has three stages and windows that shrink at the last
 VIT_KW = dict(img_size=32, patch_size=8, embed_dim=48, depth=3, num_heads=3, num_classes=10)

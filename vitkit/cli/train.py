@@ -35,10 +35,9 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from vitkit import recipes
 from vitkit.builder import checkpoint_preset
 from vitkit.errors import UsageError, take_traceback_flag, take_verbose_flag
-from vitkit.lit.callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
-from vitkit.lit.classifier import ImageClassifier
-from vitkit.lit.strategies import settle_interrupted_saves
 from vitkit.noise import quiet
+from vitkit.training.callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
+from vitkit.training.strategies import settle_interrupted_saves
 
 from .common import usage_error
 
@@ -203,7 +202,7 @@ class VitkitCLI(LightningCLI):
                 after.init_args[key] = before.init_args[key]
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({"model": {"class_path": f"{ImageClassifier.__module__}.{ImageClassifier.__name__}"}})
+        parser.set_defaults({"model": {"class_path": "vitkit.lit.ImageClassifier"}})  # the name checkpoints keep
         parser.link_arguments("data.init_args.img_size", "model.init_args.img_size")
         parser.link_arguments("model.init_args.model_name", "data.init_args.model_name")
         for source, target in DATA_TO_MODEL.items():  # a module takes those of its own arguments only

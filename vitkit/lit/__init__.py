@@ -1,17 +1,20 @@
-"""Lightning glue: the modules, data modules, callbacks and strategies that training runs on. Besides this package,
-only the commands that run Lightning import it (``vitkit train``'s LightningCLI is ``vitkit/cli/train.py``)."""
+"""The names recipes, checkpoints and the docs give to vitkit's Lightning classes (``vitkit.lit.ImageClassifier``,
+``vitkit.lit.ImageFolderDataModule``, ...), in one place. Each is defined in its task (``vitkit.tasks``), in the
+training base (``vitkit.training``) or beside the readers its data module wraps (``vitkit.data.modules``)."""
 
+from vitkit.data.modules import (
+    DigitsDataModule,
+    ImageFolderDataModule,
+    ManifestDataModule,
+    OcrDigitsDataModule,
+    Seq2SeqDataModule,
+    UnlabeledImageDataModule,
+)
 from vitkit.data.text import Tokenizer
-
-from .callbacks import AtomicCheckpointIO, CSVLogger, ModelCheckpoint, TrainingCurves
-from .classifier import EMA, ImageClassifier
-from .data import DigitsDataModule, ImageFolderDataModule, ManifestDataModule, UnlabeledImageDataModule
-from .dino import DINOPretraining
-from .mim import MaskedImageModeling
-from .seq2seq import Seq2SeqModule
-from .small_data import StepsPerEpoch
-from .strategies import FSDP2Strategy
-from .text_data import OcrDigitsDataModule, Seq2SeqDataModule
+from vitkit.tasks.classification import ImageClassifier, StepsPerEpoch
+from vitkit.tasks.pretraining import DINOPretraining, MaskedImageModeling
+from vitkit.tasks.text import Seq2SeqModule
+from vitkit.training import EMA, AtomicCheckpointIO, CSVLogger, FSDP2Strategy, ModelCheckpoint, TrainingCurves
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DigitsDataModule", "FSDP2Strategy",
            "HFDataModule", "ImageClassifier", "ImageFolderDataModule", "ManifestDataModule", "MaskedImageModeling",
@@ -20,12 +23,8 @@ __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DigitsD
 
 
 def __getattr__(name: str):
-    if name == "StreamingImageDataModule":  # imports litdata, which runs without it need not load
-        from .streaming import StreamingImageDataModule
+    if name in ("StreamingImageDataModule", "HFDataModule"):  # they import litdata, datasets: loaded when named
+        import vitkit.data.modules
 
-        return StreamingImageDataModule
-    if name == "HFDataModule":  # imports the datasets library, likewise
-        from .hf import HFDataModule
-
-        return HFDataModule
+        return getattr(vitkit.data.modules, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,11 +9,10 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from vitkit.distributed import gather_from_ranks
 from vitkit.evaluation import multilabel as ml
 from vitkit.evaluation.metrics import Predictions, scores, summary
 from vitkit.evaluation.report import display_stats, write_report
-
-from .hparams import gather_from_ranks
 
 
 def collect(pred: Predictions, trainer: L.Trainer, batch: tuple[Tensor, Tensor], logits: Tensor,

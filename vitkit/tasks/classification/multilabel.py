@@ -17,9 +17,8 @@ from timm.loss import AsymmetricLossMultiLabel
 from torch import Tensor, nn
 from torchmetrics.classification import MultilabelAveragePrecision, MultilabelF1Score
 
+from vitkit.distributed import gather_from_ranks
 from vitkit.evaluation.multilabel import THRESHOLD_MODES
-
-from .hparams import gather_from_ranks
 
 MultiLabelLoss = Literal["bce", "asl"]
 CHECKPOINT_KEY = "multi_label"  # {"thresholds": [...], "threshold_mode": ...} beside the state dict

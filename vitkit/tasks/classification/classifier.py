@@ -17,8 +17,9 @@ import vitkit
 from vitkit.evaluation import multilabel as ml
 from vitkit.evaluation.metrics import Predictions
 from vitkit.lora import DEFAULT_TARGETS, LoraSettings, add_lora
+from vitkit.training.base import EMA, TrainingModule
+from vitkit.training.hparams import keep_own_hparams, record_config
 
-from .base import EMA, TrainingModule
 from .distill import (
     Distillation,
     Preprocessing,
@@ -28,7 +29,6 @@ from .distill import (
     distillation_loss,
     to_teacher,
 )
-from .hparams import keep_own_hparams, record_config
 from .multilabel import (
     CHECKPOINT_KEY,
     MultiLabelLoss,
@@ -40,8 +40,8 @@ from .multilabel import (
 )
 from .multilabel import metrics as multilabel_metrics
 from .probe import HeadNorm, fold_into_checkpoint, unfold_from_checkpoint
+from .report import collect, write_test_report
 from .small_data import fit_head, keep_what_trained, probe_path, suggest_small_data_recipe
-from .test_report import collect, write_test_report
 
 __all__ = ["EMA", "ImageClassifier"]
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class ImageClassifier(TrainingModule):
             preset's.
         model_overrides: any other config field of the preset, e.g. ``{"depth": 6, "drop_path_rate": 0.1}``.
         class_names: stored in the checkpoint for prediction (linked from the data module).
-        multi_label: several labels per image (``vitkit/lit/multilabel.py``): multi-hot targets (a
+        multi_label: several labels per image (``multilabel.py``): multi-hot targets (a
             ``ManifestDataModule`` or ``HFDataModule`` gives them; class indices become one-hot rows), a sigmoid per
             class, validation by mAP (``val/mAP``, ``val/mAP_micro``, ``val/f1``). ``label_smoothing`` moves each
             target towards 0.5; mixup and cutmix mix the multi-hot rows.
@@ -138,11 +138,11 @@ class ImageClassifier(TrainingModule):
             state_dict and checkpoints keep the plain parameter names).
         freeze_backbone: train only the head (linear probe).
         head_norm: MAE's linear probe: a BatchNorm without affine parameters between the pooled features and the
-            head (``vitkit/lit/probe.py``), folded into the head in every checkpoint.
+            head (``probe.py``), folded into the head in every checkpoint.
         head_init: ``random`` (the model's initialisation), or ``probe``: before the first step the head is fitted
             on the frozen backbone's features of the training images, a logistic regression whose validation top-1
             is logged as ``val/probe_baseline`` and whose model is saved as ``probe.ckpt``
-            (``vitkit/lit/small_data.py``; the ``finetune_small_data`` recipe).
+            (``small_data.py``; the ``finetune_small_data`` recipe).
         lora_rank: low-rank adapters through peft (``vitkit/lora.py``): rank R > 0 trains adapters on the
             ``lora_targets`` layers and the head, nothing else. The checkpoint holds what trained and names the
             backbone.
@@ -152,7 +152,7 @@ class ImageClassifier(TrainingModule):
         lora_parts: ``qkv``, or ``qv`` to adapt only the query and value rows of a fused qkv.
         lora_lr_scale: the adapters' LR is ``lr`` x this, without layer decay (they start from zero in every
             block); the head keeps ``lr``.
-        teacher: knowledge distillation from a frozen teacher (``vitkit/lit/distill.py``): a vitkit preset or timm
+        teacher: knowledge distillation from a frozen teacher (``distill.py``): a vitkit preset or timm
             tag (pretrained, offline-first), any timm model by name (``regnety_160.deit_in1k``), or a file or folder
             vitkit reads; it must predict the data's classes. ``teacher_checkpoint``: the weights of a named one.
         distillation: ``hard`` (DeiT's: the teacher's argmax for the distillation head, or the one head),
@@ -215,7 +215,7 @@ class ImageClassifier(TrainingModule):
         self._adapt(LoraSettings(lora_rank, lora_alpha, lora_dropout, lora_targets or list(DEFAULT_TARGETS),
                                  lora_parts), head_init)
         self.num_classes = self.model.cfg.num_classes
-        self.head_norm = HeadNorm(self.model) if head_norm else None  # MAE's linear probe (lit/probe.py)
+        self.head_norm = HeadNorm(self.model) if head_norm else None  # MAE's linear probe (probe.py)
         self._set_teacher(teacher, teacher_checkpoint)
         self.make_ema(ema_decay, ema_is_model)
         self._set_targets(multi_label)
@@ -240,7 +240,7 @@ class ImageClassifier(TrainingModule):
         self._val_predictions = ValidationPredictions()
 
     def _adapt(self, lora: LoraSettings, head_init: str) -> None:
-        """A frozen backbone, LoRA adapters (``vitkit/lora.py``) or the probe's head (``lit/small_data.py``), as the
+        """A frozen backbone, LoRA adapters (``vitkit/lora.py``) or the probe's head (``small_data.py``), as the
         arguments ask."""
         hp = self.hparams
         if hp.freeze_backbone:
@@ -294,7 +294,7 @@ class ImageClassifier(TrainingModule):
             checkpoint["state_dict"] = {**{k: v for k, v in own.items() if k not in checkpoint["state_dict"]},
                                         **checkpoint["state_dict"]}
 
-    # -- a teacher (lit/distill.py) -----------------------------------------------------------------------------
+    # -- a teacher (distill.py) -----------------------------------------------------------------------------
 
     def _set_teacher(self, teacher: str | None, checkpoint: str | None) -> None:
         self._teacher = None

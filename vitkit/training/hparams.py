@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitkit.distributed import gather_from_ranks
+
 
 def keep_own_hparams(module: L.LightningModule) -> None:
     """Drop hyper-parameters that are not arguments of the module's ``__init__``.
@@ -50,15 +52,6 @@ def set_rng_state(state: dict) -> None:
     name, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     random.setstate(state["python"])
-
-
-def gather_from_ranks(trainer: L.Trainer, obj: Any) -> list:
-    """Every rank's ``obj``, in rank order (a collective: every rank calls it, e.g. while saving)."""
-    if trainer.world_size == 1 or not torch.distributed.is_initialized():
-        return [obj]
-    objs = [None] * trainer.world_size
-    torch.distributed.all_gather_object(objs, obj)
-    return objs
 
 
 def gather_rng_states(trainer: L.Trainer) -> list[dict]:

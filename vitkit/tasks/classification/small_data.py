@@ -129,7 +129,9 @@ def suggest_small_data_recipe(module: L.LightningModule, dm: L.LightningDataModu
     if per_class < SMALL_PER_CLASS:
         flags = ""  # what the recipe (a folder of one label per image) needs to read this run's data as it is
         if type(dm).__name__ != "ImageFolderDataModule":
-            path = f"{type(dm).__module__.replace('.lit.data', '.lit')}.{type(dm).__name__}"
+            cls = type(dm)  # vitkit's data modules by the name recipes give them (vitkit.lit.X)
+            path = f"vitkit.lit.{cls.__name__}" if cls.__module__.startswith("vitkit.data.modules") else \
+                f"{cls.__module__}.{cls.__name__}"
             flags += f" --data {path} (and its --data.*)"
         if getattr(module, "multi_label", False):
             flags += " --model.multi_label true"

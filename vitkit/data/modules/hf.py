@@ -29,7 +29,7 @@ from vitkit.data.hf import (
 from vitkit.data.transforms import eval_transform
 from vitkit.errors import one_line
 
-from .data import RankPositions, SkippingImages
+from .images import RankPositions, SkippingImages
 
 log = logging.getLogger(__name__)
 

@@ -282,7 +282,7 @@ class RankPositions:
     def state_dict(self) -> dict:
         if self.trainer is None or self._train_loader is None:
             return {}
-        from .hparams import gather_from_ranks
+        from vitkit.distributed import gather_from_ranks
 
         return {"train_positions": gather_from_ranks(self.trainer, self._train_loader.position())}
 

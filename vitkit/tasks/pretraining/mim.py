@@ -19,9 +19,8 @@ from torch import Tensor
 
 import vitkit
 from vitkit.tools.plots import draw_reconstructions
-
-from .base import TrainingModule
-from .hparams import keep_own_hparams
+from vitkit.training.base import TrainingModule
+from vitkit.training.hparams import keep_own_hparams
 
 log = logging.getLogger(__name__)
 

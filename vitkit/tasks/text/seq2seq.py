@@ -16,11 +16,10 @@ from torchmetrics.text import BLEUScore
 
 import vitkit
 from vitkit.data.text import Tokenizer
-
-from .base import TrainingModule
-from .hparams import keep_own_hparams
-from .optim import inverse_sqrt
-from .sharding import gathered
+from vitkit.training.base import TrainingModule
+from vitkit.training.hparams import keep_own_hparams
+from vitkit.training.optim import inverse_sqrt
+from vitkit.training.sharding import gathered
 
 
 class Seq2SeqModule(TrainingModule):

@@ -24,9 +24,8 @@ from torch.utils.data import DataLoader
 import vitkit
 from vitkit.data.multicrop import MultiCrop
 from vitkit.models.dino import DINO, DINOConfig
-
-from .base import TrainingModule
-from .hparams import keep_own_hparams, record_config
+from vitkit.training.base import TrainingModule
+from vitkit.training.hparams import keep_own_hparams, record_config
 
 log = logging.getLogger(__name__)
 

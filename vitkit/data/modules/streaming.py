@@ -21,7 +21,7 @@ from vitkit.data.shards import read_dataset_info
 from vitkit.data.streaming import EvenBatches, ImageShards
 from vitkit.data.transforms import eval_transform
 
-from .data import RankPositions, SkippingImages
+from .images import RankPositions, SkippingImages
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,7 @@ def gathered(model: nn.Module) -> Iterator[None]:
 def data_parallel_mesh(module: L.LightningModule):
     """The mesh FSDP2 shards over, from ``ModelParallelStrategy``'s (data_parallel, tensor_parallel) mesh; vitkit
     applies no tensor parallelism, so a dimension of size 1 is dropped and the other one shards. With both
-    larger than 1 (several nodes under :class:`~vitkit.lit.strategies.FSDP2Strategy`) the 2-D mesh gives hybrid
+    larger than 1 (several nodes under :class:`~vitkit.training.strategies.FSDP2Strategy`) the 2-D mesh gives hybrid
     sharding: replicated across the first dimension (nodes), sharded within the second (the processes of a
     node); every rank's gradients are averaged either way."""
     mesh = module.device_mesh
@@ -94,4 +94,4 @@ def check_gradients_sync(trainer: L.Trainer, model: nn.Module) -> None:
         raise RuntimeError(
             f"{type(strategy).__name__} on {trainer.world_size} ranks, but {len(plain)} trainable parameter(s) are "
             f"not sharded (first: {plain[0]}): their gradients would not be synchronised and the ranks would train "
-            "apart. Apply `fully_shard` to them in `configure_model` (vitkit's modules do, see vitkit.lit.sharding)")
+            "apart. Apply `fully_shard` to them in `configure_model` (vitkit's modules do: vitkit.training.sharding)")
