@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,10 @@ class LoraSettings:
         if not self.parts or set(self.parts) - set("qkv") or len(set(self.parts)) != len(self.parts):
             raise ValueError(f"lora_parts must name some of q, k and v once each (qkv, qv, q, ...), got "
                              f"{self.parts!r}")
+
+
+DEFAULTS = LoraSettings()
+DEFAULTS_OF = {f.name: getattr(DEFAULTS, f.name) for f in fields(LoraSettings)}
 
 
 def _peft():
@@ -325,9 +330,10 @@ def _row_sizes(model: nn.Module, name: str) -> dict[str, int]:
 # -- a LoRA run's Lightning checkpoint ----------------------------------------------------------------------------
 
 
-def settings_of(hp: dict) -> LoraSettings:
-    return LoraSettings(hp["lora_rank"], hp.get("lora_alpha"), hp.get("lora_dropout", 0.0),
-                        hp.get("lora_targets") or list(DEFAULT_TARGETS), hp.get("lora_parts", "qkv"))
+def settings_of(hp: Mapping[str, Any]) -> LoraSettings:
+    """The settings a run's ``lora_*`` hyper-parameters give (a module's, or a checkpoint's); what they leave out or
+    leave null keeps :data:`DEFAULTS`, the one place LoRA's defaults stand."""
+    return LoraSettings(*(DEFAULTS_OF[f] if hp.get(f"lora_{f}") is None else hp[f"lora_{f}"] for f in DEFAULTS_OF))
 
 
 def adapted_model(hp: dict, trained: dict[str, Tensor], source: Path, build) -> nn.Module:

@@ -25,7 +25,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
 from .hparams import gather_rng_states, restore_rng_states, seed_rank
-from .optim import build_adamw, build_sgd, scaled_lambda, warmup_cosine
+from .optim import ScheduledLR, build_adamw, build_sgd, warmup_cosine
 from .sharding import check_gradients_sync, data_parallel_mesh, shard
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,6 @@ class TrainingModule(L.LightningModule):
         self.train_loss = MeanMetric(nan_strategy="disable")
         self.bad_steps = 0  # consecutive steps skipped for a non-finite loss
         self._first_nonfinite: Tensor | None = None  # (global step, loss) of the first non-finite loss, on the device
-        self.schedule: Callable[[int], float] | None = None  # the LR multiplier per step (configure_optimizers)
         self._stepped = False  # whether a micro-batch of the coming optimizer step had a loss
         self._configured = False
         self._rank_seeded = False
@@ -217,11 +216,11 @@ class TrainingModule(L.LightningModule):
         # steps builds the training loader's iterator, which draws from the global generator; at set-up time a
         # sharded strategy has not yet restored a resumed run's generators, so that draw would not be the one
         # the uninterrupted run made.
-        if not isinstance(self.schedule, WarmupCosine):  # a schedule that needs no length (the encoder-decoder's)
+        sched = self.lr_schedulers()
+        if not isinstance(getattr(sched, "schedule", None), WarmupCosine):  # one that needs no length (seq2seq's)
             return
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        self.schedule.set_length(total, self.trainer.max_epochs)
-        sched = self.lr_schedulers()
+        sched.schedule.set_length(total, self.trainer.max_epochs)
         for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
             group["lr"] = base * fn(sched.last_epoch)  # the current step's LR, now that the length is known
 
@@ -232,9 +231,7 @@ class TrainingModule(L.LightningModule):
         else:
             opt = build_adamw(self.model, s.lr, s.weight_decay, tuple(s.betas), s.layer_decay, eps=s.eps,
                               fused=None if self._may_fuse() else False, adapter_scale=s.lora_lr_scale)
-        self.schedule = self.lr_multiplier()
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, scaled_lambda(self.schedule, [g["lr_scale"] for g in opt.param_groups]))
+        sched = ScheduledLR(opt, self.lr_multiplier())
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def _may_fuse(self) -> bool:

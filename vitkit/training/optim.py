@@ -82,6 +82,21 @@ def scaled_lambda(fn, group_scales: list[float]):
     return [lambda step, s=s: fn(step) * s for s in group_scales]
 
 
+class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
+    """The LR of every group, stepped per optimizer step: ``schedule(step)`` times the group's layer-decay scale
+    (``lr_scale``). It keeps ``schedule``, an object whose length the training base may set once fit has started;
+    its state is the step alone, as LambdaLR's, so a checkpoint holds no object of vitkit's."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, schedule) -> None:
+        self.schedule = schedule
+        super().__init__(optimizer, scaled_lambda(schedule, [g["lr_scale"] for g in optimizer.param_groups]))
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state.pop("schedule", None)
+        return state
+
+
 FUSED_DEVICES = ("cpu", "cuda", "xpu", "mps")  # where torch has a fused AdamW kernel
 
 

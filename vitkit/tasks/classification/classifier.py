@@ -16,7 +16,8 @@ from torchmetrics.classification import MulticlassAccuracy
 import vitkit
 from vitkit.evaluation import multilabel as ml
 from vitkit.evaluation.metrics import Predictions
-from vitkit.lora import DEFAULT_TARGETS, LoraSettings, add_lora
+from vitkit.lora import DEFAULTS as LORA
+from vitkit.lora import LoraSettings, add_lora, settings_of
 from vitkit.training.base import EMA, TrainingModule
 from vitkit.training.hparams import keep_own_hparams, record_config
 
@@ -198,11 +199,11 @@ class ImageClassifier(TrainingModule):
         momentum: float = 0.9,
         head_norm: bool = False,
         head_init: Literal["random", "probe"] = "random",
-        lora_rank: int = 0,
-        lora_alpha: float | None = None,
-        lora_dropout: float = 0.0,
-        lora_targets: list[str] | None = None,
-        lora_parts: str = "qkv",
+        lora_rank: int = LORA.rank,
+        lora_alpha: float | None = LORA.alpha,
+        lora_dropout: float = LORA.dropout,
+        lora_targets: list[str] | None = None,  # None: LORA.targets
+        lora_parts: str = LORA.parts,
         lora_lr_scale: float = 10.0,
     ) -> None:
         super().__init__()
@@ -212,8 +213,7 @@ class ImageClassifier(TrainingModule):
         check_multi_label(multi_label, multi_label_loss, thresholds, teacher, distillation)
         self.distillation = check_distillation(distillation, teacher, distill_alpha, distill_tau)
         self.model = _build_model(model_name, pretrained, checkpoint, num_classes, img_size, model_overrides)
-        self._adapt(LoraSettings(lora_rank, lora_alpha, lora_dropout, lora_targets or list(DEFAULT_TARGETS),
-                                 lora_parts), head_init)
+        self._adapt(settings_of(self.hparams), head_init)
         self.num_classes = self.model.cfg.num_classes
         self.head_norm = HeadNorm(self.model) if head_norm else None  # MAE's linear probe (probe.py)
         self._set_teacher(teacher, teacher_checkpoint)
