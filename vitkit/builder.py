@@ -23,6 +23,7 @@ from .models.config import pair
 from .models.features import FeatureNet, default_out_indices
 from .models.mim import MAEConfig, MaskedAutoencoder, SimMIM, SimMIMConfig
 from .models.registry import check_fields, find
+from .models.segmentation import Segmenter, build_segmenter
 
 log = logging.getLogger(__name__)
 
@@ -337,4 +338,43 @@ def create_mim(name: str | None = None, *, objective: str | None = None, pretrai
             raise CheckpointError(f"{ck.path} holds {ck.objective} pre-training heads, not {objective}'s: pass "
                                   f"objective={ck.objective!r}, or a file without heads")
         model.heads_report = load_heads(model, ck)
+    return model
+
+
+def create_segmenter(name: str, *, head: str = "upernet", num_classes: int, pretrained: bool | str = False,
+                     checkpoint: str | os.PathLike | None = None, head_checkpoint: str | os.PathLike | None = None,
+                     indices: list[int] | None = None, auxiliary: bool | None = None,
+                     head_args: dict[str, Any] | None = None, **overrides: Any) -> Segmenter:
+    """A segmentation model: backbone ``name`` (any preset or pretrained name, as :func:`create_model` takes it,
+    ``checkpoint`` its weights file, ``overrides`` its config fields) under ``head`` ("linear", "upernet" or "dpt",
+    built with ``head_args``; see ``vitkit.models.segmentation``), ``num_classes`` logits per pixel.
+
+    ``head_checkpoint``: Meta's DINOv2 linear head file (``dinov2_vits14_ade20k_linear_head.pth``); the head then
+    reads the layers the file was trained on (the last one, or the last four) with the backbone's final norm, as
+    Meta's ``get_intermediate_layers`` gives them."""
+    backbone = create_model(name, pretrained=pretrained, checkpoint=checkpoint, num_classes=0, **overrides)
+    if head_checkpoint is None:
+        return build_segmenter(backbone, head, num_classes, indices, auxiliary=auxiliary, **(head_args or {}))
+    from .checkpoints.segmentation import dinov2_linear_head
+
+    sd, layers = dinov2_linear_head(head_checkpoint, backbone.feature_info[-1]["num_chs"])
+    n = len(backbone.feature_info)
+    model = build_segmenter(backbone, "linear", sd["decode_head.conv_seg.weight"].shape[0], list(range(n - layers, n)))
+    model.decode_head.load_state_dict({k.removeprefix("decode_head."): v for k, v in sd.items()})
+    return model
+
+
+def load_segmenter(path: str | os.PathLike) -> Segmenter:
+    """A whole segmentation model from another library's files: a folder of transformers'
+    ``UperNetForSemanticSegmentation`` (Swin backbone), every weight loaded strictly."""
+    from .checkpoints.segmentation import transformers_upernet
+
+    found = transformers_upernet(path)
+    backbone = create_model(found.preset, num_classes=0, **found.overrides)
+    classes = found.state_dict["decode_head.conv_seg.weight"].shape[0]
+    head_args = dict(found.head_args)
+    model = build_segmenter(backbone, found.head, classes, auxiliary=found.auxiliary,
+                            aux_args=head_args.pop("aux", None), **head_args)
+    model.load_state_dict(found.state_dict)
+    model.class_names = found.class_names
     return model

@@ -1,0 +1,164 @@
+"""Segmentation heads against their peers: transformers' UperNet on Swin (its folder loaded, every logit), Meta's
+DINOv2 linear head (its file's layout, on timm's backbone as Meta's ``get_intermediate_layers`` feeds it), and
+DPT on a plain ViT."""
+
+import pytest
+import timm
+import torch
+from torch.nn import functional as F
+
+import vitkit
+from vitkit.builder import create_segmenter, load_segmenter
+from vitkit.checkpoints import CheckpointError
+from vitkit.models.segmentation import build_segmenter
+
+TINY_SWIN = dict(embed_dim=16, depths=[1, 1, 2, 1], num_heads=[1, 2, 2, 4], window_size=7, image_size=224)
+
+
+def _randomise(model: torch.nn.Module) -> None:
+    """Weights far from their init (norms near 1, BatchNorm statistics off 0 / 1), so that a wrong key shows."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if p.ndim == 1 and ("norm" in name or "bn" in name) and name.endswith("weight") else 0.0,
+                      0.1)
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+
+
+@pytest.fixture(scope="module")
+def upernet(tmp_path_factory):
+    from transformers import SwinConfig, UperNetConfig, UperNetForSemanticSegmentation
+
+    backbone = SwinConfig(**TINY_SWIN, out_features=["stage1", "stage2", "stage3", "stage4"])
+    config = UperNetConfig(backbone_config=backbone, hidden_size=32, auxiliary_channels=16, num_labels=5,
+                           use_auxiliary_head=True, id2label={i: f"c{i}" for i in range(5)})
+    model = UperNetForSemanticSegmentation(config).eval()
+    _randomise(model)
+    folder = tmp_path_factory.mktemp("upernet")
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def test_upernet_on_swin_gives_transformers_logits(upernet):
+    theirs, folder = upernet
+    ours = load_segmenter(folder).eval()
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = theirs(pixel_values=x).logits
+        maps = theirs.backbone(x).feature_maps
+        expected_aux = F.interpolate(theirs.auxiliary_head(maps), size=(224, 224), mode="bilinear")
+        logits, aux = ours.forward_train(x)
+    assert expected.abs().max() > 1  # weights that make a wrong key visible
+    torch.testing.assert_close(ours(x), expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(aux, expected_aux, atol=1e-4, rtol=0)
+    assert ours.class_names == [f"c{i}" for i in range(5)]
+
+
+def test_a_segmenter_built_alike_but_not_loaded_differs(upernet):
+    """The parity above is the weights', not a property of any two models of this shape."""
+    theirs, _ = upernet
+    backbone = vitkit.create_model("swin_tiny_patch4_window7_224", num_classes=0, embed_dim=16,
+                                   depths=(1, 1, 2, 1), num_heads=(1, 2, 2, 4))
+    ours = build_segmenter(backbone, "upernet", 5, channels=32, aux_args=dict(channels=16)).eval()
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        assert (ours(x) - theirs(pixel_values=x).logits).abs().max() > 1
+
+
+def _dinov2_pair():
+    """timm's DINOv2 ViT (2 blocks) and vitkit's, with the same weights."""
+    theirs = timm.create_model("vit_small_patch14_dinov2", pretrained=False, depth=4, img_size=56, num_classes=0)
+    _randomise(theirs)
+    ours = vitkit.create_model("vit_small_patch14_dinov2", num_classes=0, depth=4, img_size=56)
+    ours.load_state_dict(theirs.state_dict())
+    return theirs.eval(), ours
+
+
+@pytest.mark.parametrize("layers", [1, 4])
+def test_dinov2_linear_head_file_gives_metas_computation(layers, tmp_path, monkeypatch):
+    """Meta's head file (mmsegmentation: ``meta`` and ``state_dict`` of ``decode_head.bn`` and ``.conv_seg``) on
+    the backbone's last ``layers`` maps with the final norm, as Meta's ``get_intermediate_layers`` gives them,
+    BatchNorm, 1x1 conv, bilinear to the image."""
+    theirs, ours = _dinov2_pair()
+    width = 384 * layers
+    g = torch.Generator().manual_seed(2)
+    head = {"decode_head.conv_seg.weight": torch.randn(7, width, 1, 1, generator=g) * 0.1,
+            "decode_head.conv_seg.bias": torch.randn(7, generator=g),
+            "decode_head.bn.weight": 1 + 0.1 * torch.randn(width, generator=g),
+            "decode_head.bn.bias": 0.1 * torch.randn(width, generator=g),
+            "decode_head.bn.running_mean": 0.1 * torch.randn(width, generator=g),
+            "decode_head.bn.running_var": 1 + 0.2 * torch.rand(width, generator=g),
+            "decode_head.bn.num_batches_tracked": torch.tensor(80000)}
+    path = tmp_path / "dinov2_vits14_ade20k_linear_head.pth"
+    torch.save({"meta": {"CLASSES": [f"c{i}" for i in range(7)], "PALETTE": [[0, 0, 0]] * 7},
+                "state_dict": head}, path)
+    monkeypatch.setattr(vitkit.builder, "create_model", lambda *a, **k: ours)
+    model = create_segmenter("vit_small_patch14_dinov2", head="linear", num_classes=7, head_checkpoint=path).eval()
+    x = torch.randn(2, 3, 56, 56, generator=g)
+    with torch.no_grad():
+        maps = theirs.forward_intermediates(x, indices=layers, norm=True, intermediates_only=True)
+        feats = torch.cat(maps, dim=1)
+        feats = F.batch_norm(feats, head["decode_head.bn.running_mean"], head["decode_head.bn.running_var"],
+                             head["decode_head.bn.weight"], head["decode_head.bn.bias"], eps=1e-5)
+        logits = F.conv2d(feats, head["decode_head.conv_seg.weight"], head["decode_head.conv_seg.bias"])
+        expected = F.interpolate(logits, size=(56, 56), mode="bilinear", align_corners=False)
+        torch.testing.assert_close(model(x), expected, atol=1e-4, rtol=0)
+
+
+def _shapes(n: int, size: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images of coloured rectangles on grey noise, and their masks: 0 background, k + 1 where channel k is lit."""
+    x = 0.3 * torch.randn(n, 3, size, size, generator=g)
+    mask = torch.zeros(n, size, size, dtype=torch.long)
+    for i in range(n):
+        for k in range(2):
+            top, left = torch.randint(0, size // 2, (2,), generator=g).tolist()
+            h, w = torch.randint(size // 4, size // 2, (2,), generator=g).tolist()
+            x[i, k, top:top + h, left:left + w] += 2.0
+            mask[i, top:top + h, left:left + w] = k + 1
+    return x, mask
+
+
+@pytest.mark.slow
+def test_dpt_on_a_plain_vit_gives_a_map_per_pixel_and_learns_it():
+    torch.manual_seed(0)
+    backbone = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, depth=4, img_size=64)
+    model = build_segmenter(backbone, "dpt", 3, channels=32)
+    assert model.indices == [0, 1, 2, 3]
+    x, target = _shapes(8, 64, torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    for _ in range(30):
+        loss = F.cross_entropy(model(x), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        out = model(x)
+    assert out.shape == (8, 3, 64, 64)
+    background = (target == 0).float().mean().item()
+    assert (out.argmax(1) == target).float().mean().item() > background + 0.4 * (1 - background)
+
+
+def test_segmentation_files_that_do_not_fit_are_named(tmp_path, upernet):
+    import json
+    import shutil
+
+    _, folder = upernet
+    other = tmp_path / "vit_upernet"
+    shutil.copytree(folder, other)
+    config = json.loads((other / "config.json").read_text())
+    config["backbone_config"]["model_type"] = "convnext"
+    (other / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="'convnext' backbone; vitkit reads UperNet on Swin"):
+        load_segmenter(other)
+    head = tmp_path / "head.pth"
+    torch.save({"state_dict": {"decode_head.conv_seg.weight": torch.zeros(3, 100, 1, 1),
+                               "decode_head.bn.running_mean": torch.zeros(100)}}, head)
+    with pytest.raises(CheckpointError, match="over 100 channels does not fit a backbone of width 192"):
+        create_segmenter("vit_tiny_patch16_224", head="linear", num_classes=3, head_checkpoint=head)
+    with pytest.raises(ValueError, match="head must be one of"):
+        build_segmenter(vitkit.create_model("vit_tiny_patch16_224", num_classes=0, depth=1), "fcn", 3)
