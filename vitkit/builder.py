@@ -23,7 +23,7 @@ from .models.config import pair
 from .models.features import FeatureNet, default_out_indices
 from .models.mim import MAEConfig, MaskedAutoencoder, SimMIM, SimMIMConfig
 from .models.registry import check_fields, find
-from .models.segmentation import Segmenter, build_segmenter
+from .models.segmentation import SegmentationModel, build_segmenter
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +344,7 @@ def create_mim(name: str | None = None, *, objective: str | None = None, pretrai
 def create_segmenter(name: str, *, head: str = "upernet", num_classes: int, pretrained: bool | str = False,
                      checkpoint: str | os.PathLike | None = None, head_checkpoint: str | os.PathLike | None = None,
                      indices: list[int] | None = None, auxiliary: bool | None = None,
-                     head_args: dict[str, Any] | None = None, **overrides: Any) -> Segmenter:
+                     head_args: dict[str, Any] | None = None, **overrides: Any) -> SegmentationModel:
     """A segmentation model: backbone ``name`` (any preset or pretrained name, as :func:`create_model` takes it,
     ``checkpoint`` its weights file, ``overrides`` its config fields) under ``head`` ("linear", "upernet" or "dpt",
     built with ``head_args``; see ``vitkit.models.segmentation``), ``num_classes`` logits per pixel.
@@ -364,7 +364,7 @@ def create_segmenter(name: str, *, head: str = "upernet", num_classes: int, pret
     return model
 
 
-def load_segmenter(path: str | os.PathLike) -> Segmenter:
+def load_segmenter(path: str | os.PathLike) -> SegmentationModel:
     """A whole segmentation model from another library's files: a folder of transformers'
     ``UperNetForSemanticSegmentation`` (Swin backbone), every weight loaded strictly."""
     from .checkpoints.segmentation import transformers_upernet

@@ -41,9 +41,10 @@ from vitkit.training.strategies import settle_interrupted_saves
 
 from .common import usage_error
 
-# What a module takes from its data module once the data is built: image classes, or vocabularies.
-DATA_TO_MODEL = {"num_classes": "num_classes", "classes": "class_names", "src_vocab_size": "src_vocab_size",
-                 "tgt_vocab_size": "tgt_vocab_size", "tokenizers": "tokenizers"}
+# What a module takes from its data module once the data is built: image classes (and the masks' ignored value),
+# or vocabularies.
+DATA_TO_MODEL = {"num_classes": "num_classes", "classes": "class_names", "ignore_index": "ignore_index",
+                 "src_vocab_size": "src_vocab_size", "tgt_vocab_size": "tgt_vocab_size", "tokenizers": "tokenizers"}
 
 
 def _attribute(name: str):

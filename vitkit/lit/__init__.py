@@ -7,19 +7,22 @@ from vitkit.data.modules import (
     ImageFolderDataModule,
     ManifestDataModule,
     OcrDigitsDataModule,
+    SegmentationDataModule,
     Seq2SeqDataModule,
     UnlabeledImageDataModule,
 )
 from vitkit.data.text import Tokenizer
 from vitkit.tasks.classification import ImageClassifier, StepsPerEpoch
 from vitkit.tasks.pretraining import DINOPretraining, MaskedImageModeling
+from vitkit.tasks.segmentation import Segmenter
 from vitkit.tasks.text import Seq2SeqModule
 from vitkit.training import EMA, AtomicCheckpointIO, CSVLogger, FSDP2Strategy, ModelCheckpoint, TrainingCurves
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DigitsDataModule", "FSDP2Strategy",
            "HFDataModule", "ImageClassifier", "ImageFolderDataModule", "ManifestDataModule", "MaskedImageModeling",
-           "ModelCheckpoint", "OcrDigitsDataModule", "Seq2SeqDataModule", "Seq2SeqModule", "StepsPerEpoch",
-           "StreamingImageDataModule", "Tokenizer", "TrainingCurves", "UnlabeledImageDataModule"]
+           "ModelCheckpoint", "OcrDigitsDataModule", "SegmentationDataModule", "Segmenter", "Seq2SeqDataModule",
+           "Seq2SeqModule", "StepsPerEpoch", "StreamingImageDataModule", "Tokenizer", "TrainingCurves",
+           "UnlabeledImageDataModule"]
 
 
 def __getattr__(name: str):

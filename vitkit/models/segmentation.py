@@ -160,7 +160,7 @@ class DPTHead(nn.Module):
 HEADS = {"linear": LinearHead, "upernet": UperNetHead, "dpt": DPTHead}
 
 
-class Segmenter(nn.Module):
+class SegmentationModel(nn.Module):
     """``backbone``'s maps at ``indices`` (its ``forward_intermediates``), each through its LayerNorm where
     ``stage_norms`` (Swin's per-stage norms in UperNet, as transformers' ``SwinBackbone`` and mmsegmentation's Swin
     have them), to ``decode_head``; logits (B, classes, H, W) at the input's size. ``auxiliary_head`` (training
@@ -199,8 +199,8 @@ class Segmenter(nn.Module):
 
 
 def build_segmenter(backbone: nn.Module, head: str, num_classes: int, indices: Sequence[int] | None = None,
-                    *, auxiliary: bool | None = None, aux_args: dict | None = None, **head_args) -> Segmenter:
-    """A :class:`Segmenter` with ``head`` ("linear", "upernet" or "dpt") on a built ``backbone``.
+                    *, auxiliary: bool | None = None, aux_args: dict | None = None, **head_args) -> SegmentationModel:
+    """A :class:`SegmentationModel` with ``head`` ("linear", "upernet" or "dpt") on a built ``backbone``.
 
     ``indices`` default: every stage for a hierarchical backbone (Swin: 4 maps); for a plain ViT the last layer
     (linear), or four layers evenly spread, ending at the last (DPT, UperNet). UperNet on Swin takes the per-stage
@@ -219,5 +219,5 @@ def build_segmenter(backbone: nn.Module, head: str, num_classes: int, indices: S
     aux = None
     if head == "upernet" and (auxiliary if auxiliary is not None else hierarchical):
         aux = FCNHead(chs[min(2, len(chs) - 1)], num_classes, **(aux_args or {}))
-    return Segmenter(backbone, decode, indices, auxiliary_head=aux, aux_index=min(2, len(chs) - 1),
+    return SegmentationModel(backbone, decode, indices, auxiliary_head=aux, aux_index=min(2, len(chs) - 1),
                      stage_norms=hierarchical and head == "upernet", norm=not hierarchical)

@@ -4,6 +4,7 @@ base (``vitkit.training``) and the data modules beside their readers (``vitkit.d
 * ``classification``: one label or several per image, small labelled sets (the probe first), distillation,
   linear probing (``ImageClassifier``, ``StepsPerEpoch``);
 * ``pretraining``: MAE and SimMIM (``MaskedImageModeling``), DINO (``DINOPretraining``);
+* ``segmentation``: a class per pixel (``Segmenter``);
 * ``text``: the encoder-decoder, on text or on images (``Seq2SeqModule``).
 
 No task imports another; adding a task is adding a package here. Recipes and checkpoints name these classes as

@@ -1,13 +1,14 @@
 """Lightning data modules, each over the readers beside it in ``vitkit.data``: in-memory digits, image folders
 and CSV / JSON-lines manifests (``images.py``), litdata shards (``streaming.py``), Hugging Face datasets
-(``hf.py``), the encoder-decoder's text and digit strings (``text.py``). Training batches cross to the device as
-uint8 and are normalised there."""
+(``hf.py``), images with masks (``segmentation.py``), the encoder-decoder's text and digit strings (``text.py``).
+Training batches cross to the device as uint8 and are normalised there."""
 
 from .images import DigitsDataModule, ImageFolderDataModule, ManifestDataModule, UnlabeledImageDataModule
+from .segmentation import SegmentationDataModule
 from .text import OcrDigitsDataModule, Seq2SeqDataModule
 
 __all__ = ["DigitsDataModule", "HFDataModule", "ImageFolderDataModule", "ManifestDataModule", "OcrDigitsDataModule",
-           "Seq2SeqDataModule", "StreamingImageDataModule", "UnlabeledImageDataModule"]
+           "SegmentationDataModule", "Seq2SeqDataModule", "StreamingImageDataModule", "UnlabeledImageDataModule"]
 
 
 def __getattr__(name: str):

@@ -1,0 +1,72 @@
+"""``SegmentationDataModule``: a folder of images and masks (``vitkit/data/segmentation.py``) for Lightning.
+Batches cross to the device as uint8 images and int64 masks; the images are normalised there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import Tensor
+
+from vitkit.data.segmentation import JointTransform, MaskFolder
+from vitkit.data.transforms import data_config, device_batch
+
+from .images import _TrainValLoaders
+
+
+class SegmentationDataModule(_TrainValLoaders):
+    """Images with a class index per pixel, from a folder of images and masks.
+
+    ``root/images/{train,val}/NAME.jpg`` beside ``root/masks/{train,val}/NAME.png`` (and ``test`` where the folders
+    have it).
+
+    Args:
+        root: the folder that holds ``images/`` and ``masks/``.
+        num_classes: the classes the masks index (0 to num_classes - 1); other values than ``ignore_index`` are
+            refused when a batch holds them.
+        classes: the classes' names, in index order (default "0", "1", ...).
+        ignore_index: the mask value of pixels no class counts (255, the ADE20k / VOC / Cityscapes convention).
+        img_size: the crop the model trains on and the size it evaluates at, one int or (H, W).
+        scale: the range of the training resize (the shorter side over ``img_size``), as mmsegmentation's
+            ``ratio_range``.
+        hflip: the share of training images flipped left-right.
+        color_jitter: brightness jitter of the training images (0: none).
+        mean, std: normalisation; default the preset's (``model_name``, linked from the model).
+    """
+
+    def __init__(self, root: str, num_classes: int, classes: list[str] | None = None, ignore_index: int = 255,
+                 img_size: int | tuple[int, int] = 224, batch_size: int = 8, num_workers: int | None = None,
+                 model_name: str | None = None, scale: tuple[float, float] = (0.5, 2.0), hflip: float = 0.5,
+                 color_jitter: float = 0.0, mean: tuple[float, ...] | None = None,
+                 std: tuple[float, ...] | None = None, pin_memory: bool = True) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        if classes is not None and len(classes) != num_classes:
+            raise ValueError(f"classes names {len(classes)} classes; num_classes is {num_classes}")
+        self.num_classes = num_classes
+        self.classes = list(classes or map(str, range(num_classes)))
+        self.ignore_index = ignore_index
+        self.data_cfg = data_config(model_name, img_size, mean=mean, std=std)
+
+    sets_up_locally = True
+
+    def setup(self, stage: str | None = None) -> None:
+        hp = self.hparams
+        train = JointTransform(hp.img_size, True, hp.ignore_index, tuple(hp.scale), hp.hflip, hp.color_jitter)
+        evaluate = JointTransform(hp.img_size, False, hp.ignore_index)
+        self.train_set = MaskFolder(hp.root, "train", train)
+        self.val_set = MaskFolder(hp.root, "val", evaluate)
+        has_test = (Path(hp.root) / "images" / "test").is_dir()
+        self.test_set = MaskFolder(hp.root, "test", evaluate) if has_test else None
+
+    def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
+        x, y = batch
+        bad = (y != self.hparams.ignore_index) & ((y < 0) | (y >= self.num_classes))
+        if bad.any():
+            raise ValueError(f"a mask holds class {int(y[bad][0])}; {self.describe()} has {self.num_classes} classes "
+                             f"(0 to {self.num_classes - 1}) and ignore_index {self.hparams.ignore_index}")
+        return device_batch(x, self.data_cfg, 0.0), y
+
+    def describe(self) -> str:
+        return f"SegmentationDataModule({self.hparams.root})"

@@ -1,0 +1,113 @@
+"""Images with a class index per pixel: the folder layout, its pairs, and transforms that move image and mask
+together (random scale, crop and flip for training; a resize for evaluation), up to a uint8 image and an int64
+mask. The image is normalised on the device, as classifiers' batches are.
+
+Layout: ``root/images/<split>/<name>.<jpg|png|...>`` beside ``root/masks/<split>/<name>.png``, a mask holding the
+class index of each pixel (a single-channel PNG) and ``ignore_index`` (255 by default) where no class counts.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from vitkit.errors import UsageError
+from vitkit.models.config import pair
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+
+def mask_pairs(root: str | Path, split: str) -> list[tuple[Path, Path]]:
+    """(image, mask) of every image under ``root/images/<split>``, in name order; a missing mask is named."""
+    root = Path(root)
+    images, masks = root / "images" / split, root / "masks" / split
+    if not images.is_dir():
+        raise UsageError(f"{images} is not a folder: segmentation data is root/images/<split>/NAME.jpg beside "
+                         f"root/masks/<split>/NAME.png (split: {split})")
+    pairs = []
+    for image in sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
+        mask = masks / f"{image.stem}.png"
+        if not mask.is_file():
+            raise UsageError(f"{image} has no mask: expected {mask}")
+        pairs.append((image, mask))
+    if not pairs:
+        raise UsageError(f"{images} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    return pairs
+
+
+def read_mask(path: Path) -> Image.Image:
+    """A mask PNG as class indices (mode ``L``, ``P`` or ``I;16``: the index is the pixel's value, not a colour)."""
+    mask = Image.open(path)
+    if mask.mode not in ("L", "P", "I", "I;16"):
+        raise UsageError(f"{path} is a {mask.mode} image; a mask holds one class index per pixel (a single-channel "
+                         "or palette PNG)")
+    return mask
+
+
+class JointTransform:
+    """Image and mask through the same geometry. Training: the shorter side resized to ``img_size`` x a factor drawn
+    from ``scale``, padded (image 0, mask ``ignore_index``) to at least ``img_size``, a random crop of ``img_size``,
+    a horizontal flip with ``hflip``, and colour jitter of strength ``color_jitter`` on the image only. Evaluation:
+    both resized to ``img_size`` (bilinear, nearest)."""
+
+    def __init__(self, img_size: int | tuple[int, int], train: bool, ignore_index: int = 255,
+                 scale: tuple[float, float] = (0.5, 2.0), hflip: float = 0.5, color_jitter: float = 0.0) -> None:
+        self.size = pair(img_size)
+        self.train, self.ignore_index = train, ignore_index
+        self.scale, self.hflip, self.color_jitter = scale, hflip, color_jitter
+
+    def __call__(self, image: Image.Image, mask: Image.Image, rng=random) -> tuple[Tensor, Tensor]:
+        h, w = self.size
+        if image.size != mask.size:
+            raise UsageError(f"an image of {image.size[0]}x{image.size[1]} has a mask of {mask.size[0]}x{mask.size[1]}")
+        if not self.train:
+            return _uint8(image.resize((w, h), Image.BILINEAR)), _indices(mask.resize((w, h), Image.NEAREST))
+        s = rng.uniform(*self.scale) * min(h, w) / min(image.size)
+        size = (max(1, round(image.size[0] * s)), max(1, round(image.size[1] * s)))
+        x, y = _uint8(image.resize(size, Image.BILINEAR)), _indices(mask.resize(size, Image.NEAREST))
+        pad_h, pad_w = max(0, h - x.shape[1]), max(0, w - x.shape[2])
+        if pad_h or pad_w:
+            x = torch.nn.functional.pad(x, (0, pad_w, 0, pad_h), value=0)
+            y = torch.nn.functional.pad(y, (0, pad_w, 0, pad_h), value=self.ignore_index)
+        top, left = rng.randint(0, x.shape[1] - h), rng.randint(0, x.shape[2] - w)
+        x, y = x[:, top:top + h, left:left + w], y[top:top + h, left:left + w]
+        if rng.random() < self.hflip:
+            x, y = x.flip(-1), y.flip(-1)
+        if self.color_jitter:
+            gain = 1 + rng.uniform(-self.color_jitter, self.color_jitter)
+            x = (x.float() * gain).clamp(0, 255).to(torch.uint8)
+        return x.contiguous(), y.contiguous()
+
+
+def _uint8(image: Image.Image) -> Tensor:
+    return torch.from_numpy(np.array(image.convert("RGB"), dtype=np.uint8)).permute(2, 0, 1).contiguous()
+
+
+def _indices(mask: Image.Image) -> Tensor:
+    return torch.from_numpy(np.array(mask, dtype=np.int64))
+
+
+class MaskFolder(Dataset):
+    """The (image, mask) pairs of one split: (uint8 (3, H, W), int64 (H, W)) after ``transform``, which draws from
+    Python's generator (seeded per loader worker by PyTorch, as torchvision's transforms draw from torch's)."""
+
+    def __init__(self, root: str | Path, split: str, transform: JointTransform) -> None:
+        self.pairs, self.transform = mask_pairs(root, split), transform
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        image_path, mask_path = self.pairs[i]
+        try:
+            image = Image.open(image_path)
+            image.load()
+        except OSError as e:
+            raise UsageError(f"{image_path} is not an image PIL can read ({e})") from None
+        return self.transform(image, read_mask(mask_path), random)

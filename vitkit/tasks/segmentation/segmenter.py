@@ -1,0 +1,164 @@
+"""``Segmenter``: a segmentation model trained with the training base's machinery (AdamW, warmup + cosine, EMA,
+skipped non-finite steps, exact resume), cross-entropy on the pixels that count (and the auxiliary head's, and
+Dice if asked), validated by mIoU and pixel accuracy from a confusion matrix summed over every rank."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torchmetrics.classification import MulticlassConfusionMatrix
+
+import vitkit
+from vitkit.models.segmentation import build_segmenter
+from vitkit.training.base import TrainingModule
+from vitkit.training.hparams import keep_own_hparams
+
+
+def iou_scores(confusion: Tensor) -> tuple[Tensor, float, float]:
+    """(IoU per class, NaN where a class is in neither the labels nor the predictions; their mean over the other
+    classes, mIoU; pixel accuracy) of a confusion matrix (rows: label, columns: prediction)."""
+    confusion = confusion.double()
+    hits = confusion.diag()
+    union = confusion.sum(0) + confusion.sum(1) - hits
+    iou = torch.where(union > 0, hits / union.clamp(min=1), torch.nan)
+    total = confusion.sum()
+    return iou.float(), float(iou.nanmean()) if (union > 0).any() else 0.0, float(hits.sum() / total) if total else 0.0
+
+
+def dice_loss(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
+    """1 - the soft Dice coefficient, averaged over classes, over the pixels that count."""
+    keep = (target != ignore_index).unsqueeze(1)
+    probs = logits.float().softmax(1) * keep
+    onehot = F.one_hot(target.clamp(0, logits.shape[1] - 1), logits.shape[1]).permute(0, 3, 1, 2) * keep
+    inter = (probs * onehot).sum((0, 2, 3))
+    return 1 - ((2 * inter + 1) / (probs.sum((0, 2, 3)) + onehot.sum((0, 2, 3)) + 1)).mean()
+
+
+class Segmenter(TrainingModule):
+    """A head on a vitkit backbone, per-pixel classes.
+
+    Args:
+        model_name: the backbone: a preset or a pretrained name (``vit_small_patch14_dinov2.lvd142m``,
+            ``swin_tiny_patch4_window7_224.ms_in1k``), as ``ImageClassifier`` takes it.
+        head: ``linear`` (DINOv2's: a BatchNorm and a 1x1 conv on the last layer's patches), ``upernet`` or
+            ``dpt`` (``vitkit/models/segmentation.py``).
+        pretrained: load the name's weights (offline-first).
+        checkpoint: the backbone's weights from a file (any format vitkit reads).
+        num_classes: classes of the masks (linked from the data module).
+        img_size: input resolution (linked from the data module).
+        model_overrides: the backbone's config fields.
+        head_args: the head's arguments (``channels``, ``pool_scales``).
+        indices: the layers the head reads (default: see ``build_segmenter``).
+        class_names: stored in the checkpoint (linked from the data module).
+        ignore_index: the mask value no loss or score counts (linked from the data module).
+        freeze_backbone: train the head alone (the backbone in eval mode, no gradients).
+        aux_weight: the auxiliary head's share of the loss (UperNet on Swin; mmsegmentation's 0.4).
+        dice_weight: a Dice term's share of the loss (0: cross-entropy alone).
+        lr, weight_decay, betas, min_lr, warmup_epochs, layer_decay, ema_decay, nonfinite_loss, compile: as for
+            ``ImageClassifier``.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "vit_small_patch14_dinov2",
+        head: Literal["linear", "upernet", "dpt"] = "linear",
+        pretrained: bool = False,
+        checkpoint: str | None = None,
+        num_classes: int | None = None,
+        img_size: int | tuple[int, int] | None = None,
+        model_overrides: dict[str, Any] | None = None,
+        head_args: dict[str, Any] | None = None,
+        indices: list[int] | None = None,
+        class_names: list[str] | None = None,
+        ignore_index: int = 255,
+        freeze_backbone: bool = False,
+        aux_weight: float = 0.4,
+        dice_weight: float = 0.0,
+        lr: float = 1e-3,
+        weight_decay: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.999),
+        min_lr: float = 0.0,
+        warmup_epochs: float = 1.0,
+        layer_decay: float | None = None,
+        ema_decay: float | None = None,
+        nonfinite_loss: Literal["stop", "skip"] = "stop",
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        keep_own_hparams(self)
+        self.check_nonfinite(nonfinite_loss)
+        if num_classes is None or num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1 (the data module gives it), got {num_classes}")
+        overrides = dict(model_overrides or {})
+        if img_size is not None:
+            overrides["img_size"] = img_size
+        backbone = vitkit.create_model(model_name, pretrained=pretrained, checkpoint=checkpoint, num_classes=0,
+                                       **overrides)
+        if getattr(backbone, "load_report", None) is not None:
+            rank_zero_info(str(backbone.load_report))
+        self.model = build_segmenter(backbone, head, num_classes, indices, **(head_args or {}))
+        self.hparams.indices = self.model.indices  # what ran, for the checkpoint
+        if freeze_backbone:
+            self.model.backbone.requires_grad_(False)
+        self.confusion = torch.nn.ModuleDict({s: MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
+                                              for s in ("val", "test")})
+        self.make_ema(ema_decay)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.evaluated()(x)
+
+    def train(self, mode: bool = True) -> Segmenter:
+        """A frozen backbone stays in eval mode: its drop path and dropout off, as at inference."""
+        super().train(mode)
+        if mode and self.hparams.freeze_backbone:
+            self.model.backbone.eval()
+        return self
+
+    def step_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = batch
+        logits, aux = self.model.forward_train(x)
+        hp = self.hparams
+        loss = F.cross_entropy(logits.float(), y, ignore_index=hp.ignore_index)
+        if aux is not None and hp.aux_weight:
+            loss = loss + hp.aux_weight * F.cross_entropy(aux.float(), y, ignore_index=hp.ignore_index)
+        if hp.dice_weight:
+            loss = loss + hp.dice_weight * dice_loss(logits, y, hp.ignore_index)
+        return loss
+
+    def _evaluate(self, batch: tuple[Tensor, Tensor], split: str) -> None:
+        x, y = batch
+        logits = self(x)
+        self.log(f"{split}/loss", F.cross_entropy(logits.float(), y, ignore_index=self.hparams.ignore_index),
+                 prog_bar=split == "val", sync_dist=True, batch_size=len(x))
+        self.confusion[split].update(logits.argmax(1), y)
+
+    def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def _log_scores(self, split: str) -> None:
+        iou, miou, acc = iou_scores(self.confusion[split].compute())  # summed over every rank
+        self.confusion[split].reset()
+        self.log(f"{split}/mIoU", miou, prog_bar=True, sync_dist=False)
+        self.log(f"{split}/pixel_acc", acc, sync_dist=False)
+        names = self.hparams.class_names or [str(i) for i in range(len(iou))]
+        for name, value in zip(names, iou.tolist(), strict=True):
+            if value == value:  # a class seen in this split
+                self.log(f"{split}/IoU/{name}", value, sync_dist=False)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_scores("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_scores("test")
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return self(x).argmax(1)
