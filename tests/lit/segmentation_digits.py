@@ -1,10 +1,11 @@
 """A segmentation set of real handwritten digits (scikit-learn's), written as vitkit reads one: images with one or
-two digits placed on a dark background, and masks with the digit's class + 1 on its strokes, 0 elsewhere."""
+two digits placed on a dark background, and masks with the digit's class + 1 on its strokes (widened by two
+pixels), 0 elsewhere."""
 
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFilter
 from sklearn.datasets import load_digits
 
 CLASSES = ["background", *map(str, range(10))]
@@ -31,7 +32,8 @@ def write_digit_masks(root: Path, train: int = 300, val: int = 100, size: int = 
                 top, left = rng.integers(0, size - glyph_size + 1, 2)
                 window = image[top:top + glyph_size, left:left + glyph_size]
                 np.maximum(window, glyph, out=window)
-                mask[top:top + glyph_size, left:left + glyph_size][glyph > 0.35] = digits.target[k] + 1
+                ink = np.array(Image.fromarray(glyph > 0.2).filter(ImageFilter.MaxFilter(5)))  # the strokes, widened
+                mask[top:top + glyph_size, left:left + glyph_size][ink] = digits.target[k] + 1
             Image.fromarray((image * 255).clip(0, 255).astype(np.uint8)).convert("RGB").save(
                 root / "images" / split / f"{i:04d}.png")
             Image.fromarray(mask).save(root / "masks" / split / f"{i:04d}.png")

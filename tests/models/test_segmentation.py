@@ -162,3 +162,18 @@ def test_segmentation_files_that_do_not_fit_are_named(tmp_path, upernet):
         create_segmenter("vit_tiny_patch16_224", head="linear", num_classes=3, head_checkpoint=head)
     with pytest.raises(ValueError, match="head must be one of"):
         build_segmenter(vitkit.create_model("vit_tiny_patch16_224", num_classes=0, depth=1), "fcn", 3)
+
+
+def test_a_vit_segmenter_exports_to_onnx_at_any_size_and_upernet_at_its_own(tmp_path):
+    from vitkit.tools.export import ExportError, export_onnx
+    from vitkit.tools.onnx_model import OnnxModel
+
+    backbone = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, depth=1, img_size=64)
+    model = build_segmenter(backbone, "linear", 4).eval()
+    report = export_onnx(model, tmp_path / "seg.onnx")  # checked against PyTorch at 64 x 64 and another size
+    assert report.dynamic == ["batch", "height", "width"] and len(report.checks) == 3
+    onnx = OnnxModel(tmp_path / "seg.onnx")
+    assert onnx.meta["task"] == "segmentation" and onnx(torch.randn(1, 3, 96, 48).numpy()).shape == (1, 4, 96, 48)
+    upernet = build_segmenter(backbone, "upernet", 4, channels=16).eval()
+    with pytest.raises(ExportError, match="pools to a fixed grid"):
+        export_onnx(upernet, tmp_path / "upernet.onnx", dynamic_size=True)

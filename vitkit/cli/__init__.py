@@ -34,7 +34,7 @@ COMMANDS: dict[str, str] = {
     "train": "fit, validate, test or predict with LightningCLI (the same as `python train.py ...`)",
     "evaluate": "scores, per-class metrics, confusion matrix, mistakes and calibration of a classifier on a data "
                 "split; k-NN / linear probe of a backbone",
-    "predict": "top-k classes for image files",
+    "predict": "top-k classes for image files (a segmentation checkpoint: a mask and an overlay for each)",
     "export": "a model or checkpoint -> ONNX (checked in onnxruntime) or torch.export .pt2",
     "download": "fetch pretrained weights (or Hugging Face datasets) by name into their cache, for offline use",
     "models": "table of presets: params, GMACs, image size, family",

@@ -75,10 +75,14 @@ def parser() -> ArgumentParser:
 
 
 def _argv(argv: list[str]) -> list[str]:
-    """``--data.root DIR`` without ``--data CLASS`` is an image folder (and a bare ``--flag`` is ``--flag true``)."""
+    """``--data.root DIR`` without ``--data CLASS`` is an image folder, or for a segmentation checkpoint a folder of
+    images and masks (and a bare ``--flag`` is ``--flag true``)."""
     named = any(a == "--data" or a.startswith("--data=") for a in argv)
     if not named and any(a.startswith("--data.") for a in argv):
-        argv = ["--data", "vitkit.lit.ImageFolderDataModule", *argv]
+        seg = _segmentation_checkpoint(argv)
+        argv = ["--data", "vitkit.lit.SegmentationDataModule" if seg else "vitkit.lit.ImageFolderDataModule", *argv]
+        if seg and not any(a.startswith("--data.num_classes") for a in argv):  # the model's own classes
+            argv += ["--data.num_classes", str(seg["num_classes"])]
     flags = ("--knn", "--linear-probe")
     out = []
     for i, a in enumerate(argv):
@@ -86,6 +90,18 @@ def _argv(argv: list[str]) -> list[str]:
         if a in flags and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
             out.append("true")
     return out
+
+
+def _segmentation_checkpoint(argv: list[str]) -> dict | None:
+    """The hyper-parameters of the ``--checkpoint`` given where it is a ``vitkit.lit.Segmenter``'s, else None."""
+    from .predict import segmentation_checkpoint
+
+    for i, a in enumerate(argv):
+        value = a.partition("=")[2] if a.startswith("--checkpoint=") else argv[i + 1] if a == "--checkpoint" and \
+            i + 1 < len(argv) else None
+        if value:
+            return segmentation_checkpoint(value)
+    return None
 
 
 def parse_args(argv: list[str]):
@@ -106,6 +122,8 @@ def main(argv: list[str]) -> int:
     if cfg.precision not in PRECISIONS:
         p.error(f"--precision expects one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
     explicit = {a[len("--data."):].split("=")[0] for a in argv if a.startswith("--data.")}
+    if cfg.checkpoint and _segmentation_checkpoint(["--checkpoint", cfg.checkpoint]) is not None:
+        return _evaluate_segmentation(p, cfg, explicit, device)
     size = cfg.data.init_args.get("img_size") if "img_size" in explicit else None
     model, names, prep, thresholds = _model(cfg, device, size)
     if cfg.precision == "bf16-mixed":
@@ -223,3 +241,37 @@ def _split(dm, split: str | None) -> tuple[str, Any]:
     return split, {"test": test, "val": dm.val_set, "train": getattr(dm, "train_set", None)}[split]
 
 
+
+
+def _evaluate_segmentation(p: ArgumentParser, cfg, explicit: set[str], device: torch.device) -> int:
+    """A ``vitkit.lit.Segmenter`` checkpoint over a split of a folder of images and masks: mIoU, pixel accuracy, IoU
+    per class, the confusion matrix and the worst images (``vitkit.evaluation.segmentation``)."""
+    from vitkit.evaluation.segmentation import evaluate_masks, write_segmentation_report
+    from vitkit.lit import Segmenter
+
+    module = Segmenter.load_from_checkpoint(cfg.checkpoint, map_location="cpu").eval().to(device)
+    net, hp = module.model, module.hparams
+    names = list(hp.class_names or [str(i) for i in range(net.num_classes)])
+    h, w = pair(net.backbone.cfg.img_size)
+    prep = {"img_size": h if h == w else (h, w), "mean": tuple(net.backbone.cfg.mean),
+            "std": tuple(net.backbone.cfg.std)}
+    init = cfg.data.init_args
+    for key, value in (("ignore_index", hp.ignore_index), ("classes", names)):
+        if key not in explicit and key in init:
+            init[key] = value
+    dm = _data(p, cfg, {**prep, "crop_pct": None, "interpolation": None, "crop_mode": None}, explicit, False)
+    if dm.num_classes != net.num_classes:
+        raise ValueError(f"the model has {net.num_classes} classes and the data {dm.num_classes}: evaluate it on "
+                         "masks of its own classes")
+    split, ds = _split(dm, cfg.split)
+    loader = dm.loader(ds, False)
+    result = evaluate_masks(module if cfg.precision == "32-true" else _autocast(module, device), loader,
+                            net.num_classes, dm.ignore_index, device,
+                            prepare=lambda batch: dm.on_after_batch_transfer(batch, 0))
+    out = Path(cfg.out)
+    metrics = write_segmentation_report(result, names, out, dm.data_cfg.mean, dm.data_cfg.std, {"split": split})
+    seen = {k: v for k, v in metrics["per_class_iou"].items() if v is not None}
+    weakest = ", ".join(f"{k} {v:.3f}" for k, v in sorted(seen.items(), key=lambda kv: kv[1])[:5])
+    print(f"{dm.describe()} ({split}):\nmIoU {metrics['mIoU']:.4f}  pixel accuracy {metrics['pixel_acc']:.4f}  "
+          f"({metrics['samples']} images, {len(names)} classes)\nweakest classes (IoU): {weakest}\n-> {out}")
+    return 0

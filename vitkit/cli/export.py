@@ -41,7 +41,11 @@ def main(argv: list[str]) -> int:
         overrides["img_size"] = args.img_size[0] if len(args.img_size) == 1 else tuple(args.img_size)
     if args.token_merging and not Path(args.src).exists():
         overrides["token_merging"] = args.token_merging
-    if Path(args.src).exists():
+    from .predict import segmentation_checkpoint
+
+    if Path(args.src).exists() and segmentation_checkpoint(args.src) is not None:
+        net = _segmenter(args.src, overrides)
+    elif Path(args.src).exists():
         args.checkpoint, args.overrides = args.src, json.dumps(overrides)
         net = load_classifier(args)
     else:
@@ -60,6 +64,19 @@ def main(argv: list[str]) -> int:
                          "pip install 'vitkit[export]'") from None
     print(report)
     return 0
+
+
+def _segmenter(path: str, overrides: dict):
+    """The segmentation model of a ``vitkit.lit.Segmenter`` checkpoint, with its class names (for the metadata)."""
+    from vitkit.lit import Segmenter
+
+    if overrides:
+        raise UsageError(f"{path} is a segmentation checkpoint: it exports as it was trained, without --overrides or "
+                         "--img-size (a ViT backbone's export takes any size)")
+    module = Segmenter.load_from_checkpoint(path, map_location="cpu")
+    net = module.model.eval()
+    net.class_names = list(module.hparams.class_names or [str(i) for i in range(net.num_classes)])
+    return net
 
 
 def _named_model(args, overrides: dict):

@@ -22,6 +22,8 @@ def parser():
                    "model prints the labels above their thresholds, and these K too when given)")
     p.add_argument("--onnx", help="an exported model.onnx, run by onnxruntime with the preprocessing in its metadata")
     p.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
+    p.add_argument("-o", "--output", default="masks", help="a segmentation checkpoint (vitkit.lit.Segmenter): the "
+                   "folder for each image's NAME_mask.png (class indices, coloured) and NAME_overlay.png")
     return p
 
 
@@ -32,6 +34,8 @@ def main(argv: list[str]) -> int:
     if args.onnx and args.token_merging:
         raise UsageError("--token-merging applies to PyTorch models; an ONNX file merges tokens as it was "
                          "exported (vitkit export --token-merging R)")
+    if args.checkpoint and not args.onnx and segmentation_checkpoint(args.checkpoint):
+        return predict_masks(args)
     # an ONNX file runs in onnxruntime on numpy arrays: torch is not imported (benchmarks/startup.py)
     names, probabilities, thresholds = onnx_classifier(args.onnx) if args.onnx else torch_classifier(args)
     failed = 0
@@ -45,6 +49,52 @@ def main(argv: list[str]) -> int:
         if len(names) < len(p):
             names = [str(i) for i in range(len(p))]
         print(f"{path}: {describe(p, names, thresholds, args.topk)}")
+    return 1 if failed else 0
+
+
+def segmentation_checkpoint(path: str) -> dict | None:
+    """The hyper-parameters of ``path`` where it is a checkpoint of ``vitkit.lit.Segmenter`` (its recorded class path
+    says so), else None."""
+    if not path.endswith(".ckpt"):
+        return None
+    import torch
+
+    try:
+        hp = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("hyper_parameters") or {}
+    except Exception:  # noqa: BLE001 - not a checkpoint torch reads safely: the classifier path says what it is
+        return None
+    return dict(hp) if str(hp.get("_class_path", "")).endswith(".Segmenter") else None
+
+
+def predict_masks(args) -> int:
+    """Each image's mask and overlay, written under ``--output``; a line per image with its largest classes."""
+    from pathlib import Path
+
+    from PIL import Image, UnidentifiedImageError
+
+    from vitkit.evaluation.segmentation import predict_mask, save_mask
+    from vitkit.lit import Segmenter
+    from vitkit.models.config import pair
+
+    module = Segmenter.load_from_checkpoint(args.checkpoint, map_location="cpu").eval()
+    cfg = module.model.backbone.cfg
+    names = module.hparams.class_names or [str(i) for i in range(module.model.num_classes)]
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for path in args.images:
+        try:
+            image = Image.open(path)
+            image.load()
+        except (OSError, UnidentifiedImageError) as e:
+            print(one_line(UsageError(f"cannot read image {path!r}: {e}")), file=sys.stderr)
+            failed += 1
+            continue
+        mask = predict_mask(module, image, pair(cfg.img_size), cfg.mean, cfg.std)
+        mask_file, overlay = save_mask(mask, image, out / Path(path).stem, len(names))
+        counts = np.bincount(mask.ravel(), minlength=len(names)) / mask.size
+        top = ", ".join(f"{names[i]} {counts[i]:.0%}" for i in np.argsort(-counts, kind="stable")[:3] if counts[i])
+        print(f"{path}: {top} -> {mask_file}, {overlay}")
     return 1 if failed else 0
 
 

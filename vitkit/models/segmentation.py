@@ -179,6 +179,22 @@ class SegmentationModel(nn.Module):
     def num_classes(self) -> int:
         return self.decode_head.conv_seg.out_channels
 
+    @property
+    def cfg(self):
+        """The backbone's config: the input size, mean and std the model takes."""
+        return self.backbone.cfg
+
+    @property
+    def name(self) -> str:
+        return self.backbone.name
+
+    def set_attn_backend(self, backend: str) -> None:
+        self.backbone.set_attn_backend(backend)
+
+    def set_dynamic_img_size(self, enable: bool = True) -> None:
+        """A ViT backbone at any multiple of its patch (positions resampled): the segmenter at any size."""
+        self.backbone.set_dynamic_img_size(enable)
+
     def features(self, x: Tensor) -> list[Tensor]:
         """The maps the heads read, (B, C, h, w) each."""
         if self.stage_norms is None:

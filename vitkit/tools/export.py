@@ -5,6 +5,10 @@ interpolation of its eval transform and its label names, as metadata (``vitkit.*
 once against PyTorch on random input (two batch sizes, and another image size when sizes are dynamic) and
 fails if the outputs differ by more than ``atol``.
 
+A segmenter (``vitkit.models.segmentation``) exports as its backbone does, its output (B, classes, H, W) and its
+metadata ``vitkit.task: segmentation``; UperNet's pooling pyramid pools to fixed grids, whose ONNX form holds
+the traced size's bins, so UperNet exports at a fixed height and width.
+
 Axes: the batch is always dynamic, and so are height and width unless asked otherwise:
 - ViT resamples its positions to each input's patch grid (timm's ``dynamic_img_size``); any multiple of the patch.
 - Swin pads each stage's map to whole windows and builds its shift masks and token gathers in the graph from
@@ -74,6 +78,7 @@ def metadata(model: nn.Module, dynamic_size: bool) -> dict[str, str]:
             "vitkit.crop_pct": json.dumps(cfg.crop_pct), "vitkit.interpolation": cfg.interpolation,
             "vitkit.crop_mode": getattr(cfg, "crop_mode", "center"),
             "vitkit.labels": json.dumps(getattr(model, "class_names", None)),
+            "vitkit.task": "segmentation" if hasattr(model, "decode_head") else "classification",
             "vitkit.thresholds": json.dumps(_thresholds(model))}
 
 
@@ -83,10 +88,15 @@ def _thresholds(model: nn.Module) -> list[float] | None:
     return None if values is None else [float(t) for t in values]
 
 
+def _net(model: nn.Module) -> nn.Module:
+    """The network whose architecture decides the sizes an export takes: a segmenter's backbone, or the model."""
+    return getattr(model, "backbone", model)
+
+
 def _is_swin(model: nn.Module) -> bool:
     from vitkit.models.swin import SwinTransformer
 
-    return isinstance(model, SwinTransformer)
+    return isinstance(_net(model), SwinTransformer)
 
 
 def _multiple(model: nn.Module) -> int:
@@ -103,7 +113,7 @@ def min_size(model: nn.Module) -> tuple[int, int]:
 
     def fits(size: int, axis: int) -> bool:
         n = -(-size // p)
-        for i, stage in enumerate(model.layers):
+        for i, stage in enumerate(_net(model).layers):
             n = n if i == 0 else -(-n // 2)
             if n < stage.window[axis]:
                 return False
@@ -117,15 +127,28 @@ def _prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bo
     runs anyway; the fused SDPA node does not survive export's decomposition for windowed attention)."""
     kind = find(model.name)[0]
     if kind not in ("vit", "swin"):
-        raise ExportError(f"export takes ViT and Swin classifiers; {model.name} is a {kind} model")
+        raise ExportError(f"export takes ViT and Swin classifiers and segmenters; {model.name} is a {kind} model")
+    pooled = _pyramid_pooling(model)
+    if dynamic_size and pooled:
+        raise ExportError(f"{model.name}: {pooled} pools to a fixed grid, which ONNX computes for the traced size "
+                          "alone; export it at a fixed size (--fixed-size, and --img-size at training's size)")
     if dynamic_size is None:  # dynamic, except with token merging (see the module docstring): the exporter's
-        # symbolic token counts nest each block's min(r, half the patches)
-        dynamic_size = not getattr(model, "merging", False)
+        # symbolic token counts nest each block's min(r, half the patches); and a pooling pyramid (UperNet's)
+        dynamic_size = not getattr(_net(model), "merging", False) and not pooled
     m = copy.deepcopy(model).float().cpu().eval()
     m.set_attn_backend("math")
     if kind == "vit":
         m.set_dynamic_img_size(dynamic_size)
     return m, dynamic_size
+
+
+def _pyramid_pooling(model: nn.Module) -> str | None:
+    """The first module that pools to a fixed grid larger than 1 x 1 (UperNet's pyramid), whose ONNX form holds the
+    traced size's bins; None without one."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.AdaptiveAvgPool2d) and pair(m.output_size) != (1, 1):
+            return name
+    return None
 
 
 def _dims(model: nn.Module, dynamic_size: bool) -> tuple[dict[int, Any], list[str]]:
@@ -166,7 +189,7 @@ def _check_inputs(model: nn.Module, dynamic_size: bool) -> list[torch.Tensor]:
     shapes = [(1, cfg.in_chans, h, w), (3, cfg.in_chans, h, w)]
     if dynamic_size and _is_swin(model):  # another, non-square size: one more row in the last stage (Swin-T at
         # 224 -> 257: the last stage now shifts), and a narrower width that every stage pads
-        cell, w0 = cfg.patch_size * 2 ** (len(model.layers) - 1), min_size(model)[1]
+        cell, w0 = cfg.patch_size * 2 ** (len(_net(model).layers) - 1), min_size(model)[1]
         shapes.append((2, cfg.in_chans, h + cell + 1, max(w0, w - cfg.patch_size - 1)))
     elif dynamic_size:  # another, non-square multiple of the patch
         p = _multiple(model)

@@ -46,9 +46,12 @@ def read_metadata(path: str, meta: dict[str, str]) -> dict[str, Any]:
         name = key.removeprefix("vitkit.")
         if not key.startswith("vitkit.") or name == "model":
             continue
-        if name in ("interpolation", "crop_mode"):
+        if name in ("interpolation", "crop_mode", "task"):
             if name == "crop_mode" and text not in ("center", "squash"):  # models.config.CROP_MODES (torch-free here)
                 raise CheckpointError(f"{path}: its metadata {key} should be center or squash, got {text[:60]!r}")
+            if name == "task" and text not in ("classification", "segmentation"):
+                raise CheckpointError(f"{path}: its metadata {key} should be classification or segmentation, got "
+                                      f"{text[:60]!r}")
             out[name] = text
             continue
         try:

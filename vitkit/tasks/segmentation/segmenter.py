@@ -13,20 +13,10 @@ from torch import Tensor
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 import vitkit
+from vitkit.evaluation.segmentation import scores
 from vitkit.models.segmentation import build_segmenter
 from vitkit.training.base import TrainingModule
-from vitkit.training.hparams import keep_own_hparams
-
-
-def iou_scores(confusion: Tensor) -> tuple[Tensor, float, float]:
-    """(IoU per class, NaN where a class is in neither the labels nor the predictions; their mean over the other
-    classes, mIoU; pixel accuracy) of a confusion matrix (rows: label, columns: prediction)."""
-    confusion = confusion.double()
-    hits = confusion.diag()
-    union = confusion.sum(0) + confusion.sum(1) - hits
-    iou = torch.where(union > 0, hits / union.clamp(min=1), torch.nan)
-    total = confusion.sum()
-    return iou.float(), float(iou.nanmean()) if (union > 0).any() else 0.0, float(hits.sum() / total) if total else 0.0
+from vitkit.training.hparams import keep_own_hparams, record_config
 
 
 def dice_loss(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
@@ -112,6 +102,11 @@ class Segmenter(TrainingModule):
     def forward(self, x: Tensor) -> Tensor:
         return self.evaluated()(x)
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if checkpoint.get("hyper_parameters") is not None:  # the backbone file's shapes: rebuilt without the file
+            record_config(self.model.backbone, checkpoint["hyper_parameters"])
+
     def train(self, mode: bool = True) -> Segmenter:
         """A frozen backbone stays in eval mode: its drop path and dropout off, as at inference."""
         super().train(mode)
@@ -144,12 +139,12 @@ class Segmenter(TrainingModule):
         self._evaluate(batch, "test")
 
     def _log_scores(self, split: str) -> None:
-        iou, miou, acc = iou_scores(self.confusion[split].compute())  # summed over every rank
+        iou, miou, acc = scores(self.confusion[split].compute().cpu().numpy())  # summed over every rank
         self.confusion[split].reset()
         self.log(f"{split}/mIoU", miou, prog_bar=True, sync_dist=False)
         self.log(f"{split}/pixel_acc", acc, sync_dist=False)
         names = self.hparams.class_names or [str(i) for i in range(len(iou))]
-        for name, value in zip(names, iou.tolist(), strict=True):
+        for name, value in zip(names, iou.tolist(), strict=True):  # NaN: a class in neither
             if value == value:  # a class seen in this split
                 self.log(f"{split}/IoU/{name}", value, sync_dist=False)
 
