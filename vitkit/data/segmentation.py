@@ -2,8 +2,18 @@
 together (random scale, crop and flip for training; a resize for evaluation), up to a uint8 image and an int64
 mask. The image is normalised on the device, as classifiers' batches are.
 
-Layout: ``root/images/<split>/<name>.<jpg|png|...>`` beside ``root/masks/<split>/<name>.png``, a mask holding the
-class index of each pixel (a single-channel PNG) and ``ignore_index`` (255 by default) where no class counts.
+Layouts (``LAYOUTS``):
+
+* ``folder``: ``root/images/<split>/<name>.<jpg|png|...>`` beside ``root/masks/<split>/<name>.png``, a mask holding
+  the class index of each pixel (a single-channel or palette PNG) and ``ignore_index`` (255) where no class counts;
+* ``ade20k``: ADEChallengeData2016 (``images/{training,validation}/*.jpg``, ``annotations/...*.png``): 150 classes
+  stored as 1-150 with 0 for "other", read as 0-149 with 0 -> 255 (mmsegmentation's ``reduce_zero_label``);
+* ``voc``: Pascal VOC 2012 (``JPEGImages/``, ``SegmentationClass/`` palette PNGs, the split's names in
+  ``ImageSets/Segmentation/<split>.txt``): 21 classes, 255 on object borders;
+* ``cityscapes``: ``leftImg8bit/<split>/<city>/*_leftImg8bit.png`` beside
+  ``gtFine/<split>/<city>/*_gtFine_labelTrainIds.png`` (cityscapesscripts' 19 training classes, 255 elsewhere).
+
+The split names are vitkit's (train, val, test); ADE20k's folders are training and validation.
 """
 
 from __future__ import annotations
@@ -23,22 +33,85 @@ from vitkit.models.config import pair
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
-def mask_pairs(root: str | Path, split: str) -> list[tuple[Path, Path]]:
-    """(image, mask) of every image under ``root/images/<split>``, in name order; a missing mask is named."""
-    root = Path(root)
-    images, masks = root / "images" / split, root / "masks" / split
-    if not images.is_dir():
-        raise UsageError(f"{images} is not a folder: segmentation data is root/images/<split>/NAME.jpg beside "
-                         f"root/masks/<split>/NAME.png (split: {split})")
+LAYOUTS = ("folder", "ade20k", "voc", "cityscapes")
+LAYOUT_CLASSES = {"ade20k": 150, "voc": 21, "cityscapes": 19}
+VOC_CLASSES = ["background", "aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow",
+               "diningtable", "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train",
+               "tvmonitor"]
+CITYSCAPES_CLASSES = ["road", "sidewalk", "building", "wall", "fence", "pole", "traffic light", "traffic sign",
+                      "vegetation", "terrain", "sky", "person", "rider", "car", "truck", "bus", "train", "motorcycle",
+                      "bicycle"]
+LAYOUT_NAMES = {"voc": VOC_CLASSES, "cityscapes": CITYSCAPES_CLASSES}
+
+
+def _paired(images: list[Path], mask_of, where: Path) -> list[tuple[Path, Path]]:
     pairs = []
-    for image in sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
-        mask = masks / f"{image.stem}.png"
+    for image in images:
+        mask = mask_of(image)
         if not mask.is_file():
             raise UsageError(f"{image} has no mask: expected {mask}")
         pairs.append((image, mask))
     if not pairs:
-        raise UsageError(f"{images} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        raise UsageError(f"{where} holds no images ({', '.join(IMAGE_SUFFIXES)})")
     return pairs
+
+
+def _folder(root: Path, split: str) -> list[tuple[Path, Path]]:
+    images, masks = root / "images" / split, root / "masks" / split
+    if not images.is_dir():
+        raise UsageError(f"{images} is not a folder: segmentation data is root/images/<split>/NAME.jpg beside "
+                         f"root/masks/<split>/NAME.png (split: {split}), or --data.layout ade20k, voc or cityscapes")
+    files = sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    return _paired(files, lambda image: masks / f"{image.stem}.png", images)
+
+
+def _ade20k(root: Path, split: str) -> list[tuple[Path, Path]]:
+    folder = {"train": "training", "val": "validation"}.get(split, split)
+    images = root / "images" / folder
+    if not images.is_dir():
+        raise UsageError(f"{images} is not a folder: ADE20k is ADEChallengeData2016/images/{{training,validation}} "
+                         "beside annotations/ (--data.root is the ADEChallengeData2016 folder)")
+    files = sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    return _paired(files, lambda image: root / "annotations" / folder / f"{image.stem}.png", images)
+
+
+def _voc(root: Path, split: str) -> list[tuple[Path, Path]]:
+    listing = root / "ImageSets" / "Segmentation" / f"{split}.txt"
+    if not listing.is_file():
+        raise UsageError(f"{listing} is not there: Pascal VOC is VOC2012/ImageSets/Segmentation/<split>.txt beside "
+                         "JPEGImages/ and SegmentationClass/ (--data.root is the VOC2012 folder)")
+    names = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
+    return _paired([root / "JPEGImages" / f"{n}.jpg" for n in names],
+                   lambda image: root / "SegmentationClass" / f"{image.stem}.png", listing)
+
+
+def _cityscapes(root: Path, split: str) -> list[tuple[Path, Path]]:
+    images = root / "leftImg8bit" / split
+    if not images.is_dir():
+        raise UsageError(f"{images} is not a folder: Cityscapes is leftImg8bit/<split>/<city>/ beside gtFine/ "
+                         "(--data.root is the folder that holds both)")
+    files = sorted(images.glob("*/*_leftImg8bit.png"))
+
+    def mask_of(image: Path) -> Path:
+        stem = image.name.removesuffix("_leftImg8bit.png")
+        return root / "gtFine" / split / image.parent.name / f"{stem}_gtFine_labelTrainIds.png"
+
+    return _paired(files, mask_of, images)
+
+
+def mask_pairs(root: str | Path, split: str, layout: str = "folder") -> list[tuple[Path, Path]]:
+    """(image, mask) of every image of ``split`` in ``layout``, in name order; a missing mask is named."""
+    if layout not in LAYOUTS:
+        raise UsageError(f"--data.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    return {"folder": _folder, "ade20k": _ade20k, "voc": _voc, "cityscapes": _cityscapes}[layout](Path(root), split)
+
+
+def has_split(root: str | Path, split: str, layout: str) -> bool:
+    """Whether ``split`` is there in ``layout`` (a test split is optional)."""
+    root = Path(root)
+    return {"folder": root / "images" / split, "ade20k": root / "images" / split,
+            "voc": root / "ImageSets" / "Segmentation" / f"{split}.txt",
+            "cityscapes": root / "leftImg8bit" / split}[layout].exists()
 
 
 def read_mask(path: Path) -> Image.Image:
@@ -93,12 +166,18 @@ def _indices(mask: Image.Image) -> Tensor:
     return torch.from_numpy(np.array(mask, dtype=np.int64))
 
 
+def reduce_zero_label(mask: Image.Image) -> Image.Image:
+    """ADE20k's masks: 0 ("other") -> 255, every class one lower (1-150 -> 0-149)."""
+    values = np.array(mask, dtype=np.int64)
+    return Image.fromarray(np.where(values == 0, 255, values - 1).astype(np.uint8))
+
+
 class MaskFolder(Dataset):
     """The (image, mask) pairs of one split: (uint8 (3, H, W), int64 (H, W)) after ``transform``, which draws from
     Python's generator (seeded per loader worker by PyTorch, as torchvision's transforms draw from torch's)."""
 
-    def __init__(self, root: str | Path, split: str, transform: JointTransform) -> None:
-        self.pairs, self.transform = mask_pairs(root, split), transform
+    def __init__(self, root: str | Path, split: str, transform: JointTransform, layout: str = "folder") -> None:
+        self.pairs, self.transform, self.layout = mask_pairs(root, split, layout), transform, layout
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -110,4 +189,5 @@ class MaskFolder(Dataset):
             image.load()
         except OSError as e:
             raise UsageError(f"{image_path} is not an image PIL can read ({e})") from None
-        return self.transform(image, read_mask(mask_path), random)
+        mask = read_mask(mask_path)
+        return self.transform(image, reduce_zero_label(mask) if self.layout == "ade20k" else mask, random)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
-from .hparams import gather_rng_states, restore_rng_states, seed_rank
+from .hparams import gather_rng_states, keep_own_hparams, restore_rng_states, seed_rank
 from .optim import ScheduledLR, build_adamw, build_sgd, warmup_cosine
 from .sharding import check_gradients_sync, data_parallel_mesh, shard
 
@@ -154,6 +155,13 @@ class TrainingModule(L.LightningModule):
         probe), which an average begun at construction would only take in step by step."""
         if self.ema is not None:
             self.ema.module.load_state_dict(self.model.state_dict())
+
+    def keep_arguments(self) -> None:
+        """The first line of every module's ``__init__``: its arguments saved as hyper-parameters (the caller's own
+        only: the CLI links foreign ones in), and its ``nonfinite_loss`` checked."""
+        self.save_hyperparameters(frame=inspect.currentframe().f_back)
+        keep_own_hparams(self)
+        self.check_nonfinite(self.hparams.nonfinite_loss)
 
     @staticmethod
     def check_nonfinite(value: str) -> None:

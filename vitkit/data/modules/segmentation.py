@@ -3,11 +3,9 @@ Batches cross to the device as uint8 images and int64 masks; the images are norm
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from torch import Tensor
 
-from vitkit.data.segmentation import JointTransform, MaskFolder
+from vitkit.data.segmentation import LAYOUT_CLASSES, LAYOUT_NAMES, LAYOUTS, JointTransform, MaskFolder, has_split
 from vitkit.data.transforms import data_config, device_batch
 
 from .images import _TrainValLoaders
@@ -20,10 +18,11 @@ class SegmentationDataModule(_TrainValLoaders):
     have it).
 
     Args:
-        root: the folder that holds ``images/`` and ``masks/``.
+        root: the folder that holds ``images/`` and ``masks/`` (or the dataset's folder, for another ``layout``).
         num_classes: the classes the masks index (0 to num_classes - 1); other values than ``ignore_index`` are
-            refused when a batch holds them.
-        classes: the classes' names, in index order (default "0", "1", ...).
+            refused when a batch holds them. Default: the layout's (ADE20k 150, VOC 21, Cityscapes 19).
+        classes: the classes' names, in index order (default: VOC's and Cityscapes' own, else "0", "1", ...).
+        layout: ``folder``, ``ade20k``, ``voc`` or ``cityscapes`` (``vitkit/data/segmentation.py``).
         ignore_index: the mask value of pixels no class counts (255, the ADE20k / VOC / Cityscapes convention).
         img_size: the crop the model trains on and the size it evaluates at, one int or (H, W).
         scale: the range of the training resize (the shorter side over ``img_size``), as mmsegmentation's
@@ -33,15 +32,20 @@ class SegmentationDataModule(_TrainValLoaders):
         mean, std: normalisation; default the preset's (``model_name``, linked from the model).
     """
 
-    def __init__(self, root: str, num_classes: int, classes: list[str] | None = None, ignore_index: int = 255,
+    def __init__(self, root: str, num_classes: int | None = None, classes: list[str] | None = None,
+                 layout: str = "folder", ignore_index: int = 255,
                  img_size: int | tuple[int, int] = 224, batch_size: int = 8, num_workers: int | None = None,
                  model_name: str | None = None, scale: tuple[float, float] = (0.5, 2.0), hflip: float = 0.5,
                  color_jitter: float = 0.0, mean: tuple[float, ...] | None = None,
                  std: tuple[float, ...] | None = None, pin_memory: bool = True) -> None:
         super().__init__()
         self.save_hyperparameters()
-        if num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        num_classes = LAYOUT_CLASSES.get(layout) if num_classes is None else num_classes
+        if num_classes is None or num_classes < 1:
+            raise ValueError(f"give --data.num_classes, the classes the masks index (1 or more), got {num_classes}")
+        classes = classes if classes is not None else LAYOUT_NAMES.get(layout)
         if classes is not None and len(classes) != num_classes:
             raise ValueError(f"classes names {len(classes)} classes; num_classes is {num_classes}")
         self.num_classes = num_classes
@@ -55,10 +59,10 @@ class SegmentationDataModule(_TrainValLoaders):
         hp = self.hparams
         train = JointTransform(hp.img_size, True, hp.ignore_index, tuple(hp.scale), hp.hflip, hp.color_jitter)
         evaluate = JointTransform(hp.img_size, False, hp.ignore_index)
-        self.train_set = MaskFolder(hp.root, "train", train)
-        self.val_set = MaskFolder(hp.root, "val", evaluate)
-        has_test = (Path(hp.root) / "images" / "test").is_dir()
-        self.test_set = MaskFolder(hp.root, "test", evaluate) if has_test else None
+        self.train_set = MaskFolder(hp.root, "train", train, hp.layout)
+        self.val_set = MaskFolder(hp.root, "val", evaluate, hp.layout)
+        has_test = has_split(hp.root, "test", hp.layout)
+        self.test_set = MaskFolder(hp.root, "test", evaluate, hp.layout) if has_test else None
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         x, y = batch

@@ -19,7 +19,7 @@ from vitkit.evaluation.metrics import Predictions
 from vitkit.lora import DEFAULTS as LORA
 from vitkit.lora import LoraSettings, add_lora, settings_of
 from vitkit.training.base import EMA, TrainingModule
-from vitkit.training.hparams import keep_own_hparams, record_config
+from vitkit.training.hparams import record_config
 
 from .distill import (
     Distillation,
@@ -207,9 +207,7 @@ class ImageClassifier(TrainingModule):
         lora_lr_scale: float = 10.0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        keep_own_hparams(self)
-        self.check_nonfinite(nonfinite_loss)
+        self.keep_arguments()
         check_multi_label(multi_label, multi_label_loss, thresholds, teacher, distillation)
         self.distillation = check_distillation(distillation, teacher, distill_alpha, distill_tau)
         self.model = _build_model(model_name, pretrained, checkpoint, num_classes, img_size, model_overrides)

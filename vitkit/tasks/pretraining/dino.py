@@ -25,7 +25,7 @@ import vitkit
 from vitkit.data.multicrop import MultiCrop
 from vitkit.models.dino import DINO, DINOConfig
 from vitkit.training.base import TrainingModule
-from vitkit.training.hparams import keep_own_hparams, record_config
+from vitkit.training.hparams import record_config
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,7 @@ class DINOPretraining(TrainingModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        keep_own_hparams(self)
-        self.check_nonfinite(nonfinite_loss)
+        self.keep_arguments()
         self.model = self._build()
         self.global_size, self.local_size = self._crop_sizes(global_size, local_size)
         self.multicrop = MultiCrop(global_size=self.global_size, local_size=self.local_size,

@@ -20,7 +20,6 @@ from torch import Tensor
 import vitkit
 from vitkit.tools.plots import draw_reconstructions
 from vitkit.training.base import TrainingModule
-from vitkit.training.hparams import keep_own_hparams
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +90,7 @@ class MaskedImageModeling(TrainingModule):
         num_pictures: int = 8,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        keep_own_hparams(self)
-        self.check_nonfinite(nonfinite_loss)
+        self.keep_arguments()
         if vitkit.family(model_name) not in ("vit", "swin"):
             raise ValueError(f"masked image modeling pre-trains a ViT or a Swin preset, got {model_name!r}")
         overrides = dict(model_overrides or {})

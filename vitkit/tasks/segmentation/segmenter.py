@@ -16,7 +16,7 @@ import vitkit
 from vitkit.evaluation.segmentation import scores
 from vitkit.models.segmentation import build_segmenter
 from vitkit.training.base import TrainingModule
-from vitkit.training.hparams import keep_own_hparams, record_config
+from vitkit.training.hparams import record_config
 
 
 def dice_loss(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
@@ -79,9 +79,7 @@ class Segmenter(TrainingModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        keep_own_hparams(self)
-        self.check_nonfinite(nonfinite_loss)
+        self.keep_arguments()
         if num_classes is None or num_classes < 1:
             raise ValueError(f"num_classes must be >= 1 (the data module gives it), got {num_classes}")
         overrides = dict(model_overrides or {})

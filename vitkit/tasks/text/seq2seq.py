@@ -17,7 +17,6 @@ from torchmetrics.text import BLEUScore
 import vitkit
 from vitkit.data.text import Tokenizer
 from vitkit.training.base import TrainingModule
-from vitkit.training.hparams import keep_own_hparams
 from vitkit.training.optim import inverse_sqrt
 from vitkit.training.sharding import gathered
 
@@ -60,9 +59,7 @@ class Seq2SeqModule(TrainingModule):
         nonfinite_loss: Literal["stop", "skip"] = "stop",
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
-        keep_own_hparams(self)
-        self.check_nonfinite(nonfinite_loss)
+        self.keep_arguments()
         self.model = vitkit.create_model(model_name, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
                                          **(model_overrides or {}))
         self.tgt_tokenizer = Tokenizer.from_dict(tokenizers["tgt"]) if tokenizers else None
