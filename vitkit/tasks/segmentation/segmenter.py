@@ -92,7 +92,7 @@ class Segmenter(TrainingModule):
         self.model = build_segmenter(backbone, head, num_classes, indices, **(head_args or {}))
         self.hparams.indices = self.model.indices  # what ran, for the checkpoint
         if freeze_backbone:
-            self.model.backbone.requires_grad_(False)
+            self.model.backbone.requires_grad_(False).eval()
         self.confusion = torch.nn.ModuleDict({s: MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
                                               for s in ("val", "test")})
         self.make_ema(ema_decay)
