@@ -135,6 +135,9 @@ def test_folders_that_are_not_segmentation_data_end_in_one_line(tmp_path):
     assert error_line_of(base) == f"error: {data}/images/val/0001.png has no mask: expected {data}/masks/val/0001.png"
     Image.new("RGB", (64, 64)).save(data / "masks" / "val" / "0001.png")
     assert "is a RGB image; a mask holds one class index per pixel" in error_line_of(base)
+    Image.new("L", (64, 32)).save(data / "masks" / "val" / "0001.png")
+    assert error_line_of(base).endswith("0001.png is 64x32, its image " + str(data / "images" / "val" / "0001.png")
+                                        + " 64x64: a mask has its image's size")
     Image.new("L", (64, 64), color=12).save(data / "masks" / "val" / "0001.png")
     Image.new("L", (64, 64), color=12).save(data / "masks" / "train" / "0000.png")
     Image.new("L", (64, 64), color=12).save(data / "masks" / "train" / "0001.png")

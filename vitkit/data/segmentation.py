@@ -114,13 +114,32 @@ def has_split(root: str | Path, split: str, layout: str) -> bool:
             "cityscapes": root / "leftImg8bit" / split}[layout].exists()
 
 
+MASK_MODES = ("L", "P", "I", "I;16")  # the pixel's value is its class index
+
+
 def read_mask(path: Path) -> Image.Image:
     """A mask PNG as class indices (mode ``L``, ``P`` or ``I;16``: the index is the pixel's value, not a colour)."""
     mask = Image.open(path)
-    if mask.mode not in ("L", "P", "I", "I;16"):
+    if mask.mode not in MASK_MODES:
         raise UsageError(f"{path} is a {mask.mode} image; a mask holds one class index per pixel (a single-channel "
-                         "or palette PNG)")
+                         "or palette PNG): map each colour of a colour mask to its class index and save the indices "
+                         "(PIL: Image.fromarray(indices.astype('uint8')).save(path))")
     return mask
+
+
+def check_pairs(pairs: list[tuple[Path, Path]]) -> None:
+    """Every pair's headers, before training: an image PIL cannot open, a mask that is not class indices, or a mask
+    of another size than its image is named (the values are checked as batches arrive)."""
+    for image_path, mask_path in pairs:
+        try:
+            with Image.open(image_path) as image, Image.open(mask_path) as mask:
+                if mask.mode not in MASK_MODES:
+                    read_mask(mask_path)  # its one-line refusal
+                if image.size != mask.size:
+                    raise UsageError(f"{mask_path} is {mask.size[0]}x{mask.size[1]}, its image {image_path} "
+                                     f"{image.size[0]}x{image.size[1]}: a mask has its image's size")
+        except OSError as e:
+            raise UsageError(f"cannot read {image_path} or its mask {mask_path}: {e}") from None
 
 
 class JointTransform:

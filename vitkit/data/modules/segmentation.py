@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from vitkit.data.segmentation import LAYOUT_CLASSES, LAYOUT_NAMES, LAYOUTS, JointTransform, MaskFolder, has_split
+from vitkit.data.segmentation import (
+    LAYOUT_CLASSES,
+    LAYOUT_NAMES,
+    LAYOUTS,
+    JointTransform,
+    MaskFolder,
+    check_pairs,
+    has_split,
+)
 from vitkit.data.transforms import data_config, device_batch
 
 from .images import _TrainValLoaders
@@ -63,6 +71,9 @@ class SegmentationDataModule(_TrainValLoaders):
         self.val_set = MaskFolder(hp.root, "val", evaluate, hp.layout)
         has_test = has_split(hp.root, "test", hp.layout)
         self.test_set = MaskFolder(hp.root, "test", evaluate, hp.layout) if has_test else None
+        for ds in (self.train_set, self.val_set, self.test_set):  # before training: the CLI sets up first
+            if ds is not None:
+                check_pairs(ds.pairs)
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         x, y = batch
