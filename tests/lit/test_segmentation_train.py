@@ -62,22 +62,23 @@ def _brightness_rule(data: Path) -> float:
 
 @pytest.mark.slow
 def test_upernet_learns_digit_masks_on_the_digits_backbone(digits_run, tmp_path, capsys):
-    """From the demo's trained ViT, six epochs of UperNet on 300 images: mIoU above its first validation's and above a
-    per-pixel brightness rule's; the logged mIoU is numpy's count over what the model predicts, and `vitkit
-    predict`, `evaluate` and `export` give the same model's masks and scores."""
+    """From the demo's trained ViT, six epochs of UperNet on 300 images of three digits: mIoU well above its first
+    validation's and a per-pixel brightness rule's; the logged mIoU is numpy's count over what the model
+    predicts, and `vitkit predict`, `evaluate` and `export` give the same model's masks and scores."""
     data = write_digit_masks(tmp_path / "data")
     backbone = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
     run = cli_main(["fit", "-c", "seg_linear_probe", "--model.freeze_backbone", "false", "--model.head", "upernet",
                     "--model.head_args", '{"channels": 64}', "--model.model_name", "vit_tiny_patch16_224",
                     "--model.model_overrides", TINY_DIGITS_VIT, "--model.checkpoint", str(backbone), "--model.lr",
-                    "2e-3", "--data.root", str(data), "--data.num_classes", "11", "--data.classes", str(CLASSES),
+                    "2e-3", "--data.root", str(data), "--data.num_classes", str(len(CLASSES)), "--data.classes",
+                    str(CLASSES),
                     "--data.img_size", "64", "--data.batch_size", "16", "--data.num_workers", "0", "--data.scale",
                     "[0.8, 1.25]", "--trainer.max_epochs", "6", "--trainer.accelerator", "cpu", "--trainer.devices",
                     "1", "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
                     "--trainer.default_root_dir", str(tmp_path / "run")])
     rows = [r for r in csv.DictReader(open(Path(run.trainer.logger.log_dir) / "metrics.csv")) if r.get("val/mIoU")]
     first, logged = float(rows[0]["val/mIoU"]), float(rows[-1]["val/mIoU"])
-    assert logged > max(first, _brightness_rule(data)) + 0.01, (first, logged, _brightness_rule(data))
+    assert logged > max(first, _brightness_rule(data)) + 0.08, (first, logged, _brightness_rule(data))
 
     model = run.model.eval()
     dm = run.datamodule
