@@ -372,9 +372,8 @@ def load_segmenter(path: str | os.PathLike) -> SegmentationModel:
     found = transformers_upernet(path)
     backbone = create_model(found.preset, num_classes=0, **found.overrides)
     classes = found.state_dict["decode_head.conv_seg.weight"].shape[0]
-    head_args = dict(found.head_args)
-    model = build_segmenter(backbone, found.head, classes, auxiliary=found.auxiliary,
-                            aux_args=head_args.pop("aux", None), **head_args)
+    model = build_segmenter(backbone, found.head, classes, auxiliary=found.auxiliary, aux_args=found.aux_args,
+                            **found.head_args)
     model.load_state_dict(found.state_dict)
     model.class_names = found.class_names
     return model

@@ -81,5 +81,9 @@ def test_a_layout_or_class_count_that_is_not_there_is_named(tmp_path):
         SegmentationDataModule(str(tmp_path), layout="coco")
     with pytest.raises(ValueError, match="give --data.num_classes"):
         SegmentationDataModule(str(tmp_path))
+    with pytest.raises(ValueError, match=r"scale must be \[low, high\] with 0 < low <= high .*got \[2.0, 0.5\]"):
+        SegmentationDataModule(str(tmp_path), num_classes=3, scale=(2.0, 0.5))
+    with pytest.raises(ValueError, match="hflip must be in"):
+        SegmentationDataModule(str(tmp_path), num_classes=3, hflip=1.5)
     with pytest.raises(UsageError, match="ImageSets/Segmentation/train.txt is not there: Pascal VOC is"):
         SegmentationDataModule(str(tmp_path), layout="voc").setup("fit")

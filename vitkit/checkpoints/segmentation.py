@@ -29,6 +29,7 @@ class SegmenterFile:
     head_args: dict[str, Any]
     state_dict: dict[str, Tensor]
     auxiliary: bool = False
+    aux_args: dict[str, Any] = field(default_factory=dict)
     class_names: list[str] = field(default_factory=list)
 
 
@@ -73,13 +74,11 @@ def transformers_upernet(folder: str | os.PathLike) -> SegmenterFile:
     preset, overrides = preset_for(backbone)
     head_args = dict(channels=config.get("hidden_size", 512),
                      pool_scales=tuple(config.get("pool_scales", (1, 2, 3, 6))))
-    if aux:
-        head_args["aux"] = dict(channels=config.get("auxiliary_channels", 256),
-                                num_convs=config.get("auxiliary_num_convs", 1),
-                                concat_input=config.get("auxiliary_concat_input", False))
+    aux_args = dict(channels=config.get("auxiliary_channels", 256), num_convs=config.get("auxiliary_num_convs", 1),
+                    concat_input=config.get("auxiliary_concat_input", False)) if aux else {}
     labels = config.get("id2label") or {}
     names = [labels[k] for k in sorted(labels, key=int)] if labels else []
-    return SegmenterFile(preset, overrides, "upernet", head_args, sd, aux, names)
+    return SegmenterFile(preset, overrides, "upernet", head_args, sd, aux, aux_args, names)
 
 
 def dinov2_linear_head(path: str | os.PathLike, embed_dim: int) -> tuple[dict[str, Tensor], int]:

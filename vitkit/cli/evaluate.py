@@ -259,7 +259,7 @@ def _evaluate_segmentation(p: ArgumentParser, cfg, explicit: set[str], device: t
     for key, value in (("ignore_index", hp.ignore_index), ("classes", names)):
         if key not in explicit and key in init:
             init[key] = value
-    dm = _data(p, cfg, {**prep, "crop_pct": None, "interpolation": None, "crop_mode": None}, explicit, False)
+    dm = _data(p, cfg, prep, explicit, False)  # SegmentationDataModule takes img_size, mean and std of these
     if dm.num_classes != net.num_classes:
         raise ValueError(f"the model has {net.num_classes} classes and the data {dm.num_classes}: evaluate it on "
                          "masks of its own classes")

@@ -229,6 +229,10 @@ def build_segmenter(backbone: nn.Module, head: str, num_classes: int, indices: S
     if indices is None:
         four = [n // 4 - 1, n // 2 - 1, 3 * n // 4 - 1, n - 1]  # 12 blocks: 2, 5, 8, 11 (DPT's)
         indices = list(range(n)) if hierarchical else [n - 1] if head == "linear" else four
+    wrong = [i for i in indices if not -n <= i < n]
+    if wrong:
+        raise ValueError(f"indices {wrong} are not layers of {getattr(backbone, 'name', 'the backbone')}, which has "
+                         f"{n} (0 to {n - 1}, or -1 for the last)")
     indices = [i % n for i in indices]  # -1: the last
     chs = [backbone.feature_info[i]["num_chs"] for i in indices]
     decode = HEADS[head](chs, num_classes, **head_args)

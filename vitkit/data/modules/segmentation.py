@@ -50,6 +50,13 @@ class SegmentationDataModule(_TrainValLoaders):
         self.save_hyperparameters()
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        if not (len(scale) == 2 and 0 < scale[0] <= scale[1]):
+            raise ValueError(f"scale must be [low, high] with 0 < low <= high (the training resize over img_size), got "
+                             f"{list(scale)}")
+        if not 0 <= hflip <= 1 or not 0 <= color_jitter < 1:
+            raise ValueError(f"hflip must be in [0, 1] and color_jitter in [0, 1), got {hflip} and {color_jitter}")
+        if not 0 <= ignore_index <= 65535:
+            raise ValueError(f"ignore_index must be a mask value, 0 to 65535 (255 by default), got {ignore_index}")
         num_classes = LAYOUT_CLASSES.get(layout) if num_classes is None else num_classes
         if num_classes is None or num_classes < 1:
             raise ValueError(f"give --data.num_classes, the classes the masks index (1 or more), got {num_classes}")

@@ -80,6 +80,9 @@ class Segmenter(TrainingModule):
     ) -> None:
         super().__init__()
         self.keep_arguments()
+        if aux_weight < 0 or dice_weight < 0:
+            raise ValueError(f"aux_weight and dice_weight must be >= 0 (0: no such term), got {aux_weight} and "
+                             f"{dice_weight}")
         if num_classes is None or num_classes < 1:
             raise ValueError(f"num_classes must be >= 1 (the data module gives it), got {num_classes}")
         overrides = dict(model_overrides or {})
