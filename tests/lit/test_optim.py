@@ -5,7 +5,8 @@ import torch
 
 import vitkit
 from vitkit.lit import EMA
-from vitkit.training.optim import build_adamw, inverse_sqrt, layer_ids, param_groups, warmup_cosine
+from vitkit.training.base import WarmupSchedule
+from vitkit.training.optim import build_adamw, inverse_sqrt, layer_ids, param_groups, warmup_cosine, warmup_poly
 
 
 def test_no_weight_decay_on_norms_biases_positions_and_tokens():
@@ -116,6 +117,20 @@ def test_warmup_then_cosine():
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))
     assert lrs[60] == pytest.approx(0.01 + 0.99 * 0.5)
     assert warmup_cosine(110, 10, 110, 0.01) == pytest.approx(0.01)
+
+
+def test_warmup_then_poly_is_mmsegmentations_poly_lr():
+    """mmsegmentation's PolyLR after the warmup: (1 - progress) ** 0.9 of the way from 1 down to the floor."""
+    lrs = [warmup_poly(s, 10, 110, 0.01) for s in range(111)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0) and lrs[10] == pytest.approx(1.0)
+    assert all(a > b for a, b in zip(lrs[10:], lrs[11:], strict=False))
+    assert lrs[60] == pytest.approx(0.01 + 0.99 * 0.5 ** 0.9) and lrs[110] == pytest.approx(0.01)
+    schedule = WarmupSchedule(1.0, 0.01, "poly")
+    assert schedule(5) == 1.0  # before fit gives the run's length
+    schedule.set_length(110, max_epochs=11)  # 10 steps an epoch: one epoch of warmup
+    assert [schedule(s) for s in range(110)] == pytest.approx(lrs[:110])
+    with pytest.raises(ValueError, match="schedule must be one of cosine, poly, got 'step'"):
+        WarmupSchedule(1.0, 0.0, "step")
 
 
 def test_inverse_sqrt_peaks_at_warmup():

@@ -144,3 +144,92 @@ def test_folders_that_are_not_segmentation_data_end_in_one_line(tmp_path):
     Image.new("L", (64, 64), color=12).save(data / "masks" / "train" / "0001.png")
     assert "a mask holds class 12; SegmentationDataModule" in error_line_of(base)
     assert "has 11 classes (0 to 10) and ignore_index 255" in error_line_of(base)
+
+
+def test_the_patch_probe_is_scikit_learns_logistic_regression():
+    """With one class per patch, the soft-target regression is scikit-learn's multinomial LogisticRegression at C=1
+    on standardised features; folded into the linear head, the head gives its probabilities."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from vitkit.models.segmentation import LinearHead
+    from vitkit.tasks.segmentation.probe import fit_soft_logistic, set_linear_head
+
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(3, 6, generator=g) * 2
+    y = torch.randint(0, 3, (400,), generator=g)
+    x = (centres[y] + torch.randn(400, 6, generator=g) * 1.5 + torch.tensor([5.0, -3, 0, 0, 10, 1])).double()
+    weight, bias, mean, std = fit_soft_logistic(x, torch.nn.functional.one_hot(y, 3).float())
+    scaler = StandardScaler().fit(x.numpy())
+    peer = LogisticRegression(C=1.0, max_iter=5000, tol=1e-10).fit(scaler.transform(x.numpy()), y.numpy())
+    expected = peer.predict_proba(scaler.transform(x.numpy()))
+    head = LinearHead([6], 3).eval()
+    set_linear_head(head, weight, bias, mean, std)
+    with torch.no_grad():
+        ours = head([x.float().T.reshape(1, 6, 20, 20)]).softmax(1).reshape(3, 400).T.double()
+    np.testing.assert_allclose(ours.numpy(), expected, atol=1e-4)
+    assert not np.allclose(expected, 1 / 3, atol=0.1)  # the classes are told apart: a regression that moved
+
+
+@pytest.mark.slow
+def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_run, tmp_path, capsys):
+    """The small-data recipe with LoRA on 60 images: the linear head fitted on the frozen patch features before the
+    first step scores well above a brightness rule; `vitkit evaluate` of `probe.ckpt` gives the logged baseline; the
+    run's best is never below it; only the adapters and the head trained."""
+    data = write_digit_masks(tmp_path / "data", train=60, val=60)
+    backbone = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    run = cli_main(["fit", "-c", "seg_finetune_small_data", "--model.model_name", "vit_tiny_patch16_224",
+                    "--model.model_overrides", TINY_DIGITS_VIT, "--model.checkpoint", str(backbone),
+                    "--model.lora_rank", "4", "--data.root", str(data), "--data.num_classes", str(len(CLASSES)),
+                    "--data.img_size", "64", "--data.batch_size", "16", "--data.num_workers", "0",
+                    "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
+                    "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run")])
+    probe = run.model.probe_baseline
+    assert probe > _brightness_rule(data) + 0.08, (probe, _brightness_rule(data))
+    rows = list(csv.DictReader(open(Path(run.trainer.logger.log_dir) / "metrics.csv")))
+    assert [float(r["val/probe_baseline"]) for r in rows if r.get("val/probe_baseline")] == [pytest.approx(probe)]
+    callback = run.trainer.checkpoint_callback
+    assert float(callback.best_model_score) >= probe - 1e-6  # a float32 score: the probe itself where it stands
+    folder = Path(callback.dirpath)
+    status, err = run_cli(["evaluate", "--checkpoint", str(folder / "probe.ckpt"), "--data.root", str(data), "-o",
+                           str(tmp_path / "eval")], capsys)
+    assert status == 0, err
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text())["mIoU"] == pytest.approx(probe, abs=1e-6)
+
+    last = float([r["val/mIoU"] for r in rows if r.get("val/mIoU")][-1])
+    status, err = run_cli(["evaluate", "--checkpoint", str(folder / "last.ckpt"), "--data.root", str(data), "-o",
+                           str(tmp_path / "eval_last")], capsys)  # the run's model: the average it validated
+    assert status == 0, err
+    assert json.loads((tmp_path / "eval_last" / "metrics.json").read_text())["mIoU"] == pytest.approx(last, abs=1e-6)
+    image = sorted((data / "images" / "val").glob("*.png"))[0]
+    assert run_cli(["export", str(folder / "last.ckpt"), "-o", str(tmp_path / "seg.onnx")], capsys)[0] == 0
+    for source, out in ((["--checkpoint", str(folder / "last.ckpt")], "torch"), (["--onnx", str(tmp_path / "seg.onnx")],
+                                                                                   "onnx")):
+        status, err = run_cli(["predict", str(image), *source, "-o", str(tmp_path / out)], capsys)
+        assert status == 0, err
+    torch_mask, onnx_mask = (np.array(Image.open(tmp_path / out / f"{image.stem}_mask.png"))
+                             for out in ("torch", "onnx"))
+    assert torch_mask.shape == (64, 64) and (torch_mask != onnx_mask).mean() < 0.002  # the same model, in onnxruntime
+
+    from vitkit.lit import Segmenter
+
+    start = Segmenter.load_from_checkpoint(folder / "probe.ckpt").state_dict()
+    end = Segmenter.load_from_checkpoint(folder / "last.ckpt").state_dict()
+    moved = {k for k in end if k.startswith("model.") and not torch.equal(end[k], start[k])}
+    assert moved and all(".lora_" in k or k.startswith("model.decode_head.") for k in moved), sorted(moved)
+    assert any(".lora_" in k for k in moved)
+
+
+def test_the_upernet_swin_recipe_runs_with_its_poly_schedule(tmp_path):
+    """`upernet_swin` on a tiny Swin: two steps with the auxiliary head's loss, the LR decaying by poly."""
+    data = write_digit_masks(tmp_path / "data", train=8, val=4)
+    run = cli_main(["fit", "-c", "upernet_swin", "--model.model_overrides", '{"embed_dim": 16, "depths": [1, 1, 1, 1], '
+                    '"num_heads": [1, 1, 1, 1], "window_size": 2}', "--model.head_args", '{"channels": 16}',
+                    "--data.root", str(data), "--data.num_classes", str(len(CLASSES)), "--data.img_size", "64",
+                    "--data.batch_size", "4", "--data.num_workers", "0", "--trainer.max_steps", "2",
+                    "--trainer.limit_val_batches", "1", "--trainer.accelerator", "cpu",
+                    "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
+                    "--trainer.default_root_dir", str(tmp_path / "run")])
+    scheduler = run.trainer.lr_scheduler_configs[0].scheduler
+    assert run.trainer.global_step == 2 and run.model.model.auxiliary_head is not None
+    assert scheduler.schedule.decay == "poly" and scheduler.schedule.total == 2

@@ -179,3 +179,19 @@ def test_a_vit_segmenter_exports_to_onnx_at_any_size_and_upernet_at_its_own(tmp_
     upernet = build_segmenter(backbone, "upernet", 4, channels=16).eval()
     with pytest.raises(ExportError, match="pools to a fixed grid"):
         export_onnx(upernet, tmp_path / "upernet.onnx", dynamic_size=True)
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "swin_tiny_patch4_window7_224"])
+def test_layer_decay_ranks_a_segmenters_backbone_as_the_backbone_alone(name):
+    """The segmenter's layer groups are its backbone's under ``backbone.``; the heads rank with the last layer, and
+    the backbone's names without weight decay keep none."""
+    from vitkit.training.optim import layer_ids, param_groups
+
+    backbone = vitkit.create_model(name, num_classes=0, **({"depth": 2} if name.startswith("vit") else {}))
+    model = build_segmenter(backbone, "upernet", 3, channels=16)
+    ids, alone = layer_ids(model), layer_ids(backbone)
+    assert {k: ids[f"backbone.{k}"] for k in alone} == alone
+    top = max(ids.values())
+    assert top == max(alone.values()) + 1 and {ids[k] for k in ids if not k.startswith("backbone.")} == {top}
+    names = {n for g in param_groups(model, 0.05, 0.75) if g["weight_decay"] == 0 for n in g["names"]}
+    assert {f"backbone.{n}" for n in backbone.no_weight_decay()} & set(ids) <= names

@@ -250,7 +250,7 @@ def _evaluate_segmentation(p: ArgumentParser, cfg, explicit: set[str], device: t
     from vitkit.lit import Segmenter
 
     module = Segmenter.load_from_checkpoint(cfg.checkpoint, map_location="cpu").eval().to(device)
-    net, hp = module.model, module.hparams
+    net, hp = module.evaluated(), module.hparams  # the run's model: its EMA where that is what it validated
     names = list(hp.class_names or [str(i) for i in range(net.num_classes)])
     h, w = pair(net.backbone.cfg.img_size)
     prep = {"img_size": h if h == w else (h, w), "mean": tuple(net.backbone.cfg.mean),

@@ -73,8 +73,8 @@ def _segmenter(path: str, overrides: dict):
     if overrides:
         raise UsageError(f"{path} is a segmentation checkpoint: it exports as it was trained, without --overrides or "
                          "--img-size (a ViT backbone's export takes any size)")
-    module = Segmenter.load_from_checkpoint(path, map_location="cpu")
-    net = module.model.eval()
+    module = Segmenter.load_from_checkpoint(path, map_location="cpu").eval()
+    net = module.evaluated()  # the run's model: its EMA where that is what it validated
     net.class_names = list(module.hparams.class_names or [str(i) for i in range(net.num_classes)])
     return net
 

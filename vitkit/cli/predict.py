@@ -37,7 +37,10 @@ def main(argv: list[str]) -> int:
     if args.checkpoint and not args.onnx and segmentation_checkpoint(args.checkpoint):
         return predict_masks(args)
     # an ONNX file runs in onnxruntime on numpy arrays: torch is not imported (benchmarks/startup.py)
-    names, probabilities, thresholds = onnx_classifier(args.onnx) if args.onnx else torch_classifier(args)
+    onnx = onnx_model(args.onnx) if args.onnx else None
+    if onnx is not None and onnx.meta.get("task") == "segmentation":
+        return write_masks(args, onnx.labels or [], onnx.segment)
+    names, probabilities, thresholds = onnx_classifier(onnx) if onnx is not None else torch_classifier(args)
     failed = 0
     for path in args.images:
         try:
@@ -67,18 +70,26 @@ def segmentation_checkpoint(path: str) -> dict | None:
 
 
 def predict_masks(args) -> int:
-    """Each image's mask and overlay, written under ``--output``; a line per image with its largest classes."""
-    from pathlib import Path
-
-    from PIL import Image, UnidentifiedImageError
-
-    from vitkit.evaluation.segmentation import predict_mask, save_mask
+    """A segmentation checkpoint's masks (``write_masks``)."""
+    from vitkit.evaluation.segmentation import predict_mask
     from vitkit.lit import Segmenter
     from vitkit.models.config import pair
 
     module = Segmenter.load_from_checkpoint(args.checkpoint, map_location="cpu").eval()
     cfg = module.model.backbone.cfg
     names = module.hparams.class_names or [str(i) for i in range(module.model.num_classes)]
+    return write_masks(args, names, lambda image: predict_mask(module, image, pair(cfg.img_size), cfg.mean, cfg.std))
+
+
+def write_masks(args, names: list[str], mask_of) -> int:
+    """Each image's mask (``mask_of(PIL image)``, a class per pixel) and overlay, written under ``--output``; a line
+    per image with its largest classes."""
+    from pathlib import Path
+
+    from PIL import Image, UnidentifiedImageError
+
+    from vitkit.tools.masks import save_mask
+
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
@@ -90,7 +101,8 @@ def predict_masks(args) -> int:
             print(one_line(UsageError(f"cannot read image {path!r}: {e}")), file=sys.stderr)
             failed += 1
             continue
-        mask = predict_mask(module, image, pair(cfg.img_size), cfg.mean, cfg.std)
+        mask = mask_of(image)
+        names = names if len(names) > mask.max() else [str(i) for i in range(int(mask.max()) + 1)]
         mask_file, overlay = save_mask(mask, image, out / Path(path).stem, len(names))
         counts = np.bincount(mask.ravel(), minlength=len(names)) / mask.size
         top = ", ".join(f"{names[i]} {counts[i]:.0%}" for i in np.argsort(-counts, kind="stable")[:3] if counts[i])
@@ -157,18 +169,22 @@ def refuse_an_embedding(net, tag: str | None, checkpoint: str | None = None) -> 
                      "--data.root DATA`")
 
 
-def onnx_classifier(path: str):
-    """(names, image path -> probabilities, the thresholds of a multi-label model or None) of an exported ONNX model,
-    run by onnxruntime."""
-    from PIL import Image, UnidentifiedImageError
-
+def onnx_model(path: str):
+    """An exported model in onnxruntime (``vitkit/tools/onnx_model.py``)."""
     try:
         from vitkit.tools.onnx_model import OnnxModel
-        model = OnnxModel(path)
+        return OnnxModel(path)
     except ImportError as e:
         raise UsageError(f"--onnx needs onnxruntime ({e}); pip install 'vitkit[export]'") from None
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors for a missing or damaged file
         raise UsageError(f"cannot load {path!r} in onnxruntime: {e}") from None
+
+
+def onnx_classifier(model):
+    """(names, image path -> probabilities, the thresholds of a multi-label model or None) of an exported ONNX
+    classifier (``onnx_model``), run by onnxruntime."""
+    from PIL import Image, UnidentifiedImageError
+
     n = model.session.get_outputs()[0].shape[-1]
     names = model.labels or [str(i) for i in range(n if isinstance(n, int) else 0)]
 

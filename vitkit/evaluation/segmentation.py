@@ -1,5 +1,5 @@
-"""A segmentation model over one image: the class of every pixel at the image's own size, the mask as a palette
-PNG and an overlay of it on the image."""
+"""A segmentation model over one image: the class of every pixel at the image's own size (the mask and overlay files
+are ``vitkit/tools/masks.py``'s); the confusion matrix and scores, and ``vitkit evaluate``'s report."""
 
 from __future__ import annotations
 
@@ -10,19 +10,7 @@ import torch
 from PIL import Image
 from torch.nn import functional as F
 
-
-def palette(n: int) -> np.ndarray:
-    """(n, 3) uint8 colours, Pascal VOC's (class 0 black), which tell neighbouring classes apart."""
-    out = np.zeros((n, 3), np.uint8)
-    for i in range(n):
-        c, r, g, b = i, 0, 0, 0
-        for bit in range(8):
-            r |= ((c >> 0) & 1) << (7 - bit)
-            g |= ((c >> 1) & 1) << (7 - bit)
-            b |= ((c >> 2) & 1) << (7 - bit)
-            c >>= 3
-        out[i] = (r, g, b)
-    return out
+from vitkit.tools.masks import palette, save_mask  # noqa: F401 (this module's names, numpy's own there)
 
 
 @torch.no_grad()
@@ -36,22 +24,6 @@ def predict_mask(model: torch.nn.Module, image: Image.Image, size: tuple[int, in
     logits = model(x.to(device)).float()
     logits = F.interpolate(logits, size=(image.height, image.width), mode="bilinear", align_corners=False)
     return logits.argmax(1)[0].cpu().numpy()
-
-
-def save_mask(mask: np.ndarray, image: Image.Image, stem: Path, classes: int) -> tuple[Path, Path]:
-    """``<stem>_mask.png`` (a palette PNG whose pixel values are the class indices; 16-bit past 256 classes)
-    and ``<stem>_overlay.png`` (the image with each class's colour blended in at half strength)."""
-    colours = palette(max(classes, 1))
-    if classes <= 256:
-        out = Image.fromarray(mask.astype(np.uint8), mode="P")
-        out.putpalette(colours.ravel().tolist())
-    else:  # more classes than a palette holds: 16-bit indices, no colours
-        out = Image.fromarray(mask.astype(np.uint16))
-    mask_path, overlay_path = stem.with_name(stem.name + "_mask.png"), stem.with_name(stem.name + "_overlay.png")
-    out.save(mask_path)
-    blend = 0.5 * np.asarray(image.convert("RGB"), np.float32) + 0.5 * colours[mask].astype(np.float32)
-    Image.fromarray(blend.clip(0, 255).astype(np.uint8)).save(overlay_path)
-    return mask_path, overlay_path
 
 
 def confusion(pred: np.ndarray, label: np.ndarray, classes: int, ignore_index: int) -> np.ndarray:

@@ -191,6 +191,19 @@ class SegmentationModel(nn.Module):
     def set_attn_backend(self, backend: str) -> None:
         self.backbone.set_attn_backend(backend)
 
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """The backbone's layer groups (timm's ``group_matcher``) under ``backbone.``: layer-wise LR decay ranks the
+        backbone's layers as it would alone, and the heads with the last."""
+        def under(pattern: str) -> str:
+            return r"^backbone\.(?:" + pattern.removeprefix("^") + ")"
+
+        return {k: [(under(p), s) for p, s in spec] if isinstance(spec, (list, tuple)) else under(spec)
+                for k, spec in self.backbone.group_matcher(coarse).items()}
+
+    def no_weight_decay(self) -> set[str]:
+        """The backbone's names without weight decay (positions, tokens, relative-position tables)."""
+        return {f"backbone.{n}" for n in getattr(self.backbone, "no_weight_decay", set)()}
+
     def set_dynamic_img_size(self, enable: bool = True) -> None:
         """A ViT backbone at any multiple of its patch (positions resampled): the segmenter at any size."""
         self.backbone.set_dynamic_img_size(enable)

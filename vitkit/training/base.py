@@ -26,7 +26,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
 from .hparams import gather_rng_states, keep_own_hparams, restore_rng_states, seed_rank
-from .optim import ScheduledLR, build_adamw, build_sgd, warmup_cosine
+from .optim import ScheduledLR, build_adamw, build_sgd, warmup_cosine, warmup_poly
 from .sharding import check_gradients_sync, data_parallel_mesh, shard
 
 log = logging.getLogger(__name__)
@@ -73,12 +73,16 @@ def swap_ema(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class WarmupCosine:
-    """The LR multiplier of an optimizer step: linear warmup over ``warmup_epochs``, then cosine down to
-    ``min_lr_ratio`` at the last step; 1 until :meth:`set_length` gives the run's length."""
+class WarmupSchedule:
+    """The LR multiplier of an optimizer step: linear warmup over ``warmup_epochs``, then down to ``min_lr_ratio`` at
+    the last step, by a cosine (``decay="cosine"``, DeiT's and Swin's) or a polynomial of ``power``
+    (``decay="poly"``, mmsegmentation's ``(1 - progress) ** 0.9``); 1 until :meth:`set_length` gives the run's
+    length."""
 
-    def __init__(self, warmup_epochs: float, min_lr_ratio: float) -> None:
-        self.warmup_epochs, self.min_lr_ratio = warmup_epochs, min_lr_ratio
+    def __init__(self, warmup_epochs: float, min_lr_ratio: float, decay: str = "cosine", power: float = 0.9) -> None:
+        if decay not in DECAYS:
+            raise ValueError(f"schedule must be one of {', '.join(DECAYS)}, got {decay!r}")
+        self.warmup_epochs, self.min_lr_ratio, self.decay, self.power = warmup_epochs, min_lr_ratio, decay, power
         self.total: int | None = None
         self.warmup = 0
 
@@ -88,15 +92,22 @@ class WarmupCosine:
         self.warmup = min(total, max(1, round(self.warmup_epochs * steps_per_epoch))) if self.warmup_epochs > 0 else 0
 
     def __call__(self, step: int) -> float:
-        return 1.0 if self.total is None else warmup_cosine(step, self.warmup, self.total, self.min_lr_ratio)
+        if self.total is None:
+            return 1.0
+        if self.decay == "cosine":
+            return warmup_cosine(step, self.warmup, self.total, self.min_lr_ratio)
+        return warmup_poly(step, self.warmup, self.total, self.min_lr_ratio, self.power)
+
+
+DECAYS = ("cosine", "poly")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainingSettings:
     """What the training base reads from a module's hyper-parameters: the optimizer (AdamW with ``betas`` and
-    ``eps``, or SGD with ``momentum``; ``layer_decay`` for layer-wise LR decay), the warmup + cosine schedule
-    (``warmup_epochs``, down to ``min_lr``), what a non-finite loss does (``nonfinite_loss``) and whether the model
-    is compiled. A module that does not take a field keeps its default here."""
+    ``eps``, or SGD with ``momentum``; ``layer_decay`` for layer-wise LR decay), the schedule (``warmup_epochs``,
+    then cosine or poly decay by ``schedule``, down to ``min_lr``), what a non-finite loss does (``nonfinite_loss``)
+    and whether the model is compiled. A module that does not take a field keeps its default here."""
 
     lr: float
     weight_decay: float
@@ -107,6 +118,7 @@ class TrainingSettings:
     layer_decay: float | None = None
     warmup_epochs: float = 0.0
     min_lr: float = 0.0
+    schedule: str = "cosine"  # the decay after warmup: WarmupSchedule's
     nonfinite_loss: str = "stop"
     compile: bool = False
     lora_lr_scale: float = 1.0  # LoRA adapters' LR over ``lr`` (optim.param_groups)
@@ -185,10 +197,10 @@ class TrainingModule(L.LightningModule):
         return TrainingSettings.of(self.hparams)
 
     def lr_multiplier(self) -> Callable[[int], float]:
-        """The schedule: a function of the optimizer step; warmup + cosine, whose length is set at
-        ``on_train_start``."""
+        """The schedule: a function of the optimizer step; warmup, then cosine or poly decay (``schedule``), whose
+        length is set at ``on_train_start``."""
         s = self.settings
-        return WarmupCosine(s.warmup_epochs, s.min_lr / s.lr)
+        return WarmupSchedule(s.warmup_epochs, s.min_lr / s.lr, s.schedule)
 
     def data_cfg(self):
         """The data module's preprocessing (mean, std, sizes), or None outside a trainer or without one."""
@@ -225,7 +237,7 @@ class TrainingModule(L.LightningModule):
         # sharded strategy has not yet restored a resumed run's generators, so that draw would not be the one
         # the uninterrupted run made.
         sched = self.lr_schedulers()
-        if not isinstance(getattr(sched, "schedule", None), WarmupCosine):  # one that needs no length (seq2seq's)
+        if not isinstance(getattr(sched, "schedule", None), WarmupSchedule):  # one that needs no length (seq2seq's)
             return
         total = max(1, int(self.trainer.estimated_stepping_batches))
         sched.schedule.set_length(total, self.trainer.max_epochs)

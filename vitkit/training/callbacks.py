@@ -60,6 +60,15 @@ def checkpoints_dir(trainer: L.Trainer) -> str:
     return os.path.join(trainer.default_root_dir, "checkpoints")
 
 
+PROBE_FILE = "probe.ckpt"
+
+
+def probe_path(trainer: L.Trainer) -> Path:
+    """Where a run saves the probe it starts from (``head_init="probe"``): beside its checkpoints."""
+    folder = getattr(trainer.checkpoint_callback, "dirpath", None) or checkpoints_dir(trainer)
+    return Path(folder) / PROBE_FILE
+
+
 class ModelCheckpoint(_LightningModelCheckpoint):
     """Lightning's ModelCheckpoint, keeping one resumable run per ``default_root_dir``.
 
@@ -116,7 +125,7 @@ class ModelCheckpoint(_LightningModelCheckpoint):
         super().on_fit_end(trainer, pl_module)
         probe = getattr(pl_module, "probe_baseline", None)
         probe = (probe, getattr(pl_module, "probe_file", "")) \
-            if probe is not None and self.monitor in ("val/top1", "val/mAP") else None
+            if probe is not None and self.monitor in ("val/top1", "val/mAP", "val/mIoU") else None
         if probe is not None and (self.best_model_score is None or probe[0] >= float(self.best_model_score)):
             self.best_model_path, self.best_model_score, self.best_epoch = probe[1], torch.tensor(probe[0]), None
         if trainer.is_global_zero and not trainer.fast_dev_run:

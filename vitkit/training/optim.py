@@ -71,6 +71,15 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: 
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def warmup_poly(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float, power: float = 0.9) -> float:
+    """LR multiplier: linear from ~0 to 1 over ``warmup_steps``, then ``(1 - progress) ** power`` down to
+    ``min_lr_ratio`` (mmsegmentation's ``PolyLR``, the schedule of its UperNet and DPT recipes)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1 - min_lr_ratio) * (1 - progress) ** power
+
+
 def inverse_sqrt(step: int, warmup_steps: int) -> float:
     """Vaswani et al. (2017): linear warmup, then decay with 1/sqrt(step); peaks at 1 when step = warmup."""
     step = step + 1

@@ -82,6 +82,12 @@ class SegmentationDataModule(_TrainValLoaders):
             if ds is not None:
                 check_pairs(ds.pairs)
 
+    def eval_view(self, split: str = "train") -> MaskFolder:
+        """``split``'s pairs in the evaluation transform (resized, no crop, flip or jitter): what a probe fitted before
+        training reads."""
+        hp = self.hparams
+        return MaskFolder(hp.root, split, JointTransform(hp.img_size, False, hp.ignore_index), hp.layout)
+
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         x, y = batch
         bad = (y != self.hparams.ignore_index) & ((y < 0) | (y >= self.num_classes))

@@ -19,6 +19,7 @@ from vitkit.evaluation.metrics import Predictions
 from vitkit.lora import DEFAULTS as LORA
 from vitkit.lora import LoraSettings, add_lora, settings_of
 from vitkit.training.base import EMA, TrainingModule
+from vitkit.training.callbacks import probe_path
 from vitkit.training.hparams import record_config
 
 from .distill import (
@@ -42,7 +43,7 @@ from .multilabel import (
 from .multilabel import metrics as multilabel_metrics
 from .probe import HeadNorm, fold_into_checkpoint, unfold_from_checkpoint
 from .report import collect, write_test_report
-from .small_data import fit_head, keep_what_trained, probe_path, suggest_small_data_recipe
+from .small_data import fit_head, keep_what_trained, suggest_small_data_recipe
 
 __all__ = ["EMA", "ImageClassifier"]
 log = logging.getLogger(__name__)

@@ -26,8 +26,6 @@ from vitkit.data.transforms import eval_transform
 from vitkit.evaluation.metrics import fit_linear_probe, fit_multilabel_probe
 from vitkit.evaluation.predict import pooled_features as backbone_features
 
-PROBE_FILE = "probe.ckpt"
-
 
 def eval_views(dm: L.LightningDataModule):
     """The training and validation splits of ``dm``, both in the eval transform (the images as they are)."""
@@ -111,12 +109,6 @@ class StepsPerEpoch(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
             self.fit_to_data(trainer, pl_module, trainer.datamodule)
-
-
-def probe_path(trainer: L.Trainer) -> Path:
-    callback = trainer.checkpoint_callback
-    folder = getattr(callback, "dirpath", None) or Path(trainer.default_root_dir) / "checkpoints"
-    return Path(folder) / PROBE_FILE
 
 
 def suggest_small_data_recipe(module: L.LightningModule, dm: L.LightningDataModule | None) -> None:

@@ -1,6 +1,8 @@
-"""``Segmenter``: a segmentation model trained with the training base's machinery (AdamW, warmup + cosine, EMA,
-skipped non-finite steps, exact resume), cross-entropy on the pixels that count (and the auxiliary head's, and
-Dice if asked), validated by mIoU and pixel accuracy from a confusion matrix summed over every rank."""
+"""``Segmenter``: a segmentation model trained with the training base's machinery (AdamW, warmup + cosine or poly
+decay, EMA, skipped non-finite steps, exact resume), cross-entropy on the pixels that count (and the auxiliary
+head's, and Dice if asked), validated by mIoU and pixel accuracy from a confusion matrix summed over every rank.
+The backbone trains whole, frozen, or through LoRA adapters; a linear head may start fitted on the frozen features
+(``probe.py``)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,14 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 
 import vitkit
 from vitkit.evaluation.segmentation import scores
+from vitkit.lora import DEFAULTS as LORA
+from vitkit.lora import add_lora, settings_of
 from vitkit.models.segmentation import build_segmenter
 from vitkit.training.base import TrainingModule
+from vitkit.training.callbacks import probe_path
 from vitkit.training.hparams import record_config
+
+from .probe import fit_probe_head
 
 
 def dice_loss(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
@@ -46,10 +53,17 @@ class Segmenter(TrainingModule):
         class_names: stored in the checkpoint (linked from the data module).
         ignore_index: the mask value no loss or score counts (linked from the data module).
         freeze_backbone: train the head alone (the backbone in eval mode, no gradients).
+        head_init: ``random``, or ``probe`` (a linear head): before the first step the head is fitted on the frozen
+            backbone's patch features of the training images (``probe.py``); its validation mIoU is logged as
+            ``val/probe_baseline``, its model saved as ``probe.ckpt``, and the run's best checkpoint is never
+            below it.
         aux_weight: the auxiliary head's share of the loss (UperNet on Swin; mmsegmentation's 0.4).
         dice_weight: a Dice term's share of the loss (0: cross-entropy alone).
-        lr, weight_decay, betas, min_lr, warmup_epochs, layer_decay, ema_decay, nonfinite_loss, compile: as for
-            ``ImageClassifier``.
+        schedule: the decay after warmup: ``cosine``, or ``poly`` (mmsegmentation's, power 0.9).
+        lora_rank, lora_alpha, lora_dropout, lora_targets, lora_parts, lora_lr_scale: LoRA adapters in the
+            backbone (``vitkit/lora.py``); the adapters and the head train, nothing else.
+        lr, weight_decay, betas, min_lr, warmup_epochs, layer_decay, ema_decay, ema_is_model, nonfinite_loss,
+            compile: as for ``ImageClassifier``.
     """
 
     def __init__(
@@ -66,6 +80,7 @@ class Segmenter(TrainingModule):
         class_names: list[str] | None = None,
         ignore_index: int = 255,
         freeze_backbone: bool = False,
+        head_init: Literal["random", "probe"] = "random",
         aux_weight: float = 0.4,
         dice_weight: float = 0.0,
         lr: float = 1e-3,
@@ -73,8 +88,16 @@ class Segmenter(TrainingModule):
         betas: tuple[float, float] = (0.9, 0.999),
         min_lr: float = 0.0,
         warmup_epochs: float = 1.0,
+        schedule: Literal["cosine", "poly"] = "cosine",
         layer_decay: float | None = None,
         ema_decay: float | None = None,
+        ema_is_model: bool = False,
+        lora_rank: int = LORA.rank,
+        lora_alpha: float | None = LORA.alpha,
+        lora_dropout: float = LORA.dropout,
+        lora_targets: list[str] | None = None,  # None: LORA.targets
+        lora_parts: str = LORA.parts,
+        lora_lr_scale: float = 10.0,
         nonfinite_loss: Literal["stop", "skip"] = "stop",
         compile: bool = False,
     ) -> None:
@@ -94,11 +117,28 @@ class Segmenter(TrainingModule):
             rank_zero_info(str(backbone.load_report))
         self.model = build_segmenter(backbone, head, num_classes, indices, **(head_args or {}))
         self.hparams.indices = self.model.indices  # what ran, for the checkpoint
-        if freeze_backbone:
-            self.model.backbone.requires_grad_(False).eval()
+        self._adapt()
         self.confusion = torch.nn.ModuleDict({s: MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
-                                              for s in ("val", "test")})
-        self.make_ema(ema_decay)
+                                              for s in ("val", "test", "probe")})
+        self.make_ema(ema_decay, ema_is_model)
+        self.probe_baseline: float | None = None
+        self.probe_file = ""
+
+    def _adapt(self) -> None:
+        """The backbone frozen, or adapted by LoRA (the head trains in both), as the arguments ask."""
+        hp = self.hparams
+        if hp.head_init not in ("random", "probe") or (hp.head_init == "probe" and hp.head != "linear"):
+            raise ValueError(f"head_init must be 'random' or 'probe' (with the linear head: the probe is a linear "
+                             f"regression on the patch features), got {hp.head_init!r} with head {hp.head!r}")
+        lora = settings_of(hp)
+        if lora.rank and hp.freeze_backbone:
+            raise ValueError("lora_rank with freeze_backbone: LoRA trains adapters in the backbone; give one")
+        if lora.rank and not hp.lora_lr_scale > 0:
+            raise ValueError(f"lora_lr_scale must be > 0 (the adapters' LR over lr), got {hp.lora_lr_scale!r}")
+        if hp.freeze_backbone:
+            self.model.backbone.requires_grad_(False).eval()
+        elif lora.rank:
+            self.lora_layers = add_lora(self.model.backbone, lora)  # the backbone frozen but for its adapters
 
     def forward(self, x: Tensor) -> Tensor:
         return self.evaluated()(x)
@@ -107,6 +147,50 @@ class Segmenter(TrainingModule):
         super().on_save_checkpoint(checkpoint)
         if checkpoint.get("hyper_parameters") is not None:  # the backbone file's shapes: rebuilt without the file
             record_config(self.model.backbone, checkpoint["hyper_parameters"])
+        if self.probe_baseline is not None:
+            checkpoint["probe_baseline"], checkpoint["probe_file"] = self.probe_baseline, self.probe_file
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.probe_baseline = checkpoint.get("probe_baseline", self.probe_baseline)
+        self.probe_file = checkpoint.get("probe_file", self.probe_file)
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        if self.hparams.head_init == "probe" and self.trainer.ckpt_path is None and not self.trainer.fast_dev_run:
+            self._fit_probe_head()
+
+    def _fit_probe_head(self) -> None:
+        """``head_init="probe"``: the linear head fitted on the frozen patch features, its mIoU logged and its model
+        saved."""
+        dm = self.trainer.datamodule
+        hp = self.hparams
+        batches = (dm.on_after_batch_transfer(b, 0) for b in dm.loader(dm.eval_view("train"), False))
+        patches = fit_probe_head(self.model, batches, self.model.num_classes, hp.ignore_index, self.device)
+        self.restart_ema()
+        self.probe_baseline = self._score(dm.val_dataloader())
+        for logger in self.trainer.loggers:
+            logger.log_metrics({"val/probe_baseline": self.probe_baseline}, step=0)
+        path = probe_path(self.trainer)
+        self.trainer.save_checkpoint(path, weights_only=True)  # the model at step 0: no optimizer state yet
+        self.probe_file = str(path)
+        rank_zero_info(f"probe: a logistic regression on the frozen features of {patches} patches of "
+                       f"{len(dm.train_set)} training images, val/mIoU {self.probe_baseline:.4f} "
+                       f"(val/probe_baseline): {path}")
+
+    @torch.no_grad()
+    def _score(self, loader) -> float:
+        """The mIoU of the model as it is on ``loader``'s batches, summed over every rank."""
+        was_training, dm = self.training, self.trainer.datamodule
+        self.eval()
+        matrix = self.confusion["probe"]
+        for batch in loader:
+            x, y = dm.on_after_batch_transfer((batch[0].to(self.device), batch[1].to(self.device)), 0)
+            matrix.update(self(x).argmax(1), y)
+        miou = scores(matrix.compute().cpu().numpy())[1]
+        matrix.reset()
+        self.train(was_training)
+        return miou
 
     def train(self, mode: bool = True) -> Segmenter:
         """A frozen backbone stays in eval mode: its drop path and dropout off, as at inference."""
