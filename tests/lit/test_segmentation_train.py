@@ -181,7 +181,7 @@ def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_ru
     run = cli_main(["fit", "-c", "seg_finetune_small_data", "--model.model_name", "vit_tiny_patch16_224",
                     "--model.model_overrides", TINY_DIGITS_VIT, "--model.checkpoint", str(backbone),
                     "--model.lora_rank", "4", "--data.root", str(data), "--data.num_classes", str(len(CLASSES)),
-                    "--data.img_size", "64", "--data.batch_size", "16", "--data.num_workers", "0",
+                    "--data.img_size", "48", "--data.batch_size", "16", "--data.num_workers", "0",
                     "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
                     "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run")])
     probe = run.model.probe_baseline
@@ -201,6 +201,15 @@ def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_ru
                            str(tmp_path / "eval_last")], capsys)  # the run's model: the average it validated
     assert status == 0, err
     assert json.loads((tmp_path / "eval_last" / "metrics.json").read_text())["mIoU"] == pytest.approx(last, abs=1e-6)
+    for mode in ("whole", "slide"):  # the 64 px images and masks as they are, the model at 48 px
+        stride = ["--stride", "16"] if mode == "slide" else []
+        status, err = run_cli(["evaluate", "--checkpoint", str(folder / "last.ckpt"), "--data.root", str(data), "-o",
+                               str(tmp_path / mode), "--mode", mode, *stride], capsys)
+        assert status == 0, err
+        report = json.loads((tmp_path / mode / "metrics.json").read_text())
+        counted = np.loadtxt(tmp_path / mode / "confusion_matrix.csv", delimiter=",", skiprows=1, usecols=range(1, 5))
+        assert report["mode"] == mode and counted.sum() == 60 * 64 * 64  # every pixel of every mask, at its size
+        assert abs(report["mIoU"] - last) < 0.1 and report["mIoU"] > _brightness_rule(data) + 0.05, (mode, report)
     image = sorted((data / "images" / "val").glob("*.png"))[0]
     assert run_cli(["export", str(folder / "last.ckpt"), "-o", str(tmp_path / "seg.onnx")], capsys)[0] == 0
     for source, out in ((["--checkpoint", str(folder / "last.ckpt")], "torch"), (["--onnx", str(tmp_path / "seg.onnx")],
@@ -220,6 +229,22 @@ def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_ru
     assert any(".lora_" in k for k in moved)
 
 
+def test_sliding_windows_of_a_pointwise_model_give_its_logits_at_full_size():
+    """A 1x1 conv gives each pixel the same logits in every window: sliding (mmsegmentation's grid, windows padded
+    past a short side) then equals the model on the whole image, whatever the sizes and strides."""
+    from vitkit.evaluation.segmentation import segment_logits, windows
+
+    assert windows(70, 32, 20) == [(0, 32), (20, 52), (38, 70)] and windows(20, 32, 20) == [(0, 20)]
+    model = torch.nn.Conv2d(3, 5, 1)
+    g = torch.Generator().manual_seed(0)
+    for shape, stride in (((70, 45), (20, 13)), ((20, 50), None), ((32, 32), (32, 32)), ((33, 97), (1, 31))):
+        x = torch.randn(2, 3, *shape, generator=g)
+        with torch.no_grad():
+            torch.testing.assert_close(segment_logits(model, x, (32, 32), "slide", stride), model(x))
+    with pytest.raises(ValueError, match="stride must be from 1 to the model's size 32x32, got 40x8"):
+        segment_logits(model, x, (32, 32), "slide", (40, 8))
+
+
 def test_the_upernet_swin_recipe_runs_with_its_poly_schedule(tmp_path):
     """`upernet_swin` on a tiny Swin: two steps with the auxiliary head's loss, the LR decaying by poly."""
     data = write_digit_masks(tmp_path / "data", train=8, val=4)
@@ -233,3 +258,14 @@ def test_the_upernet_swin_recipe_runs_with_its_poly_schedule(tmp_path):
     scheduler = run.trainer.lr_scheduler_configs[0].scheduler
     assert run.trainer.global_step == 2 and run.model.model.auxiliary_head is not None
     assert scheduler.schedule.decay == "poly" and scheduler.schedule.total == 2
+
+
+def test_predicts_mode_and_stride_refused_in_one_line(tmp_path):
+    image = tmp_path / "a.png"
+    Image.new("RGB", (8, 8)).save(image)
+    assert error_line_of(["predict", str(image), "--model", "vit_tiny_patch16_224", "--stride", "3"]) == \
+        "error: --stride is the step of --mode slide's windows; give --mode slide with it"
+    assert error_line_of(["predict", str(image), "--model", "vit_tiny_patch16_224", "--mode", "slide", "--stride",
+                          "3", "0"]) == "error: --stride takes H W or one number, each 1 or more, got 3 0"
+    assert error_line_of(["predict", str(image), "--model", "vit_tiny_patch16_224", "--mode", "slide"]) == \
+        "error: --mode slide applies to a segmentation checkpoint (vitkit.lit.Segmenter)"

@@ -63,6 +63,12 @@ def parser() -> ArgumentParser:
     p.add_argument("--thresholds", type=str | None, default=None, help="a multi-label model: per_class, global or "
                    "fixed: choose the thresholds on this split (maximum F1; fixed: 0.5) instead of the model's own, "
                    "and score with them (metrics.json holds them)")
+    p.add_argument("--mode", type=str, default="resized", help="a segmenter: resized (images and masks at the "
+                   "model's size, as the run validated), whole (each image resized to the model's size, the logits "
+                   "back to the image's, scored against the mask as it is) or slide (windows of the model's size "
+                   "over each image as it is, --stride apart, scored against the mask as it is)")
+    p.add_argument("--stride", type=int | list[int] | None, default=None, help="--mode slide: the windows' step, "
+                   "one number or [H, W] (default two thirds of the model's size)")
     p.add_argument("--device", type=str, default="auto")
     p.add_argument("--precision", type=str, default="32-true", help="32-true, or bf16-mixed (bf16 autocast: what a "
                    "run trained with --trainer.precision bf16-mixed validated with; float32 scores differ slightly)")
@@ -124,6 +130,9 @@ def main(argv: list[str]) -> int:
     explicit = {a[len("--data."):].split("=")[0] for a in argv if a.startswith("--data.")}
     if cfg.checkpoint and _segmentation_checkpoint(["--checkpoint", cfg.checkpoint]) is not None:
         return _evaluate_segmentation(p, cfg, explicit, device)
+    if cfg.mode != "resized" or cfg.stride is not None:
+        raise ValueError("--mode and --stride score a segmentation checkpoint (vitkit.lit.Segmenter); "
+                         f"{cfg.checkpoint or cfg.model or cfg.onnx} is not one")
     size = cfg.data.init_args.get("img_size") if "img_size" in explicit else None
     model, names, prep, thresholds = _model(cfg, device, size)
     if cfg.precision == "bf16-mixed":
@@ -230,6 +239,16 @@ def _data(p: ArgumentParser, cfg, prep: dict, explicit: set[str], eval_train: bo
     return dm
 
 
+def _stride(stride: int | list[int] | None) -> tuple[int, int] | None:
+    """``--stride N`` or ``[H, W]`` as (H, W)."""
+    if stride is None:
+        return None
+    stride = [stride] if isinstance(stride, int) else stride
+    if len(stride) not in (1, 2):
+        raise ValueError(f"--stride takes one number or [H, W], got {stride}")
+    return (stride[0], stride[-1])
+
+
 def _split(dm, split: str | None) -> tuple[str, Any]:
     test = getattr(dm, "test_set", None)
     if split is None:
@@ -246,9 +265,11 @@ def _split(dm, split: str | None) -> tuple[str, Any]:
 def _evaluate_segmentation(p: ArgumentParser, cfg, explicit: set[str], device: torch.device) -> int:
     """A ``vitkit.lit.Segmenter`` checkpoint over a split of a folder of images and masks: mIoU, pixel accuracy, IoU
     per class, the confusion matrix and the worst images (``vitkit.evaluation.segmentation``)."""
-    from vitkit.evaluation.segmentation import evaluate_masks, write_segmentation_report
+    from vitkit.evaluation.segmentation import MODES, evaluate_masks, segment_logits, write_segmentation_report
     from vitkit.lit import Segmenter
 
+    if cfg.mode not in ("resized", *MODES):
+        raise ValueError(f"--mode must be resized, whole or slide, got {cfg.mode!r}")
     module = Segmenter.load_from_checkpoint(cfg.checkpoint, map_location="cpu").eval().to(device)
     net, hp = module.evaluated(), module.hparams  # the run's model: its EMA where that is what it validated
     names = list(hp.class_names or [str(i) for i in range(net.num_classes)])
@@ -264,12 +285,16 @@ def _evaluate_segmentation(p: ArgumentParser, cfg, explicit: set[str], device: t
         raise ValueError(f"the model has {net.num_classes} classes and the data {dm.num_classes}: evaluate it on "
                          "masks of its own classes")
     split, ds = _split(dm, cfg.split)
-    loader = dm.loader(ds, False)
-    result = evaluate_masks(module if cfg.precision == "32-true" else _autocast(module, device), loader,
-                            net.num_classes, dm.ignore_index, device,
+    model = module if cfg.precision == "32-true" else _autocast(module, device)
+    if cfg.mode != "resized":  # each image and mask as they are, one at a time
+        stride = _stride(cfg.stride)
+        ds, dm.hparams.batch_size, model = dm.eval_view(split, own_size=True), 1, \
+            (lambda x, run=model: segment_logits(run, x, (h, w), cfg.mode, stride))
+    result = evaluate_masks(model, dm.loader(ds, False), net.num_classes, dm.ignore_index, device,
                             prepare=lambda batch: dm.on_after_batch_transfer(batch, 0))
     out = Path(cfg.out)
-    metrics = write_segmentation_report(result, names, out, dm.data_cfg.mean, dm.data_cfg.std, {"split": split})
+    metrics = write_segmentation_report(result, names, out, dm.data_cfg.mean, dm.data_cfg.std,
+                                        {"split": split, "mode": cfg.mode})
     seen = {k: v for k, v in metrics["per_class_iou"].items() if v is not None}
     weakest = ", ".join(f"{k} {v:.3f}" for k, v in sorted(seen.items(), key=lambda kv: kv[1])[:5])
     print(f"{dm.describe()} ({split}):\nmIoU {metrics['mIoU']:.4f}  pixel accuracy {metrics['pixel_acc']:.4f}  "

@@ -22,6 +22,11 @@ def parser():
                    "model prints the labels above their thresholds, and these K too when given)")
     p.add_argument("--onnx", help="an exported model.onnx, run by onnxruntime with the preprocessing in its metadata")
     p.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
+    p.add_argument("--mode", choices=("whole", "slide"), default="whole", help="a segmenter: whole (the image "
+                   "resized to the model's size, the logits back to the image's) or slide (windows of the model's "
+                   "size over the image as it is, --stride apart, overlapping logits averaged)")
+    p.add_argument("--stride", type=int, nargs="+", default=None, metavar="N", help="--mode slide: the windows' step, "
+                   "H W or one number (default two thirds of the model's size)")
     p.add_argument("-o", "--output", default="masks", help="a segmentation checkpoint (vitkit.lit.Segmenter): the "
                    "folder for each image's NAME_mask.png (class indices, coloured) and NAME_overlay.png")
     return p
@@ -34,11 +39,21 @@ def main(argv: list[str]) -> int:
     if args.onnx and args.token_merging:
         raise UsageError("--token-merging applies to PyTorch models; an ONNX file merges tokens as it was "
                          "exported (vitkit export --token-merging R)")
+    if args.stride is not None and (len(args.stride) > 2 or min(args.stride) < 1):
+        raise UsageError(f"--stride takes H W or one number, each 1 or more, got {' '.join(map(str, args.stride))}")
+    if args.stride is not None and args.mode != "slide":
+        raise UsageError("--stride is the step of --mode slide's windows; give --mode slide with it")
     if args.checkpoint and not args.onnx and segmentation_checkpoint(args.checkpoint):
         return predict_masks(args)
     # an ONNX file runs in onnxruntime on numpy arrays: torch is not imported (benchmarks/startup.py)
     onnx = onnx_model(args.onnx) if args.onnx else None
-    if onnx is not None and onnx.meta.get("task") == "segmentation":
+    segmenter = onnx is not None and onnx.meta.get("task") == "segmentation"
+    if args.mode != "whole":
+        if not segmenter:
+            raise UsageError("--mode slide applies to a segmentation checkpoint (vitkit.lit.Segmenter)")
+        raise UsageError("--mode slide runs a segmentation checkpoint; an ONNX segmenter predicts whole images "
+                         "(--mode whole)")
+    if segmenter:
         return write_masks(args, onnx.labels or [], onnx.segment)
     names, probabilities, thresholds = onnx_classifier(onnx) if onnx is not None else torch_classifier(args)
     failed = 0
@@ -78,7 +93,9 @@ def predict_masks(args) -> int:
     module = Segmenter.load_from_checkpoint(args.checkpoint, map_location="cpu").eval()
     cfg = module.model.backbone.cfg
     names = module.hparams.class_names or [str(i) for i in range(module.model.num_classes)]
-    return write_masks(args, names, lambda image: predict_mask(module, image, pair(cfg.img_size), cfg.mean, cfg.std))
+    stride = None if args.stride is None else (args.stride[0], args.stride[-1])
+    return write_masks(args, names, lambda image: predict_mask(module, image, pair(cfg.img_size), cfg.mean, cfg.std,
+                                                               args.mode, stride))
 
 
 def write_masks(args, names: list[str], mask_of) -> int:

@@ -177,6 +177,15 @@ class JointTransform:
         return x.contiguous(), y.contiguous()
 
 
+class OwnSize:
+    """Image and mask as they are, at their own size: what scoring at each image's size reads."""
+
+    def __call__(self, image: Image.Image, mask: Image.Image, rng=random) -> tuple[Tensor, Tensor]:
+        if image.size != mask.size:
+            raise UsageError(f"an image of {image.size[0]}x{image.size[1]} has a mask of {mask.size[0]}x{mask.size[1]}")
+        return _uint8(image), _indices(mask)
+
+
 def _uint8(image: Image.Image) -> Tensor:
     return torch.from_numpy(np.array(image.convert("RGB"), dtype=np.uint8)).permute(2, 0, 1).contiguous()
 
@@ -195,7 +204,8 @@ class MaskFolder(Dataset):
     """The (image, mask) pairs of one split: (uint8 (3, H, W), int64 (H, W)) after ``transform``, which draws from
     Python's generator (seeded per loader worker by PyTorch, as torchvision's transforms draw from torch's)."""
 
-    def __init__(self, root: str | Path, split: str, transform: JointTransform, layout: str = "folder") -> None:
+    def __init__(self, root: str | Path, split: str, transform: JointTransform | OwnSize,
+                 layout: str = "folder") -> None:
         self.pairs, self.transform, self.layout = mask_pairs(root, split, layout), transform, layout
 
     def __len__(self) -> int:

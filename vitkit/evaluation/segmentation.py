@@ -12,17 +12,60 @@ from torch.nn import functional as F
 
 from vitkit.tools.masks import palette, save_mask  # noqa: F401 (this module's names, numpy's own there)
 
+MODES = ("whole", "slide")
+
+
+def windows(length: int, crop: int, stride: int) -> list[tuple[int, int]]:
+    """(start, end) of the windows along one side, mmsegmentation's ``slide_inference`` grid: ``stride`` apart, the
+    last one ending at the side's end; one window shorter than ``crop`` where the side is."""
+    count = max(length - crop + stride - 1, 0) // stride + 1
+    return [(max(min(i * stride + crop, length) - crop, 0), min(i * stride + crop, length)) for i in range(count)]
+
 
 @torch.no_grad()
-def predict_mask(model: torch.nn.Module, image: Image.Image, size: tuple[int, int], mean, std) -> np.ndarray:
-    """The class index of each pixel of ``image`` (H, W): the image resized to the model's ``size`` and normalised,
-    the logits resized back to the image's size (bilinear) before the argmax."""
-    rgb = np.asarray(image.convert("RGB").resize((size[1], size[0]), Image.BILINEAR), dtype=np.float32) / 255
+def segment_logits(model: torch.nn.Module, x: torch.Tensor, size: tuple[int, int], mode: str = "whole",
+                   stride: tuple[int, int] | None = None) -> torch.Tensor:
+    """The logits (B, classes, H, W) of a normalised batch ``x`` (B, 3, H, W) at its own size.
+
+    ``whole``: ``x`` resized to the model's ``size``, the logits resized back. ``slide``: windows of the model's size
+    over ``x`` as it is, ``stride`` apart (default two thirds of the size), the logits of overlapping windows
+    averaged (mmsegmentation's ``slide`` mode); a window past a short side is padded and its padding cut away."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    h, w = x.shape[-2:]
+    if mode == "whole":
+        logits = model(F.interpolate(x, size=size, mode="bilinear", align_corners=False)).float()
+        return F.interpolate(logits, size=(h, w), mode="bilinear", align_corners=False)
+    sh, sw = stride or (max(1, size[0] * 2 // 3), max(1, size[1] * 2 // 3))
+    if sh < 1 or sw < 1 or sh > size[0] or sw > size[1]:
+        raise ValueError(f"stride must be from 1 to the model's size {size[0]}x{size[1]}, got {sh}x{sw}")
+    total, count = None, torch.zeros(1, 1, h, w, device=x.device)
+    for top, bottom in windows(h, size[0], sh):
+        for left, right in windows(w, size[1], sw):
+            crop = x[..., top:bottom, left:right]
+            padded = F.pad(crop, (0, size[1] - crop.shape[-1], 0, size[0] - crop.shape[-2]))
+            out = model(padded).float()[..., :crop.shape[-2], :crop.shape[-1]]
+            total = torch.zeros(x.shape[0], out.shape[1], h, w, device=x.device) if total is None else total
+            total[..., top:bottom, left:right] += out
+            count[..., top:bottom, left:right] += 1
+    return total / count
+
+
+@torch.no_grad()
+def predict_mask(model: torch.nn.Module, image: Image.Image, size: tuple[int, int], mean, std, mode: str = "whole",
+                 stride: tuple[int, int] | None = None) -> np.ndarray:
+    """The class index of each pixel of ``image`` (H, W), the logits at the image's size (``segment_logits``)."""
+    rgb = np.asarray(image.convert("RGB"), dtype=np.float32) / 255
+    if mode == "whole":  # resized by PIL, as the data modules and the ONNX path do
+        rgb = np.asarray(image.convert("RGB").resize((size[1], size[0]), Image.BILINEAR), dtype=np.float32) / 255
     x = torch.from_numpy(rgb).permute(2, 0, 1)[None]
     x = (x - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
-    device = next(model.parameters()).device
-    logits = model(x.to(device)).float()
-    logits = F.interpolate(logits, size=(image.height, image.width), mode="bilinear", align_corners=False)
+    x = x.to(next(model.parameters()).device)
+    if mode == "whole":  # already at the model's size
+        logits = F.interpolate(model(x).float(), size=(image.height, image.width), mode="bilinear",
+                               align_corners=False)
+    else:
+        logits = segment_logits(model, x, size, mode, stride)
     return logits.argmax(1)[0].cpu().numpy()
 
 
@@ -47,7 +90,8 @@ def scores(count: np.ndarray) -> tuple[np.ndarray, float, float]:
 def evaluate_masks(model: torch.nn.Module, loader, classes: int, ignore_index: int, device: torch.device,
                    prepare=lambda batch: batch, worst: int = 8) -> dict:
     """The confusion matrix over a loader of (image batch, mask batch), and the ``worst`` images by their own mIoU
-    (index in the split, mIoU, the normalised image, its mask, the prediction)."""
+    (index in the split, mIoU, the normalised image, its mask, the prediction). ``model`` maps a batch to logits at
+    its size (a segmenter, or ``segment_logits`` around one)."""
     total = np.zeros((classes, classes), np.int64)
     per_image: list[tuple[float, int, torch.Tensor, np.ndarray, np.ndarray]] = []
     seen = 0

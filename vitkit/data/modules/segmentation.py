@@ -11,6 +11,7 @@ from vitkit.data.segmentation import (
     LAYOUTS,
     JointTransform,
     MaskFolder,
+    OwnSize,
     check_pairs,
     has_split,
 )
@@ -82,11 +83,12 @@ class SegmentationDataModule(_TrainValLoaders):
             if ds is not None:
                 check_pairs(ds.pairs)
 
-    def eval_view(self, split: str = "train") -> MaskFolder:
-        """``split``'s pairs in the evaluation transform (resized, no crop, flip or jitter): what a probe fitted before
-        training reads."""
+    def eval_view(self, split: str = "train", own_size: bool = False) -> MaskFolder:
+        """``split``'s pairs in the evaluation transform (resized, no crop, flip or jitter: what a probe fitted before
+        training reads), or with ``own_size`` at each image's own size (batch them one by one)."""
         hp = self.hparams
-        return MaskFolder(hp.root, split, JointTransform(hp.img_size, False, hp.ignore_index), hp.layout)
+        transform = OwnSize() if own_size else JointTransform(hp.img_size, False, hp.ignore_index)
+        return MaskFolder(hp.root, split, transform, hp.layout)
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         x, y = batch
