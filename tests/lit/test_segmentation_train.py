@@ -269,3 +269,31 @@ def test_predicts_mode_and_stride_refused_in_one_line(tmp_path):
                           "3", "0"]) == "error: --stride takes H W or one number, each 1 or more, got 3 0"
     assert error_line_of(["predict", str(image), "--model", "vit_tiny_patch16_224", "--mode", "slide"]) == \
         "error: --mode slide applies to a segmentation checkpoint (vitkit.lit.Segmenter)"
+
+
+def test_a_resumed_segmentation_run_ends_where_the_uninterrupted_one_does(tmp_path):
+    """Random scales, crops and flips, Dice, EMA and the poly schedule: 2 epochs, a stop, 2 more from `last.ckpt`
+    give the weights (BatchNorm statistics and the average included) and the LR of 4 epochs in one go."""
+    data = write_digit_masks(tmp_path / "data", train=16, val=4, size=32, glyph_size=16)
+
+    def fit(root: Path, *extra: str):
+        return cli_main(["fit", "-c", "seg_linear_probe", "--model.model_name", "vit_tiny_patch16_224",
+                         "--model.model_overrides", TINY_DIGITS_VIT, "--model.head", "upernet", "--model.head_args",
+                         '{"channels": 16}', "--model.freeze_backbone", "false", "--model.dice_weight", "0.5",
+                         "--model.ema_decay", "0.9", "--model.schedule", "poly", "--data.root", str(data),
+                         "--data.num_classes", str(len(CLASSES)), "--data.img_size", "32", "--data.batch_size", "4",
+                         "--data.num_workers", "0", "--trainer.max_epochs", "4", "--trainer.accelerator", "cpu",
+                         "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
+                         "--trainer.logger", "false", "--trainer.default_root_dir", str(root), *extra])
+
+    full = fit(tmp_path / "full")
+    fit(tmp_path / "resumed", "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch", "--trainer.callbacks.epoch",
+        "2")
+    resumed = fit(tmp_path / "resumed", "--ckpt_path", "last")
+    assert resumed.trainer.global_step == full.trainer.global_step == 16
+    lr = lambda cli: cli.trainer.optimizers[0].param_groups[0]["lr"]  # noqa: E731
+    assert lr(resumed) == pytest.approx(lr(full))
+    ours, theirs = resumed.model.state_dict(), full.model.state_dict()
+    assert sorted(ours) == sorted(theirs) and any(k.endswith("running_mean") for k in ours)
+    for k in ours:
+        torch.testing.assert_close(ours[k], theirs[k], atol=1e-5, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")

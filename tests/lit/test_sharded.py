@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from .conftest import PROBES, TINY_VIT, launch, run_in_turn
+from .segmentation_digits import write_digit_masks
 
 TINY_SWIN = '{"embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "window_size": 4, "patch_size": 2}'
 RECIPE = ["--trainer.accumulate_grad_batches", "2", "--trainer.gradient_clip_val", "0.5",
@@ -66,6 +67,19 @@ def _distilled(root: Path, strategy: str, teacher: Path, *extra: str) -> list[st
             *_common(root)]
 
 
+def _segmenter(root: Path, strategy: str, data: Path) -> list[str]:
+    """UperNet (BatchNorm, a pooling pyramid) on a ViT, the whole model trained with Dice beside the cross-entropy,
+    layer decay, EMA, accumulation over 2 and clipping, on digit masks: 6 batches per rank."""
+    return ["fit", "--config", "configs/seg_linear_probe.yaml", "--trainer.strategy", strategy,
+            "--trainer.precision", "32-true", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches",
+            "1", "--model.model_name", "vit_tiny_patch16_224", "--model.model_overrides",
+            TINY_VIT.replace('"depth": 1', '"depth": 2'), "--model.head", "upernet", "--model.head_args",
+            '{"channels": 16}', "--model.freeze_backbone", "false", "--model.dice_weight", "0.5",
+            "--model.layer_decay", "0.75", "--model.ema_decay", "0.9", "--data.root", str(data),
+            "--data.num_classes", "4", "--data.img_size", "32", "--data.batch_size", "2", "--data.num_workers", "0",
+            "--trainer.accumulate_grad_batches", "2", "--trainer.gradient_clip_val", "0.5", *_common(root)]
+
+
 def _teacher(root: Path) -> Path:
     import vitkit
 
@@ -97,6 +111,8 @@ def runs(tmp_path_factory) -> Path:
     for strategy in ("ddp", "fsdp2"):
         every += [_mim(root / f"mim_{strategy}", strategy), _distilled(root / f"distill_{strategy}", strategy, teacher),
                   _dino(root / f"dino_{strategy}", strategy)]
+    data = write_digit_masks(root / "masks", train=24, val=2, size=32, glyph_size=16)
+    every += [_segmenter(root / f"seg_{strategy}", strategy, data) for strategy in ("ddp", "fsdp2")]
     bf16 = ["--trainer.precision", "bf16-mixed"]
     every += [_mim(root / "mim_bf16", "fsdp2", *bf16), _distilled(root / "distill_bf16", "fsdp2", teacher, *bf16),
               _dino(root / "dino_bf16", "fsdp2", *bf16)]
@@ -206,6 +222,14 @@ def test_the_encoder_decoder_trains_as_under_ddp_and_decodes_in_validation(runs)
         ddp, fsdp = _losses(runs / "seq2seq_ddp", rank), _losses(runs / "seq2seq_fsdp2", rank)
         assert len(ddp) == 4
         torch.testing.assert_close(torch.tensor(fsdp), torch.tensor(ddp), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_segmenter_trains_under_fsdp2_as_under_ddp(runs):
+    """Per-batch losses and final weights (BatchNorm statistics and the EMA included) equal DDP's within 1e-5."""
+    ddp = _fsdp2_equals_ddp(runs / "seg_ddp", runs / "seg_fsdp2")
+    assert "ema.module.decode_head.bottleneck.bn.running_mean" in ddp  # the head's BatchNorm, averaged too
 
 
 @pytest.mark.slow

@@ -162,6 +162,8 @@ def test_segmentation_files_that_do_not_fit_are_named(tmp_path, upernet):
         create_segmenter("vit_tiny_patch16_224", head="linear", num_classes=3, head_checkpoint=head)
     with pytest.raises(ValueError, match=r"indices \[12\] are not layers of vit_tiny_patch16_224, which has 2"):
         build_segmenter(vitkit.create_model("vit_tiny_patch16_224", num_classes=0, depth=2), "linear", 3, [12])
+    with pytest.raises(ValueError, match=r"indices must name distinct layers in increasing order .*, got \[1, 0\]"):
+        build_segmenter(vitkit.create_model("vit_tiny_patch16_224", num_classes=0, depth=2), "upernet", 3, [-1, 0])
     with pytest.raises(ValueError, match="head must be one of"):
         build_segmenter(vitkit.create_model("vit_tiny_patch16_224", num_classes=0, depth=1), "fcn", 3)
 

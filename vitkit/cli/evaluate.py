@@ -84,11 +84,11 @@ def _argv(argv: list[str]) -> list[str]:
     """``--data.root DIR`` without ``--data CLASS`` is an image folder, or for a segmentation checkpoint a folder of
     images and masks (and a bare ``--flag`` is ``--flag true``)."""
     named = any(a == "--data" or a.startswith("--data=") for a in argv)
+    seg = _segmentation_checkpoint(argv) if named or any(a.startswith("--data.") for a in argv) else None
     if not named and any(a.startswith("--data.") for a in argv):
-        seg = _segmentation_checkpoint(argv)
         argv = ["--data", "vitkit.lit.SegmentationDataModule" if seg else "vitkit.lit.ImageFolderDataModule", *argv]
-        if seg and not any(a.startswith("--data.num_classes") for a in argv):  # the model's own classes
-            argv += ["--data.num_classes", str(seg["num_classes"])]
+    if seg and not any(a.startswith("--data.num_classes") for a in argv):  # the model's own classes
+        argv = [*argv, "--data.num_classes", str(seg["num_classes"])]
     flags = ("--knn", "--linear-probe")
     out = []
     for i, a in enumerate(argv):

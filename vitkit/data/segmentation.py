@@ -18,8 +18,10 @@ The split names are vitkit's (train, val, test); ADE20k's folders are training a
 
 from __future__ import annotations
 
+import io
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -220,3 +222,76 @@ class MaskFolder(Dataset):
             raise UsageError(f"{image_path} is not an image PIL can read ({e})") from None
         mask = read_mask(mask_path)
         return self.transform(image, reduce_zero_label(mask) if self.layout == "ade20k" else mask, random)
+
+
+# -- a Hugging Face dataset with an image column and a mask column -------------------------------------------------
+
+MASK_NAMES = ("mask", "label", "annotation", "segment", "semantic", "gt", "target")  # how hubs name a mask column
+
+
+def mask_columns(features, image_column: str | None, mask_column: str | None, where: str) -> tuple[str, str]:
+    """The image column and the mask column, both ``Image`` features: named, or told apart by the mask's name (one
+    holding ``mask``, ``label``, ``annotation``, ``segment``...); an error names the columns there are."""
+    import datasets
+
+    columns = ", ".join(f"{k} ({type(v).__name__})" for k, v in (features or {}).items())
+    for arg, col in (("image_column", image_column), ("mask_column", mask_column)):
+        if col is not None and col not in (features or {}):
+            raise UsageError(f"{where}: --data.{arg} {col!r} is not a column; its columns are {columns}")
+    images = [k for k, v in (features or {}).items() if isinstance(v, datasets.Image)]
+    if mask_column is None:
+        named = [k for k in images if k != image_column and any(n in k.lower() for n in MASK_NAMES)]
+        if len(named) != 1:
+            raise UsageError(f"{where}: which column holds the masks? Its columns are {columns}; name it with "
+                             "--data.mask_column (and the images' with --data.image_column)")
+        mask_column = named[0]
+    if image_column is None:
+        others = [k for k in images if k != mask_column]
+        if len(others) != 1:
+            raise UsageError(f"{where}: which column holds the images? Its columns are {columns}; name it with "
+                             "--data.image_column")
+        image_column = others[0]
+    for arg, col in (("image_column", image_column), ("mask_column", mask_column)):
+        if not isinstance(features[col], datasets.Image):
+            raise UsageError(f"{where}: --data.{arg} {col!r} is {type(features[col]).__name__}, not images; its "
+                             f"columns are {columns}")
+    return image_column, mask_column
+
+
+def _pil(value: Any) -> Image.Image:
+    """An undecoded ``Image`` value (bytes and/or a path) as the PIL image it encodes, its mode kept."""
+    data, path = (value.get("bytes"), value.get("path")) if isinstance(value, dict) else (value, None)
+    image = Image.open(io.BytesIO(data) if data is not None else path)
+    image.load()
+    return image
+
+
+class HFMaskPairs(Dataset):
+    """A map-style split of a Hugging Face dataset as (image, mask) pairs after ``transform``, as :class:`MaskFolder`
+    gives them; ``reduce_zero_label`` reads ADE20k's convention (0 ignored, the rest one lower)."""
+
+    def __init__(self, ds, image_column: str, mask_column: str, transform, reduce_zero: bool = False,
+                 where: str = "the dataset") -> None:
+        import datasets
+
+        self.ds = ds.select_columns([image_column, mask_column]).cast_column(image_column, datasets.Image(
+            decode=False)).cast_column(mask_column, datasets.Image(decode=False))
+        self.image_column, self.mask_column, self.transform = image_column, mask_column, transform
+        self.reduce_zero, self.where = reduce_zero, where
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        row = self.ds[int(i)]
+        try:
+            image, mask = _pil(row[self.image_column]).convert("RGB"), _pil(row[self.mask_column])
+        except OSError as e:
+            raise UsageError(f"{self.where}: row {i} does not hold a readable image and mask ({e})") from None
+        if mask.mode not in MASK_MODES:
+            raise UsageError(f"{self.where}: the mask of row {i} is a {mask.mode} image; a mask holds one class index "
+                             "per pixel (a single-channel or palette PNG)")
+        if image.size != mask.size:
+            raise UsageError(f"{self.where}: row {i} has an image of {image.size[0]}x{image.size[1]} and a mask of "
+                             f"{mask.size[0]}x{mask.size[1]}: a mask has its image's size")
+        return self.transform(image, reduce_zero_label(mask) if self.reduce_zero else mask, random)

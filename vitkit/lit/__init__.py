@@ -4,6 +4,7 @@ training base (``vitkit.training``) or beside the readers its data module wraps 
 
 from vitkit.data.modules import (
     DigitsDataModule,
+    HFSegmentationDataModule,
     ImageFolderDataModule,
     ManifestDataModule,
     OcrDigitsDataModule,
@@ -19,7 +20,8 @@ from vitkit.tasks.text import Seq2SeqModule
 from vitkit.training import EMA, AtomicCheckpointIO, CSVLogger, FSDP2Strategy, ModelCheckpoint, TrainingCurves
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DigitsDataModule", "FSDP2Strategy",
-           "HFDataModule", "ImageClassifier", "ImageFolderDataModule", "ManifestDataModule", "MaskedImageModeling",
+           "HFDataModule", "HFSegmentationDataModule", "ImageClassifier", "ImageFolderDataModule", "ManifestDataModule",
+           "MaskedImageModeling",
            "ModelCheckpoint", "OcrDigitsDataModule", "SegmentationDataModule", "Segmenter", "Seq2SeqDataModule",
            "Seq2SeqModule", "StepsPerEpoch", "StreamingImageDataModule", "Tokenizer", "TrainingCurves",
            "UnlabeledImageDataModule"]

@@ -208,8 +208,13 @@ class SegmentationModel(nn.Module):
         """A ViT backbone at any multiple of its patch (positions resampled): the segmenter at any size."""
         self.backbone.set_dynamic_img_size(enable)
 
+    forward_methods = ("forward_train", "features")  # entry points besides forward (FSDP2 wraps each: sharding.py)
+
     def features(self, x: Tensor) -> list[Tensor]:
         """The maps the heads read, (B, C, h, w) each."""
+        return self._maps(x)
+
+    def _maps(self, x: Tensor) -> list[Tensor]:
         if self.stage_norms is None:
             return self.backbone.forward_intermediates(x, indices=self.indices, norm=self.norm,
                                                        intermediates_only=True)
@@ -218,11 +223,11 @@ class SegmentationModel(nn.Module):
         return [n(m).permute(0, 3, 1, 2).contiguous() for n, m in zip(self.stage_norms, maps, strict=True)]
 
     def forward(self, x: Tensor) -> Tensor:
-        return resize(self.decode_head(self.features(x)), x.shape[-2:])
+        return resize(self.decode_head(self._maps(x)), x.shape[-2:])
 
     def forward_train(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """(the logits, the auxiliary head's logits or None), both at the input's size."""
-        maps = self.features(x)
+        maps = self._maps(x)
         aux = self.auxiliary_head(maps[self.aux_index]) if self.auxiliary_head is not None else None
         return resize(self.decode_head(maps), x.shape[-2:]), None if aux is None else resize(aux, x.shape[-2:])
 
@@ -241,12 +246,15 @@ def build_segmenter(backbone: nn.Module, head: str, num_classes: int, indices: S
     hierarchical = len({f["reduction"] for f in backbone.feature_info}) > 1
     if indices is None:
         four = [n // 4 - 1, n // 2 - 1, 3 * n // 4 - 1, n - 1]  # 12 blocks: 2, 5, 8, 11 (DPT's)
-        indices = list(range(n)) if hierarchical else [n - 1] if head == "linear" else four
+        indices = list(range(n)) if hierarchical or n < 4 else [n - 1] if head == "linear" else four
     wrong = [i for i in indices if not -n <= i < n]
     if wrong:
         raise ValueError(f"indices {wrong} are not layers of {getattr(backbone, 'name', 'the backbone')}, which has "
                          f"{n} (0 to {n - 1}, or -1 for the last)")
     indices = [i % n for i in indices]  # -1: the last
+    if any(a >= b for a, b in zip(indices, indices[1:], strict=False)):
+        raise ValueError(f"indices must name distinct layers in increasing order (the backbone gives its maps in "
+                         f"that order), got {indices}")
     chs = [backbone.feature_info[i]["num_chs"] for i in indices]
     decode = HEADS[head](chs, num_classes, **head_args)
     aux = None

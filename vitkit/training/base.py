@@ -22,6 +22,7 @@ import torch
 from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
@@ -54,7 +55,10 @@ class EMA(nn.Module):
         ema = list(self.module.state_dict().values())
         live = list(model.state_dict().values())
         floats = [(e, m) for e, m in zip(ema, live, strict=True) if e.is_floating_point()]
-        get_ema_multi_avg_fn(self.decay)([e for e, _ in floats], [m.detach() for _, m in floats], None)
+        for sharded in (False, True):  # one kernel per kind: FSDP2 shards parameters but leaves buffers (BatchNorm's)
+            pairs = [(e, m) for e, m in floats if isinstance(e, DTensor) == sharded]
+            if pairs:
+                get_ema_multi_avg_fn(self.decay)([e for e, _ in pairs], [m.detach() for _, m in pairs], None)
         self.updates += 1
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -10,7 +10,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
 from vitkit.layers import Block
@@ -30,7 +30,8 @@ def shard(model: nn.Module, mesh, precision: str = "32-true", *, activation_chec
     """``fully_shard`` each :class:`vitkit.layers.Block` (all-gathered one block at a time in forward and
     backward), then the root, which holds what is left (embeddings, final norm, head). Options: recompute each
     block's activations in backward (the model's ``set_grad_checkpointing``), and compile each block in place
-    (parameter names, and so checkpoints, stay those of the plain model)."""
+    (parameter names, and so checkpoints, stay those of the plain model). A model's ``forward_methods`` (a
+    segmenter's ``forward_train``) are entry points that gather the root's weights as ``forward`` does."""
     policy = mixed_precision(precision)
     if activation_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
@@ -43,6 +44,8 @@ def shard(model: nn.Module, mesh, precision: str = "32-true", *, activation_chec
                 module.compile()
             fully_shard(module, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    for name in getattr(model, "forward_methods", ()):  # other entry points gather the root's weights as forward does
+        register_fsdp_forward_method(model, name)
     return model
 
 

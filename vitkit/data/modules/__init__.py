@@ -4,10 +4,11 @@ and CSV / JSON-lines manifests (``images.py``), litdata shards (``streaming.py``
 Training batches cross to the device as uint8 and are normalised there."""
 
 from .images import DigitsDataModule, ImageFolderDataModule, ManifestDataModule, UnlabeledImageDataModule
-from .segmentation import SegmentationDataModule
+from .segmentation import HFSegmentationDataModule, SegmentationDataModule
 from .text import OcrDigitsDataModule, Seq2SeqDataModule
 
-__all__ = ["DigitsDataModule", "HFDataModule", "ImageFolderDataModule", "ManifestDataModule", "OcrDigitsDataModule",
+__all__ = ["DigitsDataModule", "HFDataModule", "HFSegmentationDataModule", "ImageFolderDataModule",
+           "ManifestDataModule", "OcrDigitsDataModule",
            "SegmentationDataModule", "Seq2SeqDataModule", "StreamingImageDataModule", "UnlabeledImageDataModule"]
 
 

@@ -1,7 +1,10 @@
-"""``SegmentationDataModule``: a folder of images and masks (``vitkit/data/segmentation.py``) for Lightning.
-Batches cross to the device as uint8 images and int64 masks; the images are normalised there."""
+"""``SegmentationDataModule`` (a folder of images and masks) and ``HFSegmentationDataModule`` (a Hugging Face dataset
+with an image and a mask column), over the readers of ``vitkit/data/segmentation.py``, for Lightning. Batches cross
+to the device as uint8 images and int64 masks; the images are normalised there."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from torch import Tensor
 
@@ -9,11 +12,13 @@ from vitkit.data.segmentation import (
     LAYOUT_CLASSES,
     LAYOUT_NAMES,
     LAYOUTS,
+    HFMaskPairs,
     JointTransform,
     MaskFolder,
     OwnSize,
     check_pairs,
     has_split,
+    mask_columns,
 )
 from vitkit.data.transforms import data_config, device_batch
 
@@ -75,20 +80,24 @@ class SegmentationDataModule(_TrainValLoaders):
         hp = self.hparams
         train = JointTransform(hp.img_size, True, hp.ignore_index, tuple(hp.scale), hp.hflip, hp.color_jitter)
         evaluate = JointTransform(hp.img_size, False, hp.ignore_index)
-        self.train_set = MaskFolder(hp.root, "train", train, hp.layout)
-        self.val_set = MaskFolder(hp.root, "val", evaluate, hp.layout)
-        has_test = has_split(hp.root, "test", hp.layout)
-        self.test_set = MaskFolder(hp.root, "test", evaluate, hp.layout) if has_test else None
-        for ds in (self.train_set, self.val_set, self.test_set):  # before training: the CLI sets up first
-            if ds is not None:
-                check_pairs(ds.pairs)
+        self.train_set, self.val_set = self.split("train", train), self.split("val", evaluate)
+        self.test_set = self.split("test", evaluate) if self.has("test") else None
 
-    def eval_view(self, split: str = "train", own_size: bool = False) -> MaskFolder:
+    def split(self, name: str, transform: JointTransform | OwnSize) -> MaskFolder:
+        """The pairs of split ``name`` (train, val or test) through ``transform``; their headers checked first."""
+        hp = self.hparams
+        ds = MaskFolder(hp.root, name, transform, hp.layout)
+        check_pairs(ds.pairs)  # before training: the CLI sets up first
+        return ds
+
+    def has(self, name: str) -> bool:
+        return has_split(self.hparams.root, name, self.hparams.layout)
+
+    def eval_view(self, split: str = "train", own_size: bool = False):
         """``split``'s pairs in the evaluation transform (resized, no crop, flip or jitter: what a probe fitted before
         training reads), or with ``own_size`` at each image's own size (batch them one by one)."""
         hp = self.hparams
-        transform = OwnSize() if own_size else JointTransform(hp.img_size, False, hp.ignore_index)
-        return MaskFolder(hp.root, split, transform, hp.layout)
+        return self.split(split, OwnSize() if own_size else JointTransform(hp.img_size, False, hp.ignore_index))
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         x, y = batch
@@ -100,3 +109,67 @@ class SegmentationDataModule(_TrainValLoaders):
 
     def describe(self) -> str:
         return f"SegmentationDataModule({self.hparams.root})"
+
+
+class HFSegmentationDataModule(SegmentationDataModule):
+    """Images with a class index per pixel, from a Hugging Face dataset: the hub's cache (offline-first), a
+    ``save_to_disk`` folder, or data files (``vitkit/data/hf.py``), with an image column and a mask column.
+
+    Args:
+        name: a hub name (``scene_parse_150``, ``segments/sidewalk-semantic``) or a local folder.
+        data_files: local parquet or arrow files instead of ``name``.
+        config_name, revision: the dataset's configuration and revision.
+        image_column, mask_column: the two ``Image`` columns (default: the one named like a mask, ``annotation``,
+            ``label``, ``mask``..., and the other).
+        num_classes: the classes the masks index (required: a mask column does not say).
+        reduce_zero_label: ADE20k's convention in the masks (0 ignored, 1..150 become 0..149).
+        train_split, val_split, test_split: the splits' names; without a validation split, ``val_fraction`` of the
+            training rows are held out by ``seed``.
+        The rest: as :class:`SegmentationDataModule`'s.
+    """
+
+    def __init__(self, name: str | None = None, num_classes: int | None = None, classes: list[str] | None = None,
+                 data_files: Any = None, config_name: str | None = None, revision: str | None = None,
+                 image_column: str | None = None, mask_column: str | None = None, reduce_zero_label: bool = False,
+                 train_split: str = "train", val_split: str = "validation", test_split: str | None = "test",
+                 val_fraction: float = 0.05, seed: int = 0, ignore_index: int = 255,
+                 img_size: int | tuple[int, int] = 224, batch_size: int = 8, num_workers: int | None = None,
+                 model_name: str | None = None, scale: tuple[float, float] = (0.5, 2.0), hflip: float = 0.5,
+                 color_jitter: float = 0.0, mean: tuple[float, ...] | None = None,
+                 std: tuple[float, ...] | None = None, pin_memory: bool = True) -> None:
+        from vitkit.data.hf import carve, open_dataset
+
+        if num_classes is None:
+            raise ValueError("give --data.num_classes, the classes the masks index (a mask column does not say)")
+        super().__init__(str(name if name is not None else data_files), num_classes, classes, "folder", ignore_index,
+                         img_size, batch_size, num_workers, model_name, scale, hflip, color_jitter, mean, std,
+                         pin_memory)
+        self.save_hyperparameters()
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        self.where = name if name is not None else str(data_files)
+        splits = open_dataset(name, config_name=config_name, revision=revision, data_files=data_files)
+        if train_split not in splits:
+            raise ValueError(f"{self.where} has no split {train_split!r} (--data.train_split); its splits are "
+                             f"{', '.join(splits) or 'none'}")
+        if val_split == "validation" and val_split not in splits:  # the other names datasets give it
+            val_split = next((k for k in ("val", "valid") if k in splits), val_split)
+        train = splits[train_split]
+        self.image_column, self.mask_column = mask_columns(train.features, image_column, mask_column, self.where)
+        if val_split in splits:
+            self.rows = {"train": train, "val": splits[val_split]}
+        else:  # held out of train, the same rows on every rank and run
+            keep, held = carve(len(train), val_fraction, seed)
+            self.rows = {"train": train.select(keep), "val": train.select(held)}
+        if test_split is not None and test_split in splits:
+            self.rows["test"] = splits[test_split]
+
+    def split(self, name: str, transform: JointTransform | OwnSize) -> HFMaskPairs:
+        return HFMaskPairs(self.rows[name], self.image_column, self.mask_column, transform,
+                           self.hparams.reduce_zero_label, f"{self.where} ({name})")
+
+    def has(self, name: str) -> bool:
+        return name in self.rows
+
+    def describe(self) -> str:
+        return f"HFSegmentationDataModule({self.where})"
