@@ -366,10 +366,11 @@ def create_segmenter(name: str, *, head: str = "upernet", num_classes: int, pret
 
 def load_segmenter(path: str | os.PathLike) -> SegmentationModel:
     """A whole segmentation model from another library's files: a folder of transformers'
-    ``UperNetForSemanticSegmentation`` (Swin backbone), every weight loaded strictly."""
-    from .checkpoints.segmentation import transformers_upernet
+    ``UperNetForSemanticSegmentation`` (Swin backbone), or an mmsegmentation UperNet-Swin checkpoint (``.pth``),
+    every weight loaded strictly."""
+    from .checkpoints.segmentation import read_segmenter
 
-    found = transformers_upernet(path)
+    found = read_segmenter(path)
     backbone = create_model(found.preset, num_classes=0, **found.overrides)
     classes = found.state_dict["decode_head.conv_seg.weight"].shape[0]
     model = build_segmenter(backbone, found.head, classes, auxiliary=found.auxiliary, aux_args=found.aux_args,

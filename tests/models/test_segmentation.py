@@ -58,6 +58,64 @@ def test_upernet_on_swin_gives_transformers_logits(upernet):
     assert ours.class_names == [f"c{i}" for i in range(5)]
 
 
+def _as_mmsegmentation(folder, path) -> None:
+    """transformers' UperNet-Swin written as mmsegmentation's checkpoints hold it: its Swin names
+    (``stages.I.blocks.J.attn.w_msa``, a fused qkv, ``ffn.layers``), patch merging in ``nn.Unfold``'s channel order
+    (each channel's 4 pixels together: what mmsegmentation's swin2mmseg converter does to the original Swin's), the
+    per-stage norms as ``backbone.normI``, ``bn`` and ``conv_seg``, the class names in ``meta``. From the folder
+    transformers saved, in the names its converter writes."""
+    from safetensors.torch import load_file
+
+    sd = load_file(folder / "model.safetensors")
+    out = {}
+    rename = {"layernorm_before": "norm1", "layernorm_after": "norm2", "attention.output.dense": "attn.w_msa.proj",
+              "intermediate.dense": "ffn.layers.0.0", "output.dense": "ffn.layers.1",
+              "attention.self.relative_position_bias_table": "attn.w_msa.relative_position_bias_table"}
+
+    def unfold_order(x):  # (out, 4C) or (4C,): four blocks of C (pixels 0, 2, 1, 3 of a 2x2) -> C groups of four
+        return x.reshape(-1, 4, x.shape[-1] // 4)[:, [0, 2, 1, 3]].transpose(1, 2).reshape(x.shape)
+
+    for key, value in sd.items():
+        if key.startswith("backbone.encoder.layers."):
+            i, rest = key.removeprefix("backbone.encoder.layers.").split(".", 1)
+            if rest.startswith("downsample."):
+                out[f"backbone.stages.{i}.{rest}"] = unfold_order(value)
+                continue
+            _, j, part = rest.split(".", 2)
+            stem = f"backbone.stages.{i}.blocks.{j}."
+            for src, dst in rename.items():
+                if part == src or part.startswith(src + "."):
+                    out[stem + dst + part[len(src):]] = value
+            if part.startswith("attention.self.query."):
+                end = part.removeprefix("attention.self.query.")
+                out[f"{stem}attn.w_msa.qkv.{end}"] = torch.cat(
+                    [sd[f"{key[:-len(part)]}attention.self.{k}.{end}"] for k in ("query", "key", "value")])
+        elif key.startswith("backbone.hidden_states_norms.stage"):
+            stage, part = key.removeprefix("backbone.hidden_states_norms.stage").split(".")
+            out[f"backbone.norm{int(stage) - 1}.{part}"] = value
+        elif key.startswith("backbone.embeddings."):
+            out[key.replace("embeddings.patch_embeddings.projection", "patch_embed.projection").replace(
+                "embeddings.norm", "patch_embed.norm")] = value
+        elif key.startswith(("decode_head.", "auxiliary_head.")):
+            out[key.replace(".batch_norm.", ".bn.").replace("classifier.", "conv_seg.")] = value
+    torch.save({"meta": {"CLASSES": tuple(f"m{i}" for i in range(5))}, "state_dict": out}, path)
+
+
+def test_an_mmsegmentation_upernet_swin_checkpoint_gives_transformers_logits(upernet, tmp_path):
+    """mmsegmentation's layout of the same weights (transformers' converter reads it: renamed keys, split qkv,
+    patch merging back from ``nn.Unfold``'s order) loads strictly and gives the same logits."""
+    theirs, folder = upernet
+    _as_mmsegmentation(folder, tmp_path / "upernet_swin.pth")
+    ours = load_segmenter(tmp_path / "upernet_swin.pth").eval()
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(pixel_values=x).logits, atol=1e-4, rtol=0)
+    assert ours.class_names == [f"m{i}" for i in range(5)]
+    torch.save({"state_dict": {"backbone.layers.0.weight": torch.zeros(1)}}, tmp_path / "other.pth")
+    with pytest.raises(CheckpointError, match="neither a transformers UperNet folder nor an mmsegmentation"):
+        load_segmenter(tmp_path / "other.pth")
+
+
 def test_a_segmenter_built_alike_but_not_loaded_differs(upernet):
     """The parity above is the weights', not a property of any two models of this shape."""
     theirs, _ = upernet

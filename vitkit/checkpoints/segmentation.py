@@ -1,6 +1,7 @@
 """Segmentation models of other libraries in vitkit's names (``vitkit.models.segmentation``, mmsegmentation's):
 transformers' ``UperNetForSemanticSegmentation`` on a Swin backbone (its folder: ``config.json`` and the weights),
-and Meta's DINOv2 linear heads (``dinov2_vits14_ade20k_linear_head.pth``: an mmsegmentation checkpoint of a
+mmsegmentation's UperNet-Swin checkpoints (``upernet_swin_tiny_patch4_window7_512x512_160k_ade20k_*.pth``), and
+Meta's DINOv2 linear heads (``dinov2_vits14_ade20k_linear_head.pth``: an mmsegmentation checkpoint of a
 ``BNHead``)."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from .files import CheckpointError, read_file
@@ -79,6 +81,104 @@ def transformers_upernet(folder: str | os.PathLike) -> SegmenterFile:
     labels = config.get("id2label") or {}
     names = [labels[k] for k in sorted(labels, key=int)] if labels else []
     return SegmenterFile(preset, overrides, "upernet", head_args, sd, aux, aux_args, names)
+
+
+def is_mmseg_upernet_swin(raw: dict[str, Tensor]) -> bool:
+    return "backbone.stages.0.blocks.0.attn.w_msa.qkv.weight" in raw and "decode_head.bottleneck.conv.weight" in raw
+
+
+def _merge_order(x: Tensor) -> Tensor:
+    """A patch merging's weight (out, 4C) or norm (4C,) from mmsegmentation's channel order (``nn.Unfold``'s: each
+    channel's four pixels together) to the original Swin's (the four pixels' channels one after another), which
+    timm, transformers and vitkit keep; mmsegmentation's model converters go the other way."""
+    shape = x.shape
+    x = x.reshape(-1, shape[-1] // 4, 4)
+    return x[:, :, [0, 2, 1, 3]].transpose(1, 2).reshape(shape)
+
+
+def _mmseg_swin_as_transformers(raw: dict[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """mmsegmentation's Swin backbone (``backbone.stages.I.blocks.J.attn.w_msa...``) in transformers' Swin names,
+    and the transformers config its shapes give."""
+    out: dict[str, Tensor] = {}
+    depths: list[int] = []
+    heads: list[int] = []
+    i = 0
+    while f"backbone.stages.{i}.blocks.0.norm1.weight" in raw:
+        j = 0
+        while f"backbone.stages.{i}.blocks.{j}.norm1.weight" in raw:
+            old, new = f"backbone.stages.{i}.blocks.{j}.", f"encoder.layers.{i}.blocks.{j}."
+            qkv, bias = raw[old + "attn.w_msa.qkv.weight"], raw[old + "attn.w_msa.qkv.bias"]
+            for k, (w, b) in zip(("query", "key", "value"), zip(qkv.chunk(3), bias.chunk(3), strict=True),
+                                 strict=True):
+                out[f"{new}attention.self.{k}.weight"], out[f"{new}attention.self.{k}.bias"] = w, b
+            for src, dst in (("norm1", "layernorm_before"), ("norm2", "layernorm_after"),
+                             ("attn.w_msa.proj", "attention.output.dense"), ("ffn.layers.0.0", "intermediate.dense"),
+                             ("ffn.layers.1", "output.dense")):
+                for part in ("weight", "bias"):
+                    out[f"{new}{dst}.{part}"] = raw[f"{old}{src}.{part}"]
+            table = raw[old + "attn.w_msa.relative_position_bias_table"]
+            out[f"{new}attention.self.relative_position_bias_table"] = table
+            j += 1
+        heads.append(table.shape[1])
+        depths.append(j)
+        for part in ("reduction.weight", "norm.weight", "norm.bias"):
+            key = f"backbone.stages.{i}.downsample.{part}"
+            if key in raw:
+                out[f"encoder.layers.{i}.downsample.{part}"] = _merge_order(raw[key])
+        i += 1
+    proj = raw["backbone.patch_embed.projection.weight"]
+    for src, dst in (("projection.weight", "patch_embeddings.projection.weight"),
+                     ("projection.bias", "patch_embeddings.projection.bias"),
+                     ("norm.weight", "norm.weight"), ("norm.bias", "norm.bias")):
+        out[f"embeddings.{dst}"] = raw[f"backbone.patch_embed.{src}"]
+    window = round((table.shape[0] ** 0.5 + 1) / 2)
+    config = dict(model_type="swin", embed_dim=proj.shape[0], patch_size=proj.shape[-1], depths=depths,
+                  num_heads=heads, window_size=window, num_channels=proj.shape[1], image_size=224)
+    return out, config
+
+
+def mmseg_upernet(raw: dict[str, Tensor]) -> SegmenterFile:
+    """An mmsegmentation UperNet-Swin checkpoint's weights (``backbone.stages...``, ``backbone.norm0-3``,
+    ``decode_head.*``, ``auxiliary_head.*``)."""
+    swin, config = _mmseg_swin_as_transformers(raw)
+    body, _ = to_vitkit(swin)
+    sd = {f"backbone.{k}": v for k, v in body.items()}
+    for i in range(len(config["depths"])):
+        for part in ("weight", "bias"):
+            sd[f"stage_norms.{i}.{part}"] = raw[f"backbone.norm{i}.{part}"]
+    width = sd["stage_norms.0.weight"].shape[0] * 2 ** (len(config["depths"]) - 1)
+    sd.setdefault("backbone.norm.weight", torch.ones(width))  # the final norm, which mmsegmentation's Swin has not:
+    sd.setdefault("backbone.norm.bias", torch.zeros(width))  # the identity (a segmenter reads the stage norms)
+    heads = {k: v for k, v in raw.items() if k.startswith(("decode_head.", "auxiliary_head.")) and ".loss" not in k}
+    sd.update(heads)
+    pools = len({k.split(".")[2] for k in heads if k.startswith("decode_head.psp_modules.")})
+    head_args = dict(channels=raw["decode_head.bottleneck.conv.weight"].shape[0],
+                     pool_scales=(1, 2, 3, 6) if pools == 4 else tuple(range(1, pools + 1)))
+    aux = "auxiliary_head.conv_seg.weight" in raw
+    aux_args = dict(channels=raw["auxiliary_head.convs.0.conv.weight"].shape[0],
+                    num_convs=len({k.split(".")[2] for k in heads if k.startswith("auxiliary_head.convs.")}),
+                    concat_input="auxiliary_head.conv_cat.conv.weight" in raw) if aux else {}
+    preset, overrides = preset_for(config)
+    return SegmenterFile(preset, overrides, "upernet", head_args, sd, aux, aux_args, [])
+
+
+def read_segmenter(path: str | os.PathLike) -> SegmenterFile:
+    """A whole segmentation model's folder or file: transformers' UperNet folder, or an mmsegmentation UperNet-Swin
+    checkpoint (its class names from its ``meta`` where it has them)."""
+    path = Path(path)
+    if path.is_dir():
+        return transformers_upernet(path)
+    loaded = read_file(path)
+    raw = unwrap(loaded)
+    if not is_mmseg_upernet_swin(raw):
+        raise CheckpointError(f"{path} is neither a transformers UperNet folder nor an mmsegmentation UperNet-Swin "
+                              f"checkpoint (backbone.stages..., decode_head...); it holds {sorted(raw)[:3]}")
+    found = mmseg_upernet(raw)
+    meta = loaded.get("meta") if isinstance(loaded, dict) else None
+    classes = (meta or {}).get("CLASSES") or ((meta or {}).get("dataset_meta") or {}).get("classes")
+    if classes:
+        found.class_names = [str(c) for c in classes]
+    return found
 
 
 def dinov2_linear_head(path: str | os.PathLike, embed_dim: int) -> tuple[dict[str, Tensor], int]:
