@@ -364,14 +364,16 @@ def create_segmenter(name: str, *, head: str = "upernet", num_classes: int, pret
     return model
 
 
-def load_segmenter(path: str | os.PathLike) -> SegmentationModel:
+def load_segmenter(path: str | os.PathLike, img_size: int | tuple[int, int] | None = None) -> SegmentationModel:
     """A whole segmentation model from another library's files: a folder of transformers'
     ``UperNetForSemanticSegmentation`` (Swin backbone), or an mmsegmentation UperNet-Swin checkpoint (``.pth``),
-    every weight loaded strictly."""
+    every weight loaded strictly. ``img_size``: the input size to build it for (a Swin's windows and masks are
+    planned at it; mmsegmentation's ADE20k models run at 512), default the file's pre-training size."""
     from .checkpoints.segmentation import read_segmenter
 
     found = read_segmenter(path)
-    backbone = create_model(found.preset, num_classes=0, **found.overrides)
+    overrides = {**found.overrides, **({"img_size": img_size} if img_size is not None else {})}
+    backbone = create_model(found.preset, num_classes=0, **overrides)
     classes = found.state_dict["decode_head.conv_seg.weight"].shape[0]
     model = build_segmenter(backbone, found.head, classes, auxiliary=found.auxiliary, aux_args=found.aux_args,
                             **found.head_args)

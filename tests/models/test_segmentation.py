@@ -116,6 +116,27 @@ def test_an_mmsegmentation_upernet_swin_checkpoint_gives_transformers_logits(upe
         load_segmenter(tmp_path / "other.pth")
 
 
+@pytest.mark.parametrize("size", [(256, 256), (288, 352)])
+def test_upernet_swin_at_sizes_that_are_not_whole_windows_gives_transformers_logits(upernet, size):
+    """Maps that are not a whole number of 7x7 windows (64x64 at 256 px; 72x88) are padded; transformers' and
+    mmsegmentation's Swin attend the padding as zero vectors, and the loaded model does the same (its config's
+    ``attend_padding``), eager, scripted and traced (the windows planned for the size), within 1e-4."""
+    theirs, folder = upernet
+    ours = load_segmenter(folder, img_size=size).eval()
+    assert ours.backbone.cfg.attend_padding
+    x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = theirs(pixel_values=x).logits
+        torch.testing.assert_close(ours(x), expected, atol=1e-4, rtol=0)
+        backbone = ours.backbone
+        eager = backbone.forward_features(x)
+        torch.testing.assert_close(torch.jit.script(backbone).forward_features(x), eager, atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.fx.symbolic_trace(backbone)(x), backbone(x), atol=1e-5, rtol=0)
+        masked = load_segmenter(folder, img_size=size).eval()
+        masked.backbone.configure(attend_padding=False)
+        assert (masked(x) - expected).abs().max() > 1e-2  # masking the padding instead is another model
+
+
 def test_a_segmenter_built_alike_but_not_loaded_differs(upernet):
     """The parity above is the weights', not a property of any two models of this shape."""
     theirs, _ = upernet

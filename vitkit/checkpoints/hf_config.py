@@ -83,8 +83,8 @@ def _swin(config: dict, version: int) -> tuple[str, dict]:
                 num_heads=tuple(config.get("num_heads", (3, 6, 12, 24))),
                 window_size=config.get("window_size", 7), mlp_ratio=config.get("mlp_ratio", 4.0),
                 qkv_bias=config.get("qkv_bias", True), norm_eps=config.get("layer_norm_eps", 1e-5))
-    if version == 1:
-        return "swin_tiny_patch4_window7_224", over
+    if version == 1:  # transformers pads a map to whole windows with zeros that attention sees, as the official
+        return "swin_tiny_patch4_window7_224", {**over, "attend_padding": True}  # detection backbone does
     pretrained = tuple(config.get("pretrained_window_sizes", (0,) * len(over["depths"])))
     if any(pretrained):
         over["pretrained_window_sizes"] = tuple(w or over["window_size"] for w in pretrained)

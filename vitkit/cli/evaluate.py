@@ -130,9 +130,7 @@ def main(argv: list[str]) -> int:
     explicit = {a[len("--data."):].split("=")[0] for a in argv if a.startswith("--data.")}
     if cfg.checkpoint and _segmentation_checkpoint(["--checkpoint", cfg.checkpoint]) is not None:
         return _evaluate_segmentation(p, cfg, explicit, device)
-    if cfg.mode != "resized" or cfg.stride is not None:
-        raise ValueError("--mode and --stride score a segmentation checkpoint (vitkit.lit.Segmenter); "
-                         f"{cfg.checkpoint or cfg.model or cfg.onnx} is not one")
+    _refuse_segmentation_flags(cfg)
     size = cfg.data.init_args.get("img_size") if "img_size" in explicit else None
     model, names, prep, thresholds = _model(cfg, device, size)
     if cfg.precision == "bf16-mixed":
@@ -237,6 +235,12 @@ def _data(p: ArgumentParser, cfg, prep: dict, explicit: set[str], eval_train: bo
         dm.train_transform = lambda: eval_transform(dm.data_cfg)
     dm.setup("test")
     return dm
+
+
+def _refuse_segmentation_flags(cfg) -> None:
+    if cfg.mode != "resized" or cfg.stride is not None:
+        raise ValueError("--mode and --stride score a segmentation checkpoint (vitkit.lit.Segmenter); "
+                         f"{cfg.checkpoint or cfg.model or cfg.onnx} is not one")
 
 
 def _stride(stride: int | list[int] | None) -> tuple[int, int] | None:

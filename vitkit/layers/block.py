@@ -1,7 +1,8 @@
 """Transformer blocks, composed of the parts they are given: an attention, an MLP and a norm.
 
 :class:`Block` is the pre-norm block of ViT, Swin and the pre-LN Transformer; :class:`PostNormBlock` the
-original Transformer's; :class:`DecoderBlock` adds a cross-attention branch between the two. Parameter names
+original Transformer's; :class:`DecoderBlock` adds a cross-attention branch between the two; :class:`WindowBlock`
+is Swin's, the pre-norm block on windows with its relative-position bias. Parameter names
 (``norm1``, ``attn``, ``ls1``, ``norm2``, ``mlp``, ``ls2``) are timm's. Each block writes its residuals out in
 its ``forward`` (a few lines each), so the ViT and Swin blocks stay scriptable by TorchScript.
 """
@@ -132,3 +133,24 @@ class PostNormDecoderBlock(DecoderBlock):
         a = self.cross_attn(x, memory, key_padding_mask=memory_padding_mask, cache=memory_cache)
         x = self.norm_cross(x + self.drop_path_cross(self.ls_cross(a)))
         return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
+
+
+class WindowBlock(Block):
+    """Swin's block: the pre-norm :class:`Block` on windows, whose attention adds the relative-position bias of
+    the window it is given. The bias is read inside the block's forward, where a sharded (FSDP) block has its
+    parameters gathered."""
+
+    def forward(self, x: Tensor, window: tuple[int, int] | None = None, attn_mask: Tensor | None = None,
+                keep: Tensor | None = None) -> Tensor:
+        """x (B, nW, N, C), the windows of a map; ``window`` their size (None: the planned one); attn_mask
+        (1, nW, 1, N, N) from the window plan; ``keep`` (1, nW, N, 1) zeroes the padding after the norm, where
+        the padding is attended as zero vectors."""
+        if torch.jit.is_scripting() or window is None:  # TorchScript runs the configured size: the planned window
+            bias = self.attn.planned_bias()
+        else:
+            bias = self.attn.relative_position_bias(window)[None, None]
+        h = self.norm1(x)
+        if keep is not None:
+            h = h * keep.to(h.dtype)
+        x = x + self.drop_path1(self.ls1(self.attn(h, bias, attn_mask)))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

@@ -16,7 +16,6 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .attention import Attention
-from .block import Block
 from .pos_embed import resize_rel_pos_table
 
 # the cached tables are built on the CPU whatever the default device (a model built under
@@ -91,21 +90,22 @@ def _wrap(i: Tensor, size: int) -> Tensor:
 
 @eager_cache
 def shifted_window_mask(padded: tuple[int, int], window: tuple[int, int], shift: tuple[int, int],
-                        valid: tuple[int, int]) -> Tensor | None:
+                        valid: tuple[int, int], attend_padding: bool = False) -> Tensor | None:
     """(nW, N, N) bool, True = may attend; None when every token may attend every token of its window.
 
     After a cyclic shift, a window can hold tokens from up to four regions that are not neighbours in
     the image; they must not attend each other. Padding tokens (beyond ``valid`` rows/cols of the map
-    before the shift) are never attended either."""
+    before the shift) are never attended either, unless ``attend_padding`` (the official detection and
+    segmentation backbone's way: padding is zero vectors that every token of its region attends)."""
     (Hp, Wp), (sh, sw), (H, W) = padded, shift, valid
-    if not is_symbolic(Hp, Wp, H, W, sh, sw) and not (sh or sw) and (Hp, Wp) == (H, W):
+    if not is_symbolic(Hp, Wp, H, W, sh, sw) and not (sh or sw) and ((Hp, Wp) == (H, W) or attend_padding):
         return None
     rows, cols, src_rows, src_cols = _slots(padded, window, shift)
     # Swin labels three bands per axis, split at -window and -shift; the first split falls between windows, so
     # within a window only the second matters: rows past Hp - shift came round from the top of the map.
     region = (rows >= Hp - sh).long() * 2 + (cols >= Wp - sw).long()  # (nW, N)
-    real = (src_rows < H) & (src_cols < W)
-    return (region[:, :, None] == region[:, None, :]) & real[:, None, :]
+    same = region[:, :, None] == region[:, None, :]
+    return same if attend_padding else same & ((src_rows < H) & (src_cols < W))[:, None, :]
 
 
 @dataclass(frozen=True)
@@ -134,9 +134,14 @@ class WindowPlan:
         (wh, ww) = self.window
         return (self.H + wh - 1) // wh * wh, (self.W + ww - 1) // ww * ww  # no negative operand: ONNX truncates
 
-    def mask(self, device: torch.device) -> Tensor | None:
+    def mask(self, device: torch.device, attend_padding: bool = False) -> Tensor | None:
         """(1, nW, 1, N, N) bool for the attention core, or None; built once per plan and device."""
-        return _plan_mask(self.key, torch.device(device))
+        return _plan_mask(self.key, torch.device(device), attend_padding)
+
+    def keep(self, device: torch.device) -> Tensor | None:
+        """(1, nW, N, 1): 1 for the map's tokens, 0 for padding (None without padding): padding as zero vectors,
+        for a block that attends it (``attend_padding``)."""
+        return _plan_keep(self.key, torch.device(device))
 
     @property
     def key(self) -> PlanKey:
@@ -193,10 +198,19 @@ PlanKey = tuple[int, int, tuple[int, int], tuple[int, int]]  # (H, W, window, sh
 
 
 @eager_cache
-def _plan_mask(key: PlanKey, device: torch.device) -> Tensor | None:
+def _plan_mask(key: PlanKey, device: torch.device, attend_padding: bool = False) -> Tensor | None:
     plan = WindowPlan(*key)
-    m = shifted_window_mask(plan.padded, plan.window, plan.shift, (plan.H, plan.W))
+    m = shifted_window_mask(plan.padded, plan.window, plan.shift, (plan.H, plan.W), attend_padding)
     return None if m is None else m.to(device)[None, :, None]
+
+
+@eager_cache
+def _plan_keep(key: PlanKey, device: torch.device) -> Tensor | None:
+    plan = WindowPlan(*key)
+    if not is_symbolic(*plan.padded, plan.H, plan.W) and plan.padded == (plan.H, plan.W):
+        return None
+    _, _, r, c = _slots(plan.padded, plan.window, plan.shift)
+    return ((r < plan.H) & (c < plan.W)).float().to(device)[None, :, :, None]
 
 
 @eager_cache
@@ -275,19 +289,3 @@ class WindowAttention(Attention):
             resized = resize_rel_pos_table(table.detach(), window, self.rel_pos_window)
             self.relative_position_bias_table = nn.Parameter(resized, requires_grad=table.requires_grad)
             self.rel_pos_window = tuple(window)
-
-
-class WindowBlock(Block):
-    """Swin's block: the pre-norm :class:`Block` on windows, whose attention adds the relative-position bias of
-    the window it is given. The bias is read inside the block's forward, where a sharded (FSDP) block has its
-    parameters gathered."""
-
-    def forward(self, x: Tensor, window: tuple[int, int] | None = None, attn_mask: Tensor | None = None) -> Tensor:
-        """x (B, nW, N, C), the windows of a map; ``window`` their size (None: the planned one); attn_mask
-        (1, nW, 1, N, N) from the window plan."""
-        if torch.jit.is_scripting() or window is None:  # TorchScript runs the configured size: the planned window
-            bias = self.attn.planned_bias()
-        else:
-            bias = self.attn.relative_position_bias(window)[None, None]
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), bias, attn_mask)))
-        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

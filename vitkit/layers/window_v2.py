@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import attention
-from .window import CPU, WindowAttention, WindowBlock, eager_cache
+from .block import WindowBlock
+from .window import CPU, WindowAttention, eager_cache
 
 torch.fx.wrap("attention")  # one node of a traced graph, as in attention.py (fx patches each module's own name)
 
@@ -76,7 +77,10 @@ class ResPostNormWindowBlock(WindowBlock):
     """Swin V2's block: the norms move to the end of each branch, x + norm1(attn(x)), then x + norm2(mlp(x)),
     which keeps the residual stream's activations small in deep, wide models."""
 
-    def forward(self, x: Tensor, window: tuple[int, int] | None = None, attn_mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, window: tuple[int, int] | None = None, attn_mask: Tensor | None = None,
+                keep: Tensor | None = None) -> Tensor:
+        """As :class:`~vitkit.layers.block.WindowBlock`'s; ``keep`` is always None here (Swin V2 masks its
+        padding)."""
         if torch.jit.is_scripting() or window is None:
             bias = self.attn.planned_bias()
         else:

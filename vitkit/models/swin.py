@@ -21,7 +21,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import AttnBackend, Mlp, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
-from ..layers.window import WindowAttention, WindowBlock, WindowPlan, is_symbolic, token_index
+from ..layers.block import WindowBlock
+from ..layers.window import WindowAttention, WindowPlan, is_symbolic, token_index
 from ..layers.window_v2 import CosineWindowAttention, ResPostNormWindowBlock
 from .config import DataConfig, FollowsConfig, check_image, pair
 from .features import new_head, resize_patch_conv, take_indices
@@ -71,6 +72,10 @@ class SwinConfig(DataConfig):
     crop_pct: float = 0.9
     version: Literal[1, 2] = 1  # 2: Swin V2's cosine attention, continuous position bias, post-norm blocks
     pretrained_window_sizes: tuple[int, ...] | None = None  # V2: per stage, the window its bias MLP was trained at
+    # a map that is not a whole number of windows is padded; the padding is masked out of attention (False), or
+    # attended as zero vectors (True: the official detection and segmentation backbone's, mmsegmentation's and
+    # transformers' Swin, which their UperNet weights were trained with)
+    attend_padding: bool = False
 
     def __post_init__(self) -> None:
         check_backend(self.attn_backend)
@@ -83,6 +88,8 @@ class SwinConfig(DataConfig):
             raise ValueError(f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
         if self.version not in (1, 2):
             raise ValueError(f"version must be 1 or 2 (Swin V2), got {self.version!r}")
+        if self.attend_padding and self.version == 2:
+            raise ValueError("attend_padding is Swin V1's (pre-norm blocks); Swin V2 masks its padding")
         if self.pretrained_window_sizes is not None:
             self.pretrained_window_sizes = tuple(self.pretrained_window_sizes)
             if len(self.pretrained_window_sizes) != len(self.depths):
@@ -156,6 +163,7 @@ class SwinStage(nn.Module):
         H, W = self.size = cfg.stage_sizes[i]  # at the configured img_size; the sizes a traced graph is built for
         w = cfg.stage_windows[i]
         self.window = (min(w[0], H), min(w[1], W))  # a window larger than the map shrinks to it
+        self.attend_padding = cfg.attend_padding
         self.grad_checkpointing = False
         v2 = cfg.version == 2
         self.downsample = (PatchMergingV2 if v2 else PatchMerging)(dim, out_dim, cfg.norm_eps) if i else nn.Identity()
@@ -193,9 +201,10 @@ class SwinStage(nn.Module):
         prev = None
         for j, blk in enumerate(self.blocks):
             plan = WindowPlan.make(H, W, self.window, shifted=j % 2 == 1)
-            mask = plan.mask(device)
+            mask, keep = plan.mask(device, self.attend_padding), plan.keep(device) if self.attend_padding else None
             blk.attn.plan(plan.window, token_index(prev, plan, device).clone(),
                           None if mask is None else mask.clone(), plan.num_windows)
+            blk.register_buffer("planned_keep", None if keep is None else keep.clone(), persistent=False)
             prev = plan
         self.register_buffer("planned_unwindow", token_index(prev, None, device).clone(), persistent=False)
 
@@ -206,7 +215,7 @@ class SwinStage(nn.Module):
         x = x.reshape(B, H * W, C)
         for blk in self.blocks:
             x = x.index_select(1, blk.attn.planned_gather).view(B, blk.attn.planned_windows, -1, C)
-            x = blk(x, None, blk.attn.planned_mask).flatten(1, 2)  # None: the planned window
+            x = blk(x, None, blk.attn.planned_mask, blk.planned_keep).flatten(1, 2)  # None: the planned window
         return x.index_select(1, self.planned_unwindow).view(B, H, W, C)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -225,9 +234,13 @@ class SwinStage(nn.Module):
             for blk, plan in zip(self.blocks, plans, strict=True):
                 x = x.index_select(1, token_index(prev, plan, x.device))  # (B, nW·N, C)
                 x = x.view(B, plan.num_windows, -1, C)  # (B, nW, N, C)
-                mask = plan.mask(x.device)
+                mask = plan.mask(x.device, self.attend_padding)
+                keep = plan.keep(x.device) if self.attend_padding else None
                 if self.grad_checkpointing and torch.is_grad_enabled():  # recompute activations in backward
-                    x = checkpoint(blk, x, plan.window, mask, use_reentrant=False)
+                    x = checkpoint(blk, x, plan.window, mask, *([keep] if keep is not None else []),
+                                   use_reentrant=False)
+                elif keep is not None:
+                    x = blk(x, plan.window, mask, keep)
                 else:
                     x = blk(x, plan.window, mask)
                 x, prev = x.flatten(1, 2), plan
@@ -292,9 +305,14 @@ class SwinTransformer(FollowsConfig, nn.Module):
         cfg = self.cfg
         self.img_size, self.patch_size, self.in_chans = pair(cfg.img_size), cfg.patch_size, cfg.in_chans
         self.head.pool = cfg.global_pool
+        if cfg.attend_padding and cfg.version == 2:
+            raise ValueError("attend_padding is Swin V1's (pre-norm blocks); Swin V2 masks its padding")
         for stage in self.layers:
             for blk in stage.blocks:
                 blk.attn.backend = check_backend(cfg.attn_backend)
+            if stage.attend_padding != cfg.attend_padding:  # the planned windows' mask and padding follow it
+                stage.attend_padding = cfg.attend_padding
+                stage.plan_windows()
 
     def set_attn_backend(self, backend: AttnBackend) -> None:
         self.configure(attn_backend=backend)

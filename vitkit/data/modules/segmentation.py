@@ -112,8 +112,10 @@ class SegmentationDataModule(_TrainValLoaders):
 
 
 class HFSegmentationDataModule(SegmentationDataModule):
-    """Images with a class index per pixel, from a Hugging Face dataset: the hub's cache (offline-first), a
-    ``save_to_disk`` folder, or data files (``vitkit/data/hf.py``), with an image column and a mask column.
+    """Images with a class index per pixel, from a Hugging Face dataset.
+
+    The hub's cache (offline-first), a ``save_to_disk`` folder, or data files (``vitkit/data/hf.py``), with an image
+    column and a mask column.
 
     Args:
         name: a hub name (``scene_parse_150``, ``segments/sidewalk-semantic``) or a local folder.
