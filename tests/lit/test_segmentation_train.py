@@ -119,10 +119,13 @@ def test_upernet_learns_digit_masks_on_the_digits_backbone(digits_run, tmp_path,
     assert status == 0, err
     from vitkit.tools.onnx_model import OnnxModel
 
-    onnx = OnnxModel(tmp_path / "seg.onnx")  # UperNet's pooling pyramid: a fixed size (a linear head: any size)
-    assert onnx.meta["task"] == "segmentation" and onnx.labels == CLASSES and onnx.meta["dynamic_size"] is False
+    onnx = OnnxModel(tmp_path / "seg.onnx")  # UperNet's pooling pyramid computes its bins for each size
+    assert onnx.meta["task"] == "segmentation" and onnx.labels == CLASSES and onnx.meta["dynamic_size"] is True
+    other = torch.nn.functional.interpolate(x, size=(48, 80), mode="bilinear")
+    saved.model.set_dynamic_img_size(True)  # the PyTorch model at another size, positions resampled
     with torch.no_grad():
         np.testing.assert_allclose(onnx(x.numpy()), saved(x).numpy(), atol=1e-4)
+        np.testing.assert_allclose(onnx(other.numpy()), saved(other).numpy(), atol=1e-4)
 
 
 def test_folders_that_are_not_segmentation_data_end_in_one_line(tmp_path):

@@ -38,6 +38,28 @@ class ConvModule(nn.Sequential):
         self.activate = nn.ReLU(inplace=True)
 
 
+class AdaptiveAvgPool(nn.Module):
+    """``nn.AdaptiveAvgPool2d(size)`` as two averaging matrices built from the input's size (bin i of n covers
+    floor(i n / s) to ceil((i + 1) n / s), PyTorch's bins): the same numbers, and an exported graph that computes
+    the bins for each input's size, where ONNX's adaptive pooling keeps the traced size's."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def bins(self, n: int, like: Tensor) -> Tensor:
+        """(size, n): row i averages bin i's positions."""
+        i = torch.arange(self.size, device=like.device)
+        start, end = i * n // self.size, ((i + 1) * n + self.size - 1) // self.size
+        j = torch.arange(n, device=like.device)[None]
+        inside = ((j >= start[:, None]) & (j < end[:, None])).to(like.dtype)
+        return inside / inside.sum(1, keepdim=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows, cols = self.bins(x.shape[-2], x), self.bins(x.shape[-1], x)
+        return torch.einsum("ih,bchw,jw->bcij", rows, x, cols)
+
+
 class LinearHead(nn.Module):
     """A BatchNorm and a 1x1 conv on the maps given, resized to the first one's size and concatenated."""
 
@@ -60,7 +82,7 @@ class UperNetHead(nn.Module):
                  pool_scales: Sequence[int] = (1, 2, 3, 6), dropout: float = 0.1) -> None:
         super().__init__()
         self.in_channels, top = list(in_channels), in_channels[-1]
-        self.psp_modules = nn.ModuleList(nn.Sequential(nn.AdaptiveAvgPool2d(s), ConvModule(top, channels, 1))
+        self.psp_modules = nn.ModuleList(nn.Sequential(AdaptiveAvgPool(s), ConvModule(top, channels, 1))
                                          for s in pool_scales)
         self.bottleneck = ConvModule(top + len(pool_scales) * channels, channels, 3, padding=1)
         self.lateral_convs = nn.ModuleList(ConvModule(c, channels, 1) for c in in_channels[:-1])

@@ -6,8 +6,8 @@ once against PyTorch on random input (two batch sizes, and another image size wh
 fails if the outputs differ by more than ``atol``.
 
 A segmenter (``vitkit.models.segmentation``) exports as its backbone does, its output (B, classes, H, W) and its
-metadata ``vitkit.task: segmentation``; UperNet's pooling pyramid pools to fixed grids, whose ONNX form holds
-the traced size's bins, so UperNet exports at a fixed height and width.
+metadata ``vitkit.task: segmentation``; UperNet's pooling pyramid computes its bins from each input's size
+(``models.segmentation.AdaptiveAvgPool``), so it exports at any height and width too.
 
 Axes: the batch is always dynamic, and so are height and width unless asked otherwise:
 - ViT resamples its positions to each input's patch grid (timm's ``dynamic_img_size``); any multiple of the patch.
@@ -128,27 +128,14 @@ def _prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bo
     kind = find(model.name)[0]
     if kind not in ("vit", "swin"):
         raise ExportError(f"export takes ViT and Swin classifiers and segmenters; {model.name} is a {kind} model")
-    pooled = _pyramid_pooling(model)
-    if dynamic_size and pooled:
-        raise ExportError(f"{model.name}: {pooled} pools to a fixed grid, which ONNX computes for the traced size "
-                          "alone; export it at a fixed size (--fixed-size, and --img-size at training's size)")
     if dynamic_size is None:  # dynamic, except with token merging (see the module docstring): the exporter's
-        # symbolic token counts nest each block's min(r, half the patches); and a pooling pyramid (UperNet's)
-        dynamic_size = not getattr(_net(model), "merging", False) and not pooled
+        # symbolic token counts nest each block's min(r, half the patches)
+        dynamic_size = not getattr(_net(model), "merging", False)
     m = copy.deepcopy(model).float().cpu().eval()
     m.set_attn_backend("math")
     if kind == "vit":
         m.set_dynamic_img_size(dynamic_size)
     return m, dynamic_size
-
-
-def _pyramid_pooling(model: nn.Module) -> str | None:
-    """The first module that pools to a fixed grid larger than 1 x 1 (UperNet's pyramid), whose ONNX form holds the
-    traced size's bins; None without one."""
-    for name, m in model.named_modules():
-        if isinstance(m, nn.AdaptiveAvgPool2d) and pair(m.output_size) != (1, 1):
-            return name
-    return None
 
 
 def _dims(model: nn.Module, dynamic_size: bool) -> tuple[dict[int, Any], list[str]]:
