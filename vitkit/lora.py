@@ -330,6 +330,15 @@ def _row_sizes(model: nn.Module, name: str) -> dict[str, int]:
 # -- a LoRA run's Lightning checkpoint ----------------------------------------------------------------------------
 
 
+def check_adaptation(lora: LoraSettings, freeze_backbone: bool, lr_scale: float) -> None:
+    """A training module's LoRA arguments beside its others: adapters need a backbone that trains, and a positive
+    LR scale for them."""
+    if lora.rank and freeze_backbone:
+        raise ValueError("lora_rank with freeze_backbone: LoRA trains adapters in the backbone; give one")
+    if lora.rank and not lr_scale > 0:
+        raise ValueError(f"lora_lr_scale must be > 0 (the adapters' LR over lr), got {lr_scale!r}")
+
+
 def settings_of(hp: Mapping[str, Any]) -> LoraSettings:
     """The settings a run's ``lora_*`` hyper-parameters give (a module's, or a checkpoint's); what they leave out or
     leave null keeps :data:`DEFAULTS`, the one place LoRA's defaults stand."""

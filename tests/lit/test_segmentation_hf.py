@@ -91,5 +91,9 @@ def test_columns_and_rows_that_are_not_masks_end_in_one_line(tmp_path):
     assert error_line_of([*base, "--data.name", str(rgb)]) == (
         f"error: {rgb} (val): the mask of row 1 is a RGB image; a mask holds one class index per pixel (a "
         "single-channel or palette PNG)")
+    assert error_line_of([*base, "--data.name", str(rgb), "--data.train_split", "fit"]) == (
+        f"error: {rgb} has no split 'fit' (--data.train_split); its splits are train, validation")
+    assert error_line_of([*base, "--data.name", str(tmp_path / "absent")]) == (
+        f"error: --data.name '{tmp_path / 'absent'}' is neither a folder nor a hub dataset name")
     with pytest.raises(ValueError, match="give --data.num_classes"):
         HFSegmentationDataModule(str(rgb))

@@ -114,6 +114,14 @@ def test_an_mmsegmentation_upernet_swin_checkpoint_gives_transformers_logits(upe
     torch.save({"state_dict": {"backbone.layers.0.weight": torch.zeros(1)}}, tmp_path / "other.pth")
     with pytest.raises(CheckpointError, match="neither a transformers UperNet folder nor an mmsegmentation"):
         load_segmenter(tmp_path / "other.pth")
+    cut = torch.load(tmp_path / "upernet_swin.pth", weights_only=True)
+    del cut["state_dict"]["backbone.norm2.weight"]
+    torch.save(cut, tmp_path / "cut.pth")
+    with pytest.raises(CheckpointError, match="cut.pth: an mmsegmentation UperNet-Swin checkpoint without "
+                                              "backbone.norm2.weight"):
+        load_segmenter(tmp_path / "cut.pth")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_segmenter(tmp_path / "missing.pth")
 
 
 @pytest.mark.parametrize("size", [(256, 256), (288, 352)])

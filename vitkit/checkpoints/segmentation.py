@@ -126,6 +126,8 @@ def _mmseg_swin_as_transformers(raw: dict[str, Tensor]) -> tuple[dict[str, Tenso
             if key in raw:
                 out[f"encoder.layers.{i}.downsample.{part}"] = _merge_order(raw[key])
         i += 1
+    if not depths:
+        raise KeyError("backbone.stages.0.blocks.0.norm1.weight")
     proj = raw["backbone.patch_embed.projection.weight"]
     for src, dst in (("projection.weight", "patch_embeddings.projection.weight"),
                      ("projection.bias", "patch_embeddings.projection.bias"),
@@ -165,7 +167,9 @@ def mmseg_upernet(raw: dict[str, Tensor]) -> SegmenterFile:
 def read_segmenter(path: str | os.PathLike) -> SegmenterFile:
     """A whole segmentation model's folder or file: transformers' UperNet folder, or an mmsegmentation UperNet-Swin
     checkpoint (its class names from its ``meta`` where it has them)."""
-    path = Path(path)
+    path = Path(os.path.expanduser(path))
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir():
         return transformers_upernet(path)
     loaded = read_file(path)
@@ -173,7 +177,10 @@ def read_segmenter(path: str | os.PathLike) -> SegmenterFile:
     if not is_mmseg_upernet_swin(raw):
         raise CheckpointError(f"{path} is neither a transformers UperNet folder nor an mmsegmentation UperNet-Swin "
                               f"checkpoint (backbone.stages..., decode_head...); it holds {sorted(raw)[:3]}")
-    found = mmseg_upernet(raw)
+    try:
+        found = mmseg_upernet(raw)
+    except KeyError as e:  # a file cut short, or a backbone other than Swin's
+        raise CheckpointError(f"{path}: an mmsegmentation UperNet-Swin checkpoint without {e.args[0]}") from None
     meta = loaded.get("meta") if isinstance(loaded, dict) else None
     classes = (meta or {}).get("CLASSES") or ((meta or {}).get("dataset_meta") or {}).get("classes")
     if classes:

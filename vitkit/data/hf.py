@@ -96,6 +96,37 @@ def open_dataset(name: str | None, *, config_name: str | None = None, revision: 
     return _from_hub(name, config_name, revision, streaming, instead)
 
 
+def open_splits(name: str | None, data_files: Any, *, config_name: str | None, revision: str | None,
+                streaming: bool, train_split: str, val_split: str, test_split: str | None,
+                val_fraction: float) -> tuple[Any, str]:
+    """:func:`open_dataset` for a data module: its splits, and the validation split's name as the dataset has it
+    (``validation``, or ``val`` / ``valid``). A dataset that cannot be opened, a split it lacks or a ``val_fraction``
+    outside (0, 1) ends in one line that names the dataset."""
+    from vitkit.errors import one_line
+
+    where = name if name is not None else str(data_files)
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    try:
+        splits = open_dataset(name, config_name=config_name, revision=revision, data_files=data_files,
+                              streaming=streaming)
+    except (MissingDatasetError, ValueError, FileNotFoundError) as e:
+        if "corresponds to no data" in str(e):  # the datasets library on files without a row
+            raise ValueError(f"{where} has no rows") from None
+        if isinstance(e, MissingDatasetError) or "vitkit" in type(e).__module__ or "--data." in str(e):
+            raise
+        raise ValueError(f"{where} cannot be opened by the datasets library: {one_line(e)[7:]}") from None
+    if train_split not in splits:
+        raise ValueError(f"{where} has no split {train_split!r} (--data.train_split); its splits are "
+                         f"{', '.join(splits) or 'none'}")
+    if val_split == "validation" and val_split not in splits:  # the other names datasets give it
+        val_split = next((k for k in ("val", "valid") if k in splits), val_split)
+    for arg, split, default in (("val_split", val_split, "validation"), ("test_split", test_split, "test")):
+        if split is not None and split not in splits and split != default:
+            raise ValueError(f"{where} has no split {split!r} (--data.{arg}); its splits are {', '.join(splits)}")
+    return splits, val_split
+
+
 def _hub_like(name: str) -> bool:
     return name.count("/") == 1 and not name.startswith((".", "/", "~"))
 

@@ -48,6 +48,11 @@ def pad_to_multiple(x: Tensor, H: int, W: int, p: int) -> Tensor:
 POOLS = ("avg", "max", "avgmax", "")  # "": no pooling, the head sees the (B, H, W, C) map
 
 
+def check_padding(cfg) -> None:
+    if cfg.attend_padding and cfg.version == 2:
+        raise ValueError("attend_padding is Swin V1's (pre-norm blocks); Swin V2 masks its padding")
+
+
 @dataclass
 class SwinConfig(DataConfig):
     """Everything that defines a Swin; presets below are rows of overrides to it."""
@@ -88,8 +93,7 @@ class SwinConfig(DataConfig):
             raise ValueError(f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
         if self.version not in (1, 2):
             raise ValueError(f"version must be 1 or 2 (Swin V2), got {self.version!r}")
-        if self.attend_padding and self.version == 2:
-            raise ValueError("attend_padding is Swin V1's (pre-norm blocks); Swin V2 masks its padding")
+        check_padding(self)
         if self.pretrained_window_sizes is not None:
             self.pretrained_window_sizes = tuple(self.pretrained_window_sizes)
             if len(self.pretrained_window_sizes) != len(self.depths):
@@ -305,8 +309,7 @@ class SwinTransformer(FollowsConfig, nn.Module):
         cfg = self.cfg
         self.img_size, self.patch_size, self.in_chans = pair(cfg.img_size), cfg.patch_size, cfg.in_chans
         self.head.pool = cfg.global_pool
-        if cfg.attend_padding and cfg.version == 2:
-            raise ValueError("attend_padding is Swin V1's (pre-norm blocks); Swin V2 masks its padding")
+        check_padding(cfg)  # configure() changes fields without the config's own checks
         for stage in self.layers:
             for blk in stage.blocks:
                 blk.attn.backend = check_backend(cfg.attn_backend)

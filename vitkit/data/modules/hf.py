@@ -18,16 +18,14 @@ from vitkit.data.folder import Decoder, collate_skipping
 from vitkit.data.hf import (
     HFImages,
     HFStream,
-    MissingDatasetError,
     carve,
     class_names,
     find_columns,
     label_index,
     multi_label,
-    open_dataset,
+    open_splits,
 )
 from vitkit.data.transforms import eval_transform
-from vitkit.errors import one_line
 
 from .images import RankPositions, SkippingImages
 
@@ -56,30 +54,12 @@ class HFDataModule(RankPositions, SkippingImages):
                  test_split: str | None = "test", val_fraction: float = 0.05, seed: int = 0, streaming: bool = False,
                  shuffle_buffer: int = 10_000, decoder: Decoder = "pil", **image_args) -> None:
         super().__init__(**image_args)
-        if not 0 < val_fraction < 1:
-            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
         if shuffle_buffer < 1:
             raise ValueError(f"shuffle_buffer must be >= 1 (rows held for shuffling a stream), got {shuffle_buffer}")
         self.where = name if name is not None else str(data_files)
-        try:
-            self.splits = open_dataset(name, config_name=config_name, revision=revision, data_files=data_files,
-                                       streaming=streaming)
-        except (MissingDatasetError, ValueError, FileNotFoundError) as e:
-            if "corresponds to no data" in str(e):  # the datasets library on files without a row
-                raise ValueError(f"{self.where} has no rows") from None
-            if isinstance(e, MissingDatasetError) or "vitkit" in type(e).__module__ or "--data." in str(e):
-                raise
-            raise ValueError(f"{self.where} cannot be opened by the datasets library: {one_line(e)[7:]}") from None
-        if train_split not in self.splits:
-            raise ValueError(f"{self.where} has no split {train_split!r} (--data.train_split); its splits are "
-                             f"{', '.join(self.splits) or 'none'}")
-        if val_split == "validation" and val_split not in self.splits:  # the other names datasets give it
-            val_split = next((k for k in ("val", "valid") if k in self.splits), val_split)
-            self.hparams.val_split = val_split
-        for arg, split, default in (("val_split", val_split, "validation"), ("test_split", test_split, "test")):
-            if split is not None and split not in self.splits and split != default:
-                raise ValueError(f"{self.where} has no split {split!r} (--data.{arg}); its splits are "
-                                 f"{', '.join(self.splits)}")
+        self.splits, self.hparams.val_split = open_splits(
+            name, data_files, config_name=config_name, revision=revision, streaming=streaming,
+            train_split=train_split, val_split=val_split, test_split=test_split, val_fraction=val_fraction)
         train = self.splits[train_split]
         self.image_column, self.label_column = find_columns(train.features, image_column, label_column, self.where)
         self.classes = class_names(train, self.label_column, classes, self.where)

@@ -83,11 +83,13 @@ class SegmentationDataModule(_TrainValLoaders):
         self.train_set, self.val_set = self.split("train", train), self.split("val", evaluate)
         self.test_set = self.split("test", evaluate) if self.has("test") else None
 
-    def split(self, name: str, transform: JointTransform | OwnSize) -> MaskFolder:
-        """The pairs of split ``name`` (train, val or test) through ``transform``; their headers checked first."""
+    def split(self, name: str, transform: JointTransform | OwnSize, check: bool = True) -> MaskFolder:
+        """The pairs of split ``name`` (train, val or test) through ``transform``; their headers checked first
+        (``setup`` checks; another view of a split it set up need not)."""
         hp = self.hparams
         ds = MaskFolder(hp.root, name, transform, hp.layout)
-        check_pairs(ds.pairs)  # before training: the CLI sets up first
+        if check:
+            check_pairs(ds.pairs)  # before training: the CLI sets up first
         return ds
 
     def has(self, name: str) -> bool:
@@ -97,7 +99,8 @@ class SegmentationDataModule(_TrainValLoaders):
         """``split``'s pairs in the evaluation transform (resized, no crop, flip or jitter: what a probe fitted before
         training reads), or with ``own_size`` at each image's own size (batch them one by one)."""
         hp = self.hparams
-        return self.split(split, OwnSize() if own_size else JointTransform(hp.img_size, False, hp.ignore_index))
+        view = OwnSize() if own_size else JointTransform(hp.img_size, False, hp.ignore_index)
+        return self.split(split, view, check=not hasattr(self, "train_set"))  # checked by setup
 
     def on_after_batch_transfer(self, batch: tuple[Tensor, Tensor], dataloader_idx: int) -> tuple[Tensor, Tensor]:
         x, y = batch
@@ -139,7 +142,7 @@ class HFSegmentationDataModule(SegmentationDataModule):
                  model_name: str | None = None, scale: tuple[float, float] = (0.5, 2.0), hflip: float = 0.5,
                  color_jitter: float = 0.0, mean: tuple[float, ...] | None = None,
                  std: tuple[float, ...] | None = None, pin_memory: bool = True) -> None:
-        from vitkit.data.hf import carve, open_dataset
+        from vitkit.data.hf import carve, open_splits
 
         if num_classes is None:
             raise ValueError("give --data.num_classes, the classes the masks index (a mask column does not say)")
@@ -147,15 +150,10 @@ class HFSegmentationDataModule(SegmentationDataModule):
                          img_size, batch_size, num_workers, model_name, scale, hflip, color_jitter, mean, std,
                          pin_memory)
         self.save_hyperparameters()
-        if not 0 < val_fraction < 1:
-            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
         self.where = name if name is not None else str(data_files)
-        splits = open_dataset(name, config_name=config_name, revision=revision, data_files=data_files)
-        if train_split not in splits:
-            raise ValueError(f"{self.where} has no split {train_split!r} (--data.train_split); its splits are "
-                             f"{', '.join(splits) or 'none'}")
-        if val_split == "validation" and val_split not in splits:  # the other names datasets give it
-            val_split = next((k for k in ("val", "valid") if k in splits), val_split)
+        splits, val_split = open_splits(name, data_files, config_name=config_name, revision=revision, streaming=False,
+                                        train_split=train_split, val_split=val_split, test_split=test_split,
+                                        val_fraction=val_fraction)
         train = splits[train_split]
         self.image_column, self.mask_column = mask_columns(train.features, image_column, mask_column, self.where)
         if val_split in splits:
@@ -166,7 +164,7 @@ class HFSegmentationDataModule(SegmentationDataModule):
         if test_split is not None and test_split in splits:
             self.rows["test"] = splits[test_split]
 
-    def split(self, name: str, transform: JointTransform | OwnSize) -> HFMaskPairs:
+    def split(self, name: str, transform: JointTransform | OwnSize, check: bool = True) -> HFMaskPairs:
         return HFMaskPairs(self.rows[name], self.image_column, self.mask_column, transform,
                            self.hparams.reduce_zero_label, f"{self.where} ({name})")
 

@@ -17,7 +17,7 @@ import vitkit
 from vitkit.evaluation import multilabel as ml
 from vitkit.evaluation.metrics import Predictions
 from vitkit.lora import DEFAULTS as LORA
-from vitkit.lora import LoraSettings, add_lora, settings_of
+from vitkit.lora import LoraSettings, add_lora, check_adaptation, settings_of
 from vitkit.training.base import EMA, TrainingModule
 from vitkit.training.callbacks import probe_path
 from vitkit.training.hparams import record_config
@@ -247,11 +247,8 @@ class ImageClassifier(TrainingModule):
                 p.requires_grad_(name.startswith("head"))
             self._backbone_to_eval()
         self.lora = lora
+        check_adaptation(lora, hp.freeze_backbone, hp.get("lora_lr_scale", 1.0))
         if lora.rank:
-            if not hp.get("lora_lr_scale", 1.0) > 0:
-                raise ValueError(f"lora_lr_scale must be > 0 (the adapters' LR over lr), got {hp.lora_lr_scale!r}")
-            if hp.freeze_backbone:
-                raise ValueError("lora_rank with freeze_backbone: LoRA trains adapters in the backbone; give one")
             self.lora_layers = add_lora(self.model, lora)  # everything frozen but the adapters ...
             for name, p in self.model.named_parameters():
                 p.requires_grad_(p.requires_grad or name.startswith("head"))  # ... and the head

@@ -17,7 +17,7 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 import vitkit
 from vitkit.evaluation.segmentation import scores
 from vitkit.lora import DEFAULTS as LORA
-from vitkit.lora import add_lora, settings_of
+from vitkit.lora import add_lora, check_adaptation, settings_of
 from vitkit.models.segmentation import build_segmenter
 from vitkit.training.base import TrainingModule
 from vitkit.training.callbacks import probe_path
@@ -131,10 +131,7 @@ class Segmenter(TrainingModule):
             raise ValueError(f"head_init must be 'random' or 'probe' (with the linear head: the probe is a linear "
                              f"regression on the patch features), got {hp.head_init!r} with head {hp.head!r}")
         lora = settings_of(hp)
-        if lora.rank and hp.freeze_backbone:
-            raise ValueError("lora_rank with freeze_backbone: LoRA trains adapters in the backbone; give one")
-        if lora.rank and not hp.lora_lr_scale > 0:
-            raise ValueError(f"lora_lr_scale must be > 0 (the adapters' LR over lr), got {hp.lora_lr_scale!r}")
+        check_adaptation(lora, hp.freeze_backbone, hp.lora_lr_scale)
         if hp.freeze_backbone:
             self.model.backbone.requires_grad_(False).eval()
         elif lora.rank:
