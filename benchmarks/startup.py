@@ -2,7 +2,8 @@
 script that does the same (open, resize, crop, normalise, run, softmax), and `--help` of every subcommand. Each
 entry is a fresh interpreter, run in turn round by round (so load drifts hit all alike); the median wall time of the
 rounds is reported, with which of torch and Lightning the command imported. The help of ``train`` and ``evaluate``
-is timed twice: the first time (an empty help cache, ``vitkit/cli/help_cache.py``) and after.
+is timed the first time (an empty help cache, ``vitkit/cli/help_cache.py``: their plain forms ship with vitkit) and
+after; so is a help that does not ship (``--model.help CLASS``), which the first time needs Lightning.
 
     python benchmarks/startup.py --rounds 5 --out benchmarks/results/startup_cpu.md
 """
@@ -79,6 +80,9 @@ def main() -> None:
             if name in CACHED:
                 entries[f"vitkit {' '.join(sub)}, the first time"] = [sys.executable, "-c", PROBE, *sub]
             entries[f"vitkit {' '.join(sub)}"] = [sys.executable, "-c", PROBE, *sub]
+        other = ["train", "fit", "--model.help", "vitkit.lit.ImageClassifier"]
+        entries[f"vitkit {' '.join(other)}, the first time"] = [sys.executable, "-c", PROBE, *other]
+        entries[f"vitkit {' '.join(other)}"] = [sys.executable, "-c", PROBE, *other]
         times: dict[str, list[float]] = {k: [] for k in entries}
         imported: dict[str, str] = {}
         for _ in range(args.rounds):

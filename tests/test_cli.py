@@ -1,5 +1,6 @@
 """The `vitkit` command: every subcommand runs on files the test writes, and the pictures are produced."""
 
+import json
 import os
 import re
 import subprocess
@@ -302,8 +303,10 @@ def test_help_shows_whole_first_sentences(capsys):
 
 def test_the_help_of_each_subcommand_imports_no_torch(tmp_path):
     """`vitkit X --help` answers from the parser alone (benchmarks/startup.py times it). Train and evaluate list a
-    LightningCLI's arguments, which needs Lightning the first time; then the same help comes from the cache."""
+    LightningCLI's arguments: their plain forms ship with vitkit, made with the libraries installed here; any other
+    help of theirs needs Lightning the first time, and then comes from the cache."""
     from vitkit.cli import COMMANDS
+    from vitkit.cli.help_cache import SHIPPED, made_with
 
     code = ("import runpy, sys\nsys.argv = ['vitkit', *sys.argv[1:]]\ntry:\n    runpy.run_module('vitkit.cli', "
             "run_name='__main__')\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
@@ -311,7 +314,7 @@ def test_the_help_of_each_subcommand_imports_no_torch(tmp_path):
     env = {**os.environ, "VITKIT_CACHE": str(tmp_path), "COLUMNS": "100"}
 
     def help_of(*argv: str) -> tuple[str, str]:
-        done = subprocess.run([sys.executable, "-c", code, *argv, "--help"], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
                               timeout=120, env=env, cwd=tmp_path)
         assert done.returncode == 0, (argv, done.stdout[-300:], done.stderr)
         text, imported = done.stdout.rstrip().rsplit("\n", 1)
@@ -319,10 +322,35 @@ def test_the_help_of_each_subcommand_imports_no_torch(tmp_path):
 
     for name in COMMANDS:
         if name not in ("train", "evaluate"):
-            assert help_of(name)[1] == "[]", name
-    first, imported = help_of("train", "fit")
-    assert imported == "['lightning', 'torch']" and "--trainer.max_epochs" in first
-    assert help_of("train", "fit") == (first, "[]")
+            assert help_of(name, "--help")[1] == "[]", name
+    fit, imported = help_of("train", "fit", "--help")
+    assert "--trainer.max_epochs" in fit
+    assert imported == ("[]" if json.loads((SHIPPED / "made_with.json").read_text()) == made_with()
+                        else "['lightning', 'torch']")
+    first, imported = help_of("train", "fit", "--model.help", "vitkit.lit.ImageClassifier")
+    assert imported == "['lightning', 'torch']" and "--model.lora_rank" in first
+    assert help_of("train", "fit", "--model.help", "vitkit.lit.ImageClassifier") == (first, "[]")
+
+
+def test_the_shipped_helps_are_the_ones_the_parser_prints(monkeypatch):
+    """``vitkit/cli/help-texts/`` holds the help of train's and evaluate's plain forms, made with the libraries
+    ``made_with.json`` names; where those are installed, each is what the parser prints now (a changed argument or
+    docstring needs ``python -m vitkit.cli.help_cache``). Elsewhere, or in a narrower terminal, none is shown."""
+    from vitkit.cli.help_cache import SHIPPED, SHIPPED_FORMS, made_with, shipped
+
+    code = ("import json\nfrom vitkit.cli.help_cache import SHIPPED_FORMS, render\n"
+            "print(json.dumps([render([*f, '--help']) for f in SHIPPED_FORMS]))")
+    monkeypatch.setenv("COLUMNS", "80")
+    if json.loads((SHIPPED / "made_with.json").read_text()) != made_with():
+        assert shipped(["train", "fit", "--help"]) is None
+        return
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for form, text in zip(SHIPPED_FORMS, json.loads(done.stdout), strict=True):
+        assert shipped([*form, "--help"]) == shipped([*form, "-h"]) == text, f"vitkit {' '.join(form)} --help"
+    assert shipped(["train", "fit", "-c", "vit_tiny_digits", "--help"]) is None
+    monkeypatch.setenv("COLUMNS", "60")
+    assert shipped(["train", "fit", "--help"]) is None
 
 
 def test_the_help_cache_key_holds_what_the_help_depends_on(tmp_path, monkeypatch):
@@ -357,7 +385,7 @@ def test_the_help_cache_keeps_only_a_help_the_parser_printed_before_exiting(tmp_
     from vitkit.cli.help_cache import cache_dir, show
 
     monkeypatch.setenv("VITKIT_CACHE", str(tmp_path))
-    argv = ["train", "fit", "--help"]
+    argv = ["train", "fit", "--model.help", "vitkit.lit.ImageClassifier"]  # not a shipped form
     assert show(argv, lambda: print("ran") or 0) == 0  # a command that ran and returned: not a help
     assert not list(cache_dir().glob("*.txt"))
 

@@ -7,12 +7,19 @@ files (its code and recipes) and the versions of the libraries that make the par
 so a changed recipe, an upgraded Lightning or an edited config shows a fresh help. The folder is
 ``$VITKIT_CACHE/help`` (default ``~/.cache/vitkit/help``); a cache that cannot be read or written is skipped, never
 an error.
+
+The first time is answered too: the plain forms (``vitkit train [fit|validate|test|predict] --help``,
+``vitkit evaluate --help``) ship with vitkit in ``help-texts/``, printed at 80 columns with the libraries whose
+versions ``made_with.json`` records. They are shown where those versions and Python's are the ones installed and the
+terminal is at least that wide; elsewhere the help is made as above. ``python -m vitkit.cli.help_cache`` writes them
+again, and the suite compares them with the help the parser prints.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import shutil
 import sys
@@ -24,6 +31,10 @@ from pathlib import Path
 
 CACHED = ("train", "evaluate")  # the subcommands whose help needs Lightning
 LIBRARIES = ("lightning", "jsonargparse", "torch", "torchvision", "timm", "litdata", "datasets", "vitkit")
+SHIPPED = Path(__file__).with_name("help-texts")
+SHIPPED_FORMS = (("train",), ("train", "fit"), ("train", "validate"), ("train", "test"), ("train", "predict"),
+                 ("evaluate",))
+SHIPPED_COLUMNS = 80
 
 
 def cache_dir() -> Path:
@@ -48,15 +59,46 @@ def _sources() -> list[Path]:
     return sorted(package.rglob("*.py")) + recipes
 
 
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def made_with() -> dict[str, str]:
+    """What the help's text depends on besides vitkit's own files: Python's version (argparse's layout) and the
+    libraries' (the classes whose arguments it lists)."""
+    python = ".".join(map(str, sys.version_info[:2]))
+    return {"python": python, **{n: _version(n) for n in LIBRARIES if n != "vitkit"}}
+
+
+def _form(argv: list[str]) -> tuple[str, ...] | None:
+    """The shipped form ``argv`` asks for (``train fit --help`` -> ``("train", "fit")``), or None."""
+    if not argv or argv[-1] not in ("-h", "--help"):
+        return None
+    return tuple(argv[:-1]) if tuple(argv[:-1]) in SHIPPED_FORMS else None
+
+
+def shipped(argv: list[str]) -> str | None:
+    """The help of ``vitkit ARGV`` as it ships in ``help-texts/``, where it is the one the parser would print here."""
+    form = _form(argv)
+    if form is None or shutil.get_terminal_size().columns < SHIPPED_COLUMNS:
+        return None
+    try:
+        if json.loads((SHIPPED / "made_with.json").read_text()) != made_with():
+            return None
+        return (SHIPPED / f"{'_'.join(form)}.txt").read_text()
+    except (OSError, ValueError):
+        return None
+
+
 def key(argv: list[str]) -> str:
     """A digest of everything the help printed for ``argv`` depends on."""
     h = hashlib.sha256()
     h.update(repr((argv, os.getcwd(), shutil.get_terminal_size().columns, sys.version)).encode())
     for name in LIBRARIES:
-        try:
-            h.update(f"{name}={metadata.version(name)};".encode())
-        except metadata.PackageNotFoundError:
-            h.update(f"{name}=-;".encode())
+        h.update(f"{name}={_version(name)};".encode())
     for path in _sources():
         st = path.stat()
         h.update(f"{path}:{st.st_mtime_ns}:{st.st_size};".encode())
@@ -71,8 +113,12 @@ def key(argv: list[str]) -> str:
 
 
 def show(argv: list[str], run: Callable[[], int]) -> int:
-    """Print the help of ``vitkit ARGV``: from the cache, or from ``run()``, kept for next time where the parser
-    printed it and exited with status 0 (a command that ran instead, returning, is not kept)."""
+    """Print the help of ``vitkit ARGV``: as it ships, from the cache, or from ``run()``, kept for next time where
+    the parser printed it and exited with status 0 (a command that ran instead, returning, is not kept)."""
+    text = shipped(argv)
+    if text is not None:
+        sys.stdout.write(text)
+        return 0
     path: Path | None = None
     try:
         path = cache_dir() / f"{key(argv)}.txt"
@@ -103,3 +149,36 @@ def _write(path: Path, text: str) -> None:
         os.replace(f.name, path)
     except OSError:
         pass
+
+
+def render(argv: list[str]) -> str:
+    """The help the parser prints for ``vitkit ARGV``, made now at ``SHIPPED_COLUMNS`` columns."""
+    from vitkit.cli import command
+
+    out, columns = io.StringIO(), os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(SHIPPED_COLUMNS)
+    try:
+        with redirect_stdout(out):
+            command(argv[0]).main(argv[1:])
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+    return out.getvalue()
+
+
+def write_shipped(folder: Path = SHIPPED) -> None:
+    """Make the shipped helps again, with the libraries installed now (after an upgrade, or a changed argument)."""
+    folder.mkdir(exist_ok=True)
+    for form in SHIPPED_FORMS:
+        (folder / f"{'_'.join(form)}.txt").write_text(render([*form, "--help"]))
+    (folder / "made_with.json").write_text(json.dumps(made_with(), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    write_shipped()
+    print(f"wrote {len(SHIPPED_FORMS)} helps to {SHIPPED}, made with {made_with()}")
