@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-.PHONY: demo demo-ocr test test-fast fuzz bench lint docs docs-serve
+.PHONY: demo demo-ocr test test-fast fuzz bench lint docs docs-serve help-texts
 
 .venv: pyproject.toml
 	python3 -m venv .venv
@@ -45,3 +45,8 @@ bench: .venv
 
 lint: .venv
 	$(PY) -m ruff check vitkit tests benchmarks train.py
+
+# The help of `vitkit train ... --help` and `vitkit evaluate --help` that ships with vitkit (vitkit/cli/help-texts/),
+# written again with the libraries installed now: after a changed argument or docstring, or an upgrade.
+help-texts: .venv
+	$(PY) -m vitkit.cli.help_cache

@@ -347,7 +347,8 @@ def test_the_shipped_helps_are_the_ones_the_parser_prints(monkeypatch):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     for form, text in zip(SHIPPED_FORMS, json.loads(done.stdout), strict=True):
-        assert shipped([*form, "--help"]) == shipped([*form, "-h"]) == text, f"vitkit {' '.join(form)} --help"
+        assert shipped([*form, "--help"]) == shipped([*form, "-h"]) == text, \
+            f"vitkit {' '.join(form)} --help has changed: `make help-texts` writes the shipped helps again"
     assert shipped(["train", "fit", "-c", "vit_tiny_digits", "--help"]) is None
     monkeypatch.setenv("COLUMNS", "60")
     assert shipped(["train", "fit", "--help"]) is None

@@ -3,8 +3,10 @@
 Each line below was printed by every run of some recipe, whatever the data: Lightning's advertisements, its note on
 the checkpoint it writes, its warnings about a logging interval longer than a small epoch and about modules that
 vitkit keeps in eval mode on purpose (DINO's teacher, a frozen backbone), the model summary's remark on mixed
-precision, torchmetrics' remark on a validation batch without an image of some class, and a deprecation inside
-Lightning. ``--verbose`` (or ``VITKIT_VERBOSE=1``) shows them again, with vitkit's own DEBUG lines.
+precision, torchmetrics' remark on a validation batch without an image of some class, a deprecation inside
+Lightning and one inside torchdata, and Lightning's caution about an iterable dataset with a length (litdata's
+loaders split it among their workers). ``--verbose`` (or ``VITKIT_VERBOSE=1``) shows them again, with vitkit's own
+DEBUG lines.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ WARNINGS = (  # regular expressions matched at the start of the warning's messag
     r"Precision \S+ is not supported by the model summary",
     r"No positive samples found in target",  # torchmetrics, for a batch without some class
     r"No negative samples found in target",
+    r"Your `IterableDataset` has `__len__` defined",  # litdata's loaders give each worker its own part
+    r"'set_vital' is deprecated",  # raised inside torchdata's StatefulDataLoader
 )
 LOG_LINES = re.compile(r"💡 Tip: |`weights_only` was not set")
 LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",  # rank_zero_info's

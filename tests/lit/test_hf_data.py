@@ -237,7 +237,7 @@ def ddp_runs(sources, tmp_path_factory) -> Path:
     resumed = _hf_run(root / "resumed", sources["parquet"], *ddp, "--ckpt_path",
                       f"glob:{root}/full/checkpoints/best-000-*.ckpt")
     stream = _hf_run(root / "stream", sources["uneven"], *ddp[:-2], "--data.num_workers", "2",
-                     "--data.streaming", "true")
+                     "--data.streaming", "true", "--trainer.max_steps", "1000")  # the schedule's length
     for run in ("full", "resumed", "stream"):
         (root / run).mkdir()
     run_in_turn([full, resumed, stream], root)
@@ -288,7 +288,7 @@ def test_a_killed_stream_resumes_from_its_saved_state(sources, tmp_path):
     of the epoch comes twice. The rows that sat in the shuffle buffers when it was saved are not in the checkpoint
     (the datasets library refills the buffer): at most the buffers' size is missing from that epoch."""
     common = ["--trainer.max_epochs", "2", "--trainer.limit_val_batches", "1", "--data.num_workers", "2",
-              "--data.streaming", "true", "--data.shuffle_buffer", "8",
+              "--data.streaming", "true", "--data.shuffle_buffer", "8", "--trainer.max_steps", "1000",
               "--trainer.callbacks.last_every_n_train_steps", "5"]
     killed = run_in_repo(["train.py", *_hf_run(tmp_path, sources["save_to_disk"], *common,
                                                "--trainer.callbacks+=ddp_probe.KillAt", "--trainer.callbacks.epoch",

@@ -97,3 +97,37 @@ def test_columns_and_rows_that_are_not_masks_end_in_one_line(tmp_path):
         f"error: --data.name '{tmp_path / 'absent'}' is neither a folder nor a hub dataset name")
     with pytest.raises(ValueError, match="give --data.num_classes"):
         HFSegmentationDataModule(str(rgb))
+
+
+def test_a_streamed_dataset_trains_and_scores_as_the_map_style_one(tmp_path, capsys):
+    folder = write_digit_masks(tmp_path / "folder", train=8, val=4, size=32, glyph_size=16)
+    hub = as_hf(folder, tmp_path / "hub")
+    args = dict(num_classes=len(CLASSES), img_size=32, batch_size=2, num_workers=0)
+    stream = HFSegmentationDataModule(str(hub), streaming=True, **args)
+    rows = HFSegmentationDataModule(str(hub), **args)
+    for dm in (stream, rows):
+        dm.setup("fit")
+    streamed = [(x.numpy().tobytes(), y.numpy().tobytes()) for x, y in stream.val_set]
+    assert streamed == [(x.numpy().tobytes(), y.numpy().tobytes()) for x, y in rows.val_set]
+    assert sum(1 for _ in stream.train_set) == 8
+
+    base = ["train", "fit", "-c", "seg_finetune_small_data", "--model.model_name", "vit_tiny_patch16_224",
+            "--model.model_overrides", TINY_DIGITS_VIT, "--data", "vitkit.lit.HFSegmentationDataModule",
+            "--data.name", str(hub), "--data.streaming", "true", "--data.num_classes", str(len(CLASSES)),
+            "--data.img_size", "32", "--data.batch_size", "4", "--data.num_workers", "0",
+            "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.enable_progress_bar",
+            "false", "--trainer.default_root_dir", str(tmp_path / "run")]
+    assert error_line_of(base) == (
+        "error: the training data is a stream, whose length the LR schedule cannot know: give --trainer.max_steps N, "
+        "the optimizer steps of the whole run (the warmup then takes warmup_epochs x N / max_epochs of them)")
+    status, err = run_cli([*base, "--trainer.max_steps", "3"], capsys)  # the probe first: it reads the stream
+    assert status == 0, err
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    scores = []
+    for streaming, out in (("true", "stream"), ("false", "rows")):
+        status, err = run_cli(["evaluate", "--checkpoint", str(last), "--data", "vitkit.lit.HFSegmentationDataModule",
+                               "--data.name", str(hub), "--data.streaming", streaming, "-o", str(tmp_path / out)],
+                              capsys)
+        assert status == 0, err
+        scores.append(json.loads((tmp_path / out / "metrics.json").read_text()))
+    assert scores[0]["mIoU"] == scores[1]["mIoU"] and scores[0]["samples"] == 4

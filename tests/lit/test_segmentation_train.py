@@ -215,13 +215,14 @@ def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_ru
         assert abs(report["mIoU"] - last) < 0.1 and report["mIoU"] > _brightness_rule(data) + 0.05, (mode, report)
     image = sorted((data / "images" / "val").glob("*.png"))[0]
     assert run_cli(["export", str(folder / "last.ckpt"), "-o", str(tmp_path / "seg.onnx")], capsys)[0] == 0
-    for source, out in ((["--checkpoint", str(folder / "last.ckpt")], "torch"), (["--onnx", str(tmp_path / "seg.onnx")],
-                                                                                   "onnx")):
-        status, err = run_cli(["predict", str(image), *source, "-o", str(tmp_path / out)], capsys)
-        assert status == 0, err
-    torch_mask, onnx_mask = (np.array(Image.open(tmp_path / out / f"{image.stem}_mask.png"))
-                             for out in ("torch", "onnx"))
-    assert torch_mask.shape == (64, 64) and (torch_mask != onnx_mask).mean() < 0.002  # the same model, in onnxruntime
+    for mode in (["--mode", "whole"], ["--mode", "slide", "--stride", "16"]):  # 48 px windows over the 64 px image
+        for source, out in ((["--checkpoint", str(folder / "last.ckpt")], "torch"),
+                            (["--onnx", str(tmp_path / "seg.onnx")], "onnx")):
+            status, err = run_cli(["predict", str(image), *source, *mode, "-o", str(tmp_path / mode[1] / out)], capsys)
+            assert status == 0, err
+        torch_mask, onnx_mask = (np.array(Image.open(tmp_path / mode[1] / out / f"{image.stem}_mask.png"))
+                                 for out in ("torch", "onnx"))
+        assert torch_mask.shape == (64, 64) and (torch_mask != onnx_mask).mean() < 0.002, mode  # in onnxruntime
 
     from vitkit.lit import Segmenter
 
@@ -236,6 +237,7 @@ def test_sliding_windows_of_a_pointwise_model_give_its_logits_at_full_size():
     """A 1x1 conv gives each pixel the same logits in every window: sliding (mmsegmentation's grid, windows padded
     past a short side) then equals the model on the whole image, whatever the sizes and strides."""
     from vitkit.evaluation.segmentation import segment_logits, windows
+    from vitkit.tools.masks import slide_logits
 
     assert windows(70, 32, 20) == [(0, 32), (20, 52), (38, 70)] and windows(20, 32, 20) == [(0, 20)]
     model = torch.nn.Conv2d(3, 5, 1)
@@ -244,6 +246,8 @@ def test_sliding_windows_of_a_pointwise_model_give_its_logits_at_full_size():
         x = torch.randn(2, 3, *shape, generator=g)
         with torch.no_grad():
             torch.testing.assert_close(segment_logits(model, x, (32, 32), "slide", stride), model(x))
+            run = lambda a: model(torch.from_numpy(a)).numpy()  # noqa: E731 - the ONNX path's numpy windows
+            np.testing.assert_allclose(slide_logits(run, x.numpy(), (32, 32), stride), model(x).numpy(), atol=1e-5)
     with pytest.raises(ValueError, match="stride must be from 1 to the model's size 32x32, got 40x8"):
         segment_logits(model, x, (32, 32), "slide", (40, 8))
 
@@ -271,7 +275,7 @@ def test_predicts_mode_and_stride_refused_in_one_line(tmp_path):
     assert error_line_of(["predict", str(image), "--model", "vit_tiny_patch16_224", "--mode", "slide", "--stride",
                           "3", "0"]) == "error: --stride takes H W or one number, each 1 or more, got 3 0"
     assert error_line_of(["predict", str(image), "--model", "vit_tiny_patch16_224", "--mode", "slide"]) == \
-        "error: --mode slide applies to a segmentation checkpoint (vitkit.lit.Segmenter)"
+        "error: --mode slide applies to a segmenter (a vitkit.lit.Segmenter checkpoint, or its ONNX export)"
 
 
 def test_a_resumed_segmentation_run_ends_where_the_uninterrupted_one_does(tmp_path):

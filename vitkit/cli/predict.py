@@ -48,13 +48,11 @@ def main(argv: list[str]) -> int:
     # an ONNX file runs in onnxruntime on numpy arrays: torch is not imported (benchmarks/startup.py)
     onnx = onnx_model(args.onnx) if args.onnx else None
     segmenter = onnx is not None and onnx.meta.get("task") == "segmentation"
-    if args.mode != "whole":
-        if not segmenter:
-            raise UsageError("--mode slide applies to a segmentation checkpoint (vitkit.lit.Segmenter)")
-        raise UsageError("--mode slide runs a segmentation checkpoint; an ONNX segmenter predicts whole images "
-                         "(--mode whole)")
+    if args.mode != "whole" and not segmenter:
+        raise UsageError("--mode slide applies to a segmenter (a vitkit.lit.Segmenter checkpoint, or its ONNX export)")
     if segmenter:
-        return write_masks(args, onnx.labels or [], onnx.segment)
+        stride = None if args.stride is None else (args.stride[0], args.stride[-1])
+        return write_masks(args, onnx.labels or [], lambda image: onnx.segment(image, args.mode, stride))
     names, probabilities, thresholds = onnx_classifier(onnx) if onnx is not None else torch_classifier(args)
     failed = 0
     for path in args.images:

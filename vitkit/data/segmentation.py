@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from vitkit.errors import UsageError
 from vitkit.models.config import pair
@@ -266,9 +266,9 @@ def _pil(value: Any) -> Image.Image:
     return image
 
 
-class HFMaskPairs(Dataset):
-    """A map-style split of a Hugging Face dataset as (image, mask) pairs after ``transform``, as :class:`MaskFolder`
-    gives them; ``reduce_zero_label`` reads ADE20k's convention (0 ignored, the rest one lower)."""
+class _MaskRows:
+    """Rows of a Hugging Face dataset's image and mask columns as (image, mask) pairs after ``transform``, as
+    :class:`MaskFolder` gives them; ``reduce_zero`` reads ADE20k's convention (0 ignored, the rest one lower)."""
 
     def __init__(self, ds, image_column: str, mask_column: str, transform, reduce_zero: bool = False,
                  where: str = "the dataset") -> None:
@@ -279,11 +279,8 @@ class HFMaskPairs(Dataset):
         self.image_column, self.mask_column, self.transform = image_column, mask_column, transform
         self.reduce_zero, self.where = reduce_zero, where
 
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
-        row = self.ds[int(i)]
+    def pair(self, row: dict, i: int) -> tuple[Tensor, Tensor]:
+        """Row ``i``'s image and mask through the transform; a row that is not an image and its mask is named."""
         try:
             image, mask = _pil(row[self.image_column]).convert("RGB"), _pil(row[self.mask_column])
         except OSError as e:
@@ -295,3 +292,31 @@ class HFMaskPairs(Dataset):
             raise UsageError(f"{self.where}: row {i} has an image of {image.size[0]}x{image.size[1]} and a mask of "
                              f"{mask.size[0]}x{mask.size[1]}: a mask has its image's size")
         return self.transform(image, reduce_zero_label(mask) if self.reduce_zero else mask, random)
+
+
+class HFMaskPairs(_MaskRows, Dataset):
+    """A map-style split of a Hugging Face dataset as (image, mask) pairs."""
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.pair(self.ds[int(i)], i)
+
+
+class HFMaskStream(_MaskRows, IterableDataset):
+    """A streamed split of a Hugging Face dataset as (image, mask) pairs (rows counted from 0 in this rank's part).
+    Its position is the ``datasets`` stream's own ``state_dict``, which a ``StatefulDataLoader`` saves per worker."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.ds.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return self.ds.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ds.load_state_dict(state)
+
+    def __iter__(self):
+        for i, row in enumerate(self.ds):
+            yield self.pair(row, i)

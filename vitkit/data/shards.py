@@ -5,7 +5,9 @@ A converted dataset is a folder with one litdata dataset per split (``OUT/train`
 ``OUT/test``) and ``OUT/vitkit_dataset.json``, written last: a folder without it is an unfinished
 conversion, which readers refuse and ``prepare-data`` resumes. Each sample keeps the file's original
 encoded bytes (nothing is re-encoded), its class index (``label``), class name and path; with several labels per
-image, ``label`` is a multi-hot row (uint8, one per class) and the class names are space-separated.
+image, ``label`` is a multi-hot row (uint8, one per class) and the class names are space-separated. A segmentation
+dataset (a folder of images and masks in one of ``vitkit/data/segmentation.py``'s layouts) keeps each image's bytes
+beside its mask's (``mask``), and the marker records ``"masks": true`` and the layout.
 
 Each split is written in a seeded random order, as webdataset, FFCV and litdata users shuffle before writing:
 a streaming loader mixes only within a window (litdata 0.2.76 permutes aligned blocks of 256 samples inside a
@@ -45,21 +47,60 @@ log = logging.getLogger(__name__)
 
 # -- conversion ------------------------------------------------------------------------------------------
 
-def _convert_one(item: list, root: str, skipped_log: str, dataset: str | None = None) -> dict | None:
-    """One file (or a Hugging Face ``dataset``'s row, ``split#index``) -> one sample; an unreadable file gives None
-    (litdata writes nothing for it) and a line in the split's list of skipped files."""
+def _convert_one(item: list, root: str, skipped_log: str, dataset: str | None = None,
+                 masks: bool = False) -> dict | None:
+    """One file (or a Hugging Face ``dataset``'s row, ``split#index``; or with ``masks`` an image and its mask) ->
+    one sample; an unreadable file gives None (litdata writes nothing for it) and a line in the split's list of
+    skipped files."""
     rel, label, name = item
     if isinstance(label, list):  # several labels: a multi-hot row, one fixed-size field for litdata
         label = np.asarray(label, dtype=np.uint8)
     try:
         data = _row_bytes(dataset, rel) if dataset is not None else (Path(root) / rel).read_bytes()
-        decode(data)  # the whole file decodes, so the shards hold only readable images
+        image = decode(data)  # the whole file decodes, so the shards hold only readable images
+        if masks:
+            mask = (Path(root) / label).read_bytes()
+            _check_mask(mask, image.size)
     except Exception as e:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, DecompressionBombError...
         with open(skipped_log, "a") as f:  # one short line per write: appends from workers do not interleave
             why = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(e).splitlines()[0] if str(e) else "")
             f.write(f"{rel}\t{type(e).__name__}: {why}\n")
         return None
+    if masks:
+        return {"image": data, "mask": mask, "path": rel}
     return {"image": data, "label": label, "class_name": name, "path": rel}
+
+
+def _check_mask(data: bytes, size: tuple[int, int]) -> None:
+    """A mask that decodes whole, holds class indices and has its image's size; else an error that says which."""
+    import io
+
+    from PIL import Image
+
+    from .segmentation import MASK_MODES
+
+    with Image.open(io.BytesIO(data)) as mask:
+        if mask.mode not in MASK_MODES:
+            raise ValueError(f"the mask is a {mask.mode} image, not class indices (a single-channel or palette PNG)")
+        if mask.size != size:
+            raise ValueError(f"the mask is {mask.size[0]}x{mask.size[1]}, its image {size[0]}x{size[1]}")
+        mask.load()
+
+
+def _mask_inputs(root: Path, splits: tuple[str, ...], seed: int, layout: str) -> dict[str, list[list]]:
+    """[image, mask, name] (paths relative to ``root``) of each split of a segmentation folder in ``layout``, in
+    the split's seeded random order; train and val are required, test is taken where the layout has it."""
+    from .segmentation import has_split, mask_pairs
+
+    inputs = {}
+    for split in splits:
+        if split == "test" and not has_split(root, split, layout):
+            continue
+        items = [[str(i.relative_to(root)), str(m.relative_to(root)), i.stem]
+                 for i, m in mask_pairs(root, split, layout)]
+        order = np.random.default_rng([seed, zlib.crc32(split.encode())]).permutation(len(items))
+        inputs[split] = [items[k] for k in order]
+    return inputs
 
 
 def _split_inputs(root: Path, split: str, classes: list[str], seed: int) -> list[list]:
@@ -175,19 +216,25 @@ def _conversion_inputs(source: str | Path, splits: tuple[str, ...], seed: int, i
 
 def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = None, chunk_bytes: str = "64MB",
                  overwrite: bool = False, splits: tuple[str, ...] = ("train", "val", "test"), seed: int = 0,
-                 image_column: str | None = None, label_column: str | None = None) -> dict[str, Any]:
+                 image_column: str | None = None, label_column: str | None = None,
+                 layout: str | None = None) -> dict[str, Any]:
     """Convert ``root/{train,val[,test]}/<class>/<images>`` (or ``root/{train,val[,test]}.csv`` manifests, one label
     or several per image; or a Hugging Face dataset: a ``save_to_disk`` folder, or ``hf:NAME`` from the cache, its
-    columns found as ``HFDataModule`` finds them) into litdata shards under ``out``, each split written in a random
-    order drawn from ``seed`` (see the module docstring for why).
+    columns found as ``HFDataModule`` finds them; or images and masks: ``root/images/<split>`` beside
+    ``root/masks/<split>``, or another segmentation ``layout``) into litdata shards under ``out``, each split written
+    in a random order drawn from ``seed`` (see the module docstring for why).
 
     Re-running on the same ``out`` resumes: complete splits are kept, an interrupted split continues from
     litdata's checkpoints. A finished ``out`` (or one started from other files) is refused unless
     ``overwrite``. Returns what ``vitkit_dataset.json`` records."""
-    import litdata
-
     out = Path(os.path.expanduser(out)).resolve()
-    root, classes, multi, inputs, dataset = _conversion_inputs(root, splits, seed, image_column, label_column)
+    source = Path(os.path.expanduser(str(root))).resolve()
+    if layout is None and (source / "images").is_dir() and (source / "masks").is_dir():
+        layout = "folder"  # images and masks
+    if layout is not None:
+        root, classes, multi, inputs, dataset = str(source), [], False, _mask_inputs(source, splits, seed, layout), None
+    else:
+        root, classes, multi, inputs, dataset = _conversion_inputs(root, splits, seed, image_column, label_column)
     started = {"format": FORMAT, "root": root, "classes": classes, "seed": seed,
                "files": {s: [rel for rel, _, _ in items] for s, items in inputs.items()}}
     workers = _check_output(out, started, workers, overwrite)
@@ -196,21 +243,15 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
     _write_json(out / INPUTS, {**started, "workers": workers})
 
     summary: dict[str, Any] = {"format": FORMAT, "root": root, "classes": classes, "order": "shuffled",
-                               "seed": seed, "splits": {}, "multi_label": multi}
+                               "seed": seed, "splits": {}, "multi_label": multi,
+                               **({"masks": True, "layout": layout} if layout is not None else {})}
     for split, items in inputs.items():
         dest, skipped_log = out / split, out / f"{split}.skipped.tsv"
         if not (dest / "index.json").exists():  # not finished: (re)start it, from litdata's checkpoints if any
-            if not (dest / ".checkpoints").exists():
-                skipped_log.unlink(missing_ok=True)
-            skipped_log.touch()
             log.info("%s: converting %d files with %d workers", split, len(items), workers)
-            start_method = multiprocessing.get_start_method()
-            try:
-                litdata.optimize(fn=partial(_convert_one, root=root, skipped_log=str(skipped_log), dataset=dataset),
-                                 inputs=items, output_dir=str(dest), chunk_bytes=chunk_bytes, num_workers=workers,
-                                 use_checkpoint=True, verbose=True, start_method=START_METHOD)
-            finally:  # litdata switches the whole process to spawn; data loaders started later expect the default
-                multiprocessing.set_start_method(start_method, force=True)
+            convert = partial(_convert_one, root=root, skipped_log=str(skipped_log), dataset=dataset,
+                              masks=layout is not None)
+            _optimize(convert, items, dest, skipped_log, workers, chunk_bytes)
         skipped = _read_skipped(skipped_log)
         n = json_samples(dest)
         if n + len(skipped) != len(items):
@@ -227,6 +268,21 @@ def prepare_data(root: str | Path, out: str | Path, *, workers: int | None = Non
         summary["label_counts"] = (np.sum(kept, axis=0) if kept else np.zeros(len(classes), int)).tolist()
     _write_json(out / MARKER, summary)  # last: from here on the dataset is complete
     return summary
+
+
+def _optimize(convert, items: list, dest: Path, skipped_log: Path, workers: int, chunk_bytes: str) -> None:
+    """litdata writes one split (its list of skipped files begun anew, unless litdata resumes the split)."""
+    import litdata
+
+    if not (dest / ".checkpoints").exists():
+        skipped_log.unlink(missing_ok=True)
+    skipped_log.touch()
+    start_method = multiprocessing.get_start_method()
+    try:
+        litdata.optimize(fn=convert, inputs=items, output_dir=str(dest), chunk_bytes=chunk_bytes, num_workers=workers,
+                         use_checkpoint=True, verbose=True, start_method=START_METHOD)
+    finally:  # litdata switches the whole process to spawn; data loaders started later expect the default
+        multiprocessing.set_start_method(start_method, force=True)
 
 
 def _check_output(out: Path, started: dict[str, Any], workers: int | None, overwrite: bool) -> int | None:

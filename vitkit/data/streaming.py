@@ -80,6 +80,32 @@ class ImageShards(StreamingDataset):
             return self.image_transform(img), label
 
 
+class MaskShards(StreamingDataset):
+    """One split of a converted segmentation dataset through a joint transform (``vitkit/data/segmentation.py``):
+    yields (uint8 image, int64 mask); each sample's augmentation draws from its own stream, as in
+    :class:`ImageShards`. The conversion kept only pairs that decode, so a sample that does not is an error."""
+
+    def __init__(self, input_dir: str, transform, *, shuffle: bool = False, seed: int = 0,
+                 reduce_zero: bool = False, **kwargs: Any) -> None:
+        super().__init__(input_dir, shuffle=shuffle, drop_last=False, seed=seed, **kwargs)
+        self.joint_transform, self.augment_seed, self.reduce_zero = transform, seed, reduce_zero
+
+    def __getitem__(self, index):
+        import io
+
+        from PIL import Image
+
+        from .segmentation import reduce_zero_label
+
+        sample = super().__getitem__(index)
+        i = int(getattr(index, "index", index))
+        image, mask = Image.open(io.BytesIO(sample["image"])), Image.open(io.BytesIO(sample["mask"]))
+        if self.reduce_zero:
+            mask = reduce_zero_label(mask)
+        with seeded(sample_seed(self.augment_seed, self.current_epoch, i)):
+            return self.joint_transform(image, mask, random)
+
+
 def litdata_ranks() -> tuple[int, int]:
     """(world size, rank) as litdata assigns samples: the ``WORLD_SIZE`` / ``GLOBAL_RANK`` variables when set,
     else the process group, else one rank."""
@@ -109,8 +135,9 @@ class EvenBatches:
     ``position()`` / ``restore()`` are deliberately not ``state_dict()`` / ``load_state_dict()``: Lightning
     would save a loader with those from rank 0 alone, and restore rank 0's position on every rank."""
 
-    def __init__(self, make_loader: Callable[[], StreamingDataLoader], num_items: int) -> None:
-        self.make_loader, self.loader = make_loader, make_loader()
+    def __init__(self, make_loader: Callable[[], StreamingDataLoader], num_items: int,
+                 empty: Any = (None, None, 0)) -> None:
+        self.make_loader, self.loader, self.empty = make_loader, make_loader(), empty
         world_size, self.rank = litdata_ranks()
         counts = batches_per_rank(num_items, world_size, self.loader.num_workers, self.loader.batch_size)
         rank = self.rank
@@ -150,7 +177,7 @@ class EvenBatches:
                                f"epoch where {self.real} were expected from litdata's assignment")
         while self.batches < self.length:
             self.batches += 1
-            yield None, None, 0  # as a batch whose every file was unreadable: no sample on this rank
+            yield self.empty  # as a batch whose every file was unreadable: no sample on this rank
 
     def position(self) -> dict[str, Any]:
         """Where this rank is in the epoch: counted in batches handed to training (Lightning does not

@@ -10,16 +10,9 @@ import torch
 from PIL import Image
 from torch.nn import functional as F
 
-from vitkit.tools.masks import palette, save_mask  # noqa: F401 (this module's names, numpy's own there)
+from vitkit.tools.masks import palette, save_mask, slide_stride, windows  # noqa: F401 (numpy's own there)
 
 MODES = ("whole", "slide")
-
-
-def windows(length: int, crop: int, stride: int) -> list[tuple[int, int]]:
-    """(start, end) of the windows along one side, mmsegmentation's ``slide_inference`` grid: ``stride`` apart, the
-    last one ending at the side's end; one window shorter than ``crop`` where the side is."""
-    count = max(length - crop + stride - 1, 0) // stride + 1
-    return [(max(min(i * stride + crop, length) - crop, 0), min(i * stride + crop, length)) for i in range(count)]
 
 
 @torch.no_grad()
@@ -36,9 +29,7 @@ def segment_logits(model: torch.nn.Module, x: torch.Tensor, size: tuple[int, int
     if mode == "whole":
         logits = model(F.interpolate(x, size=size, mode="bilinear", align_corners=False)).float()
         return F.interpolate(logits, size=(h, w), mode="bilinear", align_corners=False)
-    sh, sw = stride or (max(1, size[0] * 2 // 3), max(1, size[1] * 2 // 3))
-    if sh < 1 or sw < 1 or sh > size[0] or sw > size[1]:
-        raise ValueError(f"stride must be from 1 to the model's size {size[0]}x{size[1]}, got {sh}x{sw}")
+    sh, sw = slide_stride(size, stride)
     total, count = None, torch.zeros(1, 1, h, w, device=x.device)
     for top, bottom in windows(h, size[0], sh):
         for left, right in windows(w, size[1], sw):

@@ -10,6 +10,7 @@ from vitkit.data.modules import (
     OcrDigitsDataModule,
     SegmentationDataModule,
     Seq2SeqDataModule,
+    StreamingSegmentationDataModule,
     UnlabeledImageDataModule,
 )
 from vitkit.data.text import Tokenizer
@@ -23,7 +24,8 @@ __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DigitsD
            "HFDataModule", "HFSegmentationDataModule", "ImageClassifier", "ImageFolderDataModule", "ManifestDataModule",
            "MaskedImageModeling",
            "ModelCheckpoint", "OcrDigitsDataModule", "SegmentationDataModule", "Segmenter", "Seq2SeqDataModule",
-           "Seq2SeqModule", "StepsPerEpoch", "StreamingImageDataModule", "Tokenizer", "TrainingCurves",
+           "Seq2SeqModule", "StepsPerEpoch", "StreamingImageDataModule",
+           "StreamingSegmentationDataModule", "Tokenizer", "TrainingCurves",
            "UnlabeledImageDataModule"]
 
 

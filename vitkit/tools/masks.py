@@ -55,3 +55,36 @@ def save_mask(mask: np.ndarray, image: Image.Image, stem: Path, classes: int) ->
     blend = 0.5 * np.asarray(image.convert("RGB"), np.float32) + 0.5 * colours[mask].astype(np.float32)
     Image.fromarray(blend.clip(0, 255).astype(np.uint8)).save(overlay_path)
     return mask_path, overlay_path
+
+
+def windows(length: int, crop: int, stride: int) -> list[tuple[int, int]]:
+    """(start, end) of the windows along one side, mmsegmentation's ``slide_inference`` grid: ``stride`` apart, the
+    last one ending at the side's end; one window shorter than ``crop`` where the side is."""
+    count = max(length - crop + stride - 1, 0) // stride + 1
+    return [(max(min(i * stride + crop, length) - crop, 0), min(i * stride + crop, length)) for i in range(count)]
+
+
+def slide_stride(size: tuple[int, int], stride: tuple[int, int] | None) -> tuple[int, int]:
+    """The windows' step: ``stride``, or two thirds of the model's ``size``; a step of 0 or past the size refused."""
+    sh, sw = stride or (max(1, size[0] * 2 // 3), max(1, size[1] * 2 // 3))
+    if sh < 1 or sw < 1 or sh > size[0] or sw > size[1]:
+        raise ValueError(f"stride must be from 1 to the model's size {size[0]}x{size[1]}, got {sh}x{sw}")
+    return sh, sw
+
+
+def slide_logits(run, x: np.ndarray, size: tuple[int, int], stride: tuple[int, int] | None = None) -> np.ndarray:
+    """``segment_logits``' ``slide`` mode in numpy, for a model ``run`` on float32 arrays (onnxruntime): windows of
+    the model's ``size`` over the normalised batch ``x`` (B, 3, H, W), each padded with zeros to the size where the
+    image is shorter, the logits of overlapping windows averaged."""
+    sh, sw = slide_stride(size, stride)
+    h, w = x.shape[-2:]
+    total, count = None, np.zeros((1, 1, h, w), np.float32)
+    for top, bottom in windows(h, size[0], sh):
+        for left, right in windows(w, size[1], sw):
+            crop = x[..., top:bottom, left:right]
+            padded = np.pad(crop, ((0, 0), (0, 0), (0, size[0] - crop.shape[-2]), (0, size[1] - crop.shape[-1])))
+            out = run(np.ascontiguousarray(padded, dtype=np.float32))[..., :crop.shape[-2], :crop.shape[-1]]
+            total = np.zeros((x.shape[0], out.shape[1], h, w), np.float32) if total is None else total
+            total[..., top:bottom, left:right] += out
+            count[..., top:bottom, left:right] += 1
+    return total / count

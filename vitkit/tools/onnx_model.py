@@ -154,20 +154,24 @@ class OnnxModel:
         std = np.asarray(self.meta["std"][:c], dtype=np.float32).reshape(c, 1, 1)
         return ((x - mean) / std)[None].astype(np.float32)
 
-    def segment(self, image) -> np.ndarray:
-        """A segmenter's class for each pixel of a PIL image (H, W): the image resized to the exported size
-        (bilinear) and normalised, the logits resized back to the image's size (bilinear) before the argmax, as
-        ``vitkit predict`` does with the PyTorch model."""
+    def segment(self, image, mode: str = "whole", stride: tuple[int, int] | None = None) -> np.ndarray:
+        """A segmenter's class for each pixel of a PIL image (H, W), as ``vitkit predict`` computes it with the
+        PyTorch model: ``whole``, the image resized to the exported size (bilinear) and normalised, the logits
+        resized back to the image's size (bilinear) before the argmax; ``slide``, windows of the exported size over
+        the image as it is, ``stride`` apart, the logits of overlapping windows averaged (``tools/masks.py``)."""
         from PIL import Image
 
-        from .masks import mask_of
+        from .masks import mask_of, slide_logits
 
         c, h, w = self.meta["input_size"]
-        rgb = np.asarray(image.convert("RGB").resize((w, h), Image.BILINEAR), dtype=np.float32) / 255.0
+        rgb = image.convert("RGB")
+        rgb = np.asarray(rgb.resize((w, h), Image.BILINEAR) if mode == "whole" else rgb, dtype=np.float32) / 255.0
         mean = np.asarray(self.meta["mean"][:c], dtype=np.float32)
         std = np.asarray(self.meta["std"][:c], dtype=np.float32)
         x = ((rgb - mean) / std).transpose(2, 0, 1)[None].astype(np.float32)
-        return mask_of(self(x)[0], (image.height, image.width))
+        if mode == "whole":
+            return mask_of(self(x)[0], (image.height, image.width))
+        return slide_logits(self, x, (h, w), stride)[0].argmax(0)
 
 
 INTERPOLATION = {"nearest": 0, "bilinear": 2, "bicubic": 3, "lanczos": 1, "box": 4, "hamming": 5}  # PIL's numbers

@@ -243,8 +243,12 @@ class TrainingModule(L.LightningModule):
         sched = self.lr_schedulers()
         if not isinstance(getattr(sched, "schedule", None), WarmupSchedule):  # one that needs no length (seq2seq's)
             return
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        sched.schedule.set_length(total, self.trainer.max_epochs)
+        total = self.trainer.estimated_stepping_batches
+        if not 0 < total < float("inf"):  # a stream's epoch has no length before it is read
+            raise ValueError("the training data is a stream, whose length the LR schedule cannot know: give "
+                             "--trainer.max_steps N, the optimizer steps of the whole run (the warmup then takes "
+                             "warmup_epochs x N / max_epochs of them)")
+        sched.schedule.set_length(max(1, int(total)), self.trainer.max_epochs)
         for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
             group["lr"] = base * fn(sched.last_epoch)  # the current step's LR, now that the length is known
 

@@ -4,12 +4,13 @@ and CSV / JSON-lines manifests (``images.py``), litdata shards (``streaming.py``
 Training batches cross to the device as uint8 and are normalised there."""
 
 from .images import DigitsDataModule, ImageFolderDataModule, ManifestDataModule, UnlabeledImageDataModule
-from .segmentation import HFSegmentationDataModule, SegmentationDataModule
+from .segmentation import HFSegmentationDataModule, SegmentationDataModule, StreamingSegmentationDataModule
 from .text import OcrDigitsDataModule, Seq2SeqDataModule
 
 __all__ = ["DigitsDataModule", "HFDataModule", "HFSegmentationDataModule", "ImageFolderDataModule",
            "ManifestDataModule", "OcrDigitsDataModule",
-           "SegmentationDataModule", "Seq2SeqDataModule", "StreamingImageDataModule", "UnlabeledImageDataModule"]
+           "SegmentationDataModule", "Seq2SeqDataModule", "StreamingImageDataModule",
+           "StreamingSegmentationDataModule", "UnlabeledImageDataModule"]
 
 
 def __getattr__(name: str):

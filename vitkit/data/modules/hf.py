@@ -164,8 +164,8 @@ class EvenSteps:
     trains on as "no sample here", until all have ended. No sample is dropped and no rank waits on a collective
     the others never reach."""
 
-    def __init__(self, loader, module: HFDataModule, train: bool) -> None:
-        self.loader, self.module, self.train = loader, module, train
+    def __init__(self, loader, module, train: bool, empty: Any = (None, None, 0)) -> None:
+        self.loader, self.module, self.train, self.empty = loader, module, train, empty
         self.fetched, self._before, self._resume = 0, {}, None
 
     def _progress(self) -> tuple[int, int]:
@@ -202,7 +202,7 @@ class EvenSteps:
             if not alive.item():
                 return
             self.fetched += 1
-            yield batch if batch is not None else (None, None, 0)
+            yield batch if batch is not None else self.empty
 
     def position(self) -> dict[str, Any]:
         """The stream's state on this rank (``datasets``' ``state_dict``, per loader worker) after the batches

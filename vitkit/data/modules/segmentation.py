@@ -1,11 +1,16 @@
-"""``SegmentationDataModule`` (a folder of images and masks) and ``HFSegmentationDataModule`` (a Hugging Face dataset
-with an image and a mask column), over the readers of ``vitkit/data/segmentation.py``, for Lightning. Batches cross
-to the device as uint8 images and int64 masks; the images are normalised there."""
+"""``SegmentationDataModule`` (a folder of images and masks), ``HFSegmentationDataModule`` (a Hugging Face dataset
+with an image and a mask column) and ``StreamingSegmentationDataModule`` (litdata shards of images and masks), over
+the readers of ``vitkit/data/segmentation.py``, for Lightning. Batches cross to the device as uint8 images and int64
+masks; the images are normalised there."""
 
 from __future__ import annotations
 
+import os
+from functools import partial
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from vitkit.data.segmentation import (
@@ -13,6 +18,7 @@ from vitkit.data.segmentation import (
     LAYOUT_NAMES,
     LAYOUTS,
     HFMaskPairs,
+    HFMaskStream,
     JointTransform,
     MaskFolder,
     OwnSize,
@@ -21,8 +27,9 @@ from vitkit.data.segmentation import (
     mask_columns,
 )
 from vitkit.data.transforms import data_config, device_batch
+from vitkit.models.config import pair
 
-from .images import _TrainValLoaders
+from .images import RankPositions, _TrainValLoaders
 
 
 class SegmentationDataModule(_TrainValLoaders):
@@ -114,11 +121,11 @@ class SegmentationDataModule(_TrainValLoaders):
         return f"SegmentationDataModule({self.hparams.root})"
 
 
-class HFSegmentationDataModule(SegmentationDataModule):
+class HFSegmentationDataModule(RankPositions, SegmentationDataModule):
     """Images with a class index per pixel, from a Hugging Face dataset.
 
     The hub's cache (offline-first), a ``save_to_disk`` folder, or data files (``vitkit/data/hf.py``), with an image
-    column and a mask column.
+    column and a mask column; map-style, or streamed as :class:`~vitkit.lit.HFDataModule` streams.
 
     Args:
         name: a hub name (``scene_parse_150``, ``segments/sidewalk-semantic``) or a local folder.
@@ -130,6 +137,9 @@ class HFSegmentationDataModule(SegmentationDataModule):
         reduce_zero_label: ADE20k's convention in the masks (0 ignored, 1..150 become 0..149).
         train_split, val_split, test_split: the splits' names; without a validation split, ``val_fraction`` of the
             training rows are held out by ``seed``.
+        streaming: read the rows as a stream (split by rank and loader worker, the training rows shuffled through
+            ``shuffle_buffer`` rows from ``seed`` and the epoch, the same number of steps on every rank, and the
+            stream's position in the checkpoint); a stream needs a validation split of its own.
         The rest: as :class:`SegmentationDataModule`'s.
     """
 
@@ -141,35 +151,161 @@ class HFSegmentationDataModule(SegmentationDataModule):
                  img_size: int | tuple[int, int] = 224, batch_size: int = 8, num_workers: int | None = None,
                  model_name: str | None = None, scale: tuple[float, float] = (0.5, 2.0), hflip: float = 0.5,
                  color_jitter: float = 0.0, mean: tuple[float, ...] | None = None,
-                 std: tuple[float, ...] | None = None, pin_memory: bool = True) -> None:
+                 std: tuple[float, ...] | None = None, pin_memory: bool = True, streaming: bool = False,
+                 shuffle_buffer: int = 1000) -> None:
         from vitkit.data.hf import carve, open_splits
 
         if num_classes is None:
             raise ValueError("give --data.num_classes, the classes the masks index (a mask column does not say)")
+        if shuffle_buffer < 1:
+            raise ValueError(f"shuffle_buffer must be >= 1 (rows held for shuffling a stream), got {shuffle_buffer}")
         super().__init__(str(name if name is not None else data_files), num_classes, classes, "folder", ignore_index,
                          img_size, batch_size, num_workers, model_name, scale, hflip, color_jitter, mean, std,
                          pin_memory)
         self.save_hyperparameters()
         self.where = name if name is not None else str(data_files)
-        splits, val_split = open_splits(name, data_files, config_name=config_name, revision=revision, streaming=False,
-                                        train_split=train_split, val_split=val_split, test_split=test_split,
-                                        val_fraction=val_fraction)
+        splits, val_split = open_splits(name, data_files, config_name=config_name, revision=revision,
+                                        streaming=streaming, train_split=train_split, val_split=val_split,
+                                        test_split=test_split, val_fraction=val_fraction)
         train = splits[train_split]
         self.image_column, self.mask_column = mask_columns(train.features, image_column, mask_column, self.where)
         if val_split in splits:
             self.rows = {"train": train, "val": splits[val_split]}
+        elif streaming:
+            raise ValueError(f"{self.where} has no split {val_split!r}, and a stream cannot be carved; name one with "
+                             f"--data.val_split (its splits are {', '.join(splits)})")
         else:  # held out of train, the same rows on every rank and run
             keep, held = carve(len(train), val_fraction, seed)
             self.rows = {"train": train.select(keep), "val": train.select(held)}
         if test_split is not None and test_split in splits:
             self.rows["test"] = splits[test_split]
 
-    def split(self, name: str, transform: JointTransform | OwnSize, check: bool = True) -> HFMaskPairs:
-        return HFMaskPairs(self.rows[name], self.image_column, self.mask_column, transform,
-                           self.hparams.reduce_zero_label, f"{self.where} ({name})")
+    @property
+    def sets_up_locally(self) -> bool:  # a stream is split by rank, which the trainer knows once fit starts
+        return not self.hparams.streaming
+
+    @property
+    def may_yield_empty(self) -> bool:  # a rank whose part of a stream ended steps on empty batches
+        return self.hparams.streaming and self.trainer is not None and self.trainer.world_size > 1
+
+    def split(self, name: str, transform: JointTransform | OwnSize, check: bool = True):
+        hp, where = self.hparams, f"{self.where} ({name})"
+        if not hp.streaming:
+            return HFMaskPairs(self.rows[name], self.image_column, self.mask_column, transform, hp.reduce_zero_label,
+                               where)
+        from datasets.distributed import split_dataset_by_node
+
+        ds = self.rows[name]
+        if isinstance(transform, JointTransform) and transform.train:
+            ds = ds.shuffle(seed=hp.seed, buffer_size=hp.shuffle_buffer)
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        ds = split_dataset_by_node(ds, rank=rank, world_size=world) if world > 1 else ds
+        return HFMaskStream(ds, self.image_column, self.mask_column, transform, hp.reduce_zero_label, where)
 
     def has(self, name: str) -> bool:
         return name in self.rows
 
+    def check_train_size(self, trainer=None) -> None:
+        if not self.hparams.streaming:  # a stream's length is not known before it is read
+            super().check_train_size(trainer)
+
+    def loader(self, ds, train: bool):
+        if not self.hparams.streaming:
+            return super().loader(ds, train)
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        from .hf import EvenSteps
+
+        hp = self.hparams
+        h, w = pair(hp.img_size)  # the batch of a rank whose part ended first: no sample
+        empty = (torch.empty(0, 3, h, w, dtype=torch.uint8), torch.empty(0, h, w, dtype=torch.long))
+        return EvenSteps(StatefulDataLoader(ds, batch_size=hp.batch_size, num_workers=self.workers(),
+                                            pin_memory=hp.pin_memory and torch.cuda.is_available()), self, train,
+                         empty)
+
+    def train_dataloader(self):
+        if not self.hparams.streaming:
+            return super().train_dataloader()
+        self._train_loader = self.loader(self.train_set, True)
+        if self._resume is not None:
+            self._restore_train_loader()
+        return self._train_loader
+
     def describe(self) -> str:
         return f"HFSegmentationDataModule({self.where})"
+
+
+class StreamingSegmentationDataModule(RankPositions, SegmentationDataModule):
+    """Images with a class index per pixel, from litdata shards.
+
+    Written by ``vitkit prepare-data ROOT OUT`` from a folder of images and masks (any ``layout``), streamed from a
+    local folder or an object-store URL as :class:`~vitkit.lit.StreamingImageDataModule` streams a classifier's
+    data: each epoch shuffled from ``seed``, every sample once per epoch across ranks and workers, each sample's
+    augmentation its own, and every rank's position in the checkpoint, so ``--ckpt_path last`` continues mid-epoch.
+
+    Args:
+        root: the converted dataset (its ``vitkit_dataset.json`` records the layout the masks came in).
+        num_classes: the classes the masks index (required unless the layout has them).
+        seed, cache_dir, max_cache_size: the shuffle's seed, and where litdata caches a remote dataset.
+        The rest: as :class:`SegmentationDataModule`'s.
+    """
+
+    def __init__(self, root: str, num_classes: int | None = None, classes: list[str] | None = None, seed: int = 0,
+                 cache_dir: str | None = None, max_cache_size: str = "100GB", ignore_index: int = 255,
+                 img_size: int | tuple[int, int] = 224, batch_size: int = 8, num_workers: int | None = None,
+                 model_name: str | None = None, scale: tuple[float, float] = (0.5, 2.0), hflip: float = 0.5,
+                 color_jitter: float = 0.0, mean: tuple[float, ...] | None = None,
+                 std: tuple[float, ...] | None = None, pin_memory: bool = True) -> None:
+        from vitkit.data.shards import read_dataset_info
+
+        where = root if "://" in root else str(Path(os.path.expanduser(root)).resolve())
+        self.info = read_dataset_info(where)
+        if not self.info.get("masks"):
+            raise ValueError(f"{root} holds images with class labels, not masks: stream it with "
+                             "--data vitkit.lit.StreamingImageDataModule")
+        super().__init__(where, num_classes, classes, self.info["layout"], ignore_index, img_size, batch_size,
+                         num_workers, model_name, scale, hflip, color_jitter, mean, std, pin_memory)
+        self.save_hyperparameters()
+
+    sets_up_locally = False  # the index of a remote dataset is read when the loaders are made
+
+    def split(self, name: str, transform: JointTransform | OwnSize, check: bool = True):
+        from vitkit.data.streaming import MaskShards
+
+        hp = self.hparams
+        shuffle = isinstance(transform, JointTransform) and transform.train  # the training view alone
+        return MaskShards(f"{hp.root.rstrip('/')}/{name}", transform, shuffle=shuffle, seed=hp.seed,
+                          reduce_zero=self.info["layout"] == "ade20k", cache_dir=hp.cache_dir,
+                          max_cache_size=hp.max_cache_size)
+
+    def has(self, name: str) -> bool:
+        return name in self.info["splits"]
+
+    def loader(self, ds, train: bool):
+        from litdata import StreamingDataLoader
+
+        hp = self.hparams
+        return StreamingDataLoader(ds, batch_size=hp.batch_size, num_workers=self.workers(),
+                                   generator=torch.Generator().manual_seed(hp.seed),
+                                   pin_memory=hp.pin_memory and torch.cuda.is_available())
+
+    def train_dataloader(self):
+        from vitkit.data.streaming import EvenBatches
+
+        self.check_train_size()
+        h, w = pair(self.hparams.img_size)  # the padding of a rank that ran out: a batch of no sample
+        empty = (torch.empty(0, 3, h, w, dtype=torch.uint8), torch.empty(0, h, w, dtype=torch.long))
+        previous, self._train_loader = self._train_loader, EvenBatches(
+            partial(self.loader, self.train_set, True), self.info["splits"]["train"]["samples"], empty)
+        if previous is not None:
+            self._train_loader.loader.current_epoch = previous.loader.current_epoch
+        if self._resume is not None:
+            self._restore_train_loader()
+        return self._train_loader
+
+    @property
+    def may_yield_empty(self) -> bool:  # a rank that ran out of the epoch's samples steps on an empty batch
+        return self.trainer is not None and self.trainer.world_size > 1
+
+    def describe(self) -> str:
+        return f"StreamingSegmentationDataModule({self.hparams.root})"

@@ -41,6 +41,9 @@ class StreamingImageDataModule(RankPositions, SkippingImages):
         super().__init__(**image_args)
         self.root = root if "://" in root else str(Path(os.path.expanduser(root)).resolve())
         self.info = read_dataset_info(self.root)
+        if self.info.get("masks"):
+            raise ValueError(f"{root} holds images with masks: stream it with "
+                             "--data vitkit.lit.StreamingSegmentationDataModule and --model vitkit.lit.Segmenter")
         self.classes = self.info["classes"]
         self.num_classes = len(self.classes)
         self.multi_label = bool(self.info.get("multi_label", False))  # multi-hot targets (from manifests)

@@ -89,7 +89,10 @@ class StepsPerEpoch(L.Callback):
         self.done = True
         if not hasattr(dm, "train_set"):
             dm.setup("fit")
-        n = len(getattr(dm, "train_set", ()) or ())
+        try:
+            n = len(getattr(dm, "train_set", ()))
+        except TypeError:  # a stream: its length is not known before it is read
+            return
         world = max(1, trainer.world_size) * trainer.accumulate_grad_batches
         batch = dm.hparams.batch_size
         if not n or n // (batch * world) >= self.min_steps:

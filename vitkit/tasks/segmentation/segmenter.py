@@ -162,7 +162,9 @@ class Segmenter(TrainingModule):
         saved."""
         dm = self.trainer.datamodule
         hp = self.hparams
-        batches = (dm.on_after_batch_transfer(b, 0) for b in dm.loader(dm.eval_view("train"), False))
+        images = []  # counted as read: a streamed split's length is not known before
+        batches = (dm.on_after_batch_transfer(b, 0) for b in dm.loader(dm.eval_view("train"), False)
+                   if images.append(len(b[1])) is None)
         patches = fit_probe_head(self.model, batches, self.model.num_classes, hp.ignore_index, self.device)
         self.restart_ema()
         self.probe_baseline = self._score(dm.val_dataloader())
@@ -172,7 +174,7 @@ class Segmenter(TrainingModule):
         self.trainer.save_checkpoint(path, weights_only=True)  # the model at step 0: no optimizer state yet
         self.probe_file = str(path)
         rank_zero_info(f"probe: a logistic regression on the frozen features of {patches} patches of "
-                       f"{len(dm.train_set)} training images, val/mIoU {self.probe_baseline:.4f} "
+                       f"{sum(images)} training images, val/mIoU {self.probe_baseline:.4f} "
                        f"(val/probe_baseline): {path}")
 
     @torch.no_grad()
