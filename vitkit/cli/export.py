@@ -24,11 +24,58 @@ def parser():
     p.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
     p.add_argument("--opset", type=int, default=18, help="ONNX opset, 18 or newer")
     p.add_argument("--atol", type=float, default=1e-4, help="largest difference to PyTorch the check accepts")
+    q = p.add_argument_group("int8 (vitkit/tools/quantize.py; SRC may also be an fp32 .onnx written by vitkit export)")
+    q.add_argument("--int8", nargs="?", const="static", choices=("static", "dynamic"), default=None,
+                   help="quantize the linear layers to int8 in the ONNX file: static (calibrated activation ranges, "
+                   "the default) or dynamic; softmax, LayerNorm and the attention's products stay in float")
+    q.add_argument("--calibrate", metavar="DIR", help="labelled images, one folder per class named as the model's "
+                   "labels (DIR/val/<class> where there is one): the first --calibration-size calibrate, the rest "
+                   "(100 or more) score fp32 against int8")
+    q.add_argument("--calibration-size", type=int, default=200, metavar="N", help="images to calibrate on (200)")
+    q.add_argument("--calibration-method", choices=("minmax", "entropy", "percentile"), default="minmax",
+                   help="how activation ranges are read from the calibration images (minmax)")
+    q.add_argument("--max-drop", type=float, default=0.5, metavar="POINTS", help="refuse to write when int8 loses "
+                   "more top-1 points than this on the held-out images (0.5)")
+    q.add_argument("--keep-fp32", nargs="+", default=(), metavar="PATTERN", help="linear layers to keep in float, "
+                   "by module name (fnmatch: 'blocks.11.*', '*.fc2', 'head')")
     return p
+
+
+def _check_int8(args) -> None:
+    if args.int8 is None:
+        if args.calibrate or args.keep_fp32:
+            raise UsageError("--calibrate and --keep-fp32 go with --int8")
+        return
+    if args.format != "onnx":
+        raise UsageError(f"--int8 writes an ONNX file (onnxruntime's int8 operators); --format {args.format} cannot "
+                         "hold it")
+    if not args.calibrate:
+        raise UsageError("--int8 needs --calibrate DIR: labelled images to calibrate on and to score fp32 against "
+                         "int8 before the file is written")
+    if args.calibration_size < 1 or args.max_drop < 0:
+        raise UsageError(f"--calibration-size takes 1 or more and --max-drop 0 or more, got {args.calibration_size} "
+                         f"and {args.max_drop:g}")
+
+
+def _int8(args, fp32: str, out: str) -> int:
+    from vitkit.tools.quantize import QuantizationRefused, quantize_int8
+
+    try:
+        report = quantize_int8(fp32, out, args.calibrate, mode=args.int8, calibration=args.calibration_size,
+                               max_drop=args.max_drop, keep=tuple(args.keep_fp32), method=args.calibration_method)
+    except QuantizationRefused as e:
+        raise UsageError(f"{e}") from None
+    print(report)
+    return 0
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    _check_int8(args)
+    if args.int8 and args.src.endswith(".onnx"):  # an fp32 export already written
+        if not Path(args.src).is_file():
+            raise UsageError(f"{args.src} does not exist")
+        return _int8(args, args.src, args.output or f"{Path(args.src).stem}.int8.onnx")
     from vitkit.tools.export import ExportError, export_onnx, export_program
 
     if args.output:  # before the model is built: a folder on the way that is a file
@@ -50,11 +97,12 @@ def main(argv: list[str]) -> int:
         net = load_classifier(args)
     else:
         net = _named_model(args, overrides)
-    out = args.output or f"{net.name}.{'onnx' if args.format == 'onnx' else 'pt2'}"
+    out = args.output or f"{net.name}{'.int8' if args.int8 else ''}.{'onnx' if args.format == 'onnx' else 'pt2'}"
     dynamic = False if args.fixed_size else None
+    fp32 = str(Path(out).with_name(Path(out).name + ".fp32.tmp")) if args.int8 else out
     try:
         if args.format == "onnx":
-            report = export_onnx(net, out, dynamic_size=dynamic, opset=args.opset, atol=args.atol)
+            report = export_onnx(net, fp32, dynamic_size=dynamic, opset=args.opset, atol=args.atol)
         else:
             report = export_program(net, out, dynamic_size=dynamic, atol=args.atol)
     except ExportError as e:
@@ -62,6 +110,12 @@ def main(argv: list[str]) -> int:
     except ImportError as e:
         raise UsageError(f"ONNX export needs onnx, onnxscript and onnxruntime ({e}); "
                          "pip install 'vitkit[export]'") from None
+    if args.int8:
+        print(f"the fp32 export: max |diff| against PyTorch {report.max_abs_diff:.2e}")
+        try:
+            return _int8(args, fp32, out)
+        finally:
+            Path(fp32).unlink(missing_ok=True)
     print(report)
     return 0
 

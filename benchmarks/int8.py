@@ -1,0 +1,122 @@
+"""int8 against fp32 on the CPU: vitkit's ONNX export in onnxruntime (fp32, static int8, dynamic int8), the same
+static int8 graph in OpenVINO (where ``pip install openvino`` put it beside vitkit), and vitkit's PyTorch model in
+bf16, at batch 1 and 8. Random weights (the speed does not depend on them); the static model is calibrated on 32
+random inputs. Every entry is timed in interleaved rounds after a warm-up; the median ms per batch is reported.
+
+    python benchmarks/int8.py --models vit_base_patch16_224,deit_small_patch16_224,swin_tiny_patch4_window7_224 \\
+        --out benchmarks/results/int8_cpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import vitkit
+from vitkit.models.config import pair
+from vitkit.tools.export import INPUT, export_onnx
+from vitkit.tools.quantize import _Batches, _write, linear_nodes
+
+
+def _onnx(path: Path, threads: int) -> Callable[[np.ndarray], None]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda x: session.run(None, {name: x})
+
+
+def _openvino(path: Path, threads: int) -> Callable[[np.ndarray], None] | None:
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads})
+    return lambda x: compiled(x)
+
+
+def _bf16(model: torch.nn.Module) -> Callable[[np.ndarray], None]:
+    m = model.to(torch.bfloat16)
+
+    def run(x: np.ndarray) -> None:
+        with torch.no_grad():
+            m(torch.from_numpy(x).to(torch.bfloat16))
+
+    return run
+
+
+def _time(entries: dict[str, Callable], x: np.ndarray, rounds: int, iters: int) -> dict[str, float]:
+    for run in entries.values():
+        run(x)
+    times: dict[str, list[float]] = {k: [] for k in entries}
+    for _ in range(rounds):
+        for name, run in entries.items():
+            start = time.perf_counter()
+            for _ in range(iters):
+                run(x)
+            times[name].append(1000 * (time.perf_counter() - start) / iters)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="vit_base_patch16_224,deit_small_patch16_224,swin_tiny_patch4_window7_224")
+    ap.add_argument("--batch-sizes", default="1,8")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--out", type=Path, default=None, help="a markdown table (printed too)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               "unknown CPU")
+    rows = [f"CPU: {cpu}, {args.threads} threads; torch {torch.__version__}; median ms per batch of "
+            f"{args.rounds} interleaved rounds x {args.iters} calls", "",
+            "| model | batch | fp32 (onnxruntime) | int8 static | int8 dynamic | int8 static (OpenVINO) "
+            "| bf16 (PyTorch) |",
+            "|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            torch.manual_seed(0)
+            model = vitkit.create_model(name).eval()
+            h, w = pair(model.cfg.img_size)
+            fp32 = Path(tmp) / f"{name}.onnx"
+            export_onnx(model, fp32)
+            import onnx
+
+            nodes = linear_nodes(onnx.load(str(fp32)))
+            calibration = np.random.default_rng(0).standard_normal((32, 3, h, w)).astype(np.float32)
+            static, dynamic = Path(tmp) / f"{name}.static.onnx", Path(tmp) / f"{name}.dynamic.onnx"
+            _write(str(fp32), static, "static", _Batches(INPUT, calibration), nodes, "minmax")
+            _write(str(fp32), dynamic, "dynamic", None, nodes, "minmax")
+            entries = {"fp32": _onnx(fp32, args.threads), "static": _onnx(static, args.threads),
+                       "dynamic": _onnx(dynamic, args.threads), "openvino": _openvino(static, args.threads),
+                       "bf16": _bf16(model)}
+            entries = {k: v for k, v in entries.items() if v is not None}
+            for batch in map(int, args.batch_sizes.split(",")):
+                x = np.random.default_rng(1).standard_normal((batch, 3, h, w)).astype(np.float32)
+                ms = _time(entries, x, args.rounds, args.iters)
+
+                def cell(k: str, ms=ms) -> str:
+                    return f"{ms[k]:.1f} ({ms['fp32'] / ms[k]:.2f}x)" if k in ms else "-"
+
+                rows.append(f"| {name} | {batch} | {ms['fp32']:.1f} | {cell('static')} | {cell('dynamic')} | "
+                            f"{cell('openvino')} | {cell('bf16')} |")
+                print(rows[-1], flush=True)
+    text = "\n".join(rows) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""`vitkit export --int8`: a classifier trained on real digits, quantized with calibration and gated on accuracy.
+
+The model is a 2-block ViT trained here for a few seconds on scikit-learn's digits; the calibration folder holds
+digits it never trained on. A second copy carries an activation outlier in each block that leaves fp32 unchanged and
+ruins the int8 ranges of its fc2: the gate must refuse it, name those layers, and pass once they are kept in float."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from PIL import Image
+from sklearn.datasets import load_digits
+
+import vitkit
+from tests.commands import error_line_of, run_cli
+from vitkit.tools.export import export_onnx
+
+pytestmark = pytest.mark.slow
+SIZE = 16
+
+
+def _pixels(images: np.ndarray) -> np.ndarray:
+    """8 x 8 digits (0..16) as the 16 px uint8 images the folder holds (nearest, so PIL's resize is the identity)."""
+    return np.repeat(np.repeat((images * 255 / 16).astype(np.uint8), 2, axis=1), 2, axis=2)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(fp32 ONNX, the same model with an fc2 outlier, calibration folder)."""
+    root = tmp_path_factory.mktemp("int8")
+    digits = load_digits()
+    pixels, labels = _pixels(digits.images), digits.target
+    for i in range(1200, len(labels)):  # never trained on: 200 calibrate, 397 held out
+        (root / "cal" / str(labels[i])).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels[i]).convert("RGB").save(root / "cal" / str(labels[i]) / f"{i}.png")
+    torch.manual_seed(0)
+    net = vitkit.create_model("vit_tiny_patch16_224", img_size=SIZE, patch_size=4, embed_dim=64, depth=2,
+                              num_heads=4, num_classes=10, crop_pct=1.0, mean=(0.5,) * 3, std=(0.5,) * 3)
+    x = torch.from_numpy(pixels[:1200]).float().div(255).sub(0.5).div(0.5)[:, None].expand(-1, 3, -1, -1)
+    y = torch.from_numpy(labels[:1200])
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3)
+    net.train()
+    for step in range(400):
+        idx = torch.randint(0, 1200, (64,), generator=torch.Generator().manual_seed(step))
+        loss = torch.nn.functional.cross_entropy(net(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    net.eval().class_names = [str(d) for d in range(10)]
+    export_onnx(net, root / "fp32.onnx")
+    with torch.no_grad():  # an input unit of each fc2 at 1e4 that fc2 multiplies by zero: fp32 is unchanged
+        for block in net.blocks:
+            block.mlp.fc1.bias[0] = 1e4
+            block.mlp.fc2.weight[:, 0] = 0
+    export_onnx(net, root / "outlier.onnx")
+    return root / "fp32.onnx", root / "outlier.onnx", root / "cal"
+
+
+def test_int8_keeps_the_accuracy_labels_and_preprocessing(trained, tmp_path, capsys):
+    fp32, _, cal = trained
+    out = tmp_path / "int8.onnx"
+    # 397 held-out images (one is 0.25 points), and int8 kernels differ from CPU to CPU: 6 images of margin
+    status, err = run_cli(["export", str(fp32), "--int8", "--calibrate", str(cal), "--max-drop", "1.5", "-o",
+                           str(out)], capsys)
+    assert status == 0, err
+    model = onnx.load(str(out))
+    meta = {p.key: p.value for p in model.metadata_props}
+    facts = json.loads(meta["vitkit.int8"])
+    assert facts["fp32_top1"] > 0.8 and 100 * (facts["fp32_top1"] - facts["int8_top1"]) <= 1.5, facts
+    assert facts["held_out"] == 397 and facts["calibrated"] == 200
+    original = {p.key: p.value for p in onnx.load(str(fp32)).metadata_props}
+    assert {k: meta[k] for k in original} == original  # labels, preprocessing and size travel unchanged
+    ops = [n.op_type for n in model.graph.node]
+    produced = {o: n.op_type for n in model.graph.node for o in n.output}
+    matmuls = [n for n in model.graph.node if n.op_type in ("MatMul", "Gemm")]
+    quantized = [n for n in matmuls if all(produced.get(i) == "DequantizeLinear" for i in n.input[:2])]
+    assert "QuantizeLinear" in ops and len(quantized) == 9  # qkv, proj, fc1, fc2 of 2 blocks, and the head
+    assert all(produced.get(i) != "DequantizeLinear" for n in matmuls if n not in quantized for i in n.input[:2])
+
+    image = next((cal / "3").iterdir())
+    status, err = run_cli(["predict", str(image), "--onnx", str(out)], capsys)
+    assert status == 0, err
+    folder = tmp_path / "data"  # evaluate reads train/ and val/
+    folder.mkdir()
+    for split in ("train", "val"):
+        (folder / split).symlink_to(cal)
+    status, err = run_cli(["evaluate", "--onnx", str(out), "--data.root", str(folder), "-o", str(tmp_path / "ev")],
+                          capsys)
+    assert status == 0, err
+    assert json.loads((tmp_path / "ev" / "metrics.json").read_text())["top1"] > 0.8
+
+
+def test_the_gate_refuses_an_int8_model_that_loses_accuracy_and_names_the_layer(trained, tmp_path, capsys):
+    _, outlier, cal = trained
+    out = tmp_path / "int8.onnx"
+    line = error_line_of(["export", str(outlier), "--int8", "--calibrate", str(cal), "-o", str(out)])
+    assert line.startswith("error: int8 loses ") and "more than --max-drop 0.5; nothing was written" in line, line
+    named = [part.split(" (")[0] for part in line.split("add the most error: ")[1].split("; keep")[0].split(", ")]
+    assert sorted(named[:2]) == ["blocks.0.mlp.fc2", "blocks.1.mlp.fc2"], line
+    assert not out.exists()
+    status, err = run_cli(["export", str(outlier), "--int8", "--calibrate", str(cal), "--keep-fp32", "*.mlp.fc2",
+                           "-o", str(out)], capsys)
+    assert status == 0, err
+    assert json.loads({p.key: p.value for p in onnx.load(str(out)).metadata_props}["vitkit.int8"])["kept"] == \
+        ["blocks.0.mlp.fc2", "blocks.1.mlp.fc2"]
+
+
+def test_bad_int8_input_ends_in_one_line(trained, tmp_path):
+    fp32, _, cal = trained
+    assert error_line_of(["export", str(fp32), "--int8", "--calibrate", str(cal), "--calibration-size", "500"]) == (
+        f"error: --calibrate {cal} holds 597 images; 500 to calibrate (--calibration-size) and 100 held out for the "
+        "accuracy gate need 600")
+    assert error_line_of(["export", str(fp32), "--int8"]).startswith("error: --int8 needs --calibrate DIR")
+    assert error_line_of(["export", "vit_tiny_patch16_224", "--int8", "--format", "torch-export", "--calibrate",
+                          str(cal)]) == ("error: --int8 writes an ONNX file (onnxruntime's int8 operators); --format "
+                                         "torch-export cannot hold it")
+    (tmp_path / "cats" / "tabby").mkdir(parents=True)
+    assert error_line_of(["export", str(fp32), "--int8", "--calibrate", str(tmp_path / "cats")]).startswith(
+        f"error: --calibrate {tmp_path / 'cats'}: expected one folder per class named as the model's labels (0, 1, 2, "
+        "3, 4, ...), found tabby")

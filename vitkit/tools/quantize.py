@@ -1,0 +1,293 @@
+"""int8 ONNX classifiers: the linear layers quantized, calibrated on the user's images, gated on accuracy and timed.
+
+``quantize_int8`` takes an fp32 file written by ``vitkit export`` and a folder of labelled images (one folder per
+class, named as the model's labels). It preprocesses them as the model's metadata says (the data module's eval
+transform, ``OnnxModel.preprocess``) and calibrates on the first ``calibration`` images of a seeded order. The rest
+are held out: the fp32 and the int8 model are both scored there.
+
+* ``static`` (the default): onnxruntime's QDQ quantization of the MatMul and Gemm nodes whose second input is a
+  weight, per output channel, activations from the calibration images' ranges. The attention's two products (both
+  inputs activations), softmax, LayerNorm and GELU stay in float.
+* ``dynamic``: the same weights in int8, each activation quantized as it comes; no calibration ranges.
+
+The file is written only when the int8 model loses at most ``max_drop`` points of top-1 on the held-out images.
+Otherwise the refusal gives the two scores and names the linear layers that add the most error. The error of a
+layer is its output's relative error under int8 minus its input's, both measured on held-out images. Those layers
+stay float with ``keep`` (patterns matched against the node names). Both models are also timed at batch 1 in the
+same process; the report says when int8 is not faster.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .onnx_model import OnnxModel
+
+MODES = ("static", "dynamic")
+METHODS = ("minmax", "entropy", "percentile")
+MIN_HELD_OUT = 100  # images the gate scores: 0.5 points is then one image in 200 at most
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+
+class QuantizationRefused(ValueError):
+    """The int8 model lost more than allowed, or the input cannot be calibrated on; nothing was written."""
+
+
+@dataclass
+class Int8Report:
+    path: str
+    mode: str
+    calibrated: int
+    held_out: int
+    fp32_top1: float
+    int8_top1: float
+    quantized: int
+    kept: list[str] = field(default_factory=list)
+    fp32_ms: float = 0.0
+    int8_ms: float = 0.0
+
+    @property
+    def drop(self) -> float:
+        """Points of top-1 lost on the held-out images."""
+        return 100 * (self.fp32_top1 - self.int8_top1)
+
+    def __str__(self) -> str:
+        speed = self.fp32_ms / self.int8_ms if self.int8_ms else float("nan")
+        lines = [f"{self.path}: int8 ({self.mode}), {self.quantized} linear layers quantized"
+                 + (f", {len(self.kept)} kept in float" if self.kept else "")
+                 + f"; calibrated on {self.calibrated} images",
+                 f"top-1 on {self.held_out} held-out images: fp32 {self.fp32_top1:.4f}, int8 {self.int8_top1:.4f} "
+                 f"({abs(self.drop):.2f} points {'lost' if self.drop >= 0 else 'gained'})",
+                 f"batch 1 on this CPU: fp32 {self.fp32_ms:.2f} ms, int8 {self.int8_ms:.2f} ms ({speed:.2f}x)"]
+        if speed < 1.0:
+            lines.append("int8 is not faster than fp32 on this CPU: keep the fp32 file here, or try --int8 dynamic "
+                         "(int8 pays on large layers, and most on CPUs with VNNI or AMX)")
+        return "\n".join(lines)
+
+
+def labelled_images(folder: str | os.PathLike, labels: list[str] | None) -> list[tuple[Path, int]]:
+    """(image, class index) of every image under ``folder/<class>/`` (or ``folder/val/<class>/`` where there is one),
+    the classes named as the model's ``labels``."""
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise QuantizationRefused(f"--calibrate {folder}: not a folder (expected one folder of images per class)")
+    if (root / "val").is_dir():
+        root = root / "val"
+    if not labels:
+        raise QuantizationRefused("the model records no class names (no vitkit.labels metadata): int8 calibration "
+                                  "scores a classifier, so export one trained with its data's classes")
+    index = {name: i for i, name in enumerate(labels)}
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    unknown = [c for c in classes if c not in index]
+    if not classes or unknown:
+        raise QuantizationRefused(f"--calibrate {root}: expected one folder per class named as the model's labels "
+                                  f"({', '.join(labels[:5])}{', ...' if len(labels) > 5 else ''}), found "
+                                  f"{', '.join(unknown or classes) or 'no folders'}")
+    return [(p, index[c]) for c in classes for p in sorted((root / c).iterdir())
+            if p.suffix.lower() in IMAGE_SUFFIXES]
+
+
+def linear_nodes(model) -> list[str]:
+    """The names of the MatMul and Gemm nodes of an ONNX graph whose second input is a weight (an initializer):
+    the linear layers, not the attention's products of two activations."""
+    weights = {t.name for t in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1
+            and n.input[1] in weights]
+
+
+def module_names(model) -> dict[str, str]:
+    """Each node's PyTorch module (``blocks.11.mlp.fc2``), where the exporter recorded its name scopes; else the
+    node's own name."""
+    import ast
+
+    names = {}
+    for node in model.graph.node:
+        scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), None)
+        try:
+            parts = [s for s in ast.literal_eval(scopes) if s] if scopes else []
+        except (ValueError, SyntaxError):
+            parts = []
+        names[node.name] = parts[-2] if len(parts) > 1 else node.name  # the last scope is the op itself
+    return names
+
+
+class _Batches:
+    """onnxruntime's CalibrationDataReader: the calibration images, one batch at a time."""
+
+    def __init__(self, name: str, arrays: np.ndarray, batch: int = 8) -> None:
+        self.items = iter([{name: arrays[i:i + batch]} for i in range(0, len(arrays), batch)])
+
+    def get_next(self):
+        return next(self.items, None)
+
+
+def _inputs(model: OnnxModel, images: list[tuple[Path, int]]) -> tuple[np.ndarray, np.ndarray]:
+    from PIL import Image
+
+    arrays, targets = [], []
+    for path, label in images:
+        with Image.open(path) as image:
+            arrays.append(model.preprocess(image)[0])
+        targets.append(label)
+    return np.stack(arrays), np.asarray(targets)
+
+
+def _top1(model: OnnxModel, x: np.ndarray, y: np.ndarray, batch: int = 16) -> float:
+    preds = np.concatenate([model(x[i:i + batch]).argmax(1) for i in range(0, len(x), batch)])
+    return float((preds == y).mean())
+
+
+def _ms(models: list[OnnxModel], x: np.ndarray, rounds: int = 5, runs: int = 10) -> list[float]:
+    """Median ms of one batch-1 call of each model, measured in interleaved rounds (after a warm-up)."""
+    times: list[list[float]] = [[] for _ in models]
+    for m in models:
+        m(x[:1])
+    for _ in range(rounds):
+        for k, m in enumerate(models):
+            start = time.perf_counter()
+            for _ in range(runs):
+                m(x[:1])
+            times[k].append(1000 * (time.perf_counter() - start) / runs)
+    return [statistics.median(t) for t in times]
+
+
+def _write(src: str, dst: Path, mode: str, reader, nodes: list[str], method: str) -> None:
+    """Quantize ``src`` into ``dst``: the ``nodes`` named, in ``mode``, calibrated by ``reader`` where static."""
+    shaped = dst.with_name(dst.name + ".shapes")
+    try:  # the shapes onnxruntime's quantizer asks for (its pre-processing without the graph optimisation, which
+        # would rename the nodes): a graph it cannot infer is quantized as it is
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        quant_pre_process(src, str(shaped), skip_optimization=True)
+        src = str(shaped)
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        _quantize(src, dst, mode, reader, nodes, method)
+    finally:
+        shaped.unlink(missing_ok=True)
+
+
+def _quantize(src: str, dst: Path, mode: str, reader, nodes: list[str], method: str) -> None:
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    if mode == "dynamic":
+        quantize_dynamic(src, str(dst), op_types_to_quantize=["MatMul", "Gemm"], nodes_to_quantize=nodes,
+                         per_channel=True, weight_type=QuantType.QInt8)
+        return
+    calibrate = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                 "percentile": CalibrationMethod.Percentile}[method]
+    quantize_static(src, str(dst), reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul", "Gemm"],
+                    nodes_to_quantize=nodes, per_channel=True, activation_type=QuantType.QInt8,
+                    weight_type=QuantType.QInt8, calibrate_method=calibrate)
+
+
+def _carry_metadata(src, dst: Path, extra: dict) -> None:
+    """The fp32 file's ``vitkit.*`` metadata (preprocessing, labels, thresholds) into the int8 file, and ``extra``."""
+    import onnx
+
+    model = onnx.load(str(dst))
+    del model.metadata_props[:]
+    for prop in src.metadata_props:
+        model.metadata_props.add(key=prop.key, value=prop.value)
+    model.metadata_props.add(key="vitkit.int8", value=json.dumps(extra))
+    onnx.save(model, str(dst))
+
+
+def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: str | os.PathLike, *,
+                  mode: str = "static", calibration: int = 200, max_drop: float = 0.5,
+                  keep: tuple[str, ...] = (), method: str = "minmax", seed: int = 0) -> Int8Report:
+    """Write the int8 model of the fp32 file ``fp32`` to ``out``, or refuse (see the module docstring)."""
+    import onnx
+
+    if mode not in MODES or method not in METHODS:
+        raise QuantizationRefused(f"--int8 takes {' or '.join(MODES)} and --calibration-method one of "
+                                  f"{', '.join(METHODS)}, got {mode!r} and {method!r}")
+    base = OnnxModel(fp32)
+    if base.meta.get("task") == "segmentation" or base.thresholds is not None:
+        raise QuantizationRefused(f"{fp32} is not a single-label classifier: int8 export scores top-1 on labelled "
+                                  "images, which a segmenter or a multi-label model does not have")
+    images = labelled_images(calibrate, base.labels)
+    if len(images) < calibration + MIN_HELD_OUT:
+        raise QuantizationRefused(f"--calibrate {calibrate} holds {len(images)} images; {calibration} to calibrate "
+                                  f"(--calibration-size) and {MIN_HELD_OUT} held out for the accuracy gate need "
+                                  f"{calibration + MIN_HELD_OUT}")
+    order = np.random.default_rng(seed).permutation(len(images))
+    x, y = _inputs(base, [images[k] for k in order])
+    proto = onnx.load(str(fp32))
+    linear, module = linear_nodes(proto), module_names(proto)
+    kept = [n for n in linear if any(fnmatch.fnmatch(module[n], p) or fnmatch.fnmatch(n, p) for p in keep)]
+    if keep and not kept:
+        raise QuantizationRefused(f"--keep-fp32 {' '.join(keep)} matches no linear layer; their names look like "
+                                  f"{', '.join(module[n] for n in linear[:3])} (patterns as fnmatch's: "
+                                  "'blocks.11.*', '*.fc2')")
+    out = Path(out)
+    tmp = out.with_name(out.name + ".int8.tmp")
+    try:
+        _write(str(fp32), tmp, mode, _Batches(base.input.name, x[:calibration]),
+               [n for n in linear if n not in kept], method)
+        int8 = OnnxModel(tmp)
+        held_x, held_y = x[calibration:], y[calibration:]
+        report = Int8Report(str(out), mode, calibration, len(held_y), _top1(base, held_x, held_y),
+                            _top1(int8, held_x, held_y), len(linear) - len(kept), [module[n] for n in kept])
+        if report.drop > max_drop:
+            errors = layer_errors(fp32, tmp, [n for n in linear if n not in kept], held_x[:16])
+            worst = [e for e in errors if e[1] > 0][:5] or errors[:3]
+            raise QuantizationRefused(
+                f"int8 loses {report.drop:.2f} points of top-1 (fp32 {report.fp32_top1:.4f}, int8 "
+                f"{report.int8_top1:.4f} on {report.held_out} held-out images), more than --max-drop {max_drop:g}; "
+                "nothing was written. The layers that add the most error: "
+                + ", ".join(f"{module[n]} ({e:.3f})" for n, e in worst)
+                + "; keep them in float with --keep-fp32 PATTERN")
+        report.fp32_ms, report.int8_ms = _ms([base, int8], held_x)
+        _carry_metadata(proto, tmp, {"mode": mode, "calibrated": calibration, "held_out": report.held_out,
+                                     "fp32_top1": report.fp32_top1, "int8_top1": report.int8_top1,
+                                     "kept": [module[n] for n in kept]})
+        os.replace(tmp, out)
+        return report
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def layer_errors(fp32: str | os.PathLike, int8: str | os.PathLike, nodes: list[str],
+                 x: np.ndarray) -> list[tuple[str, float]]:
+    """Each linear layer's added error, largest first: the relative error of its output in the int8 model (against
+    the fp32 model's, on ``x``) minus that of its input."""
+    import onnx
+    import onnxruntime as ort
+
+    reference = onnx.load(str(fp32))
+    tensors = {n.name: (n.input[0], n.output[0]) for n in reference.graph.node if n.name in nodes}
+    wanted = sorted({t for pair in tensors.values() for t in pair})
+
+    def run(path) -> dict[str, np.ndarray]:
+        model = onnx.load(str(path))
+        present = {o.name for o in model.graph.output}
+        for name in wanted:
+            if name not in present:
+                model.graph.output.add(name=name)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        values = session.run(None, {session.get_inputs()[0].name: x})
+        return {k: v for k, v in zip(names, values, strict=True) if k in wanted}
+
+    a, b = run(fp32), run(int8)
+
+    def rel(t: str) -> float:
+        return float(np.linalg.norm(b[t] - a[t]) / max(np.linalg.norm(a[t]), 1e-12)) if t in a and t in b else 0.0
+
+    return sorted(((n, rel(o) - rel(i)) for n, (i, o) in tensors.items()), key=lambda e: -e[1])
