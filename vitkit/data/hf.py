@@ -407,15 +407,11 @@ class HFImages(Dataset):
         return self.transform(img), self.to_index(row[self.label_column])
 
 
-class HFStream(IterableDataset):
-    """A streamed split as ``(image, label)`` (None for a row that does not decode). Its position is the
-    ``datasets`` stream's own ``state_dict``, which a ``StatefulDataLoader`` saves per loader worker."""
+class StreamPosition:
+    """A stream over ``self.ds`` (a ``datasets`` IterableDataset) whose epoch and position are the stream's own: its
+    ``state_dict``, which a ``StatefulDataLoader`` saves per loader worker."""
 
-    def __init__(self, ds, image_column: str, label_column: str, to_index, transform,
-                 decoder: Decoder = "pil") -> None:
-        self.ds = undecoded(ds.select_columns([image_column, label_column]), image_column)
-        self.image_column, self.label_column, self.to_index = image_column, label_column, to_index
-        self.transform, self.decoder = transform, decoder
+    ds: Any
 
     def set_epoch(self, epoch: int) -> None:
         self.ds.set_epoch(epoch)
@@ -425,6 +421,16 @@ class HFStream(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         self.ds.load_state_dict(state)
+
+
+class HFStream(StreamPosition, IterableDataset):
+    """A streamed split as ``(image, label)`` (None for a row that does not decode), its position the stream's."""
+
+    def __init__(self, ds, image_column: str, label_column: str, to_index, transform,
+                 decoder: Decoder = "pil") -> None:
+        self.ds = undecoded(ds.select_columns([image_column, label_column]), image_column)
+        self.image_column, self.label_column, self.to_index = image_column, label_column, to_index
+        self.transform, self.decoder = transform, decoder
 
     def __iter__(self):
         for row in self.ds:

@@ -32,6 +32,8 @@ from torch.utils.data import Dataset, IterableDataset
 from vitkit.errors import UsageError
 from vitkit.models.config import pair
 
+from .hf import StreamPosition
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
@@ -304,18 +306,9 @@ class HFMaskPairs(_MaskRows, Dataset):
         return self.pair(self.ds[int(i)], i)
 
 
-class HFMaskStream(_MaskRows, IterableDataset):
-    """A streamed split of a Hugging Face dataset as (image, mask) pairs (rows counted from 0 in this rank's part).
-    Its position is the ``datasets`` stream's own ``state_dict``, which a ``StatefulDataLoader`` saves per worker."""
-
-    def set_epoch(self, epoch: int) -> None:
-        self.ds.set_epoch(epoch)
-
-    def state_dict(self) -> dict:
-        return self.ds.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.ds.load_state_dict(state)
+class HFMaskStream(_MaskRows, StreamPosition, IterableDataset):
+    """A streamed split of a Hugging Face dataset as (image, mask) pairs (rows counted from 0 in this rank's part),
+    its position the stream's."""
 
     def __iter__(self):
         for i, row in enumerate(self.ds):

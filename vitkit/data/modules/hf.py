@@ -142,10 +142,7 @@ class HFDataModule(RankPositions, SkippingImages):
     def train_dataloader(self):
         if not self.hparams.streaming:
             return super().train_dataloader()
-        self._train_loader = self.loader(self.train_set, True)
-        if self._resume is not None:
-            self._restore_train_loader()
-        return self._train_loader
+        return self.positioned_train_loader()
 
     def val_dataloader(self):
         return self.loader(self.val_set, False)

@@ -293,6 +293,13 @@ class RankPositions:
         if self._train_loader is not None and self._resume is not None:
             self._restore_train_loader()
 
+    def positioned_train_loader(self):
+        """A new training loader (``self.loader``), at the checkpoint's position where the run resumes."""
+        self._train_loader = self.loader(self.train_set, True)
+        if self._resume is not None:
+            self._restore_train_loader()
+        return self._train_loader
+
     def _restore_train_loader(self) -> None:
         positions, self._resume = self._resume, None
         world = self.trainer.world_size if self.trainer is not None else 1

@@ -226,10 +226,7 @@ class HFSegmentationDataModule(RankPositions, SegmentationDataModule):
     def train_dataloader(self):
         if not self.hparams.streaming:
             return super().train_dataloader()
-        self._train_loader = self.loader(self.train_set, True)
-        if self._resume is not None:
-            self._restore_train_loader()
-        return self._train_loader
+        return self.positioned_train_loader()
 
     def describe(self) -> str:
         return f"HFSegmentationDataModule({self.where})"
