@@ -108,8 +108,17 @@ def test_the_gate_refuses_an_int8_model_that_loses_accuracy_and_names_the_layer(
         ["blocks.0.mlp.fc2", "blocks.1.mlp.fc2"]
 
 
-def test_bad_int8_input_ends_in_one_line(trained, tmp_path):
+def test_bad_int8_input_ends_in_one_line(trained, tmp_path, capsys, caplog):
     fp32, _, cal = trained
+    import shutil
+
+    shutil.copytree(cal, tmp_path / "cal")
+    (tmp_path / "cal" / "3" / "notes.png").write_text("not an image")  # left out, and said
+    status, err = run_cli(["export", str(fp32), "--int8", "--calibrate", str(tmp_path / "cal"), "--max-drop", "100",
+                           "-o", str(tmp_path / "int8.onnx")], capsys)
+    assert status == 0, err
+    assert f"left out 1 unreadable image(s) of the calibration folder, e.g. {tmp_path / 'cal' / '3' / 'notes.png'}" \
+        in caplog.text
     assert error_line_of(["export", str(fp32), "--int8", "--calibrate", str(cal), "--calibration-size", "500"]) == (
         f"error: --calibrate {cal} holds 597 images; 500 to calibrate (--calibration-size) and 100 held out for the "
         "accuracy gate need 600")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import os
 import statistics
 import time
@@ -30,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from .onnx_model import OnnxModel
+
+log = logging.getLogger(__name__)
 
 MODES = ("static", "dynamic")
 METHODS = ("minmax", "entropy", "percentile")
@@ -130,13 +133,21 @@ class _Batches:
 
 
 def _inputs(model: OnnxModel, images: list[tuple[Path, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The images as the model's inputs, and their labels; a file PIL cannot read is left out, with a warning."""
     from PIL import Image
 
-    arrays, targets = [], []
+    arrays, targets, unreadable = [], [], []
     for path, label in images:
-        with Image.open(path) as image:
-            arrays.append(model.preprocess(image)[0])
+        try:
+            with Image.open(path) as image:
+                arrays.append(model.preprocess(image)[0])
+        except OSError:  # PIL's UnidentifiedImageError and truncated files
+            unreadable.append(path)
+            continue
         targets.append(label)
+    if unreadable:
+        log.warning("left out %d unreadable image(s) of the calibration folder, e.g. %s", len(unreadable),
+                    unreadable[0])
     return np.stack(arrays), np.asarray(targets)
 
 
@@ -228,6 +239,9 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
                                   f"{calibration + MIN_HELD_OUT}")
     order = np.random.default_rng(seed).permutation(len(images))
     x, y = _inputs(base, [images[k] for k in order])
+    if len(y) < calibration + MIN_HELD_OUT:
+        raise QuantizationRefused(f"--calibrate {calibrate} holds {len(y)} readable images; {calibration} to "
+                                  f"calibrate and {MIN_HELD_OUT} held out need {calibration + MIN_HELD_OUT}")
     proto = onnx.load(str(fp32))
     linear, module = linear_nodes(proto), module_names(proto)
     kept = [n for n in linear if any(fnmatch.fnmatch(module[n], p) or fnmatch.fnmatch(n, p) for p in keep)]
