@@ -22,7 +22,7 @@ import torch
 import vitkit
 from vitkit.models.config import pair
 from vitkit.tools.export import INPUT, export_onnx
-from vitkit.tools.quantize import _Batches, _write, linear_nodes
+from vitkit.tools.quantize import CalibrationBatches, linear_nodes, write_int8
 
 
 def _onnx(path: Path, threads: int) -> Callable[[np.ndarray], None]:
@@ -96,8 +96,8 @@ def main() -> None:
             nodes = linear_nodes(onnx.load(str(fp32)))
             calibration = np.random.default_rng(0).standard_normal((32, 3, h, w)).astype(np.float32)
             static, dynamic = Path(tmp) / f"{name}.static.onnx", Path(tmp) / f"{name}.dynamic.onnx"
-            _write(str(fp32), static, "static", _Batches(INPUT, calibration), nodes, "minmax")
-            _write(str(fp32), dynamic, "dynamic", None, nodes, "minmax")
+            write_int8(str(fp32), static, "static", CalibrationBatches(INPUT, calibration), nodes, "minmax")
+            write_int8(str(fp32), dynamic, "dynamic", None, nodes, "minmax")
             entries = {"fp32": _onnx(fp32, args.threads), "static": _onnx(static, args.threads),
                        "dynamic": _onnx(dynamic, args.threads), "openvino": _openvino(static, args.threads),
                        "bf16": _bf16(model)}

@@ -122,7 +122,7 @@ def module_names(model) -> dict[str, str]:
     return names
 
 
-class _Batches:
+class CalibrationBatches:
     """onnxruntime's CalibrationDataReader: the calibration images, one batch at a time."""
 
     def __init__(self, name: str, arrays: np.ndarray, batch: int = 8) -> None:
@@ -170,7 +170,7 @@ def _ms(models: list[OnnxModel], x: np.ndarray, rounds: int = 5, runs: int = 10)
     return [statistics.median(t) for t in times]
 
 
-def _write(src: str, dst: Path, mode: str, reader, nodes: list[str], method: str) -> None:
+def write_int8(src: str, dst: Path, mode: str, reader, nodes: list[str], method: str) -> None:
     """Quantize ``src`` into ``dst``: the ``nodes`` named, in ``mode``, calibrated by ``reader`` where static."""
     shaped = dst.with_name(dst.name + ".shapes")
     try:  # the shapes onnxruntime's quantizer asks for (its pre-processing without the graph optimisation, which
@@ -252,7 +252,7 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
     out = Path(out)
     tmp = out.with_name(out.name + ".int8.tmp")
     try:
-        _write(str(fp32), tmp, mode, _Batches(base.input.name, x[:calibration]),
+        write_int8(str(fp32), tmp, mode, CalibrationBatches(base.input.name, x[:calibration]),
                [n for n in linear if n not in kept], method)
         int8 = OnnxModel(tmp)
         held_x, held_y = x[calibration:], y[calibration:]
