@@ -8,6 +8,7 @@ batches, which the classifier trains on as "no sample here", and DDP's collectiv
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
@@ -19,8 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 from litdata import StreamingDataLoader, StreamingDataset
+from PIL import Image
 
 from .folder import Decoder, decode
+from .segmentation import reduce_zero_label
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +94,6 @@ class MaskShards(StreamingDataset):
         self.joint_transform, self.augment_seed, self.reduce_zero = transform, seed, reduce_zero
 
     def __getitem__(self, index):
-        import io
-
-        from PIL import Image
-
-        from .segmentation import reduce_zero_label
-
         sample = super().__getitem__(index)
         i = int(getattr(index, "index", index))
         image, mask = Image.open(io.BytesIO(sample["image"])), Image.open(io.BytesIO(sample["mask"]))

@@ -260,6 +260,7 @@ class StreamingSegmentationDataModule(RankPositions, SegmentationDataModule):
         if not self.info.get("masks"):
             raise ValueError(f"{root} holds images with class labels, not masks: stream it with "
                              "--data vitkit.lit.StreamingImageDataModule")
+        self.info.setdefault("layout", "folder")  # a marker that does not say: the folder layout's masks
         super().__init__(where, num_classes, classes, self.info["layout"], ignore_index, img_size, batch_size,
                          num_workers, model_name, scale, hflip, color_jitter, mean, std, pin_memory)
         self.save_hyperparameters()

@@ -162,10 +162,15 @@ class Segmenter(TrainingModule):
         saved."""
         dm = self.trainer.datamodule
         hp = self.hparams
-        images = []  # counted as read: a streamed split's length is not known before
-        batches = (dm.on_after_batch_transfer(b, 0) for b in dm.loader(dm.eval_view("train"), False)
-                   if images.append(len(b[1])) is None)
-        patches = fit_probe_head(self.model, batches, self.model.num_classes, hp.ignore_index, self.device)
+        images = 0  # counted as read: a streamed split has no length before
+
+        def batches():
+            nonlocal images
+            for b in dm.loader(dm.eval_view("train"), False):
+                images += len(b[1])
+                yield dm.on_after_batch_transfer(b, 0)
+
+        patches = fit_probe_head(self.model, batches(), self.model.num_classes, hp.ignore_index, self.device)
         self.restart_ema()
         self.probe_baseline = self._score(dm.val_dataloader())
         for logger in self.trainer.loggers:
@@ -174,7 +179,7 @@ class Segmenter(TrainingModule):
         self.trainer.save_checkpoint(path, weights_only=True)  # the model at step 0: no optimizer state yet
         self.probe_file = str(path)
         rank_zero_info(f"probe: a logistic regression on the frozen features of {patches} patches of "
-                       f"{sum(images)} training images, val/mIoU {self.probe_baseline:.4f} "
+                       f"{images} training images, val/mIoU {self.probe_baseline:.4f} "
                        f"(val/probe_baseline): {path}")
 
     @torch.no_grad()
