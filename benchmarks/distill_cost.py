@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from vitkit.lit import ImageClassifier
+from vitkit.lit import ImageClassifier, Teacher
 
 
 def step_time(module: ImageClassifier, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
@@ -49,8 +49,8 @@ def main() -> None:
     path = Path(tempfile.mkdtemp()) / f"{args.teacher}.pth"
     torch.save(teacher.state_dict(), path)
     alone = ImageClassifier(args.student, num_classes=1000).to(device).train()
-    taught = ImageClassifier(args.student, num_classes=1000, teacher=args.teacher, teacher_checkpoint=str(path),
-                             distillation="hard").to(device).train()
+    teacher = Teacher(args.teacher, checkpoint=str(path), distillation="hard")
+    taught = ImageClassifier(args.student, num_classes=1000, teacher=teacher).to(device).train()
     taught._teacher.to(device)
     x = torch.randn(args.batch_size, 3, 224, 224, device=device)
     y = torch.randint(0, 1000, (args.batch_size,), device=device)

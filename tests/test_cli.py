@@ -328,7 +328,7 @@ def test_the_help_of_each_subcommand_imports_no_torch(tmp_path):
     assert imported == ("[]" if json.loads((SHIPPED / "made_with.json").read_text()) == made_with()
                         else "['lightning', 'torch']")
     first, imported = help_of("train", "fit", "--model.help", "vitkit.lit.ImageClassifier")
-    assert imported == "['lightning', 'torch']" and "--model.lora_rank" in first
+    assert imported == "['lightning', 'torch']" and "--model.adaptation" in first and "--model.recipe.lr" in first
     assert help_of("train", "fit", "--model.help", "vitkit.lit.ImageClassifier") == (first, "[]")
 
 

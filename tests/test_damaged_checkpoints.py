@@ -61,10 +61,11 @@ def _lightning_checkpoint() -> dict:
 def _lightning_checkpoint_bytes() -> bytes:
     import lightning as L
 
-    from vitkit.lit import DigitsDataModule, ImageClassifier
+    from vitkit.lit import DigitsDataModule, ImageClassifier, Recipe
 
     overrides = {k: v for k, v in TINY.items() if k not in ("num_classes", "img_size")}
-    module = ImageClassifier(NAME, model_overrides=overrides, num_classes=10, img_size=32, warmup_epochs=0)
+    module = ImageClassifier(NAME, model_overrides=overrides, num_classes=10, img_size=32,
+                             recipe=Recipe(lr=5e-4, weight_decay=0.05))
     root = tempfile.mkdtemp()
     trainer = L.Trainer(max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,

@@ -30,10 +30,10 @@ def test_a_lightning_training_step_reads_nothing_back_to_the_host(tmp_path):
     logging steps) on a GPU, as Lightning runs it: no step but the logging steps reads a value back."""
     import lightning as L
 
-    from vitkit.lit import DigitsDataModule, ImageClassifier
+    from vitkit.lit import DigitsDataModule, ImageClassifier, Recipe
 
     module = ImageClassifier("vit_tiny_patch16_224", model_overrides=dict(img_size=32, patch_size=8, depth=2),
-                             num_classes=10, pretrained=False, warmup_epochs=0)
+                             num_classes=10, pretrained=False, recipe=Recipe(lr=5e-4, weight_decay=0.05))
     step = module.training_step
     checked = []
 

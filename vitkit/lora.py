@@ -345,6 +345,17 @@ def settings_of(hp: Mapping[str, Any]) -> LoraSettings:
     return LoraSettings(*(DEFAULTS_OF[f] if hp.get(f"lora_{f}") is None else hp[f"lora_{f}"] for f in DEFAULTS_OF))
 
 
+def run_settings(hp: Mapping[str, Any]) -> LoraSettings | None:
+    """The adapters of a run's hyper-parameters (a module's, or a checkpoint's): a classifier's ``adaptation`` part of
+    kind LoRA, or the flat ``lora_*`` arguments (a segmenter's, a classifier's before its parts); None without."""
+    part = hp.get("adaptation")
+    if isinstance(part, Mapping) and str(part.get("class_path", "")).endswith(".LoRA"):
+        given = part.get("init_args") or {}
+        return settings_of({f"lora_{k}": given.get(k) for k in DEFAULTS_OF})
+    settings = settings_of(hp)
+    return settings if settings.rank else None
+
+
 def adapted_model(hp: dict, trained: dict[str, Tensor], source: Path, build) -> nn.Module:
     """The model of a LoRA run's checkpoint, adapters not merged: the backbone its hyper-parameters name, built by
     ``build`` (``vitkit.create_model``) as the run built it, the adapters injected and the trained tensors (adapters,
@@ -356,7 +367,7 @@ def adapted_model(hp: dict, trained: dict[str, Tensor], source: Path, build) -> 
     overrides = dict(hp.get("model_overrides") or {})
     overrides.update({k: hp[k] for k in ("num_classes", "img_size") if hp.get(k) is not None})
     model = build(hp["model_name"], pretrained=bool(hp.get("pretrained")), checkpoint=backbone, **overrides)
-    add_lora(model, settings_of(hp))
+    add_lora(model, run_settings(hp))
     missing = [k for k in trained if k not in model.state_dict()]
     if missing:
         raise ValueError(f"{source}: its adapters do not fit the model {model.name} built from its backbone "

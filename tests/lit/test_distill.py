@@ -12,7 +12,7 @@ from torch.testing import assert_close
 
 import vitkit
 from vitkit.cli.train import cli_main
-from vitkit.lit import ImageClassifier
+from vitkit.lit import ImageClassifier, SingleLabel, Teacher
 from vitkit.tasks.classification.distill import Preprocessing, distillation_loss, to_teacher
 
 from ..hub_cache import cache_weights, use_offline_cache
@@ -42,7 +42,7 @@ def test_the_teacher_is_frozen_and_outside_the_optimizer_the_state_dict_and_the_
     assert not optimized & {id(p) for p in teacher.parameters()}
     assert not any(k.startswith(("_teacher", "teacher")) for k in module.state_dict())
     ckpt = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=False)
-    assert ckpt["hyper_parameters"]["teacher"] == str(tmp_path / "teacher")  # what it was, to build it again
+    assert ckpt["hyper_parameters"]["teacher"]["name"] == str(tmp_path / "teacher")  # what it was, to build it again
     assert all(k.startswith("model.") for k in ckpt["state_dict"])
     resumed = cli_main([*args, "--trainer.max_steps", "3", "--ckpt_path", "last"])
     assert resumed.model._teacher is not None and resumed.trainer.global_step == 3
@@ -94,7 +94,7 @@ def test_the_teacher_sees_the_students_mixed_batch_in_its_own_preprocessing(tmp_
     teacher = _teacher_file(tmp_path, img_size=48, mean=(0.48145466, 0.4578275, 0.40821073),
                             std=(0.26862954, 0.26130258, 0.27577711))
     module = ImageClassifier("vit_tiny_patch16_224", model_overrides=TINY, num_classes=10, img_size=32,
-                             teacher=str(teacher), mixup=0.8, distillation="soft")
+                             teacher=Teacher(str(teacher), distillation="soft"), labels=SingleLabel(mixup=0.8))
     seen = []
     module._teacher.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
     mixed = []
@@ -127,7 +127,8 @@ def test_a_deit_student_learns_from_the_teacher_through_its_second_head(tmp_path
     """DeiT's hard distillation: the class head's gradient comes from the labels alone, the distillation head's
     from the teacher's argmax alone; at evaluation the two heads are averaged."""
     module = ImageClassifier("deit_tiny_distilled_patch16_224", model_overrides=TINY, num_classes=10, img_size=32,
-                             teacher=str(_teacher_file(tmp_path)), distillation="hard", label_smoothing=0.0)
+                             teacher=Teacher(str(_teacher_file(tmp_path)), distillation="hard"),
+                             labels=SingleLabel(label_smoothing=0.0))
     module.train()
     x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
     with torch.no_grad():
@@ -209,4 +210,4 @@ def test_the_digits_recipe_distils_the_demo_model(digits_run, tmp_path):
     cli = cli_main(["fit", "-c", "vit_tiny_digits_distilled", *_cpu(tmp_path), "--trainer.max_steps", "2",
                     "--trainer.limit_val_batches", "1", "--model.teacher",
                     str(Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt")])
-    assert cli.model.distillation == "soft" and cli.model.model.cfg.depth == 1
+    assert cli.model.distill.distillation == "soft" and cli.model.model.cfg.depth == 1

@@ -173,7 +173,7 @@ def test_one_failing_ddp_rank_ends_the_whole_job(tmp_path):
 @pytest.mark.parametrize("args, named", [
     (["--trainer.max_epochz", "3"], "max_epochz"),
     (["--trainer.max_epochs", "three"], "trainer.max_epochs"),
-    (["--model.lr", "fast"], "error: --model.lr expects a float or null, got 'fast'"),
+    (["--model.lr", "fast"], "error: --model.recipe.lr expects a float or null, got 'fast'"),  # the flat flag's part
     (["--data.img_size", "[32"], "img_size"),
 ])
 def test_config_mistakes_are_named_before_any_work(args, named, tmp_path):
@@ -184,7 +184,7 @@ def test_config_mistakes_are_named_before_any_work(args, named, tmp_path):
 
 def test_unknown_key_in_a_yaml_file_is_named(tmp_path):
     cfg = (ROOT / "configs/vit_tiny_digits.yaml").read_text()
-    cfg = cfg.replace("    lr: 3.0e-3", "    lr: 3.0e-3\n    lr_peak: 1")
+    cfg = cfg.replace("      lr: 3.0e-3", "      lr: 3.0e-3\n      lr_peak: 1")
     (tmp_path / "bad.yaml").write_text(cfg)
     assert "lr_peak" in error_line_of(["train", "fit", "--config", str(tmp_path / "bad.yaml"), *_cpu(tmp_path)])
 

@@ -5,7 +5,7 @@ import lightning as L
 import torch
 from torch.testing import assert_close
 
-from vitkit.lit import DigitsDataModule, ImageClassifier
+from vitkit.lit import DigitsDataModule, Frozen, ImageClassifier, Recipe
 
 TINY = {"depth": 2, "embed_dim": 32, "num_heads": 2, "patch_size": 8, "drop_path_rate": 0.5, "pos_drop_rate": 0.5}
 
@@ -35,7 +35,7 @@ class RecordFeatures(L.Callback):
 
 def test_a_frozen_backbone_gives_its_eval_features_in_every_training_step(tmp_path):
     module = ImageClassifier("vit_tiny_patch16_224", model_overrides=TINY, num_classes=10, img_size=32,
-                             freeze_backbone=True, warmup_epochs=0)
+                             adaptation=Frozen(), recipe=Recipe(lr=5e-4, weight_decay=0.05))
     record = RecordFeatures()
     trainer = L.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, accelerator="cpu", devices=1,
@@ -54,7 +54,7 @@ def test_a_frozen_backbone_gives_its_eval_features_in_every_training_step(tmp_pa
 def test_without_freezing_the_same_features_are_noised_by_drop_path(tmp_path):
     """The check above can fail: a backbone in train mode, with the same drop path, gives other features."""
     module = ImageClassifier("vit_tiny_patch16_224", model_overrides=TINY, num_classes=10, img_size=32,
-                             warmup_epochs=0)
+                             recipe=Recipe(lr=5e-4, weight_decay=0.05))
     record = RecordFeatures()
     trainer = L.Trainer(max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, accelerator="cpu", devices=1, callbacks=[record],

@@ -135,7 +135,7 @@ def test_single_label_rows_without_one_label_and_multi_hot_data_for_a_single_lab
         one_error_line(status, err)
     status, err = run_cli(["train", *_train_args(train, val, tmp_path / "b"), "--model.multi_label", "false",
                            "--trainer.fast_dev_run", "1"], capsys)
-    assert "gives several labels per image (multi-hot targets); train with --model.multi_label true" in \
+    assert "gives several labels per image (multi-hot targets); train with --model.labels MultiLabel" in \
         one_error_line(status, err)
 
 
@@ -495,4 +495,4 @@ def test_the_small_data_note_of_a_multi_label_run_names_the_flags_the_recipe_nee
                          "--trainer.fast_dev_run", "1"))
     note = next(m for m in said.messages if m.startswith("note: 64 training images"))
     assert "`vitkit train fit -c finetune_small_data --data vitkit.lit.ManifestDataModule (and its --data.*) " \
-           "--model.multi_label true`" in note, note
+           "--model.labels MultiLabel`" in note, note

@@ -5,8 +5,8 @@ import torch
 
 import vitkit
 from vitkit.lit import EMA
-from vitkit.training.base import WarmupSchedule
 from vitkit.training.optim import build_adamw, inverse_sqrt, layer_ids, param_groups, warmup_cosine, warmup_poly
+from vitkit.training.recipe import WarmupSchedule
 
 
 def test_no_weight_decay_on_norms_biases_positions_and_tokens():
@@ -90,7 +90,7 @@ def test_the_training_module_takes_the_loop_under_a_scaler_or_clipping_in_mixed_
     import lightning.pytorch as L
     from lightning.pytorch.plugins import MixedPrecision
 
-    from vitkit.lit import ImageClassifier
+    from vitkit.lit import ImageClassifier, Recipe
 
     class Noise(torch.utils.data.Dataset):  # four random images, three classes
         def __len__(self):
@@ -99,7 +99,7 @@ def test_the_training_module_takes_the_loop_under_a_scaler_or_clipping_in_mixed_
         def __getitem__(self, i):
             return torch.randn(3, 32, 32), i % 3
 
-    module = ImageClassifier("vit_tiny_patch16_224", num_classes=3, warmup_epochs=0,
+    module = ImageClassifier("vit_tiny_patch16_224", num_classes=3, recipe=Recipe(lr=5e-4, weight_decay=0.05),
                              model_overrides={"depth": 1, "img_size": 32, "patch_size": 8})
     how = ({"plugins": [MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))]}
            if precision.endswith("scaled") else {"precision": precision})

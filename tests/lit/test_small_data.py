@@ -296,7 +296,7 @@ def test_a_lora_run_keeps_what_trained_and_converts_merged_or_as_an_adapter(back
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--model.lora_rank", "-1"], "lora_rank must be an integer >= 0 (0: no adapters), got -1"),
+    (["--model.lora_rank", "-1"], "LoRA adapts the backbone with adapters of rank >= 1 (lora_rank), got -1"),
     (["--model.lora_rank", "4", "--model.lora_targets", "[attn.query]"],
      "lora_targets ['attn.query'] match no linear layer of vit_tiny_patch16_224; its linear layers are named like: "
      "attn.qkv, attn.proj, mlp.fc1, mlp.fc2, head"),

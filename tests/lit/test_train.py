@@ -13,7 +13,7 @@ import yaml
 import vitkit
 from vitkit.cli.train import cli_main
 from vitkit.errors import UsageError
-from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule
+from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule, Recipe, SingleLabel
 
 from ..hub_cache import cache_weights, use_offline_cache
 from .conftest import PROBES, ROOT, TINY_VIT, run_on_two_nodes, write_few_shot_digits
@@ -370,10 +370,11 @@ def test_an_ema_that_is_the_model_is_what_evaluation_runs_and_the_checkpoint_hol
         loaded = vitkit.create_model(checkpoint=tmp_path / "full/checkpoints/last.ckpt").eval()
         torch.testing.assert_close(loaded(x), module.ema.module(x), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="give ema_decay too"):
-        ImageClassifier(model_name="vit_tiny_patch16_224", ema_is_model=True)
+        ImageClassifier(model_name="vit_tiny_patch16_224", recipe=Recipe(lr=5e-4, weight_decay=0.05, ema_is_model=True))
     for decay in (1.5, -0.5, 1.0):  # the average would run away, or never move
         with pytest.raises(ValueError, match=rf"ema_decay must be in \(0, 1\) .*got {decay}"):
-            ImageClassifier(model_name="vit_tiny_patch16_224", ema_decay=decay, ema_is_model=True)
+            ImageClassifier(model_name="vit_tiny_patch16_224",
+                            recipe=Recipe(lr=5e-4, weight_decay=0.05, ema_decay=decay, ema_is_model=True))
 
 
 @pytest.mark.slow
@@ -433,11 +434,11 @@ def test_mixup_takes_an_odd_batch():
     own smoothed target, and the even part is mixed exactly as timm mixes it."""
     from timm.data.mixup import mixup_target
 
-    m = ImageClassifier(model_overrides=json.loads(TINY_VIT), num_classes=3, img_size=16, mixup=0.8, cutmix=1.0,
-                        label_smoothing=0.1)
+    m = ImageClassifier(model_overrides=json.loads(TINY_VIT), num_classes=3, img_size=16,
+                        labels=SingleLabel(label_smoothing=0.1, mixup=0.8, cutmix=1.0))
     x, y = torch.randn(5, 3, 16, 16), torch.tensor([0, 1, 2, 0, 1])
     np.random.seed(0)  # timm's Mixup draws from NumPy
-    mixed, soft = x.clone(), m._mix(x_ := x.clone(), y)
+    mixed, soft = x.clone(), m.labels.mix(m.mixup, x_ := x.clone(), y)
     np.random.seed(0)
     want_x, want_soft = m.mixup(x[:4].clone(), y[:4])
     torch.testing.assert_close(x_[:4], want_x)

@@ -171,9 +171,16 @@ def _interpret(path: str | os.PathLike, weights: Path, config: dict | None, raw:
             fmt = "vitkit"
     head_config = mim_config(config, raw) if objective else {}
     hp = raw.get("hyper_parameters") if fmt == "lightning" else None
-    lora = hp if isinstance(hp, dict) and hp.get("lora_rank") else None
+    lora = hp if isinstance(hp, dict) and _adapters(hp) else None
     return Checkpoint(Path(path), fmt, sd, name, overrides, class_names, heads, objective, head_config, lora,
                       _thresholds(config, raw, weights))
+
+
+def _adapters(hp: dict) -> bool:
+    """Whether a run's hyper-parameters are a LoRA run's (a classifier's ``adaptation`` part of kind LoRA, or the flat
+    ``lora_rank`` of a segmenter or of a classifier before its parts); ``vitkit.lora.run_settings`` reads them."""
+    part = hp.get("adaptation")
+    return str(part.get("class_path", "")).endswith(".LoRA") if isinstance(part, dict) else bool(hp.get("lora_rank"))
 
 
 def _thresholds(config: dict | None, raw: dict, weights: Path) -> list[float] | None:

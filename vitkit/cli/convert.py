@@ -55,11 +55,11 @@ def _adapter(src: str, dst: Path) -> int:
 
     import vitkit
     from vitkit.checkpoints.adapt import classifier_names
-    from vitkit.lora import adapted_model, save_adapter
+    from vitkit.lora import adapted_model, run_settings, save_adapter
 
     raw = torch.load(src, map_location="cpu", weights_only=True) if Path(src).is_file() else {}
     hp = raw.get("hyper_parameters") or {} if isinstance(raw, dict) else {}
-    if not hp.get("lora_rank"):
+    if run_settings(hp) is None:
         raise UsageError(f"--adapter takes the checkpoint of a LoRA run (--model.lora_rank > 0); {src} is not "
                          "one")
     trained = {k[len("model."):]: v for k, v in raw["state_dict"].items() if k.startswith("model.")}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor
@@ -40,6 +41,7 @@ from vitkit.training.callbacks import AtomicCheckpointIO, ModelCheckpoint, Train
 from vitkit.training.strategies import settle_interrupted_saves
 
 from .common import usage_error
+from .flat_args import with_parts
 
 # What a module takes from its data module once the data is built: image classes (and the masks' ignored value),
 # or vocabularies.
@@ -161,9 +163,9 @@ class VitkitCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_class", OneLineLightningParser)
         if args is None:  # from the shell: LightningCLI reads sys.argv itself
-            sys.argv[1:] = with_recipes(take_verbose_flag(take_traceback_flag(sys.argv[1:])))
+            sys.argv[1:] = with_parts(with_recipes(take_verbose_flag(take_traceback_flag(sys.argv[1:]))))
         else:
-            args = with_recipes(take_verbose_flag(take_traceback_flag(args)))
+            args = with_parts(with_recipes(take_verbose_flag(take_traceback_flag(args))))
         given = sys.argv[1:] if args is None else args
         self._model_args_given = given_model_args(given)
         # the subcommand whose parser alone is built; all four where parser_kwargs set one of them apart
@@ -190,7 +192,7 @@ class VitkitCLI(LightningCLI):
         sub = self.config.get("subcommand")
         before = self.config[sub].get("model") if sub else None
         before = before.clone() if before is not None else None
-        super()._parse_ckpt_path()
+        self._parse_ckpt_hparams()
         if before is None or not self._model_args_given:
             return
         after = self.config[sub]["model"]
@@ -201,6 +203,29 @@ class VitkitCLI(LightningCLI):
                 after.init_args[key] = {**(after.init_args.get(key) or {}), **(before.init_args[key] or {})}
             else:
                 after.init_args[key] = before.init_args[key]
+
+    def _parse_ckpt_hparams(self) -> None:
+        """Lightning's: the checkpoint's hyper-parameters laid over the parsed config; a classifier's flat ones (of a
+        checkpoint written before its parts) put as its parts first."""
+        sub = self.config.get("subcommand")
+        ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = dict(torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        class_path = hparams.pop("_class_path", None)
+        if str(class_path).endswith(".ImageClassifier"):
+            from vitkit.tasks.classification.flat import is_flat, to_parts
+
+            hparams = to_parts(hparams) if is_flat(hparams) else hparams
+        model = {"class_path": class_path, "dict_kwargs": hparams} if class_path else hparams
+        try:
+            self.config = self.parser.parse_object({sub: {"model": model}}, self.config)
+        except SystemExit:
+            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+            raise
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.set_defaults({"model": {"class_path": "vitkit.lit.ImageClassifier"}})  # the name checkpoints keep

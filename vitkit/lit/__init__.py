@@ -14,13 +14,23 @@ from vitkit.data.modules import (
     UnlabeledImageDataModule,
 )
 from vitkit.data.text import Tokenizer
-from vitkit.tasks.classification import ImageClassifier, StepsPerEpoch
+from vitkit.tasks.classification import (
+    Frozen,
+    Full,
+    ImageClassifier,
+    LoRA,
+    MultiLabel,
+    SingleLabel,
+    StepsPerEpoch,
+    Teacher,
+)
 from vitkit.tasks.pretraining import DINOPretraining, MaskedImageModeling
 from vitkit.tasks.segmentation import Segmenter
 from vitkit.tasks.text import Seq2SeqModule
-from vitkit.training import EMA, AtomicCheckpointIO, CSVLogger, FSDP2Strategy, ModelCheckpoint, TrainingCurves
+from vitkit.training import EMA, AtomicCheckpointIO, CSVLogger, FSDP2Strategy, ModelCheckpoint, Recipe, TrainingCurves
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DigitsDataModule", "FSDP2Strategy",
+           "Frozen", "Full", "LoRA", "MultiLabel", "Recipe", "SingleLabel", "Teacher",
            "HFDataModule", "HFSegmentationDataModule", "ImageClassifier", "ImageFolderDataModule", "ManifestDataModule",
            "MaskedImageModeling",
            "ModelCheckpoint", "OcrDigitsDataModule", "SegmentationDataModule", "Segmenter", "Seq2SeqDataModule",

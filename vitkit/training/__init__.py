@@ -2,9 +2,10 @@
 schedule, the EMA, exact resume), optimisers and schedules, checkpoint callbacks and the CSV logger, the FSDP2
 strategy and its sharding. The tasks (``vitkit.tasks``) build on it; it knows none of them."""
 
-from .base import EMA, TrainingModule, TrainingSettings
+from .base import EMA, TrainingModule
 from .callbacks import AtomicCheckpointIO, CSVLogger, ModelCheckpoint, TrainingCurves
+from .recipe import Recipe
 from .strategies import FSDP2Strategy
 
-__all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "FSDP2Strategy", "ModelCheckpoint", "TrainingCurves",
-           "TrainingModule", "TrainingSettings"]
+__all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "FSDP2Strategy", "ModelCheckpoint", "Recipe", "TrainingCurves",
+           "TrainingModule"]

@@ -4,17 +4,17 @@ stepped per optimizer step, an EMA of the weights, and a non-finite loss that st
 rank together. :class:`~vitkit.lit.ImageClassifier`, :class:`~vitkit.lit.Seq2SeqModule` and
 :class:`~vitkit.lit.MaskedImageModeling` derive from :class:`TrainingModule` and add their loss and metrics.
 
-A subclass sets ``self.model`` (and ``self.ema`` with :meth:`make_ema`), saves its hyper-parameters, among them the
-fields of :class:`TrainingSettings` it takes (the rest keep their defaults there), and implements :meth:`step_loss`.
+A subclass saves its hyper-parameters (:meth:`keep_arguments`), sets ``self.recipe`` (a
+:class:`~vitkit.training.recipe.Recipe` of its own arguments: optimizer, schedule, non-finite steps, compile) and
+``self.model`` (and ``self.ema`` with :meth:`make_ema`), and implements :meth:`step_loss`.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -27,11 +27,10 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
 from .hparams import gather_rng_states, keep_own_hparams, restore_rng_states, seed_rank
-from .optim import ScheduledLR, build_adamw, build_sgd, warmup_cosine, warmup_poly
+from .recipe import Recipe, WarmupSchedule
 from .sharding import check_gradients_sync, data_parallel_mesh, shard
 
 log = logging.getLogger(__name__)
-NONFINITE = ("stop", "skip")
 
 
 class EMA(nn.Module):
@@ -77,65 +76,11 @@ def swap_ema(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class WarmupSchedule:
-    """The LR multiplier of an optimizer step: linear warmup over ``warmup_epochs``, then down to ``min_lr_ratio`` at
-    the last step, by a cosine (``decay="cosine"``, DeiT's and Swin's) or a polynomial of ``power``
-    (``decay="poly"``, mmsegmentation's ``(1 - progress) ** 0.9``); 1 until :meth:`set_length` gives the run's
-    length."""
-
-    def __init__(self, warmup_epochs: float, min_lr_ratio: float, decay: str = "cosine", power: float = 0.9) -> None:
-        if decay not in DECAYS:
-            raise ValueError(f"schedule must be one of {', '.join(DECAYS)}, got {decay!r}")
-        self.warmup_epochs, self.min_lr_ratio, self.decay, self.power = warmup_epochs, min_lr_ratio, decay, power
-        self.total: int | None = None
-        self.warmup = 0
-
-    def set_length(self, total: int, max_epochs: int | None) -> None:
-        steps_per_epoch = total / max_epochs if max_epochs and max_epochs > 0 else total
-        self.total = total
-        self.warmup = min(total, max(1, round(self.warmup_epochs * steps_per_epoch))) if self.warmup_epochs > 0 else 0
-
-    def __call__(self, step: int) -> float:
-        if self.total is None:
-            return 1.0
-        if self.decay == "cosine":
-            return warmup_cosine(step, self.warmup, self.total, self.min_lr_ratio)
-        return warmup_poly(step, self.warmup, self.total, self.min_lr_ratio, self.power)
-
-
-DECAYS = ("cosine", "poly")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingSettings:
-    """What the training base reads from a module's hyper-parameters: the optimizer (AdamW with ``betas`` and
-    ``eps``, or SGD with ``momentum``; ``layer_decay`` for layer-wise LR decay), the schedule (``warmup_epochs``,
-    then cosine or poly decay by ``schedule``, down to ``min_lr``), what a non-finite loss does (``nonfinite_loss``)
-    and whether the model is compiled. A module that does not take a field keeps its default here."""
-
-    lr: float
-    weight_decay: float
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    optimizer: str = "adamw"
-    momentum: float = 0.9
-    layer_decay: float | None = None
-    warmup_epochs: float = 0.0
-    min_lr: float = 0.0
-    schedule: str = "cosine"  # the decay after warmup: WarmupSchedule's
-    nonfinite_loss: str = "stop"
-    compile: bool = False
-    lora_lr_scale: float = 1.0  # LoRA adapters' LR over ``lr`` (optim.param_groups)
-
-    @classmethod
-    def of(cls, hparams: Mapping[str, Any]) -> TrainingSettings:
-        return cls(**{f.name: hparams[f.name] for f in dataclasses.fields(cls) if f.name in hparams})
-
-
 class TrainingModule(L.LightningModule):
     """The training machinery the vitkit modules share (see the module docstring)."""
 
     model: nn.Module
+    recipe: Recipe  # set by the subclass from its own arguments
 
     def __init__(self) -> None:
         super().__init__()
@@ -174,15 +119,9 @@ class TrainingModule(L.LightningModule):
 
     def keep_arguments(self) -> None:
         """The first line of every module's ``__init__``: its arguments saved as hyper-parameters (the caller's own
-        only: the CLI links foreign ones in), and its ``nonfinite_loss`` checked."""
+        only: the CLI links foreign ones in)."""
         self.save_hyperparameters(frame=inspect.currentframe().f_back)
         keep_own_hparams(self)
-        self.check_nonfinite(self.hparams.nonfinite_loss)
-
-    @staticmethod
-    def check_nonfinite(value: str) -> None:
-        if value not in NONFINITE:
-            raise ValueError(f"nonfinite_loss must be 'stop' or 'skip', got {value!r}")
 
     # -- what a subclass gives ---------------------------------------------------------------------------------
 
@@ -194,17 +133,14 @@ class TrainingModule(L.LightningModule):
         """Samples in a batch (0: every file of it was unreadable, or a streaming rank ran out)."""
         return len(batch[1])
 
-    @property
-    def settings(self) -> TrainingSettings:
-        """The optimizer, schedule and step settings, read from the hyper-parameters (which a callback may have
-        changed before fit, as :class:`~vitkit.lit.StepsPerEpoch` changes the LR)."""
-        return TrainingSettings.of(self.hparams)
-
     def lr_multiplier(self) -> Callable[[int], float]:
-        """The schedule: a function of the optimizer step; warmup, then cosine or poly decay (``schedule``), whose
+        """The schedule: a function of the optimizer step; the recipe's warmup, then cosine or poly decay, whose
         length is set at ``on_train_start``."""
-        s = self.settings
-        return WarmupSchedule(s.warmup_epochs, s.min_lr / s.lr, s.schedule)
+        return self.recipe.multiplier()
+
+    def adapter_lr_scale(self) -> float:
+        """The LR of LoRA adapters over the recipe's (1: a module without them)."""
+        return 1.0
 
     def data_cfg(self):
         """The data module's preprocessing (mean, std, sizes), or None outside a trainer or without one."""
@@ -224,7 +160,7 @@ class TrainingModule(L.LightningModule):
             shard(self.model, mesh, self.trainer.precision, **options)
             if self.ema is not None:
                 shard(self.ema.module, mesh)
-        elif self.settings.compile:
+        elif self.recipe.compile:
             self.model.compile()  # in place: parameter names stay those of the plain model
 
     def on_fit_start(self) -> None:
@@ -253,13 +189,8 @@ class TrainingModule(L.LightningModule):
             group["lr"] = base * fn(sched.last_epoch)  # the current step's LR, now that the length is known
 
     def configure_optimizers(self) -> dict:
-        s = self.settings
-        if s.optimizer == "sgd":
-            opt = build_sgd(self.model, s.lr, s.weight_decay, s.momentum)
-        else:
-            opt = build_adamw(self.model, s.lr, s.weight_decay, tuple(s.betas), s.layer_decay, eps=s.eps,
-                              fused=None if self._may_fuse() else False, adapter_scale=s.lora_lr_scale)
-        sched = ScheduledLR(opt, self.lr_multiplier())
+        opt, sched = self.recipe.build(self.model, None if self._may_fuse() else False, self.lr_multiplier(),
+                                       self.adapter_lr_scale())
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def _may_fuse(self) -> bool:
@@ -296,7 +227,7 @@ class TrainingModule(L.LightningModule):
         if nonfinite:
             value = "nan/inf on another rank" if loss is None or torch.isfinite(loss) else loss.item()
             self.bad_steps += 1
-            if self.settings.nonfinite_loss == "stop" or self.bad_steps > 10:
+            if self.recipe.nonfinite_loss == "stop" or self.bad_steps > 10:
                 raise self._nonfinite_error(value, self.global_step, self.bad_steps)
             log.warning("skipping step %d: non-finite training loss %s", self.global_step, value)
             self.log("train/skipped_steps", float(self.bad_steps), on_step=True)
@@ -319,7 +250,7 @@ class TrainingModule(L.LightningModule):
         losses are skipped, or when a rank's batch can be empty (then every step asks the other ranks). Otherwise
         a non-finite loss stops the run, and :meth:`_note_nonfinite` keeps it on the device until the next
         logging step, epoch end or checkpoint, so that a step reads nothing back from an accelerator."""
-        return self.settings.nonfinite_loss == "skip" or self._may_skip or self.trainer.world_size > 1
+        return self.recipe.nonfinite_loss == "skip" or self._may_skip or self.trainer.world_size > 1
 
     def _note_nonfinite(self, loss: Tensor) -> None:
         here = torch.stack([loss.new_full((), float(self.global_step), dtype=torch.float32), loss.detach().float()])
@@ -376,7 +307,7 @@ class TrainingModule(L.LightningModule):
     def _may_skip(self) -> bool:
         """Whether any rank could skip a step: its data can yield empty batches, or NaN steps are skipped."""
         datamodule = getattr(self.trainer, "datamodule", None)
-        return self.settings.nonfinite_loss == "skip" or getattr(datamodule, "may_yield_empty", False)
+        return self.recipe.nonfinite_loss == "skip" or getattr(datamodule, "may_yield_empty", False)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)  # the training steps of its micro-batches run in here

@@ -156,3 +156,56 @@ def distillation_loss(kind: Distillation, student: Tensor, teacher: Tensor, tau:
         return F.cross_entropy(student.float(), teacher.argmax(dim=-1))
     return F.kl_div(F.log_softmax(student.float() / tau, dim=-1), F.log_softmax(teacher.float() / tau, dim=-1),
                     reduction="batchmean", log_target=True) * tau**2
+
+
+@dataclass(frozen=True)
+class Teacher:
+    """Distillation from a frozen teacher (a typed part of :class:`~vitkit.lit.ImageClassifier`).
+
+    ``name`` (a
+    vitkit preset or timm tag, any timm model by name, or a file or folder vitkit reads) and ``checkpoint`` (the
+    weights of a named one); ``distillation`` ``hard`` or ``soft``; the term's share ``alpha`` of the loss and the
+    soft term's temperature ``tau``. The teacher model itself lives on the module as ``_teacher``, outside its
+    submodules: never in the optimizer, the state dict, the checkpoint, DDP or FSDP2 (replicated)."""
+
+    name: str
+    checkpoint: str | None = None
+    distillation: Distillation = "hard"
+    alpha: float = 0.5
+    tau: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.distillation not in ("hard", "soft"):
+            raise ValueError(f"a teacher's distillation must be 'hard' or 'soft', got {self.distillation!r} (no "
+                             "distillation: no teacher)")
+        check_distillation(self.distillation, self.name, self.alpha, self.tau)
+
+    def attach(self, module) -> None:
+        """The teacher built and checked against the student's classes; DeiT's distillation head turned on."""
+        model, module._teacher_prep = build_teacher(self.name, self.checkpoint)
+        classes = classes_of(model)
+        if classes != module.num_classes:
+            raise ValueError(f"the teacher {self.name!r} predicts {classes} classes, the data has {module.num_classes}:"
+                             " a teacher must classify the same classes (fine-tune it on the data first)")
+        object.__setattr__(module, "_teacher", model)  # not a submodule (see the class docstring)
+        cfg = module.model.cfg
+        size = cfg.img_size if isinstance(cfg.img_size, (tuple, list)) else (cfg.img_size, cfg.img_size)
+        module._student_prep = Preprocessing(tuple(cfg.mean), tuple(cfg.std), tuple(size))
+        if getattr(module.model, "head_dist", None) is not None:
+            module.model.set_distilled_training(True)  # training returns (class head, distillation head)
+
+    def before_fit(self, module, dm) -> None:
+        """The teacher on the student's device (and, for a *-true precision, its dtype); the student's normalisation
+        the data module's."""
+        dtype = next(module.model.parameters()).dtype
+        module._teacher.to(device=module.device, dtype=dtype if dtype.is_floating_point else None)
+        data_cfg = getattr(dm, "data_cfg", None)
+        if data_cfg is not None:  # the batch is normalised as the data module does it
+            module._student_prep.mean, module._student_prep.std = tuple(data_cfg.mean), tuple(data_cfg.std)
+
+    def loss(self, module, label_loss: Tensor, student: Tensor, x: Tensor) -> Tensor:
+        """``(1 - alpha)`` x the label loss + ``alpha`` x the distillation term on the same (mixed) images."""
+        with torch.no_grad():
+            teacher = module._teacher(to_teacher(x, module._student_prep, module._teacher_prep))
+        return (1 - self.alpha) * label_loss + self.alpha * distillation_loss(self.distillation, student, teacher,
+                                                                              self.tau)

@@ -14,6 +14,8 @@ from vitkit.evaluation import multilabel as ml
 from vitkit.evaluation.metrics import Predictions, scores, summary
 from vitkit.evaluation.report import display_stats, write_report
 
+from .labels import MultiLabel
+
 
 def collect(pred: Predictions, trainer: L.Trainer, batch: tuple[Tensor, Tensor], logits: Tensor,
             batch_idx: int) -> None:
@@ -22,7 +24,7 @@ def collect(pred: Predictions, trainer: L.Trainer, batch: tuple[Tensor, Tensor],
     module = trainer.lightning_module
     multi = getattr(module, "multi_label", False)
     p = (logits.float().sigmoid() if multi else logits.float().softmax(-1)).detach().cpu()
-    y = module._multi_hot(y).cpu() if multi else y.cpu()
+    y = MultiLabel.multi_hot(y, p.shape[1]).cpu() if multi else y.cpu()
     pred.probs = torch.cat([pred.probs.view(-1, p.shape[1]), p])
     pred.labels = torch.cat([pred.labels, y])
     pred.sources += [f"rank {trainer.global_rank} batch {batch_idx} row {i}" for i in range(len(y))]

@@ -101,12 +101,17 @@ class StepsPerEpoch(L.Callback):
         if new >= batch:
             return
         dm.hparams.batch_size = new
-        lr, sgd = module.hparams.get("lr"), module.hparams.get("optimizer") == "sgd"
+        recipe = getattr(module, "recipe", None)
+        lr, sgd = (recipe.lr, recipe.optimizer == "sgd") if recipe is not None else (None, False)
         if lr is not None:  # SGD's LR follows the batch linearly, AdamW's by its square root (Malladi et al., 2022)
-            module.hparams.lr = lr * (new / batch if sgd else (new / batch) ** 0.5)
+            module.recipe = recipe.with_lr(lr * (new / batch if sgd else (new / batch) ** 0.5))
+            if isinstance(module.hparams.get("recipe"), dict):  # what ran, for the checkpoint
+                module.hparams.recipe = {**module.hparams.recipe, "lr": module.recipe.lr}
+            else:
+                module.hparams.lr = module.recipe.lr
         rule = f"lr x {new}/{batch}" if sgd else f"lr x sqrt({new}/{batch})"
         rank_zero_info(f"data: {n} training images give {n // (batch * world)} step(s) of batch {batch} an epoch; "
-                       f"batch {new} gives {n // (new * world)}" + (f", at lr {module.hparams.lr:.3g} ({rule})"
+                       f"batch {new} gives {n // (new * world)}" + (f", at lr {module.recipe.lr:.3g} ({rule})"
                                                                     if lr is not None else ""))
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -129,7 +134,7 @@ def suggest_small_data_recipe(module: L.LightningModule, dm: L.LightningDataModu
                 f"{cls.__module__}.{cls.__name__}"
             flags += f" --data {path} (and its --data.*)"
         if getattr(module, "multi_label", False):
-            flags += " --model.multi_label true"
+            flags += " --model.labels MultiLabel"
         rank_zero_info(f"note: {len(train)} training images, about {per_class:.0f} per class: on a set this small, "
                        f"`vitkit train fit -c finetune_small_data{flags}` fits the head on the frozen features first "
                        "and ends no lower than that probe")

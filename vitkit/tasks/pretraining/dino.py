@@ -26,6 +26,7 @@ from vitkit.data.multicrop import MultiCrop
 from vitkit.models.dino import DINO, DINOConfig
 from vitkit.training.base import TrainingModule
 from vitkit.training.hparams import record_config
+from vitkit.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,8 @@ class DINOPretraining(TrainingModule):
     ) -> None:
         super().__init__()
         self.keep_arguments()
+        self.recipe = Recipe(lr=lr, weight_decay=weight_decay, betas=betas, min_lr=min_lr, warmup_epochs=warmup_epochs,
+                             nonfinite_loss=nonfinite_loss, compile=compile)
         self.model = self._build()
         self.global_size, self.local_size = self._crop_sizes(global_size, local_size)
         self.multicrop = MultiCrop(global_size=self.global_size, local_size=self.local_size,

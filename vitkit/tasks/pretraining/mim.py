@@ -20,6 +20,7 @@ from torch import Tensor
 import vitkit
 from vitkit.tools.plots import draw_reconstructions
 from vitkit.training.base import TrainingModule
+from vitkit.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,9 @@ class MaskedImageModeling(TrainingModule):
     ) -> None:
         super().__init__()
         self.keep_arguments()
+        self.recipe = Recipe(lr=lr, weight_decay=weight_decay, betas=betas, min_lr=min_lr, warmup_epochs=warmup_epochs,
+                             layer_decay=layer_decay, ema_decay=ema_decay, nonfinite_loss=nonfinite_loss,
+                             compile=compile)
         if vitkit.family(model_name) not in ("vit", "swin"):
             raise ValueError(f"masked image modeling pre-trains a ViT or a Swin preset, got {model_name!r}")
         overrides = dict(model_overrides or {})

@@ -22,6 +22,7 @@ from vitkit.models.segmentation import build_segmenter
 from vitkit.training.base import TrainingModule
 from vitkit.training.callbacks import probe_path
 from vitkit.training.hparams import record_config
+from vitkit.training.recipe import Recipe
 
 from .probe import fit_probe_head
 
@@ -103,6 +104,9 @@ class Segmenter(TrainingModule):
     ) -> None:
         super().__init__()
         self.keep_arguments()
+        self.recipe = Recipe(lr=lr, weight_decay=weight_decay, betas=betas, min_lr=min_lr, warmup_epochs=warmup_epochs,
+                             schedule=schedule, layer_decay=layer_decay, ema_decay=ema_decay,
+                             ema_is_model=ema_is_model, nonfinite_loss=nonfinite_loss, compile=compile)
         if aux_weight < 0 or dice_weight < 0:
             raise ValueError(f"aux_weight and dice_weight must be >= 0 (0: no such term), got {aux_weight} and "
                              f"{dice_weight}")
@@ -120,7 +124,7 @@ class Segmenter(TrainingModule):
         self._adapt()
         self.confusion = torch.nn.ModuleDict({s: MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
                                               for s in ("val", "test", "probe")})
-        self.make_ema(ema_decay, ema_is_model)
+        self.make_ema(self.recipe.ema_decay, self.recipe.ema_is_model)
         self.probe_baseline: float | None = None
         self.probe_file = ""
 
@@ -136,6 +140,9 @@ class Segmenter(TrainingModule):
             self.model.backbone.requires_grad_(False).eval()
         elif lora.rank:
             self.lora_layers = add_lora(self.model.backbone, lora)  # the backbone frozen but for its adapters
+
+    def adapter_lr_scale(self) -> float:
+        return self.hparams.lora_lr_scale
 
     def forward(self, x: Tensor) -> Tensor:
         return self.evaluated()(x)

@@ -18,6 +18,7 @@ import vitkit
 from vitkit.data.text import Tokenizer
 from vitkit.training.base import TrainingModule
 from vitkit.training.optim import inverse_sqrt
+from vitkit.training.recipe import Recipe
 from vitkit.training.sharding import gathered
 
 
@@ -60,6 +61,7 @@ class Seq2SeqModule(TrainingModule):
     ) -> None:
         super().__init__()
         self.keep_arguments()
+        self.recipe = Recipe(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, nonfinite_loss=nonfinite_loss)
         self.model = vitkit.create_model(model_name, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
                                          **(model_overrides or {}))
         self.tgt_tokenizer = Tokenizer.from_dict(tokenizers["tgt"]) if tokenizers else None

@@ -1,0 +1,173 @@
+"""The classifier's typed parts: every shipped recipe of ImageClassifier builds the parts it names, the flat
+arguments of before the parts (every classifier checkpoint written then, a flat config, a command line's flags)
+translate into the parts they describe; the recipe builds the optimizer and its scheduler together; a part that
+cannot run is refused when it is made."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from vitkit.lit import Frozen, Full, ImageClassifier, LoRA, MultiLabel, SingleLabel, Teacher
+from vitkit.tasks.classification.adaptation import Adaptation
+from vitkit.tasks.classification.classifier import RECIPE
+from vitkit.tasks.classification.flat import argv_to_parts, to_parts
+from vitkit.tasks.classification.labels import Labels
+from vitkit.training.parts import part_from
+from vitkit.training.recipe import Recipe, WarmupSchedule
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULTS = {  # the flat arguments and defaults of ImageClassifier before its parts
+    "multi_label": False, "multi_label_loss": "bce", "pos_weight": False, "thresholds": "per_class", "lr": 5e-4,
+    "weight_decay": 0.05, "betas": (0.9, 0.999), "min_lr": 1e-5, "warmup_epochs": 5.0, "layer_decay": None,
+    "label_smoothing": 0.1, "mixup": 0.0, "cutmix": 0.0, "mixup_prob": 1.0, "mixup_switch_prob": 0.5,
+    "ema_decay": None, "ema_is_model": False, "freeze_backbone": False, "nonfinite_loss": "stop", "compile": False,
+    "teacher": None, "teacher_checkpoint": None, "distillation": None, "distill_alpha": 0.5, "distill_tau": 1.0,
+    "optimizer": "adamw", "momentum": 0.9, "head_norm": False, "head_init": "random", "lora_rank": 0,
+    "lora_alpha": None, "lora_dropout": 0.0, "lora_targets": None, "lora_parts": "qkv", "lora_lr_scale": 10.0}
+RECIPES = sorted(p for p in (ROOT / "configs").glob("*.yaml")
+                 if str((yaml.safe_load(p.read_text()).get("model") or {}).get("class_path", "")).endswith(
+                     ".ImageClassifier"))
+OLD = sorted((ROOT / "tests/fixtures/before_tasks").glob("*.ckpt"))
+
+
+def _expected_kind(hp: dict) -> tuple[type, type, bool]:
+    adaptation = LoRA if hp["lora_rank"] else Frozen if hp["freeze_backbone"] else Full
+    return adaptation, MultiLabel if hp["multi_label"] else SingleLabel, bool(hp["teacher"])
+
+
+def _parts(init: dict) -> tuple:
+    """The parts that init arguments of the parts' form give."""
+    teacher = init.get("teacher")
+    return (Recipe(**{**dataclasses.asdict(RECIPE), **(init.get("recipe") or {})}),
+            part_from(init.get("labels"), Labels, SingleLabel()), part_from(init.get("adaptation"), Adaptation, Full()),
+            None if teacher is None else Teacher(**teacher))
+
+
+def _check(hp: dict, parts: tuple) -> None:
+    """``parts`` are what the flat arguments ``hp`` said."""
+    recipe, labels, adaptation, teacher = parts
+    kind, label_kind, taught = _expected_kind(hp)
+    assert type(adaptation) is kind and type(labels) is label_kind and (teacher is not None) == taught
+    for field in ("lr", "weight_decay", "optimizer", "layer_decay", "warmup_epochs", "min_lr", "ema_decay",
+                  "ema_is_model", "nonfinite_loss", "compile"):
+        assert getattr(recipe, field) == hp[field], field
+    assert tuple(recipe.betas) == tuple(hp["betas"])
+    assert (labels.label_smoothing, labels.mixup, labels.cutmix) == (hp["label_smoothing"], hp["mixup"], hp["cutmix"])
+    assert (adaptation.head_init, adaptation.head_norm) == (hp["head_init"], hp["head_norm"])
+    if isinstance(adaptation, LoRA):
+        assert (adaptation.rank, adaptation.lr_scale) == (hp["lora_rank"], hp["lora_lr_scale"])
+    if isinstance(labels, MultiLabel):
+        assert (labels.loss, labels.pos_weight, labels.thresholds) == (hp["multi_label_loss"], hp["pos_weight"],
+                                                                       hp["thresholds"])
+    if teacher is not None:
+        assert (teacher.name, teacher.alpha, teacher.tau) == (hp["teacher"], hp["distill_alpha"], hp["distill_tau"])
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_every_classifier_recipe_builds_its_parts_and_its_flat_form_translates_to_them(path):
+    """Each shipped recipe as written (the parts' form), and the same recipe in the flat form of before, give the
+    same parts; the flat form read from a config file by the command line too."""
+    init = yaml.safe_load(path.read_text())["model"].get("init_args") or {}
+    parts = _parts(init)
+    flat = {k: v for k, v in init.items() if k not in ("recipe", "labels", "adaptation", "teacher")}
+    flat.update(init.get("recipe") or {})
+    flat.update(dict((init.get("labels") or {}).get("init_args") or {}))
+    flat["multi_label"] = str((init.get("labels") or {}).get("class_path", "")).endswith("MultiLabel")
+    if flat["multi_label"]:
+        flat["multi_label_loss"] = flat.pop("loss", "bce")
+    adaptation = init.get("adaptation") or {}
+    given = dict(adaptation.get("init_args") or {})
+    flat.update({k: given.pop(k) for k in ("head_init", "head_norm") if k in given})
+    flat["freeze_backbone"] = str(adaptation.get("class_path", "")).endswith("Frozen")
+    flat.update({f"lora_{k}": v for k, v in given.items()})
+    if init.get("teacher"):
+        t = init["teacher"]
+        flat.update(teacher=t["name"], teacher_checkpoint=t.get("checkpoint"), distillation=t.get("distillation"),
+                    distill_alpha=t.get("alpha", 0.5), distill_tau=t.get("tau", 1.0))
+    _check({**DEFAULTS, **flat}, parts)
+    assert _parts(to_parts(flat)) == parts
+
+
+@pytest.mark.parametrize("path", [p for p in OLD if p.stem in ("classifier", "multilabel", "lora", "distilled",
+                                                                  "small_data", "probe")], ids=lambda p: p.stem)
+def test_every_classifier_checkpoint_of_before_translates_into_its_parts(path):
+    hp = torch.load(path, map_location="cpu", weights_only=True)["hyper_parameters"]
+    flat = {**DEFAULTS, **{k: v for k, v in hp.items() if k in DEFAULTS}}
+    _check(flat, _parts(to_parts(hp)))
+
+
+def test_a_command_lines_flat_flags_become_the_parts_flags():
+    """The kind of a part goes before the flags of its fields, wherever the flat flags stood."""
+    argv = ["fit", "-c", "x.yaml", "--model.lora_alpha", "16", "--model.init_args.lr=1e-3", "--data.root", "d",
+            "--model.lora_rank", "8", "--model.multi_label", "true", "--model.multi_label_loss", "asl",
+            "--model.teacher", "t.ckpt", "--model.distill_tau=2", "--model.model_name", "vit_small_patch16_224"]
+    assert argv_to_parts(argv) == [
+        "fit", "-c", "x.yaml", "--model.adaptation", "LoRA", "--model.adaptation.rank", "8", "--model.labels",
+        "MultiLabel", "--model.adaptation.alpha", "16", "--model.recipe.lr", "1e-3", "--data.root", "d",
+        "--model.labels.loss", "asl", "--model.teacher.name", "t.ckpt", "--model.teacher.tau", "2",
+        "--model.model_name", "vit_small_patch16_224"]
+    assert argv_to_parts(["fit", "--model.freeze_backbone", "true", "--model.distillation", "none"]) == [
+        "fit", "--model.adaptation", "Frozen", "--model.teacher", "null"]
+
+
+def test_the_recipe_builds_the_optimizer_and_its_scheduler_together():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    model.no_weight_decay = lambda: set()
+    recipe = Recipe(lr=1e-3, weight_decay=0.05, warmup_epochs=1, min_lr=1e-5)
+    opt, sched = recipe.build(model)
+    assert isinstance(opt, torch.optim.AdamW) and isinstance(sched.schedule, WarmupSchedule)
+    assert sched.schedule.min_lr_ratio == pytest.approx(1e-2) and sched.optimizer is opt
+    sgd, _ = Recipe(lr=0.1, weight_decay=0.0, optimizer="sgd", momentum=0.8).build(model)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.param_groups[0]["momentum"] == 0.8
+    assert recipe.with_lr(5e-4).lr == 5e-4 and recipe.lr == 1e-3  # a new recipe; the old one stays
+
+
+def test_a_part_that_cannot_run_is_refused_when_made():
+    with pytest.raises(ValueError, match="optimizer must be 'adamw' or 'sgd', got 'lamb'"):
+        Recipe(lr=1e-3, weight_decay=0.0, optimizer="lamb")
+    with pytest.raises(ValueError, match="nonfinite_loss must be 'stop' or 'skip', got 'retry'"):
+        Recipe(lr=1e-3, weight_decay=0.0, nonfinite_loss="retry")
+    with pytest.raises(ValueError, match="LoRA adapts the backbone with adapters of rank >= 1"):
+        LoRA(rank=0)
+    with pytest.raises(ValueError, match="head_init must be 'random' or 'probe' .without head_norm or freeze"):
+        Frozen(head_init="probe")
+    with pytest.raises(ValueError, match="multi_label_loss must be 'bce' or 'asl', got 'focal'"):
+        MultiLabel(loss="focal")
+    with pytest.raises(ValueError, match=r"distill_alpha must be in \[0, 1\]"):
+        Teacher("vit_tiny_patch16_224", alpha=2.0)
+    with pytest.raises(ValueError, match="a teacher's distillation must be 'hard' or 'soft', got 'none'"):
+        Teacher("vit_tiny_patch16_224", distillation="none")
+    with pytest.raises(ValueError, match="lora_rank with freeze_backbone"):
+        to_parts({"lora_rank": 4, "freeze_backbone": True})
+    with pytest.raises(ValueError, match="'vitkit.lit.ImageClassifier' is not a kind of Labels vitkit has"):
+        ImageClassifier(labels={"class_path": "vitkit.lit.ImageClassifier", "init_args": {}})
+    with pytest.raises(ValueError, match="distillation with multi_label is not built"):
+        ImageClassifier(labels=MultiLabel(), teacher=Teacher("vit_tiny_patch16_224"))
+
+
+def test_a_flat_config_file_with_flat_flags_trains_the_parts_it_says(tmp_path):
+    """The demo recipe written in the flat form of before, with flat flags on top, builds through the command line
+    the module that the recipe as shipped, with the same choices as parts, builds."""
+    from vitkit.cli.train import cli_main
+
+    text = yaml.safe_load((ROOT / "configs/vit_tiny_digits.yaml").read_text())
+    init = text["model"]["init_args"]
+    flat = {k: v for k, v in init.items() if k not in ("recipe", "labels", "adaptation", "teacher")}
+    flat.update(init["recipe"], **init["labels"]["init_args"])
+    text["model"]["init_args"] = flat
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(text))
+    cpu = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32-true",
+           "--trainer.default_root_dir", str(tmp_path / "run")]
+    old = cli_main(["-c", str(tmp_path / "old.yaml"), "--model.lora_rank", "2", "--model.lr", "1e-3",
+                    "--model.multi_label", "true", *cpu], run=False).model
+    new = cli_main(["-c", str(ROOT / "configs/vit_tiny_digits.yaml"), "--model.adaptation", "LoRA",
+                    "--model.adaptation.rank", "2", "--model.recipe.lr", "1e-3", "--model.labels", "MultiLabel",
+                    *cpu], run=False).model
+    assert old.recipe == new.recipe and old.recipe.lr == 1e-3 and old.recipe.warmup_epochs == init["recipe"][
+        "warmup_epochs"]
+    assert old.labels == new.labels and isinstance(old.labels, MultiLabel)
+    assert old.adaptation == new.adaptation == LoRA(rank=2)
+    assert dict(old.hparams) == dict(new.hparams)

@@ -1,0 +1,91 @@
+"""``vitkit train`` with the flat arguments :class:`~vitkit.lit.ImageClassifier` took before its typed parts: the
+``--model.lr 1e-3`` flags of a command line and the ``lr: 1e-3`` of a config file are put as the parts take them
+(``vitkit/tasks/classification/flat.py`` says how), before LightningCLI parses them."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import yaml
+
+CLASSIFIER = "ImageClassifier"
+PARTS = ("recipe", "labels", "adaptation", "teacher")
+
+
+def _configs(argv: list[str]) -> list[tuple[int, str]]:
+    """(index of the value, the value) of every ``--config`` / ``-c`` of ``argv``."""
+    out = []
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag in ("--config", "-c"):
+            if eq:
+                out.append((i, value))
+            elif i + 1 < len(argv):
+                out.append((i + 1, argv[i + 1]))
+    return out
+
+
+def _read(path: str) -> dict | None:
+    p = Path(path)
+    try:
+        text = yaml.safe_load(p.read_text()) if p.is_file() else None
+    except (OSError, yaml.YAMLError):
+        return None  # jsonargparse reads it and says what is wrong
+    return text if isinstance(text, dict) else None
+
+
+def model_class(argv: list[str]) -> str:
+    """The module's class path that ``argv`` chooses: ``--model X``, else the last config's, else the default."""
+    chosen = None
+    for _, path in _configs(argv):
+        model = (_read(path) or {}).get("model")
+        if isinstance(model, dict) and model.get("class_path"):
+            chosen = str(model["class_path"])
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag in ("--model", "--model.class_path"):
+            chosen = value if eq else (argv[i + 1] if i + 1 < len(argv) else chosen)
+    return chosen or CLASSIFIER
+
+
+def with_parts(argv: list[str]) -> list[str]:
+    """``argv`` with the classifier's flat arguments, given as flags or in a config file, as its parts: a config
+    file that holds them is read as a translated copy of itself (in a temporary folder, under its own name)."""
+    if not model_class(argv).endswith(CLASSIFIER):
+        return argv
+    from vitkit.tasks.classification.flat import argv_to_parts, is_flat, to_parts
+
+    out = list(argv)
+    for i, path in _configs(argv):
+        text = _read(path)
+        model = (text or {}).get("model")
+        init = model.get("init_args") if isinstance(model, dict) else None
+        if not isinstance(init, dict) or not is_flat(init):
+            continue
+        model["init_args"] = to_parts(init)
+        copy = Path(tempfile.mkdtemp(prefix="vitkit-config-")) / Path(path).name
+        copy.write_text(yaml.safe_dump(text, sort_keys=False))
+        out[i] = f"{out[i].partition('=')[0]}={copy}" if "=" in out[i] and out[i].startswith("-") else str(copy)
+    return _nulls_as_mappings(argv_to_parts(out))
+
+
+def _nulls_as_mappings(argv: list[str]) -> list[str]:
+    """``--model.recipe.layer_decay null`` as ``--model.recipe '{"layer_decay": null}'``: jsonargparse refuses a null
+    given to one field of a part inside the module's class path, and takes the same as a mapping, laid over the
+    part's other fields."""
+    out, i = [], 0
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
+        if not eq and i + 1 < len(argv):
+            value = argv[i + 1]
+        parts = flag.removeprefix("--model.").removeprefix("init_args.").split(".")
+        if flag.startswith("--model.") and len(parts) == 2 and parts[0] in PARTS and \
+                value.strip().lower() in ("null", "none", "~"):
+            out += [f"--model.{parts[0]}", json.dumps({parts[1]: None})]
+            i += 1 if eq else 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out

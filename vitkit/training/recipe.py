@@ -1,0 +1,104 @@
+"""A training module's recipe as one typed part: the optimizer, its learning-rate schedule and how a step runs.
+
+Every training module builds its :class:`Recipe` from its own arguments, by name, in its ``__init__``; the training
+base reads that object and nothing else (``TrainingModule.recipe``). :meth:`Recipe.build` gives the optimizer and
+the schedule together, and the schedule's length is set once fit has started, on the scheduler that holds it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .optim import ScheduledLR, build_adamw, build_sgd, warmup_cosine, warmup_poly
+
+OPTIMIZERS = ("adamw", "sgd")
+DECAYS = ("cosine", "poly")
+NONFINITE = ("stop", "skip")
+
+
+class WarmupSchedule:
+    """The LR multiplier of an optimizer step: linear warmup over ``warmup_epochs``, then down to ``min_lr_ratio`` at
+    the last step, by a cosine (``decay="cosine"``, DeiT's and Swin's) or a polynomial of ``power``
+    (``decay="poly"``, mmsegmentation's ``(1 - progress) ** 0.9``); 1 until :meth:`set_length` gives the run's
+    length."""
+
+    def __init__(self, warmup_epochs: float, min_lr_ratio: float, decay: str = "cosine", power: float = 0.9) -> None:
+        if decay not in DECAYS:
+            raise ValueError(f"schedule must be one of {', '.join(DECAYS)}, got {decay!r}")
+        self.warmup_epochs, self.min_lr_ratio, self.decay, self.power = warmup_epochs, min_lr_ratio, decay, power
+        self.total: int | None = None
+        self.warmup = 0
+
+    def set_length(self, total: int, max_epochs: int | None) -> None:
+        steps_per_epoch = total / max_epochs if max_epochs and max_epochs > 0 else total
+        self.total = total
+        self.warmup = min(total, max(1, round(self.warmup_epochs * steps_per_epoch))) if self.warmup_epochs > 0 else 0
+
+    def __call__(self, step: int) -> float:
+        if self.total is None:
+            return 1.0
+        if self.decay == "cosine":
+            return warmup_cosine(step, self.warmup, self.total, self.min_lr_ratio)
+        return warmup_poly(step, self.warmup, self.total, self.min_lr_ratio, self.power)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How a module trains: its optimizer, schedule, EMA and steps.
+
+    The optimizer (AdamW with ``betas`` and ``eps``, or SGD with ``momentum``; ``layer_decay`` for layer-wise LR
+    decay, e.g. 0.65 for fine-tuning), the schedule (``warmup_epochs`` of linear warmup, stepped per optimizer step,
+    then cosine or poly decay by ``schedule``, down to ``min_lr``), an EMA of the weights (``ema_decay`` per step,
+    None: none; validated beside the model as ``val/top1_ema``, or with ``ema_is_model`` the run's model itself:
+    validated, tested and saved as ``model.``), what a non-finite loss does (``nonfinite_loss``: ``stop`` ends the run
+    with an error, ``skip`` drops that step on every rank and stops after 10 bad steps in a row) and whether the model
+    runs under ``torch.compile`` (in place: parameter names stay the plain model's)."""
+
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    optimizer: str = "adamw"
+    momentum: float = 0.9
+    layer_decay: float | None = None
+    warmup_epochs: float = 0.0
+    min_lr: float = 0.0
+    schedule: str = "cosine"
+    ema_decay: float | None = None
+    ema_is_model: bool = False
+    nonfinite_loss: str = "stop"
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS), ("schedule", self.schedule, DECAYS),
+                                     ("nonfinite_loss", self.nonfinite_loss, NONFINITE)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+
+    def with_lr(self, lr: float) -> Recipe:
+        """The same recipe at another peak LR (a callback that changes the batch changes it before fit)."""
+        return dataclasses.replace(self, lr=lr)
+
+    def multiplier(self) -> WarmupSchedule:
+        """The schedule: a function of the optimizer step, whose length is set when fit starts."""
+        return WarmupSchedule(self.warmup_epochs, self.min_lr / self.lr, self.schedule)
+
+    def build(self, model: nn.Module, fused: bool | None = None, multiplier: Callable[[int], float] | None = None,
+              adapter_lr_scale: float = 1.0) -> tuple[torch.optim.Optimizer, ScheduledLR]:
+        """The optimizer over ``model``'s trainable weights and its per-step scheduler, of ``multiplier`` (a
+        function of the step; default :meth:`multiplier`). ``fused``: AdamW's fused kernel (None: where it runs,
+        False: torch's default); LoRA adapters at ``adapter_lr_scale`` x ``lr``."""
+        if self.optimizer == "sgd":
+            opt = build_sgd(model, self.lr, self.weight_decay, self.momentum)
+        else:
+            opt = build_adamw(model, self.lr, self.weight_decay, tuple(self.betas), self.layer_decay, eps=self.eps,
+                              fused=fused, adapter_scale=adapter_lr_scale)
+        return opt, ScheduledLR(opt, multiplier if multiplier is not None else self.multiplier())
+
+
+DEIT = Recipe(lr=5e-4, weight_decay=0.05, warmup_epochs=5.0, min_lr=1e-5)  # DeiT's (Touvron et al., 2021), batch 512
