@@ -165,7 +165,7 @@ def test_a_distilled_student_predicts_exports_and_evaluates_with_its_heads_avera
 @pytest.mark.parametrize("teacher, says", [
     ("three_classes", "the teacher '{teacher}' predicts 3 classes, the data has 10"),
     ("missing.pth", "checkpoint 'missing.pth' does not exist"),
-    ("not_a_model_anywhere", "--model.teacher 'not_a_model_anywhere' cannot be built"),
+    ("not_a_model_anywhere", "--model.teacher.name 'not_a_model_anywhere' cannot be built"),
 ])
 def test_a_teacher_that_does_not_fit_is_refused_in_one_line(teacher, says, tmp_path, capfd):
     from tests.commands import one_error_line, run_cli

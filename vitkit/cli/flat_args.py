@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -52,7 +53,8 @@ def model_class(argv: list[str]) -> str:
 
 def with_parts(argv: list[str]) -> list[str]:
     """``argv`` with the classifier's flat arguments, given as flags or in a config file, as its parts: a config
-    file that holds them is read as a translated copy of itself (in a temporary folder, under its own name)."""
+    file that holds them is read as a translated copy of itself (in a temporary folder named by the copy's content,
+    under the file's own name, which names the run's folder)."""
     if not model_class(argv).endswith(CLASSIFIER):
         return argv
     from vitkit.tasks.classification.flat import argv_to_parts, is_flat, to_parts
@@ -65,8 +67,11 @@ def with_parts(argv: list[str]) -> list[str]:
         if not isinstance(init, dict) or not is_flat(init):
             continue
         model["init_args"] = to_parts(init)
-        copy = Path(tempfile.mkdtemp(prefix="vitkit-config-")) / Path(path).name
-        copy.write_text(yaml.safe_dump(text, sort_keys=False))
+        translated = yaml.safe_dump(text, sort_keys=False)
+        digest = hashlib.sha256(translated.encode()).hexdigest()[:16]  # one folder per content, used again
+        copy = Path(tempfile.gettempdir()) / f"vitkit-config-{digest}" / Path(path).name
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(translated)
         out[i] = f"{out[i].partition('=')[0]}={copy}" if "=" in out[i] and out[i].startswith("-") else str(copy)
     return _nulls_as_mappings(argv_to_parts(out))
 

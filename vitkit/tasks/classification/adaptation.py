@@ -96,10 +96,10 @@ class LoRA(Adaptation):
     """Low-rank adapters (peft) and the head train, nothing else.
 
     Adapters of ``rank`` on the ``targets`` layers (timm's module names; default the attention's qkv and proj).
-    ``alpha``: the adapters' scale is alpha / rank (None: the rank); ``dropout`` on their input; ``parts``: ``qkv``, or ``qv`` to adapt only the query
-    and value rows of a fused qkv; ``lr_scale``: their LR is the recipe's x this, without layer decay (they start
-    from zero in every block). The checkpoint holds what trained and names the backbone, whose weights the module
-    reads again when it loads. The defaults stand in ``vitkit.lora.DEFAULTS``."""
+    ``alpha``: the adapters' scale is alpha / rank (None: the rank); ``dropout`` on their input; ``parts``: ``qkv``,
+    or ``qv`` to adapt only the query and value rows of a fused qkv; ``lr_scale``: their LR is the recipe's x this,
+    without layer decay (they start from zero in every block). The checkpoint holds what trained and names the
+    backbone, whose weights the module reads again when it loads. The defaults stand in ``vitkit.lora.DEFAULTS``."""
 
     def __init__(self, rank: int, alpha: float | None = LORA.alpha, dropout: float = LORA.dropout,
                  targets: list[str] | None = None, parts: str = LORA.parts, lr_scale: float = 10.0,
@@ -143,6 +143,6 @@ def _warn_whole_model_augmentation(labels, datamodule) -> None:
                                       ("re_prob", data.get("re_prob")), ("auto_augment", data.get("auto_augment")))
              if v]
     if heavy:
-        log.warning("a frozen backbone (--model.adaptation Frozen) with %s: this augmentation is meant for training the whole model; a "
-                    "frozen backbone's head learns better with the linear-probe recipe: `vitkit train fit -c "
-                    "linear_probe --model.checkpoint BACKBONE --data.root DATA`", ", ".join(heavy))
+        log.warning("a frozen backbone (--model.adaptation Frozen) with %s: this augmentation is meant for training "
+                    "the whole model; a frozen backbone's head learns better with the linear-probe recipe: "
+                    "`vitkit train fit -c linear_probe --model.checkpoint BACKBONE --data.root DATA`", ", ".join(heavy))

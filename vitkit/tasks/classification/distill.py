@@ -49,8 +49,8 @@ def check_distillation(kind: str | None, teacher: str | None, alpha: float, tau:
     if kind not in ("hard", "soft", "none"):
         raise ValueError(f"distillation must be 'hard', 'soft' or 'none', got {kind!r}")
     if kind != "none" and not teacher:
-        raise ValueError(f"distillation={kind!r} learns from a teacher: give --model.teacher (a vitkit preset or timm "
-                         "tag, a timm model name, or a checkpoint file)")
+        raise ValueError(f"distillation={kind!r} learns from a teacher: give --model.teacher.name (a vitkit preset "
+                         "or timm tag, a timm model name, or a checkpoint file)")
     if not 0 <= alpha <= 1 or tau <= 0:
         raise ValueError(f"distill_alpha must be in [0, 1] and distill_tau > 0, got {alpha} and {tau}")
     return kind
@@ -63,8 +63,8 @@ def build_teacher(teacher: str, checkpoint: str | None = None) -> tuple[nn.Modul
     except (MissingWeightsError, CheckpointError):
         raise
     except (RuntimeError, ValueError, TypeError, KeyError, OSError) as e:
-        raise ValueError(f"--model.teacher {teacher!r}"
-                         + (f" with --model.teacher_checkpoint {checkpoint!r}" if checkpoint else "")
+        raise ValueError(f"--model.teacher.name {teacher!r}"
+                         + (f" with --model.teacher.checkpoint {checkpoint!r}" if checkpoint else "")
                          + f" cannot be built: {_gist(e)}") from None
     model.eval().requires_grad_(False)
     return model, prep

@@ -125,10 +125,11 @@ class MultiLabel(Labels):
     """Several labels per image (``multilabel.py``): a sigmoid per class.
 
     Multi-hot targets, smoothed towards 0.5 and mixed as the images are; ``loss`` ``bce`` (binary cross-entropy with
-    logits, the mean over images and classes) or ``asl`` (the asymmetric loss, summed over classes); ``pos_weight`` weighs each class's positives by its negatives / positives
-    in the training set; ``thresholds`` (``per_class``: maximum F1 for each class, ``global``: one threshold of
-    maximum micro F1, or ``fixed``: 0.5) says how the decision thresholds are chosen on the validation predictions
-    after each validation (and kept in the checkpoint, exported models and ``vitkit predict``)."""
+    logits, the mean over images and classes) or ``asl`` (the asymmetric loss, summed over classes); ``pos_weight``
+    weighs each class's positives by its negatives / positives in the training set; ``thresholds`` (``per_class``:
+    maximum F1 for each class, ``global``: one threshold of maximum micro F1, or ``fixed``: 0.5) says how the
+    decision thresholds are chosen on the validation predictions after each validation (and kept in the checkpoint,
+    exported models and ``vitkit predict``)."""
 
     multi_label: ClassVar[bool] = True
     score: ClassVar[str] = "val/mAP"
