@@ -348,12 +348,10 @@ def settings_of(hp: Mapping[str, Any]) -> LoraSettings:
 def run_settings(hp: Mapping[str, Any]) -> LoraSettings | None:
     """The adapters of a run's hyper-parameters (a module's, or a checkpoint's): a classifier's ``adaptation`` part of
     kind LoRA, or the flat ``lora_*`` arguments (a segmenter's, a classifier's before its parts); None without."""
-    part = hp.get("adaptation")
-    if isinstance(part, Mapping) and str(part.get("class_path", "")).endswith(".LoRA"):
-        given = part.get("init_args") or {}
-        return settings_of({f"lora_{k}": given.get(k) for k in DEFAULTS_OF})
-    settings = settings_of(hp)
-    return settings if settings.rank else None
+    from vitkit.checkpoints.load import lora_arguments
+
+    given = lora_arguments(dict(hp))
+    return None if given is None else settings_of(given)
 
 
 def adapted_model(hp: dict, trained: dict[str, Tensor], source: Path, build) -> nn.Module:

@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from vitkit.errors import UsageError
 from vitkit.lit import Frozen, Full, ImageClassifier, LoRA, MultiLabel, SingleLabel, Teacher
 from vitkit.tasks.classification.adaptation import Adaptation
 from vitkit.tasks.classification.classifier import RECIPE
-from vitkit.tasks.classification.flat import argv_to_parts, to_parts
+from vitkit.tasks.classification.flat import FLAT, argv_to_parts, to_parts
 from vitkit.tasks.classification.labels import Labels
 from vitkit.training.parts import part_from
 from vitkit.training.recipe import Recipe, WarmupSchedule
@@ -171,3 +174,48 @@ def test_a_flat_config_file_with_flat_flags_trains_the_parts_it_says(tmp_path):
     assert old.labels == new.labels and isinstance(old.labels, MultiLabel)
     assert old.adaptation == new.adaptation == LoRA(rank=2)
     assert dict(old.hparams) == dict(new.hparams)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--model.multi_label", "maybe"], "error: --model.multi_label expects true or false, got 'maybe'"),
+    (["--model.freeze_backbone", "yes please"],
+     "error: --model.freeze_backbone expects true or false, got 'yes please'"),
+    (["--model.lora_rank", "eight"], "error: --model.lora_rank expects an integer (0: no adapters), got 'eight'"),
+    (["--model.adaptation", "Partial"], "error: --model.adaptation: 'Partial' names no class it takes"),
+    (["--model.adaptation.rank", "4"], "error: --model.adaptation.rank: Full takes no 'rank' (another kind may: "
+                                       "choose it first, --model.adaptation KIND)"),
+    (["--model.labels", "MultiLabel", "--model.labels.loss", "focal"],
+     "error: --model.labels.loss expects one of 'bce', 'asl', got 'focal'"),
+    (["--model.labels", "{\"class_path\": \"os.system\"}"],
+     "error: --model.labels: 'os.system' is not a kind of Labels"),
+])
+def test_a_bad_flat_or_part_flag_ends_in_one_line(flags, says, tmp_path):
+    from tests.commands import error_line_of
+
+    line = error_line_of(["train", "fit", "-c", "vit_tiny_digits", "--trainer.default_root_dir", str(tmp_path), *flags])
+    assert line.startswith(says), line
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_flat_config_file_with_a_bad_switch_ends_in_one_line(tmp_path):
+    from tests.commands import error_line_of
+
+    text = yaml.safe_load((ROOT / "configs/vit_tiny_digits.yaml").read_text())
+    text["model"]["init_args"]["multi_label"] = "maybe"
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(text))
+    line = error_line_of(["train", "fit", "-c", str(tmp_path / "old.yaml"), "--trainer.default_root_dir",
+                          str(tmp_path)])
+    assert line == "error: multi_label must be true or false, got 'maybe'", line
+
+
+@given(st.lists(st.tuples(st.sampled_from(sorted(FLAT | {"teacher"})), st.text(max_size=8)), max_size=6))
+@settings(max_examples=200, deadline=None)
+def test_any_flat_flags_translate_or_end_in_a_usage_error(pairs):
+    """Whatever values the flat flags carry, the translation gives flags of strings or refuses with a UsageError
+    (the command's one line); it never ends in another exception."""
+    argv = ["fit", *[x for key, value in pairs for x in (f"--model.{key}", value)]]
+    try:
+        out = argv_to_parts(argv)
+    except UsageError:
+        return
+    assert all(isinstance(a, str) for a in out) and out[0] == "fit"

@@ -171,16 +171,20 @@ def _interpret(path: str | os.PathLike, weights: Path, config: dict | None, raw:
             fmt = "vitkit"
     head_config = mim_config(config, raw) if objective else {}
     hp = raw.get("hyper_parameters") if fmt == "lightning" else None
-    lora = hp if isinstance(hp, dict) and _adapters(hp) else None
+    lora = hp if isinstance(hp, dict) and lora_arguments(hp) is not None else None
     return Checkpoint(Path(path), fmt, sd, name, overrides, class_names, heads, objective, head_config, lora,
                       _thresholds(config, raw, weights))
 
 
-def _adapters(hp: dict) -> bool:
-    """Whether a run's hyper-parameters are a LoRA run's (a classifier's ``adaptation`` part of kind LoRA, or the flat
-    ``lora_rank`` of a segmenter or of a classifier before its parts); ``vitkit.lora.run_settings`` reads them."""
+def lora_arguments(hp: dict) -> dict[str, Any] | None:
+    """A LoRA run's adapter arguments as ``lora_*`` keys (``vitkit.lora.settings_of`` reads them): a classifier's
+    ``adaptation`` part of kind LoRA, or the flat ``lora_*`` arguments of a segmenter or of a classifier before its
+    parts; None for a run without adapters."""
     part = hp.get("adaptation")
-    return str(part.get("class_path", "")).endswith(".LoRA") if isinstance(part, dict) else bool(hp.get("lora_rank"))
+    if isinstance(part, dict):
+        kind_is_lora = str(part.get("class_path", "")).endswith(".LoRA")
+        return {f"lora_{k}": v for k, v in (part.get("init_args") or {}).items()} if kind_is_lora else None
+    return hp if hp.get("lora_rank") else None
 
 
 def _thresholds(config: dict | None, raw: dict, weights: Path) -> list[float] | None:

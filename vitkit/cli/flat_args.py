@@ -5,14 +5,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import tempfile
 from pathlib import Path
 
 import yaml
 
 CLASSIFIER = "ImageClassifier"
-PARTS = ("recipe", "labels", "adaptation", "teacher")
 
 
 def _configs(argv: list[str]) -> list[tuple[int, str]]:
@@ -73,24 +71,4 @@ def with_parts(argv: list[str]) -> list[str]:
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_text(translated)
         out[i] = f"{out[i].partition('=')[0]}={copy}" if "=" in out[i] and out[i].startswith("-") else str(copy)
-    return _nulls_as_mappings(argv_to_parts(out))
-
-
-def _nulls_as_mappings(argv: list[str]) -> list[str]:
-    """``--model.recipe.layer_decay null`` as ``--model.recipe '{"layer_decay": null}'``: jsonargparse refuses a null
-    given to one field of a part inside the module's class path, and takes the same as a mapping, laid over the
-    part's other fields."""
-    out, i = [], 0
-    while i < len(argv):
-        flag, eq, value = argv[i].partition("=")
-        if not eq and i + 1 < len(argv):
-            value = argv[i + 1]
-        parts = flag.removeprefix("--model.").removeprefix("init_args.").split(".")
-        if flag.startswith("--model.") and len(parts) == 2 and parts[0] in PARTS and \
-                value.strip().lower() in ("null", "none", "~"):
-            out += [f"--model.{parts[0]}", json.dumps({parts[1]: None})]
-            i += 1 if eq else 2
-            continue
-        out.append(argv[i])
-        i += 1
-    return out
+    return argv_to_parts(out)

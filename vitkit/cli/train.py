@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor
@@ -38,6 +37,7 @@ from vitkit.builder import checkpoint_preset
 from vitkit.errors import UsageError, take_traceback_flag, take_verbose_flag
 from vitkit.noise import quiet
 from vitkit.training.callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
+from vitkit.training.hparams import read_hparams
 from vitkit.training.strategies import settle_interrupted_saves
 
 from .common import usage_error
@@ -111,9 +111,31 @@ def strategy_from_path(path: str) -> Strategy:
     return cls()
 
 
+def _class_problem(message: str) -> str | None:
+    """The deepest reason a class given by class path (the module, or one of its parts) refused its arguments, as
+    one line; None for another kind of message. The union's other alternative (``null`` for no module) is left out:
+    the value was meant for the class."""
+    classes = re.findall(r"Problem with given class_path '([^']+)'", message)
+    if not classes:
+        return None
+    flag = "--" + ".".join(re.findall(r'Parser key "([^"]+)"', message))
+    if m := re.search(r"Option '([^']+)' is not accepted", message):
+        kind = classes[-1].rpartition(".")[2]
+        return f"{flag}.{m.group(1)}: {kind} takes no {m.group(1)!r} (another kind may: choose it first, {flag} KIND)"
+    if m := re.search(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)", message):
+        return f"{flag} expects one of {m.group(1)}, got {m.group(2).strip()!r}"
+    if m := re.search(r"Expected a dot import path string: (.*)", message):
+        return f"{flag}: {m.group(1).strip()!r} names no class it takes"
+    if m := re.search(r"Import path (\S+) does not correspond to a subclass of (\w+)", message):
+        return f"{flag}: {m.group(1)!r} is not a kind of {m.group(2)}"
+    return None
+
+
 def condense(message: str) -> str:
     """jsonargparse's message for a value that does not parse (a nested listing of every type it tried) as one
     line: ``--model.lr expects a float or null, got 'abc'``; other messages have their lines joined."""
+    if (line := _class_problem(message)) is not None:
+        return line
     keys = re.findall(r'Parser key "([^"]+)"', message)
     expected = list(dict.fromkeys(re.findall(r"Expected a <class '([\w.]+)'>", message)))
     got = re.search(r"Got value: (.*)", message) or re.search(r"Given value: (.*)", message)
@@ -211,7 +233,7 @@ class VitkitCLI(LightningCLI):
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
         if not ckpt_path or not Path(ckpt_path).is_file():
             return
-        hparams = dict(torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters") or {})
+        hparams = read_hparams(ckpt_path)
         hparams.pop("_instantiator", None)
         if not hparams:
             return

@@ -19,34 +19,24 @@ from typing import Any, TypeVar
 P = TypeVar("P", bound="Part")
 
 
-def kind_of(part: Part) -> type[Part]:
-    """The part's class: a default given as jsonargparse's ``lazy_instance`` is an instance of a subclass it made."""
-    cls = type(part)
-    while not cls.__module__.startswith("vitkit."):
-        cls = cls.__base__
-    return cls
-
-
 class Part:
     """A typed part: its ``__init__`` arguments kept as attributes of the same names, compared and shown by them."""
 
     def init_args(self) -> dict[str, Any]:
-        names = [n for n in inspect.signature(kind_of(self).__init__).parameters if n != "self"]
+        names = [n for n in inspect.signature(type(self).__init__).parameters if n != "self"]
         return {n: getattr(self, n) for n in names}
 
     def as_config(self) -> dict[str, Any]:
         """``{"class_path": ..., "init_args": ...}`` of plain values (the form of a config file and a checkpoint)."""
-        cls = kind_of(self)
-        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": self.init_args()}
+        return {"class_path": f"{type(self).__module__}.{type(self).__qualname__}", "init_args": self.init_args()}
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Part) and kind_of(self) is kind_of(other) and self.init_args() == other.init_args()
+        return type(self) is type(other) and self.init_args() == other.init_args()
 
-    def __hash__(self) -> int:
-        return hash((kind_of(self), tuple(map(repr, self.init_args().values()))))
+    __hash__ = None  # compared by value, and some arguments are lists
 
     def __repr__(self) -> str:
-        return f"{kind_of(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.init_args().items())})"
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.init_args().items())})"
 
 
 def part_from(value: Any, base: type[P], default: P | None = None) -> P | None:

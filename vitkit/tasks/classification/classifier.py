@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
@@ -13,13 +12,13 @@ from torch import Tensor, nn
 import vitkit
 from vitkit.training.base import EMA, TrainingModule
 from vitkit.training.callbacks import probe_path
-from vitkit.training.hparams import record_config
+from vitkit.training.hparams import read_hparams, record_config
 from vitkit.training.parts import config_of, part_from
 from vitkit.training.recipe import DEIT, Recipe
 
 from .adaptation import Adaptation, Full
 from .distill import Teacher
-from .flat import is_flat, to_parts
+from .flat import PARTS, is_flat, to_parts
 from .labels import Labels, SingleLabel
 from .report import collect, write_test_report
 from .small_data import fit_head
@@ -45,7 +44,6 @@ def _build_model(name: str, pretrained: bool, checkpoint: str | None, num_classe
 
 
 RECIPE = DEIT
-PARTS = ("recipe", "labels", "adaptation", "teacher")
 ONE_LABEL, WHOLE_MODEL = lazy_instance(SingleLabel), lazy_instance(Full)  # defaults LightningCLI shows by class path
 
 
@@ -140,7 +138,7 @@ class ImageClassifier(TrainingModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> ImageClassifier:
         """Lightning's, for a checkpoint of the flat arguments too: they are translated into the parts."""
-        hp = _hyper_parameters(checkpoint_path)
+        hp = read_hparams(checkpoint_path)
         if is_flat(hp):  # the parts passed on; the file's other arguments Lightning reads as ever
             parts = to_parts(hp)
             kwargs = {**{k: parts[k] for k in PARTS if k in parts}, **kwargs}
@@ -265,12 +263,3 @@ class ImageClassifier(TrainingModule):
     def predict_step(self, batch: Any, batch_idx: int) -> Tensor:
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self.labels.probabilities(self(x))
-
-
-def _hyper_parameters(path: Any) -> dict:
-    """A checkpoint file's hyper-parameters ({} where there are none, or it is not a file torch reads safely)."""
-    try:
-        raw = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - Lightning's own loading says what is wrong with the file
-        return {}
-    return dict(raw.get("hyper_parameters") or {}) if isinstance(raw, dict) else {}

@@ -22,9 +22,12 @@ distillation, distill_alpha, distill_tau   ``teacher.distillation`` (``none``: n
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from vitkit.errors import UsageError
 from vitkit.lora import check_adaptation, settings_of
 from vitkit.training.recipe import DEIT
 
@@ -32,6 +35,7 @@ from .adaptation import Frozen, Full, LoRA
 from .distill import check_distillation
 from .labels import MultiLabel, SingleLabel
 
+TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
 RECIPE_FIELDS = ("lr", "weight_decay", "betas", "eps", "optimizer", "momentum", "layer_decay", "warmup_epochs",
                  "min_lr", "schedule", "ema_decay", "ema_is_model", "nonfinite_loss", "compile")
 LABEL_FIELDS = {"label_smoothing": "label_smoothing", "mixup": "mixup", "cutmix": "cutmix",
@@ -42,6 +46,8 @@ LORA_FIELDS = {"lora_alpha": "alpha", "lora_dropout": "dropout", "lora_targets":
 HEAD_FIELDS = {"head_init": "head_init", "head_norm": "head_norm"}
 TEACHER_FIELDS = {"teacher": "name", "teacher_checkpoint": "checkpoint", "distillation": "distillation",
                   "distill_alpha": "alpha", "distill_tau": "tau"}
+PARTS = ("recipe", "labels", "adaptation", "teacher")  # ImageClassifier's typed parts, by argument name
+SWITCHES = ("multi_label", "freeze_backbone")  # the flat booleans that chose a kind
 # the flat names; ``teacher`` is also the part's name, and flat only as the teacher's name (a string)
 FLAT = {*RECIPE_FIELDS, *LABEL_FIELDS, *MULTI_LABEL_FIELDS, *LORA_FIELDS, *HEAD_FIELDS, *TEACHER_FIELDS,
         "multi_label", "freeze_backbone", "lora_rank"} - {"teacher"}
@@ -56,6 +62,9 @@ def to_parts(args: Mapping[str, Any]) -> dict[str, Any]:
     """``args`` with its flat arguments replaced by the parts they describe (as config dicts, the form of a
     checkpoint), laid over the parts ``args`` may also hold; the other arguments as they are. What neither gives keeps
     the part's default."""
+    for key in SWITCHES:
+        if key in args and not isinstance(args[key], bool):
+            raise ValueError(f"{key} must be true or false, got {args[key]!r}")
     out = {k: v for k, v in args.items() if k not in FLAT}
     recipe = {k: args[k] for k in RECIPE_FIELDS if k in args}
     if recipe:
@@ -79,8 +88,6 @@ def _kind(part: Any) -> str | None:
 
 def _kept(part: Any, kind: type) -> dict[str, Any]:
     """The init_args of a part's config dict that ``kind`` takes."""
-    import inspect
-
     takes = inspect.signature(kind.__init__).parameters
     given = (part.get("init_args") or {}) if isinstance(part, Mapping) else {}
     return {k: v for k, v in given.items() if k in takes and k != "self"}
@@ -137,12 +144,35 @@ def argv_to_parts(argv: list[str]) -> list[str]:
         chosen, flags = _flag(key, value)
         kinds += chosen
         rest += flags
-    return rest if first is None else rest[:first] + kinds + rest[first:]
+    return _nulls_as_mappings(rest if first is None else rest[:first] + kinds + rest[first:])
+
+
+def _nulls_as_mappings(argv: list[str]) -> list[str]:
+    """``--model.recipe.layer_decay null`` as ``--model.recipe '{"layer_decay": null}'``: jsonargparse refuses a null
+    given to one field of a part inside the module's class path, and takes the same as a mapping, laid over the
+    part's other fields."""
+    out, i = [], 0
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
+        if not eq and i + 1 < len(argv):
+            value = argv[i + 1]
+        path = flag.removeprefix("--model.").removeprefix("init_args.").split(".")
+        if flag.startswith("--model.") and len(path) == 2 and path[0] in PARTS and \
+                value.strip().lower() in ("null", "none", "~"):
+            out += [f"--model.{path[0]}", json.dumps({path[1]: None})]
+            i += 1 if eq else 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 def _flag(key: str, value: str) -> tuple[list[str], list[str]]:
     """(the flags that choose a part's kind, the other flags) of one flat flag."""
-    true = value.strip().lower() in ("true", "1", "yes")
+    word = value.strip().lower()
+    if key in SWITCHES and word not in TRUE + FALSE:
+        raise UsageError(f"--model.{key} expects true or false, got {value!r}")
+    true = word in TRUE
     if key in RECIPE_FIELDS:
         return [], [f"--model.recipe.{key}", value]
     if key == "multi_label":
@@ -150,7 +180,10 @@ def _flag(key: str, value: str) -> tuple[list[str], list[str]]:
     if key == "freeze_backbone":
         return ["--model.adaptation", "Frozen" if true else "Full"], []
     if key == "lora_rank":
-        rank = int(value)  # a negative one goes to LoRA, which refuses it
+        try:
+            rank = int(value)  # a negative one goes to LoRA, which refuses it
+        except ValueError:
+            raise UsageError(f"--model.lora_rank expects an integer (0: no adapters), got {value!r}") from None
         return (["--model.adaptation", "LoRA", "--model.adaptation.rank", str(rank)] if rank
                 else ["--model.adaptation", "Full"]), []
     if key == "teacher" and (value.strip().lower() in ("null", "none") or value.lstrip().startswith("{")):

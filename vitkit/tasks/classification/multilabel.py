@@ -18,20 +18,9 @@ from torch import Tensor, nn
 from torchmetrics.classification import MultilabelAveragePrecision, MultilabelF1Score
 
 from vitkit.distributed import gather_from_ranks
-from vitkit.evaluation.multilabel import THRESHOLD_MODES
 
 MultiLabelLoss = Literal["bce", "asl"]
 CHECKPOINT_KEY = "multi_label"  # {"thresholds": [...], "threshold_mode": ...} beside the state dict
-
-
-def check_multi_label(multi_label: bool, loss: str, mode: str, teacher: str | None, distillation: str | None) -> None:
-    if loss not in ("bce", "asl"):
-        raise ValueError(f"multi_label_loss must be 'bce' or 'asl', got {loss!r}")
-    if mode not in THRESHOLD_MODES:
-        raise ValueError(f"thresholds must be one of {', '.join(THRESHOLD_MODES)}, got {mode!r}")
-    if multi_label and (teacher or distillation not in (None, "none")):
-        raise ValueError("distillation with multi_label is not built: a teacher's softmax over classes is not a "
-                         "target for several independent labels; train without --model.teacher")
 
 
 def soft_targets(mixup, x: Tensor, y: Tensor, num_classes: int, smoothing: float) -> Tensor:
