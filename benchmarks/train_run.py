@@ -83,8 +83,8 @@ def vitkit_command(a, data: Path, out: Path, size: int, augment: bool, clock: Pa
     r = recipe(augment)
     return [sys.executable, "-m", "vitkit.cli", "train", "fit", "-c", "deit_small_in1k",
             "--model.model_name", a.model, "--model.model_overrides", json.dumps({"img_size": size}),
-            "--model.lr", str(a.lr), "--model.warmup_epochs", "0", "--model.ema_decay", "null",
-            "--model.mixup", str(r["mixup"]), "--model.cutmix", str(r["cutmix"]),
+            "--model.recipe.lr", str(a.lr), "--model.recipe.warmup_epochs", "0", "--model.recipe",
+            '{"ema_decay": null}', "--model.labels.mixup", str(r["mixup"]), "--model.labels.cutmix", str(r["cutmix"]),
             "--data.root", str(data), "--data.img_size", str(size), "--data.batch_size", str(a.batch),
             "--data.num_workers", str(a.workers), "--data.auto_augment", str(r["aa"] or "null"),
             "--data.re_prob", str(r["reprob"]), "--data.color_jitter", "null", "--data.hflip", "0.5",

@@ -16,7 +16,7 @@ from vitkit.errors import UsageError
 from vitkit.lit import Frozen, Full, ImageClassifier, LoRA, MultiLabel, SingleLabel, Teacher
 from vitkit.tasks.classification.adaptation import Adaptation
 from vitkit.tasks.classification.classifier import RECIPE
-from vitkit.tasks.classification.flat import FLAT, argv_to_parts, to_parts
+from vitkit.tasks.classification.flat import FLAT_NAMES, argv_to_parts, to_parts
 from vitkit.tasks.classification.labels import Labels
 from vitkit.training.parts import part_from
 from vitkit.training.recipe import Recipe, WarmupSchedule
@@ -208,7 +208,7 @@ def test_a_flat_config_file_with_a_bad_switch_ends_in_one_line(tmp_path):
     assert line == "error: multi_label must be true or false, got 'maybe'", line
 
 
-@given(st.lists(st.tuples(st.sampled_from(sorted(FLAT | {"teacher"})), st.text(max_size=8)), max_size=6))
+@given(st.lists(st.tuples(st.sampled_from(sorted(FLAT_NAMES | {"teacher"})), st.text(max_size=8)), max_size=6))
 @settings(max_examples=200, deadline=None)
 def test_any_flat_flags_translate_or_end_in_a_usage_error(pairs):
     """Whatever values the flat flags carry, the translation gives flags of strings or refuses with a UsageError

@@ -37,6 +37,7 @@ from vitkit.builder import checkpoint_preset
 from vitkit.errors import UsageError, take_traceback_flag, take_verbose_flag
 from vitkit.noise import quiet
 from vitkit.training.callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
+from vitkit.training.flat import flat_of
 from vitkit.training.hparams import read_hparams
 from vitkit.training.strategies import settle_interrupted_saves
 
@@ -227,7 +228,7 @@ class VitkitCLI(LightningCLI):
                 after.init_args[key] = before.init_args[key]
 
     def _parse_ckpt_hparams(self) -> None:
-        """Lightning's: the checkpoint's hyper-parameters laid over the parsed config; a classifier's flat ones (of a
+        """Lightning's: the checkpoint's hyper-parameters laid over the parsed config; a module's flat ones (of a
         checkpoint written before its parts) put as its parts first."""
         sub = self.config.get("subcommand")
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
@@ -238,10 +239,9 @@ class VitkitCLI(LightningCLI):
         if not hparams:
             return
         class_path = hparams.pop("_class_path", None)
-        if str(class_path).endswith(".ImageClassifier"):
-            from vitkit.tasks.classification.flat import is_flat, to_parts
-
-            hparams = to_parts(hparams) if is_flat(hparams) else hparams
+        flat = flat_of(class_path)
+        if flat is not None and flat.is_flat(hparams):
+            hparams = flat.to_parts(hparams)
         model = {"class_path": class_path, "dict_kwargs": hparams} if class_path else hparams
         try:
             self.config = self.parser.parse_object({sub: {"model": model}}, self.config)

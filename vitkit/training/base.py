@@ -4,9 +4,11 @@ stepped per optimizer step, an EMA of the weights, and a non-finite loss that st
 rank together. :class:`~vitkit.lit.ImageClassifier`, :class:`~vitkit.lit.Seq2SeqModule` and
 :class:`~vitkit.lit.MaskedImageModeling` derive from :class:`TrainingModule` and add their loss and metrics.
 
-A subclass saves its hyper-parameters (:meth:`keep_arguments`), sets ``self.recipe`` (a
-:class:`~vitkit.training.recipe.Recipe` of its own arguments: optimizer, schedule, non-finite steps, compile) and
-``self.model`` (and ``self.ema`` with :meth:`make_ema`), and implements :meth:`step_loss`.
+A subclass saves its hyper-parameters (:meth:`keep_arguments`), sets ``self.recipe`` (its ``recipe`` argument, a
+:class:`~vitkit.training.recipe.Recipe`: optimizer, schedule, non-finite steps, compile) and ``self.model`` (and
+``self.ema`` with :meth:`make_ema`), and implements :meth:`step_loss`. Its ``FLAT`` translates the flat arguments
+it took before its typed parts (``lr``, ``freeze_backbone``, ...), in a checkpoint (:meth:`load_from_checkpoint`)
+or in Python (:meth:`from_flat`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import copy
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -26,7 +28,8 @@ from torch.distributed.tensor import DTensor
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
-from .hparams import gather_rng_states, keep_own_hparams, restore_rng_states, seed_rank
+from .flat import Flat
+from .hparams import gather_rng_states, keep_own_hparams, read_hparams, restore_rng_states, seed_rank
 from .recipe import Recipe, WarmupSchedule
 from .sharding import check_gradients_sync, data_parallel_mesh, shard
 
@@ -81,6 +84,7 @@ class TrainingModule(L.LightningModule):
 
     model: nn.Module
     recipe: Recipe  # set by the subclass from its own arguments
+    FLAT: ClassVar[Flat | None] = None  # the subclass's flat arguments before its typed parts (``flat.py``)
 
     def __init__(self) -> None:
         super().__init__()
@@ -116,6 +120,20 @@ class TrainingModule(L.LightningModule):
         probe), which an average begun at construction would only take in step by step."""
         if self.ema is not None:
             self.ema.module.load_state_dict(self.model.state_dict())
+
+    @classmethod
+    def from_flat(cls, **flat: Any) -> TrainingModule:
+        """The module from the flat arguments that came before its parts (``lr=1e-3, freeze_backbone=True``)."""
+        return cls(**(cls.FLAT.to_parts(flat) if cls.FLAT is not None else flat))
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> TrainingModule:
+        """Lightning's, for a checkpoint of the flat arguments too: they are translated into the parts."""
+        hp = read_hparams(checkpoint_path) if cls.FLAT is not None else {}
+        if hp and cls.FLAT.is_flat(hp):  # the parts passed on; the file's other arguments Lightning reads as ever
+            parts = cls.FLAT.to_parts(hp)
+            kwargs = {**{k: parts[k] for k in cls.FLAT.parts if k in parts}, **kwargs}
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def keep_arguments(self) -> None:
         """The first line of every module's ``__init__``: its arguments saved as hyper-parameters (the caller's own

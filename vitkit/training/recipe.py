@@ -80,6 +80,13 @@ class Recipe:
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
 
+    def refuse(self, module: str, **why: str) -> None:
+        """A ``ValueError`` naming the first field of ``why`` that is set (not its default) and why ``module`` does
+        not take it."""
+        for name, reason in why.items():
+            if getattr(self, name) != getattr(Recipe, name):
+                raise ValueError(f"{module} takes no recipe.{name} ({reason}), got {getattr(self, name)!r}")
+
     def with_lr(self, lr: float) -> Recipe:
         """The same recipe at another peak LR (a callback that changes the batch changes it before fit)."""
         return dataclasses.replace(self, lr=lr)

@@ -12,16 +12,18 @@ from torch import Tensor, nn
 import vitkit
 from vitkit.training.base import EMA, TrainingModule
 from vitkit.training.callbacks import probe_path
-from vitkit.training.hparams import read_hparams, record_config
+from vitkit.training.hparams import record_config
 from vitkit.training.parts import config_of, part_from
 from vitkit.training.recipe import DEIT, Recipe
 
-from .adaptation import Adaptation, Full
+from .adaptation import Adaptation, Full, warn_whole_model_augmentation
 from .distill import Teacher
-from .flat import PARTS, is_flat, to_parts
+from .flat import FLAT as CLASSIFIER_FLAT
+from .flat import PARTS
 from .labels import Labels, SingleLabel
+from .probe import HeadNorm, fold_into_checkpoint, unfold_from_checkpoint
 from .report import collect, write_test_report
-from .small_data import fit_head
+from .small_data import fit_head, suggest_small_data_recipe
 
 __all__ = ["EMA", "ImageClassifier"]
 log = logging.getLogger(__name__)
@@ -87,6 +89,8 @@ class ImageClassifier(TrainingModule):
             ``soft`` distillation, the term's share ``alpha`` and temperature ``tau``); None: none.
     """
 
+    FLAT = CLASSIFIER_FLAT
+
     def __init__(
         self,
         model_name: str = "vit_tiny_patch16_224",
@@ -113,6 +117,7 @@ class ImageClassifier(TrainingModule):
         self.model = _build_model(model_name, pretrained, checkpoint, num_classes, img_size, model_overrides)
         self.num_classes = self.model.cfg.num_classes
         self.adaptation.apply(self)
+        self.head_norm = HeadNorm(self.model) if self.adaptation.head_norm else None
         self.probe_baseline: float | None = None
         self.probe_file = ""
         self._teacher = None
@@ -130,22 +135,18 @@ class ImageClassifier(TrainingModule):
             raise ValueError("ema_is_model and head_norm: the probe's normalisation is folded into the model that "
                              "trains; keep one of them")
 
-    @classmethod
-    def from_flat(cls, **flat: Any) -> ImageClassifier:
-        """The module from the flat arguments that came before the parts (``lr=1e-3, freeze_backbone=True``)."""
-        return cls(**to_parts(flat))
-
-    @classmethod
-    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> ImageClassifier:
-        """Lightning's, for a checkpoint of the flat arguments too: they are translated into the parts."""
-        hp = read_hparams(checkpoint_path)
-        if is_flat(hp):  # the parts passed on; the file's other arguments Lightning reads as ever
-            parts = to_parts(hp)
-            kwargs = {**{k: parts[k] for k in PARTS if k in parts}, **kwargs}
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
-
     def adapter_lr_scale(self) -> float:
         return self.adaptation.adapter_lr_scale()
+
+    def adapted(self) -> nn.Module:
+        """Where LoRA adapters go: the classifier (its head has none of their target layers)."""
+        return self.model
+
+    @staticmethod
+    def is_head(name: str) -> bool:
+        """Whether a name of the model's parameters or children is the head's (``head``, ``head_drop``,
+        ``head_dist``): it trains under every adaptation."""
+        return name.startswith("head")
 
     @property
     def multi_label(self) -> bool:
@@ -162,6 +163,8 @@ class ImageClassifier(TrainingModule):
         super().on_save_checkpoint(checkpoint)
         if checkpoint.get("hyper_parameters") is not None:
             record_config(self.model, checkpoint["hyper_parameters"])
+        if self.head_norm is not None:  # the file is a plain classifier; the probe as trained rides beside it
+            fold_into_checkpoint(self.head_norm, self.model, checkpoint)
         self.adaptation.save(self, checkpoint)
         if self.probe_baseline is not None:
             checkpoint["probe_baseline"], checkpoint["probe_file"] = self.probe_baseline, self.probe_file
@@ -169,6 +172,8 @@ class ImageClassifier(TrainingModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
+        if self.head_norm is not None:
+            unfold_from_checkpoint(self.model, checkpoint)
         self.adaptation.load(self, checkpoint)
         self.probe_baseline = checkpoint.get("probe_baseline", self.probe_baseline)
         self.probe_file = checkpoint.get("probe_file", self.probe_file)
@@ -178,7 +183,11 @@ class ImageClassifier(TrainingModule):
         super().on_fit_start()
         dm = getattr(self.trainer, "datamodule", None)
         self.labels.check_data(self, dm)
-        self.adaptation.before_fit(self, dm)
+        self.adaptation.before_fit(self)
+        if self.adaptation.head_init == "random":
+            suggest_small_data_recipe(self, dm)
+        if self.adaptation.frozen:
+            warn_whole_model_augmentation(self.labels, dm)
         self._keep_crop_mode(dm)
         if self.distill is not None:
             self.distill.before_fit(self, dm)

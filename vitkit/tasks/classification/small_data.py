@@ -13,9 +13,6 @@ the training split gives at least ``min_steps`` of them.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -141,20 +138,3 @@ def suggest_small_data_recipe(module: L.LightningModule, dm: L.LightningDataModu
 
 
 SMALL_PER_CLASS = 500  # the upper end of what finetune_small_data is made for
-
-
-# -- a LoRA run's checkpoint: what trained, and the backbone it applies to ---------------------------------------
-
-
-def keep_what_trained(module: L.LightningModule, checkpoint: dict) -> None:
-    """Drop the frozen backbone's weights (and their EMA copies) from ``checkpoint``: it keeps the adapters, the head
-    and the hyper-parameters that name the backbone (its file made absolute, its tag), which loading reads again."""
-    frozen = {n for n, p in module.model.named_parameters() if not p.requires_grad}
-    drop = {prefix + n for n in frozen for prefix in ("model.", "ema.module.")}
-    checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k not in drop}
-    hp = checkpoint.get("hyper_parameters")
-    if hp is not None:  # TrainingModule cleared them for a checkpoint that holds every weight; this one does not
-        source = module.hparams.checkpoint
-        hp.update(pretrained=module.hparams.pretrained,
-                  checkpoint=str(Path(os.path.expanduser(source)).resolve()) if source else None)
-    checkpoint["lora"] = {"adapted": list(module.lora_layers), "backbone": hp.get("checkpoint") if hp else None}

@@ -25,7 +25,9 @@ import vitkit
 from vitkit.data.multicrop import MultiCrop
 from vitkit.models.dino import DINO, DINOConfig
 from vitkit.training.base import TrainingModule
+from vitkit.training.flat import Flat
 from vitkit.training.hparams import record_config
+from vitkit.training.parts import config_of
 from vitkit.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,9 @@ DINO_FIELDS = ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers", "norm_l
                "student_temp", "center_momentum", "centering", "dino_weight", "ibot_weight", "koleo_weight",
                "mask_ratio", "mask_probability")
 CROP_FIELDS = ("global_crops", "local_crops", "global_scale", "local_scale", "jitter", "grey", "blur", "solarize")
+
+
+RECIPE = Recipe(lr=5e-4, weight_decay=0.04, warmup_epochs=10.0, min_lr=1e-6)  # DINO's (Caron et al., 2021)
 
 
 class DINOPretraining(TrainingModule):
@@ -63,11 +68,13 @@ class DINOPretraining(TrainingModule):
         freeze_last_layer_epochs: the prototypes take no update for this many epochs (DINO's 1).
         head_warmup_epochs: the backbone takes no update for this many epochs while the new heads find their
             footing (for a pretrained backbone: its features are not pulled towards random prototypes).
-        lr, weight_decay, betas, min_lr, warmup_epochs: AdamW and its schedule.
         knn_root: an ImageNet-style folder (``train/``, ``val/``) scored by the teacher's weighted k-NN at each
             validation (``val/knn_top1``); knn_k: its neighbours.
-        nonfinite_loss, compile: as for ``ImageClassifier``.
+        recipe: the optimizer, schedule and steps (``vitkit.training.recipe.Recipe``, as for ``ImageClassifier``).
+            Default DINO's: AdamW at 5e-4, weight decay 0.04, 10 epochs of warmup, then cosine decay to 1e-6.
     """
+
+    FLAT = Flat(RECIPE)  # the flat lr, weight_decay, ... of before the recipe part
 
     def __init__(
         self,
@@ -106,20 +113,17 @@ class DINOPretraining(TrainingModule):
         solarize: float = 0.2,
         freeze_last_layer_epochs: float = 1.0,
         head_warmup_epochs: float = 0.0,
-        lr: float = 5e-4,
-        weight_decay: float = 0.04,
-        betas: tuple[float, float] = (0.9, 0.999),
-        min_lr: float = 1e-6,
-        warmup_epochs: float = 10.0,
         knn_root: str | None = None,
         knn_k: int = 20,
-        nonfinite_loss: Literal["stop", "skip"] = "stop",
-        compile: bool = False,
+        recipe: Recipe = RECIPE,
     ) -> None:
         super().__init__()
         self.keep_arguments()
-        self.recipe = Recipe(lr=lr, weight_decay=weight_decay, betas=betas, min_lr=min_lr, warmup_epochs=warmup_epochs,
-                             nonfinite_loss=nonfinite_loss, compile=compile)
+        self.recipe = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
+        self.hparams.recipe = config_of(self.recipe)  # plain values: the checkpoint loads with weights_only
+        teacher = "the teacher is DINO's average of the student (momentum_teacher)"
+        self.recipe.refuse("DINO", ema_decay=teacher, ema_is_model=teacher,
+                           layer_decay="every layer of the student learns at one rate")
         self.model = self._build()
         self.global_size, self.local_size = self._crop_sizes(global_size, local_size)
         self.multicrop = MultiCrop(global_size=self.global_size, local_size=self.local_size,

@@ -20,6 +20,8 @@ from torch import Tensor
 import vitkit
 from vitkit.tools.plots import draw_reconstructions
 from vitkit.training.base import TrainingModule
+from vitkit.training.flat import Flat
+from vitkit.training.parts import config_of
 from vitkit.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,9 @@ log = logging.getLogger(__name__)
 # the module's arguments that are fields of MAEConfig / SimMIMConfig; None: the checkpoint's, else the paper's
 MIM_FIELDS = ("mask_ratio", "norm_pix_loss", "decoder_embed_dim", "decoder_depth", "decoder_num_heads",
               "decoder_mlp_ratio", "mask_patch_size")
+
+
+RECIPE = Recipe(lr=1.5e-4, weight_decay=0.05, betas=(0.9, 0.95), warmup_epochs=40.0)  # MAE's (He et al., 2022)
 
 
 class MaskedImageModeling(TrainingModule):
@@ -52,17 +57,13 @@ class MaskedImageModeling(TrainingModule):
         decoder_num_heads: MAE's decoder heads (None: the checkpoint's, else 16).
         decoder_mlp_ratio: MAE's decoder MLP ratio (None: the checkpoint's, else 4).
         mask_patch_size: SimMIM's mask block in pixels (None: the checkpoint's, else 32).
-        lr: AdamW's peak learning rate (the recipes scale it as base lr x batch / 256).
-        weight_decay: AdamW's weight decay.
-        betas: AdamW's betas.
-        min_lr: the floor of the cosine.
-        warmup_epochs: linear warmup length.
-        layer_decay: layer-wise LR decay; None disables.
-        ema_decay: as for ``ImageClassifier``.
-        nonfinite_loss: as for ``ImageClassifier``.
-        compile: as for ``ImageClassifier``.
+        recipe: the optimizer, schedule, EMA and steps (``vitkit.training.recipe.Recipe``, as for
+            ``ImageClassifier``; the recipes scale ``lr`` as base lr x batch / 256). Default MAE's: AdamW at 1.5e-4,
+            betas (0.9, 0.95), weight decay 0.05, 40 epochs of warmup, then cosine decay.
         num_pictures: validation images drawn each epoch (0: none).
     """
+
+    FLAT = Flat(RECIPE)  # the flat lr, weight_decay, ... of before the recipe part
 
     def __init__(
         self,
@@ -79,22 +80,15 @@ class MaskedImageModeling(TrainingModule):
         decoder_num_heads: int | None = None,
         decoder_mlp_ratio: float | None = None,
         mask_patch_size: int | None = None,
-        lr: float = 1.5e-4,
-        weight_decay: float = 0.05,
-        betas: tuple[float, float] = (0.9, 0.95),
-        min_lr: float = 0.0,
-        warmup_epochs: float = 40.0,
-        layer_decay: float | None = None,
-        ema_decay: float | None = None,
-        nonfinite_loss: Literal["stop", "skip"] = "stop",
-        compile: bool = False,
+        recipe: Recipe = RECIPE,
         num_pictures: int = 8,
     ) -> None:
         super().__init__()
         self.keep_arguments()
-        self.recipe = Recipe(lr=lr, weight_decay=weight_decay, betas=betas, min_lr=min_lr, warmup_epochs=warmup_epochs,
-                             layer_decay=layer_decay, ema_decay=ema_decay, nonfinite_loss=nonfinite_loss,
-                             compile=compile)
+        self.recipe = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
+        self.hparams.recipe = config_of(self.recipe)  # plain values: the checkpoint loads with weights_only
+        self.recipe.refuse("masked image modeling", ema_is_model="it validates and saves the weights being trained; "
+                           "an EMA beside them is ema_decay")
         if vitkit.family(model_name) not in ("vit", "swin"):
             raise ValueError(f"masked image modeling pre-trains a ViT or a Swin preset, got {model_name!r}")
         overrides = dict(model_overrides or {})
@@ -111,7 +105,7 @@ class MaskedImageModeling(TrainingModule):
         for report in (self.model.load_report, getattr(self.model, "heads_report", None)):
             if report is not None:
                 rank_zero_info(str(report))
-        self.make_ema(ema_decay)
+        self.make_ema(self.recipe.ema_decay)
         self._pictures: Tensor | None = None
 
     def forward(self, images: Tensor, *args: Any):

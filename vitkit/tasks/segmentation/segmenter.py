@@ -10,18 +10,20 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from jsonargparse import lazy_instance
 from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 import vitkit
 from vitkit.evaluation.segmentation import scores
-from vitkit.lora import DEFAULTS as LORA
-from vitkit.lora import add_lora, check_adaptation, settings_of
 from vitkit.models.segmentation import build_segmenter
+from vitkit.training.adaptation import Adaptation, Full
 from vitkit.training.base import TrainingModule
 from vitkit.training.callbacks import probe_path
+from vitkit.training.flat import Flat
 from vitkit.training.hparams import record_config
+from vitkit.training.parts import config_of, part_from
 from vitkit.training.recipe import Recipe
 
 from .probe import fit_probe_head
@@ -36,8 +38,17 @@ def dice_loss(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
     return 1 - ((2 * inter + 1) / (probs.sum((0, 2, 3)) + onehot.sum((0, 2, 3)) + 1)).mean()
 
 
+RECIPE = Recipe(lr=1e-3, weight_decay=1e-4, warmup_epochs=1.0)  # Meta's linear heads: AdamW 1e-3
+WHOLE_MODEL = lazy_instance(Full)  # the default LightningCLI shows by class path
+
+
 class Segmenter(TrainingModule):
     """A head on a vitkit backbone, per-pixel classes.
+
+    Built from the typed parts the classifier takes: a ``recipe`` and an ``adaptation``
+    (``--model.adaptation LoRA --model.adaptation.rank 8``); a checkpoint or a config of the flat arguments that came
+    before them (``lr``, ``freeze_backbone``, ``head_init``, ``lora_rank``, ...) is translated
+    (``vitkit/training/flat.py``).
 
     Args:
         model_name: the backbone: a preset or a pretrained name (``vit_small_patch14_dinov2.lvd142m``,
@@ -53,19 +64,20 @@ class Segmenter(TrainingModule):
         indices: the layers the head reads (default: see ``build_segmenter``).
         class_names: stored in the checkpoint (linked from the data module).
         ignore_index: the mask value no loss or score counts (linked from the data module).
-        freeze_backbone: train the head alone (the backbone in eval mode, no gradients).
-        head_init: ``random``, or ``probe`` (a linear head): before the first step the head is fitted on the frozen
-            backbone's patch features of the training images (``probe.py``); its validation mIoU is logged as
-            ``val/probe_baseline``, its model saved as ``probe.ckpt``, and the run's best checkpoint is never
-            below it.
         aux_weight: the auxiliary head's share of the loss (UperNet on Swin; mmsegmentation's 0.4).
         dice_weight: a Dice term's share of the loss (0: cross-entropy alone).
-        schedule: the decay after warmup: ``cosine``, or ``poly`` (mmsegmentation's, power 0.9).
-        lora_rank, lora_alpha, lora_dropout, lora_targets, lora_parts, lora_lr_scale: LoRA adapters in the
-            backbone (``vitkit/lora.py``); the adapters and the head train, nothing else.
-        lr, weight_decay, betas, min_lr, warmup_epochs, layer_decay, ema_decay, ema_is_model, nonfinite_loss,
-            compile: as for ``ImageClassifier``.
+        recipe: the optimizer, schedule, EMA and steps (``vitkit.training.recipe.Recipe``; ``schedule: poly`` is
+            mmsegmentation's ``(1 - progress) ** 0.9``). Default: AdamW at 1e-3, weight decay 1e-4, a warmup of one
+            epoch, then cosine decay.
+        adaptation: ``Full`` (every weight trains), ``Frozen`` (the head alone; the backbone in eval mode, no
+            gradients) or ``LoRA`` (adapters in the backbone, and the head), as for ``ImageClassifier``; with
+            ``head_init: probe`` (a linear head) the head is fitted on the frozen backbone's patch features of the
+            training images before the first step (``probe.py``): its validation mIoU is logged as
+            ``val/probe_baseline``, its model saved as ``probe.ckpt``, and the run's best checkpoint is never below
+            it.
     """
+
+    FLAT = Flat(RECIPE, adaptation=True)
 
     def __init__(
         self,
@@ -80,33 +92,16 @@ class Segmenter(TrainingModule):
         indices: list[int] | None = None,
         class_names: list[str] | None = None,
         ignore_index: int = 255,
-        freeze_backbone: bool = False,
-        head_init: Literal["random", "probe"] = "random",
         aux_weight: float = 0.4,
         dice_weight: float = 0.0,
-        lr: float = 1e-3,
-        weight_decay: float = 1e-4,
-        betas: tuple[float, float] = (0.9, 0.999),
-        min_lr: float = 0.0,
-        warmup_epochs: float = 1.0,
-        schedule: Literal["cosine", "poly"] = "cosine",
-        layer_decay: float | None = None,
-        ema_decay: float | None = None,
-        ema_is_model: bool = False,
-        lora_rank: int = LORA.rank,
-        lora_alpha: float | None = LORA.alpha,
-        lora_dropout: float = LORA.dropout,
-        lora_targets: list[str] | None = None,  # None: LORA.targets
-        lora_parts: str = LORA.parts,
-        lora_lr_scale: float = 10.0,
-        nonfinite_loss: Literal["stop", "skip"] = "stop",
-        compile: bool = False,
+        recipe: Recipe = RECIPE,
+        adaptation: Adaptation = WHOLE_MODEL,
     ) -> None:
         super().__init__()
         self.keep_arguments()
-        self.recipe = Recipe(lr=lr, weight_decay=weight_decay, betas=betas, min_lr=min_lr, warmup_epochs=warmup_epochs,
-                             schedule=schedule, layer_decay=layer_decay, ema_decay=ema_decay,
-                             ema_is_model=ema_is_model, nonfinite_loss=nonfinite_loss, compile=compile)
+        self.recipe = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
+        self.adaptation = part_from(adaptation, Adaptation, Full())
+        self.hparams.recipe, self.hparams.adaptation = config_of(self.recipe), config_of(self.adaptation)
         if aux_weight < 0 or dice_weight < 0:
             raise ValueError(f"aux_weight and dice_weight must be >= 0 (0: no such term), got {aux_weight} and "
                              f"{dice_weight}")
@@ -129,20 +124,28 @@ class Segmenter(TrainingModule):
         self.probe_file = ""
 
     def _adapt(self) -> None:
-        """The backbone frozen, or adapted by LoRA (the head trains in both), as the arguments ask."""
-        hp = self.hparams
-        if hp.head_init not in ("random", "probe") or (hp.head_init == "probe" and hp.head != "linear"):
-            raise ValueError(f"head_init must be 'random' or 'probe' (with the linear head: the probe is a linear "
-                             f"regression on the patch features), got {hp.head_init!r} with head {hp.head!r}")
-        lora = settings_of(hp)
-        check_adaptation(lora, hp.freeze_backbone, hp.lora_lr_scale)
-        if hp.freeze_backbone:
-            self.model.backbone.requires_grad_(False).eval()
-        elif lora.rank:
-            self.lora_layers = add_lora(self.model.backbone, lora)  # the backbone frozen but for its adapters
+        """The backbone adapted as the adaptation part says (the head trains under every one)."""
+        hp, how = self.hparams, self.adaptation
+        if how.head_init == "probe" and hp.head != "linear":
+            raise ValueError(f"head_init 'probe' takes the linear head (the probe is a linear regression on the patch "
+                             f"features), got head {hp.head!r}")
+        if how.head_norm:
+            raise ValueError("head_norm is a classifier's probe normalisation; a segmenter's linear head has its own "
+                             "BatchNorm")
+        how.apply(self)
 
     def adapter_lr_scale(self) -> float:
-        return self.hparams.lora_lr_scale
+        return self.adaptation.adapter_lr_scale()
+
+    def adapted(self) -> nn.Module:
+        """Where LoRA adapters go: the backbone."""
+        return self.model.backbone
+
+    @staticmethod
+    def is_head(name: str) -> bool:
+        """Whether a name of the model's parameters or children is outside the backbone (the head, its auxiliary
+        head): it trains under every adaptation."""
+        return name.partition(".")[0] != "backbone"
 
     def forward(self, x: Tensor) -> Tensor:
         return self.evaluated()(x)
@@ -151,20 +154,21 @@ class Segmenter(TrainingModule):
         super().on_save_checkpoint(checkpoint)
         if checkpoint.get("hyper_parameters") is not None:  # the backbone file's shapes: rebuilt without the file
             record_config(self.model.backbone, checkpoint["hyper_parameters"])
+        self.adaptation.save(self, checkpoint)
         if self.probe_baseline is not None:
             checkpoint["probe_baseline"], checkpoint["probe_file"] = self.probe_baseline, self.probe_file
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
+        self.adaptation.load(self, checkpoint)
         self.probe_baseline = checkpoint.get("probe_baseline", self.probe_baseline)
         self.probe_file = checkpoint.get("probe_file", self.probe_file)
 
     def on_fit_start(self) -> None:
         super().on_fit_start()
-        if self.hparams.head_init == "probe" and self.trainer.ckpt_path is None and not self.trainer.fast_dev_run:
-            self._fit_probe_head()
+        self.adaptation.before_fit(self)
 
-    def _fit_probe_head(self) -> None:
+    def fit_probe_head(self) -> None:
         """``head_init="probe"``: the linear head fitted on the frozen patch features, its mIoU logged and its model
         saved."""
         dm = self.trainer.datamodule
@@ -206,8 +210,8 @@ class Segmenter(TrainingModule):
     def train(self, mode: bool = True) -> Segmenter:
         """A frozen backbone stays in eval mode: its drop path and dropout off, as at inference."""
         super().train(mode)
-        if mode and self.hparams.freeze_backbone:
-            self.model.backbone.eval()
+        if mode:
+            self.adaptation.train_mode(self)
         return self
 
     def step_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
