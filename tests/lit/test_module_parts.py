@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 import vitkit
 from tests.commands import run_cli
 from vitkit.cli.train import cli_main
-from vitkit.lit import DINOPretraining, Frozen, Full, LoRA, MaskedImageModeling, Segmenter
+from vitkit.lit import DINOPretraining, Frozen, Full, LoRA, MaskedImageModeling, Segmenter, Seq2SeqModule
 from vitkit.tasks.segmentation.segmenter import RECIPE
 from vitkit.training.adaptation import Adaptation
 from vitkit.training.parts import part_from
@@ -55,7 +55,8 @@ def _flat(init: dict) -> dict:
     return flat
 
 
-MODULES = {"MaskedImageModeling": MaskedImageModeling, "DINOPretraining": DINOPretraining, "Segmenter": Segmenter}
+MODULES = {"MaskedImageModeling": MaskedImageModeling, "DINOPretraining": DINOPretraining, "Segmenter": Segmenter,
+           "Seq2SeqModule": Seq2SeqModule}
 OTHERS = sorted(p for p in (ROOT / "configs").glob("*.yaml")
                 if str((yaml.safe_load(p.read_text()).get("model") or {}).get("class_path", "")).rpartition(".")[2]
                 in MODULES)
@@ -74,16 +75,34 @@ def test_every_recipe_of_the_other_modules_gives_its_recipe_from_its_flat_form_t
     assert Recipe(**translated["recipe"]) == expected and "lr" not in translated
 
 
-@pytest.mark.parametrize("task", ["mae", "dino"])
-def test_a_pretraining_checkpoint_of_before_the_parts_runs_its_recipe(task):
+@pytest.mark.parametrize("task, cls", [("mae", MaskedImageModeling), ("dino", DINOPretraining),
+                                        ("seq2seq", Seq2SeqModule)])
+def test_a_checkpoint_of_before_the_recipe_part_runs_its_recipe(task, cls):
     path = ROOT / "tests/fixtures/before_tasks" / f"{task}.ckpt"
     hp = torch.load(path, map_location="cpu", weights_only=True)["hyper_parameters"]
-    cls = MaskedImageModeling if task == "mae" else DINOPretraining
     module = cls.load_from_checkpoint(path, map_location="cpu")
-    for field in ("lr", "weight_decay", "min_lr", "warmup_epochs"):
+    fields = ("lr", "weight_decay", "eps", "warmup_steps") if task == "seq2seq" else ("lr", "weight_decay", "min_lr",
+                                                                                       "warmup_epochs")
+    for field in fields:
         assert getattr(module.recipe, field) == hp[field], field
     assert tuple(module.recipe.betas) == tuple(hp["betas"])
     assert module.hparams.recipe == dataclasses.asdict(module.recipe) and "lr" not in module.hparams
+    if task == "seq2seq":  # the Transformer's schedule, as its module ran it before
+        assert module.recipe.schedule == "rsqrt" and not module.lr_multiplier().needs_length
+
+
+def test_a_recipe_given_in_part_takes_the_rest_from_its_own_modules_recipe(tmp_path):
+    """What a config or the flags leave out of a recipe is the module's own default, never the classifier's (the
+    parser's first class) carried over to the class a config names."""
+    run = cli_main(["-c", "seq2seq_reverse", "--model.recipe.lr", "1e-3", "--trainer.accelerator", "cpu"], run=False)
+    recipe = run.model.recipe
+    assert (recipe.schedule, recipe.warmup_steps, recipe.lr, recipe.eps, tuple(recipe.betas), recipe.weight_decay) \
+        == ("rsqrt", 200, 1e-3, 1e-9, (0.9, 0.98), 0.0)
+    data = write_digit_masks(tmp_path / "data", train=4, val=2, size=32, glyph_size=16)
+    (tmp_path / "seg.yaml").write_text(yaml.safe_dump({"model": {"class_path": "vitkit.lit.Segmenter", "init_args": {
+        "recipe": {"lr": 0.01}}}, "data": {"class_path": "vitkit.lit.SegmentationDataModule"}}))
+    segmenter = cli_main(["-c", str(tmp_path / "seg.yaml"), *FLAGS, "--data.root", str(data)], run=False).model
+    assert segmenter.recipe == dataclasses.replace(RECIPE, lr=0.01)
 
 
 def test_a_recipe_field_a_module_cannot_run_is_refused():

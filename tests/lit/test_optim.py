@@ -6,7 +6,7 @@ import torch
 import vitkit
 from vitkit.lit import EMA
 from vitkit.training.optim import build_adamw, inverse_sqrt, layer_ids, param_groups, warmup_cosine, warmup_poly
-from vitkit.training.recipe import WarmupSchedule
+from vitkit.training.recipe import Recipe, WarmupSchedule
 
 
 def test_no_weight_decay_on_norms_biases_positions_and_tokens():
@@ -129,7 +129,7 @@ def test_warmup_then_poly_is_mmsegmentations_poly_lr():
     assert schedule(5) == 1.0  # before fit gives the run's length
     schedule.set_length(110, max_epochs=11)  # 10 steps an epoch: one epoch of warmup
     assert [schedule(s) for s in range(110)] == pytest.approx(lrs[:110])
-    with pytest.raises(ValueError, match="schedule must be one of cosine, poly, got 'step'"):
+    with pytest.raises(ValueError, match="schedule must be one of cosine, poly, rsqrt, got 'step'"):
         WarmupSchedule(1.0, 0.0, "step")
 
 
@@ -138,6 +138,26 @@ def test_inverse_sqrt_peaks_at_warmup():
     peak = max(range(len(vals)), key=vals.__getitem__)
     assert vals[peak] == pytest.approx(1.0, abs=1e-3) and abs(peak * 100 - 4000) <= 100
     assert inverse_sqrt(15999, 4000) == pytest.approx(0.5)
+
+
+def test_the_recipes_rsqrt_schedule_is_the_transformers_and_needs_no_length():
+    """``schedule: rsqrt`` after ``warmup_steps`` gives Vaswani et al.'s multiplier before and after the run's
+    length is known (a stream has none); after a warmup of epochs it waits for the length, as the others do."""
+    schedule = Recipe(lr=7e-4, weight_decay=0.0, schedule="rsqrt", warmup_steps=400).multiplier()
+    assert not schedule.needs_length
+    expected = [inverse_sqrt(s, 400) for s in range(0, 2000, 50)]
+    assert [schedule(s) for s in range(0, 2000, 50)] == pytest.approx(expected)
+    schedule.set_length(100, max_epochs=1)  # a run shorter than the warmup keeps the warmup's length
+    assert [schedule(s) for s in range(0, 2000, 50)] == pytest.approx(expected)
+    by_epochs = Recipe(lr=1.0, weight_decay=0.0, schedule="rsqrt", warmup_epochs=1.0, min_lr=0.25).multiplier()
+    assert by_epochs.needs_length and by_epochs(7) == 1.0
+    by_epochs.set_length(100, max_epochs=10)  # 10 steps an epoch
+    assert by_epochs(9) == pytest.approx(1.0) and by_epochs(39) == pytest.approx(0.5) and by_epochs(10**6) == 0.25
+    cosine = Recipe(lr=1.0, weight_decay=0.0, warmup_steps=3, warmup_epochs=5.0).multiplier()
+    cosine.set_length(100, max_epochs=10)
+    assert cosine.warmup == 3  # the steps, not the epochs
+    with pytest.raises(ValueError, match="warmup_steps must be an integer >= 0"):
+        Recipe(lr=1.0, weight_decay=0.0, warmup_steps=-1)
 
 
 def test_ema_tracks_weights():

@@ -42,7 +42,7 @@ from vitkit.training.hparams import read_hparams
 from vitkit.training.strategies import settle_interrupted_saves
 
 from .common import usage_error
-from .flat_args import with_parts
+from .flat_args import CLASSIFIER, model_class, with_parts
 
 # What a module takes from its data module once the data is built: image classes (and the masks' ignored value),
 # or vocabularies.
@@ -178,6 +178,20 @@ def _trainer_line(e: Exception, cfg: Namespace) -> str:
 REGULARISATION = {"drop_path_rate", "drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate"}
 
 
+def default_model(argv: list[str]) -> str:
+    """The module class the parser starts from: the one ``argv`` chooses (``--model``, a config's ``class_path``),
+    so that the arguments it leaves out take that class's defaults (a recipe part starts from the module's own
+    recipe, not from the classifier's that a changed class path would carry over); else ``ImageClassifier``, by the
+    name checkpoints keep."""
+    chosen = model_class(argv)
+    module, _, name = chosen.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name, None)
+    except (ImportError, ValueError):
+        cls = None
+    return chosen if isinstance(cls, type) and issubclass(cls, L.LightningModule) else CLASSIFIER
+
+
 class VitkitCLI(LightningCLI):
     """LightningCLI with the module and data chosen by class path, facts linked between them (image size,
     classes, vocabularies, normalisation), and every output under the run's root folder."""
@@ -191,6 +205,7 @@ class VitkitCLI(LightningCLI):
             args = with_parts(with_recipes(take_verbose_flag(take_traceback_flag(args))))
         given = sys.argv[1:] if args is None else args
         self._model_args_given = given_model_args(given)
+        self._model_default = default_model(given)
         # the subcommand whose parser alone is built; all four where parser_kwargs set one of them apart
         per_subcommand = set(kwargs.get("parser_kwargs") or {}) & set(LightningCLI.subcommands())
         self._asked = given[0] if given and not per_subcommand else None
@@ -250,7 +265,7 @@ class VitkitCLI(LightningCLI):
             raise
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({"model": {"class_path": "vitkit.lit.ImageClassifier"}})  # the name checkpoints keep
+        parser.set_defaults({"model": {"class_path": self._model_default}})
         parser.link_arguments("data.init_args.img_size", "model.init_args.img_size")
         parser.link_arguments("model.init_args.model_name", "data.init_args.model_name")
         for source, target in DATA_TO_MODEL.items():  # a module takes those of its own arguments only

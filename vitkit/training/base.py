@@ -152,8 +152,8 @@ class TrainingModule(L.LightningModule):
         return len(batch[1])
 
     def lr_multiplier(self) -> Callable[[int], float]:
-        """The schedule: a function of the optimizer step; the recipe's warmup, then cosine or poly decay, whose
-        length is set at ``on_train_start``."""
+        """The schedule: a function of the optimizer step; the recipe's warmup, then its decay, whose length is set
+        at ``on_train_start``."""
         return self.recipe.multiplier()
 
     def adapter_lr_scale(self) -> float:
@@ -195,7 +195,8 @@ class TrainingModule(L.LightningModule):
         # sharded strategy has not yet restored a resumed run's generators, so that draw would not be the one
         # the uninterrupted run made.
         sched = self.lr_schedulers()
-        if not isinstance(getattr(sched, "schedule", None), WarmupSchedule):  # one that needs no length (seq2seq's)
+        schedule = getattr(sched, "schedule", None)
+        if not isinstance(schedule, WarmupSchedule) or not schedule.needs_length:  # 1/sqrt(step) after its warmup
             return
         total = self.trainer.estimated_stepping_batches
         if not 0 < total < float("inf"):  # a stream's epoch has no length before it is read

@@ -12,32 +12,49 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .optim import ScheduledLR, build_adamw, build_sgd, warmup_cosine, warmup_poly
+from .optim import ScheduledLR, build_adamw, build_sgd, inverse_sqrt, warmup_cosine, warmup_poly
 
 OPTIMIZERS = ("adamw", "sgd")
-DECAYS = ("cosine", "poly")
+DECAYS = ("cosine", "poly", "rsqrt")
 NONFINITE = ("stop", "skip")
 
 
 class WarmupSchedule:
-    """The LR multiplier of an optimizer step: linear warmup over ``warmup_epochs``, then down to ``min_lr_ratio`` at
-    the last step, by a cosine (``decay="cosine"``, DeiT's and Swin's) or a polynomial of ``power``
-    (``decay="poly"``, mmsegmentation's ``(1 - progress) ** 0.9``); 1 until :meth:`set_length` gives the run's
-    length."""
+    """The LR multiplier of an optimizer step: linear warmup over ``warmup_epochs`` (or ``warmup_steps`` where given),
+    then down to ``min_lr_ratio`` at the last step, by a cosine (``decay="cosine"``, DeiT's and Swin's) or a
+    polynomial of ``power`` (``decay="poly"``, mmsegmentation's ``(1 - progress) ** 0.9``), or by 1/sqrt(step)
+    (``decay="rsqrt"``, Vaswani et al.'s ``min(step / warmup, sqrt(warmup / step))``, floored at ``min_lr_ratio``);
+    1 until :meth:`set_length` gives the run's length, which a warmup of ``warmup_steps`` before 1/sqrt(step) does
+    not need."""
 
-    def __init__(self, warmup_epochs: float, min_lr_ratio: float, decay: str = "cosine", power: float = 0.9) -> None:
+    def __init__(self, warmup_epochs: float, min_lr_ratio: float, decay: str = "cosine", power: float = 0.9,
+                 warmup_steps: int | None = None) -> None:
         if decay not in DECAYS:
             raise ValueError(f"schedule must be one of {', '.join(DECAYS)}, got {decay!r}")
         self.warmup_epochs, self.min_lr_ratio, self.decay, self.power = warmup_epochs, min_lr_ratio, decay, power
+        self.warmup_steps = warmup_steps
         self.total: int | None = None
-        self.warmup = 0
+        self.warmup = 0 if warmup_steps is None else warmup_steps
+
+    @property
+    def needs_length(self) -> bool:
+        """Whether the schedule needs the run's length (all but 1/sqrt(step) after a warmup of steps)."""
+        return not (self.decay == "rsqrt" and self.warmup_steps is not None)
 
     def set_length(self, total: int, max_epochs: int | None) -> None:
         steps_per_epoch = total / max_epochs if max_epochs and max_epochs > 0 else total
         self.total = total
-        self.warmup = min(total, max(1, round(self.warmup_epochs * steps_per_epoch))) if self.warmup_epochs > 0 else 0
+        if self.warmup_steps is not None:
+            self.warmup = self.warmup_steps if self.decay == "rsqrt" else min(total, self.warmup_steps)
+        else:
+            self.warmup = min(total, max(1, round(self.warmup_epochs * steps_per_epoch))) if self.warmup_epochs > 0 \
+                else 0
 
     def __call__(self, step: int) -> float:
+        if self.decay == "rsqrt":
+            if self.needs_length and self.total is None:
+                return 1.0
+            return max(self.min_lr_ratio, inverse_sqrt(step, max(1, self.warmup)))
         if self.total is None:
             return 1.0
         if self.decay == "cosine":
@@ -50,8 +67,9 @@ class Recipe:
     """How a module trains: its optimizer, schedule, EMA and steps.
 
     The optimizer (AdamW with ``betas`` and ``eps``, or SGD with ``momentum``; ``layer_decay`` for layer-wise LR
-    decay, e.g. 0.65 for fine-tuning), the schedule (``warmup_epochs`` of linear warmup, stepped per optimizer step,
-    then cosine or poly decay by ``schedule``, down to ``min_lr``), an EMA of the weights (``ema_decay`` per step,
+    decay, e.g. 0.65 for fine-tuning), the schedule (``warmup_epochs`` of linear warmup, or ``warmup_steps`` where
+    given, stepped per optimizer step, then ``schedule``: cosine or poly decay down to ``min_lr``, or rsqrt, the
+    Transformer's 1/sqrt(step)), an EMA of the weights (``ema_decay`` per step,
     None: none; validated beside the model as ``val/top1_ema``, or with ``ema_is_model`` the run's model itself:
     validated, tested and saved as ``model.``), what a non-finite loss does (``nonfinite_loss``: ``stop`` ends the run
     with an error, ``skip`` drops that step on every rank and stops after 10 bad steps in a row) and whether the model
@@ -65,6 +83,7 @@ class Recipe:
     momentum: float = 0.9
     layer_decay: float | None = None
     warmup_epochs: float = 0.0
+    warmup_steps: int | None = None
     min_lr: float = 0.0
     schedule: str = "cosine"
     ema_decay: float | None = None
@@ -79,6 +98,9 @@ class Recipe:
                 raise ValueError(f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        steps = self.warmup_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+            raise ValueError(f"warmup_steps must be an integer >= 0 (null: warmup_epochs), got {steps!r}")
 
     def refuse(self, module: str, **why: str) -> None:
         """A ``ValueError`` naming the first field of ``why`` that is set (not its default) and why ``module`` does
@@ -93,7 +115,7 @@ class Recipe:
 
     def multiplier(self) -> WarmupSchedule:
         """The schedule: a function of the optimizer step, whose length is set when fit starts."""
-        return WarmupSchedule(self.warmup_epochs, self.min_lr / self.lr, self.schedule)
+        return WarmupSchedule(self.warmup_epochs, self.min_lr / self.lr, self.schedule, warmup_steps=self.warmup_steps)
 
     def build(self, model: nn.Module, fused: bool | None = None, multiplier: Callable[[int], float] | None = None,
               adapter_lr_scale: float = 1.0) -> tuple[torch.optim.Optimizer, ScheduledLR]:

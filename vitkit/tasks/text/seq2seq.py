@@ -7,7 +7,7 @@ match of greedily decoded sequences and BLEU on the decoded text; predict return
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +17,12 @@ from torchmetrics.text import BLEUScore
 import vitkit
 from vitkit.data.text import Tokenizer
 from vitkit.training.base import TrainingModule
-from vitkit.training.optim import inverse_sqrt
+from vitkit.training.flat import Flat
+from vitkit.training.parts import config_of
 from vitkit.training.recipe import Recipe
 from vitkit.training.sharding import gathered
+
+RECIPE = Recipe(lr=7e-4, weight_decay=0.0, betas=(0.9, 0.98), eps=1e-9, schedule="rsqrt", warmup_steps=4000)
 
 
 class Seq2SeqModule(TrainingModule):
@@ -32,15 +35,16 @@ class Seq2SeqModule(TrainingModule):
         tokenizers: linked from the data module by the CLI, and kept in the checkpoint's hyper-parameters so it
             can decode on its own.
         model_overrides: any other config field, e.g. ``{"pos_encoding": "rope", "norm": "pre"}``.
-        lr: the peak learning rate, reached at the end of warmup (the paper's base model peaks at
-            512^-0.5 x 4000^-0.5 = 7e-4).
-        warmup_steps: linear warmup, then lr x sqrt(warmup / step).
         label_smoothing: on the target tokens; pads are ignored.
         val_beam_size: the beam used for exact match and BLEU at validation.
         val_max_len: the longest decoded sequence at validation.
-        nonfinite_loss: ``stop`` (a NaN/Inf training loss ends the run) or ``skip`` (that step is dropped on every
-            rank), as for the classifier.
+        recipe: the optimizer, schedule and steps (``vitkit.training.recipe.Recipe``, as for ``ImageClassifier``).
+            Default the paper's: AdamW (0.9, 0.98, eps 1e-9) without weight decay, peaking at 7e-4 (the base model's
+            512^-0.5 x 4000^-0.5) after ``warmup_steps: 4000`` of linear warmup, then lr x sqrt(warmup / step)
+            (``schedule: rsqrt``).
     """
+
+    FLAT = Flat(RECIPE)  # the flat lr, warmup_steps, betas, ... of before the recipe part
 
     def __init__(
         self,
@@ -49,19 +53,15 @@ class Seq2SeqModule(TrainingModule):
         tgt_vocab_size: int = 1000,
         tokenizers: dict | None = None,
         model_overrides: dict[str, Any] | None = None,
-        lr: float = 7e-4,
-        warmup_steps: int = 4000,
-        betas: tuple[float, float] = (0.9, 0.98),
-        eps: float = 1e-9,
-        weight_decay: float = 0.0,
         label_smoothing: float = 0.1,
         val_beam_size: int = 1,
         val_max_len: int = 64,
-        nonfinite_loss: Literal["stop", "skip"] = "stop",
+        recipe: Recipe = RECIPE,
     ) -> None:
         super().__init__()
         self.keep_arguments()
-        self.recipe = Recipe(lr=lr, weight_decay=weight_decay, betas=betas, eps=eps, nonfinite_loss=nonfinite_loss)
+        self.recipe = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
+        self.hparams.recipe = config_of(self.recipe)  # plain values: the checkpoint loads with weights_only
         self.model = vitkit.create_model(model_name, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
                                          **(model_overrides or {}))
         self.tgt_tokenizer = Tokenizer.from_dict(tokenizers["tgt"]) if tokenizers else None
@@ -77,11 +77,6 @@ class Seq2SeqModule(TrainingModule):
     def step_loss(self, batch: tuple[Tensor, Tensor, Tensor]) -> Tensor:
         src, tgt_in, tgt_out = batch
         return self._loss(self(src, tgt_in), tgt_out)
-
-    def lr_multiplier(self):
-        """The paper's schedule: linear warmup over ``warmup_steps``, then 1/sqrt(step)."""
-        warmup = self.hparams.warmup_steps
-        return lambda step: inverse_sqrt(step, warmup)
 
     def _texts(self, ids: Tensor) -> list[str]:
         if self.tgt_tokenizer is None:
