@@ -191,3 +191,6 @@ def test_a_segmenters_lora_checkpoint_keeps_what_trained_and_loads_back(tmp_path
         trained = run.model.eval()(x)
         loaded = Segmenter.load_from_checkpoint(last, map_location="cpu").eval()(x)
     torch.testing.assert_close(loaded, trained)
+    backbone.rename(tmp_path / "moved.safetensors")
+    with pytest.raises(FileNotFoundError, match=f"holds what trained on the backbone {backbone}, which is not there"):
+        Segmenter.load_from_checkpoint(last, map_location="cpu")

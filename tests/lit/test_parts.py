@@ -16,12 +16,12 @@ from vitkit.errors import UsageError
 from vitkit.lit import Frozen, Full, ImageClassifier, LoRA, MultiLabel, SingleLabel, Teacher
 from vitkit.tasks.classification.adaptation import Adaptation
 from vitkit.tasks.classification.classifier import RECIPE
-from vitkit.tasks.classification.flat import FLAT_NAMES, argv_to_parts, to_parts
 from vitkit.tasks.classification.labels import Labels
 from vitkit.training.parts import part_from
 from vitkit.training.recipe import Recipe, WarmupSchedule
 
 ROOT = Path(__file__).resolve().parents[2]
+FLAT = ImageClassifier.FLAT
 DEFAULTS = {  # the flat arguments and defaults of ImageClassifier before its parts
     "multi_label": False, "multi_label_loss": "bce", "pos_weight": False, "thresholds": "per_class", "lr": 5e-4,
     "weight_decay": 0.05, "betas": (0.9, 0.999), "min_lr": 1e-5, "warmup_epochs": 5.0, "layer_decay": None,
@@ -91,7 +91,7 @@ def test_every_classifier_recipe_builds_its_parts_and_its_flat_form_translates_t
         flat.update(teacher=t["name"], teacher_checkpoint=t.get("checkpoint"), distillation=t.get("distillation"),
                     distill_alpha=t.get("alpha", 0.5), distill_tau=t.get("tau", 1.0))
     _check({**DEFAULTS, **flat}, parts)
-    assert _parts(to_parts(flat)) == parts
+    assert _parts(FLAT.to_parts(flat)) == parts
 
 
 @pytest.mark.parametrize("path", [p for p in OLD if p.stem in ("classifier", "multilabel", "lora", "distilled",
@@ -99,7 +99,7 @@ def test_every_classifier_recipe_builds_its_parts_and_its_flat_form_translates_t
 def test_every_classifier_checkpoint_of_before_translates_into_its_parts(path):
     hp = torch.load(path, map_location="cpu", weights_only=True)["hyper_parameters"]
     flat = {**DEFAULTS, **{k: v for k, v in hp.items() if k in DEFAULTS}}
-    _check(flat, _parts(to_parts(hp)))
+    _check(flat, _parts(FLAT.to_parts(hp)))
 
 
 def test_a_command_lines_flat_flags_become_the_parts_flags():
@@ -107,12 +107,12 @@ def test_a_command_lines_flat_flags_become_the_parts_flags():
     argv = ["fit", "-c", "x.yaml", "--model.lora_alpha", "16", "--model.init_args.lr=1e-3", "--data.root", "d",
             "--model.lora_rank", "8", "--model.multi_label", "true", "--model.multi_label_loss", "asl",
             "--model.teacher", "t.ckpt", "--model.distill_tau=2", "--model.model_name", "vit_small_patch16_224"]
-    assert argv_to_parts(argv) == [
+    assert FLAT.argv(argv) == [
         "fit", "-c", "x.yaml", "--model.adaptation", "LoRA", "--model.adaptation.rank", "8", "--model.labels",
         "MultiLabel", "--model.adaptation.alpha", "16", "--model.recipe.lr", "1e-3", "--data.root", "d",
         "--model.labels.loss", "asl", "--model.teacher.name", "t.ckpt", "--model.teacher.tau", "2",
         "--model.model_name", "vit_small_patch16_224"]
-    assert argv_to_parts(["fit", "--model.freeze_backbone", "true", "--model.distillation", "none"]) == [
+    assert FLAT.argv(["fit", "--model.freeze_backbone", "true", "--model.distillation", "none"]) == [
         "fit", "--model.adaptation", "Frozen", "--model.teacher", "null"]
 
 
@@ -144,7 +144,7 @@ def test_a_part_that_cannot_run_is_refused_when_made():
     with pytest.raises(ValueError, match="a teacher's distillation must be 'hard' or 'soft', got 'none'"):
         Teacher("vit_tiny_patch16_224", distillation="none")
     with pytest.raises(ValueError, match="lora_rank with freeze_backbone"):
-        to_parts({"lora_rank": 4, "freeze_backbone": True})
+        FLAT.to_parts({"lora_rank": 4, "freeze_backbone": True})
     with pytest.raises(ValueError, match="'vitkit.lit.ImageClassifier' is not a kind of Labels vitkit has"):
         ImageClassifier(labels={"class_path": "vitkit.lit.ImageClassifier", "init_args": {}})
     with pytest.raises(ValueError, match="distillation with multi_label is not built"):
@@ -208,14 +208,14 @@ def test_a_flat_config_file_with_a_bad_switch_ends_in_one_line(tmp_path):
     assert line == "error: multi_label must be true or false, got 'maybe'", line
 
 
-@given(st.lists(st.tuples(st.sampled_from(sorted(FLAT_NAMES | {"teacher"})), st.text(max_size=8)), max_size=6))
+@given(st.lists(st.tuples(st.sampled_from(sorted(FLAT.names | {"teacher"})), st.text(max_size=8)), max_size=6))
 @settings(max_examples=200, deadline=None)
 def test_any_flat_flags_translate_or_end_in_a_usage_error(pairs):
     """Whatever values the flat flags carry, the translation gives flags of strings or refuses with a UsageError
     (the command's one line); it never ends in another exception."""
     argv = ["fit", *[x for key, value in pairs for x in (f"--model.{key}", value)]]
     try:
-        out = argv_to_parts(argv)
+        out = FLAT.argv(argv)
     except UsageError:
         return
     assert all(isinstance(a, str) for a in out) and out[0] == "fit"

@@ -14,8 +14,10 @@ or in Python (:meth:`from_flat`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -129,11 +131,21 @@ class TrainingModule(L.LightningModule):
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> TrainingModule:
         """Lightning's, for a checkpoint of the flat arguments too: they are translated into the parts."""
-        hp = read_hparams(checkpoint_path) if cls.FLAT is not None else {}
-        if hp and cls.FLAT.is_flat(hp):  # the parts passed on; the file's other arguments Lightning reads as ever
+        hp = read_hparams(checkpoint_path)
+        backbone = hp.get("checkpoint")  # named by a file that holds only what trained (LoRA's adapters and head)
+        if isinstance(backbone, str) and not os.path.exists(os.path.expanduser(backbone)):
+            raise FileNotFoundError(f"{checkpoint_path} holds what trained on the backbone {backbone}, which is not "
+                                    "there; put it back at that path (the checkpoint names it)")
+        if cls.FLAT is not None and cls.FLAT.is_flat(hp):  # the parts passed on; Lightning reads the rest as ever
             parts = cls.FLAT.to_parts(hp)
             kwargs = {**{k: parts[k] for k in cls.FLAT.parts if k in parts}, **kwargs}
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+
+    def use_recipe(self, recipe: Recipe | dict[str, Any]) -> None:
+        """``self.recipe`` from the module's ``recipe`` argument (a :class:`Recipe`, or its fields as a checkpoint
+        keeps them), in the hyper-parameters as plain values: the checkpoint loads with ``weights_only``."""
+        self.recipe = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
+        self.hparams.recipe = dataclasses.asdict(self.recipe)
 
     def keep_arguments(self) -> None:
         """The first line of every module's ``__init__``: its arguments saved as hyper-parameters (the caller's own

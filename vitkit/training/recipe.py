@@ -129,5 +129,3 @@ class Recipe:
                               fused=fused, adapter_scale=adapter_lr_scale)
         return opt, ScheduledLR(opt, multiplier if multiplier is not None else self.multiplier())
 
-
-DEIT = Recipe(lr=5e-4, weight_decay=0.05, warmup_epochs=5.0, min_lr=1e-5)  # DeiT's (Touvron et al., 2021), batch 512

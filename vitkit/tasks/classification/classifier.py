@@ -14,12 +14,11 @@ from vitkit.training.base import EMA, TrainingModule
 from vitkit.training.callbacks import probe_path
 from vitkit.training.hparams import record_config
 from vitkit.training.parts import config_of, part_from
-from vitkit.training.recipe import DEIT, Recipe
+from vitkit.training.recipe import Recipe
 
 from .adaptation import Adaptation, Full, warn_whole_model_augmentation
 from .distill import Teacher
-from .flat import FLAT as CLASSIFIER_FLAT
-from .flat import PARTS
+from .flat import ClassifierFlat
 from .labels import Labels, SingleLabel
 from .probe import HeadNorm, fold_into_checkpoint, unfold_from_checkpoint
 from .report import collect, write_test_report
@@ -45,7 +44,7 @@ def _build_model(name: str, pretrained: bool, checkpoint: str | None, num_classe
     return model
 
 
-RECIPE = DEIT
+RECIPE = Recipe(lr=5e-4, weight_decay=0.05, warmup_epochs=5.0, min_lr=1e-5)  # DeiT's (Touvron et al., 2021), batch 512
 ONE_LABEL, WHOLE_MODEL = lazy_instance(SingleLabel), lazy_instance(Full)  # defaults LightningCLI shows by class path
 
 
@@ -89,7 +88,7 @@ class ImageClassifier(TrainingModule):
             ``soft`` distillation, the term's share ``alpha`` and temperature ``tau``); None: none.
     """
 
-    FLAT = CLASSIFIER_FLAT
+    FLAT = ClassifierFlat(RECIPE)
 
     def __init__(
         self,
@@ -107,12 +106,12 @@ class ImageClassifier(TrainingModule):
     ) -> None:
         super().__init__()
         self.keep_arguments()
-        self.recipe = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
+        self.use_recipe(recipe)
         self.labels = part_from(labels, Labels, SingleLabel())
         self.adaptation = part_from(adaptation, Adaptation, Full())
         self.distill = teacher if isinstance(teacher, Teacher) or teacher is None else Teacher(**teacher)
-        for key, part in zip(PARTS, (self.recipe, self.labels, self.adaptation, self.distill), strict=True):
-            self.hparams[key] = config_of(part)  # plain values: the checkpoint loads with weights_only
+        for key, part in (("labels", self.labels), ("adaptation", self.adaptation), ("teacher", self.distill)):
+            self.hparams[key] = config_of(part)  # plain values, as the recipe's
         self._check_parts()
         self.model = _build_model(model_name, pretrained, checkpoint, num_classes, img_size, model_overrides)
         self.num_classes = self.model.cfg.num_classes

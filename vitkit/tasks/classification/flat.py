@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vitkit.training.flat import FALSE, TRUE, Flat, kept, kind_of
-from vitkit.training.recipe import DEIT
+from vitkit.training.recipe import Recipe
 
 from .distill import check_distillation
 from .labels import MultiLabel, SingleLabel
@@ -39,8 +39,8 @@ class ClassifierFlat(Flat):
 
     switches = ("multi_label", "freeze_backbone")
 
-    def __init__(self) -> None:
-        super().__init__(DEIT, adaptation=True)
+    def __init__(self, recipe: Recipe) -> None:
+        super().__init__(recipe, adaptation=True)
         self.parts = ("recipe", "labels", "adaptation", "teacher")  # ImageClassifier's typed parts, by argument name
         # ``teacher`` is also the part's name, and flat only as the teacher's name (a string)
         self.names |= {*LABEL_FIELDS, *MULTI_LABEL_FIELDS, *TEACHER_FIELDS, "multi_label"} - {"teacher"}
@@ -86,8 +86,3 @@ def _teacher(args: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     given = {new: args[old] for old, new in TEACHER_FIELDS.items() if args.get(old) is not None}
     return {"checkpoint": None, "alpha": 0.5, "tau": 1.0, **given, "distillation": kind}
-
-
-FLAT = ClassifierFlat()
-PARTS, FLAT_NAMES = FLAT.parts, FLAT.names
-is_flat, to_parts, argv_to_parts = FLAT.is_flat, FLAT.to_parts, FLAT.argv

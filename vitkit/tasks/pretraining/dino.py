@@ -27,7 +27,6 @@ from vitkit.models.dino import DINO, DINOConfig
 from vitkit.training.base import TrainingModule
 from vitkit.training.flat import Flat
 from vitkit.training.hparams import record_config
-from vitkit.training.parts import config_of
 from vitkit.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -119,8 +118,7 @@ class DINOPretraining(TrainingModule):
     ) -> None:
         super().__init__()
         self.keep_arguments()
-        self.recipe = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
-        self.hparams.recipe = config_of(self.recipe)  # plain values: the checkpoint loads with weights_only
+        self.use_recipe(recipe)
         teacher = "the teacher is DINO's average of the student (momentum_teacher)"
         self.recipe.refuse("DINO", ema_decay=teacher, ema_is_model=teacher,
                            layer_decay="every layer of the student learns at one rate")

@@ -21,7 +21,6 @@ import vitkit
 from vitkit.tools.plots import draw_reconstructions
 from vitkit.training.base import TrainingModule
 from vitkit.training.flat import Flat
-from vitkit.training.parts import config_of
 from vitkit.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
@@ -85,8 +84,7 @@ class MaskedImageModeling(TrainingModule):
     ) -> None:
         super().__init__()
         self.keep_arguments()
-        self.recipe = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
-        self.hparams.recipe = config_of(self.recipe)  # plain values: the checkpoint loads with weights_only
+        self.use_recipe(recipe)
         self.recipe.refuse("masked image modeling", ema_is_model="it validates and saves the weights being trained; "
                            "an EMA beside them is ema_decay")
         if vitkit.family(model_name) not in ("vit", "swin"):

@@ -99,9 +99,9 @@ class Segmenter(TrainingModule):
     ) -> None:
         super().__init__()
         self.keep_arguments()
-        self.recipe = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
+        self.use_recipe(recipe)
         self.adaptation = part_from(adaptation, Adaptation, Full())
-        self.hparams.recipe, self.hparams.adaptation = config_of(self.recipe), config_of(self.adaptation)
+        self.hparams.adaptation = config_of(self.adaptation)  # plain values, as the recipe's
         if aux_weight < 0 or dice_weight < 0:
             raise ValueError(f"aux_weight and dice_weight must be >= 0 (0: no such term), got {aux_weight} and "
                              f"{dice_weight}")

@@ -18,7 +18,6 @@ import vitkit
 from vitkit.data.text import Tokenizer
 from vitkit.training.base import TrainingModule
 from vitkit.training.flat import Flat
-from vitkit.training.parts import config_of
 from vitkit.training.recipe import Recipe
 from vitkit.training.sharding import gathered
 
@@ -60,8 +59,7 @@ class Seq2SeqModule(TrainingModule):
     ) -> None:
         super().__init__()
         self.keep_arguments()
-        self.recipe = recipe if isinstance(recipe, Recipe) else Recipe(**recipe)
-        self.hparams.recipe = config_of(self.recipe)  # plain values: the checkpoint loads with weights_only
+        self.use_recipe(recipe)
         self.model = vitkit.create_model(model_name, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
                                          **(model_overrides or {}))
         self.tgt_tokenizer = Tokenizer.from_dict(tokenizers["tgt"]) if tokenizers else None
