@@ -21,6 +21,7 @@ from ..layers.pos_embed import RopeMixed, keep_tokens, resample_abs_pos_embed, r
 from ..layers.token_merging import TokenMerging, merge_schedule
 from .config import DataConfig, FollowsConfig, check_image, check_multiple, pair
 from .features import new_head, resize_patch_conv, take_indices
+from .packing import PackedBatch, embed_packed, pool_packed
 
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
 # a traced model, and torchvision's and timm's feature extractors built from it, check their input too
@@ -458,6 +459,22 @@ class VisionTransformer(FollowsConfig, nn.Module):
                                           requires_grad=self.pos_embed.requires_grad)
         elif self.pos_embed is not None:  # fixed sin-cos; RoPE alone needs nothing (its tables follow the input)
             self.pos_embed = self.fixed_positions().to(self.pos_embed)
+
+    def forward_packed(self, batch: PackedBatch) -> Tensor:
+        """Logits (images, classes), in the order packed, of images of their own sizes packed into sequences
+        (``packing.pack``): attention within each image, its positions resampled to its grid; image by image the
+        logits of that image run alone through :meth:`forward` (with ``dynamic_img_size``)."""
+        if self.merging:
+            raise ValueError("token merging removes tokens per sequence, not per packed image: turn it off "
+                             "(set_token_merging(0)) to pack")
+        x, rope = embed_packed(self, batch)
+        mask = batch.attn_mask()
+        for i, blk in enumerate(self.blocks):
+            args = (x, None, mask, None, False, self._layer_rope(rope, i))
+            x = checkpoint(blk, *args, use_reentrant=False) if self.grad_checkpointing and torch.is_grad_enabled() \
+                else blk(*args)
+        x = pool_packed(self, self.norm(x), batch)
+        return self.head(self.head_drop(self.fc_norm(x)))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))

@@ -1,0 +1,136 @@
+"""Images of their own shapes through a ViT-B/16 at one patch budget, inference images/s: vitkit's packed sequences
+(``vitkit.models.packing``; attention within each image by a block-diagonal mask) at a few sequence lengths, against
+timm's NaFlex ViT on padded batches (each image resized by timm's own rule to the same budget, padded to it) and
+against square resizing to the same number of patches. Random weights of the same width and depth; the entries run
+in interleaved rounds in one process, so load and clock drift hit all of them.
+
+The images are scikit-image's bundled photographs, cropped to aspect ratios from 1:3 to 3:1.
+
+    python benchmarks/packing.py --images 48 --budget 256 --rounds 3 --out benchmarks/results/packing_cpu.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import vitkit
+from vitkit.models.packing import budget_size, pack
+from vitkit.tools.bench import device_name
+
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "moon", "page", "brick", "grass", "gravel",
+          "hubble_deep_field", "immunohistochemistry", "text")
+RATIOS = (1 / 3, 1 / 2, 2 / 3, 1.0, 3 / 2, 2.0, 3.0)  # height / width
+
+
+def photographs(n: int, seed: int = 0) -> list[torch.Tensor]:
+    """``n`` crops (3, H, W) in [0, 1] of scikit-image's photographs, of aspect ratios from 1:3 to 3:1."""
+    from skimage import data
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        img = np.asarray(getattr(data, PHOTOS[i % len(PHOTOS)])(), dtype=np.float32)
+        img = img / 255.0 if img.max() > 1 else img
+        img = np.repeat(img[..., None], 3, axis=2) if img.ndim == 2 else img[..., :3]
+        h, w = img.shape[:2]
+        ratio = RATIOS[rng.integers(len(RATIOS))]
+        ch, cw = (h, int(h / ratio)) if h / ratio <= w else (int(w * ratio), w)
+        top, left = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+        out.append(torch.from_numpy(img[top:top + ch, left:left + cw]).permute(2, 0, 1).contiguous())
+    return out
+
+
+def resized(images: list[torch.Tensor], patch: int, budget: int) -> list[torch.Tensor]:
+    """Each image at the size timm's NaFlex loader gives it for ``budget`` patches."""
+    return [F.interpolate(img[None], size=budget_size(*img.shape[-2:], patch, budget), mode="bilinear",
+                          antialias=True, align_corners=False)[0] for img in images]
+
+
+def timm_batches(images: list[torch.Tensor], patch: int, budget: int, batch: int) -> list[dict]:
+    """timm NaFlex's input: each image's patches (channels last, timm's order), coordinates and validity, padded to
+    the budget, ``batch`` images at a time."""
+    out = []
+    for start in range(0, len(images), batch):
+        chunk = images[start:start + batch]
+        patches = torch.zeros(len(chunk), budget, patch * patch * 3)
+        coord = torch.zeros(len(chunk), budget, 2, dtype=torch.long)
+        valid = torch.zeros(len(chunk), budget, dtype=torch.bool)
+        for i, img in enumerate(chunk):
+            rows, cols = img.shape[-2] // patch, img.shape[-1] // patch
+            p = img.unfold(1, patch, patch).unfold(2, patch, patch).permute(1, 2, 3, 4, 0).reshape(rows * cols, -1)
+            patches[i, :len(p)], valid[i, :len(p)] = p, True
+            coord[i, :len(p)] = torch.stack(torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij"),
+                                            -1).reshape(-1, 2)
+        out.append({"patches": patches, "patch_coord": coord, "patch_valid": valid})
+    return out
+
+
+@torch.no_grad()
+def seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--images", type=int, default=48)
+    p.add_argument("--budget", type=int, default=256, help="patches per image (16 px)")
+    p.add_argument("--max-tokens", default="257,514,1028", help="vitkit's packed sequence lengths, comma-separated")
+    p.add_argument("--batch", type=int, default=8, help="images per batch for timm's padded and the square runs")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", type=Path)
+    a = p.parse_args()
+    torch.manual_seed(0)
+    import timm
+
+    patch = 16
+    images = resized(photographs(a.images), patch, a.budget)
+    side = int(a.budget ** 0.5) * patch
+    square = torch.stack([F.interpolate(img[None], size=(side, side), mode="bilinear", antialias=True)[0]
+                          for img in images])
+    ours = vitkit.create_model("vit_base_patch16_224", num_classes=1000, dynamic_img_size=True,
+                               global_pool="avg", class_token=False).eval()
+    theirs = timm.create_model("naflexvit_base_patch16_gap", pretrained=False, num_classes=1000).eval()
+    square_model = vitkit.create_model("vit_base_patch16_224", num_classes=1000, img_size=side, global_pool="avg",
+                                       class_token=False).eval()
+    entries = {}
+    for tokens in map(int, a.max_tokens.split(",")):
+        packed = pack(images, patch, tokens, prefix=0)
+        entries[f"vitkit packed, {tokens} tokens a sequence"] = (
+            lambda b=packed: ours.forward_packed(b), packed.padding)
+    padded = timm_batches(images, patch, a.budget, a.batch)
+    used = sum((img.shape[-2] // patch) * (img.shape[-1] // patch) for img in images)
+    entries[f"timm NaFlex, padded to {a.budget}, batch {a.batch}"] = (
+        lambda: [theirs(b) for b in padded], 1 - used / (len(images) * a.budget))
+    entries[f"vitkit, square {side} px, batch {a.batch}"] = (
+        lambda: [square_model(square[i:i + a.batch]) for i in range(0, len(square), a.batch)], 0.0)
+    for fn, _ in entries.values():  # warm-up: the attention's first-call timing, allocations
+        seconds(fn)
+    times: dict[str, list[float]] = {k: [] for k in entries}
+    for _ in range(a.rounds):
+        for name, (fn, _) in entries.items():
+            times[name].append(seconds(fn))
+    lines = [f"{a.images} photographs, {a.budget} patches of 16 px each at most (timm's resize), ViT-B/16, fp32, "
+             f"{device_name(torch.device('cpu'))}, median of {a.rounds} interleaved rounds", "",
+             "| entry | padding share | images/s | x timm NaFlex |", "|---|---|---|---|"]
+    ref = a.images / statistics.median(times[next(k for k in entries if k.startswith("timm"))])
+    for name, (_, padding) in entries.items():
+        rate = a.images / statistics.median(times[name])
+        lines.append(f"| {name} | {padding:.1%} | {rate:.2f} | {rate / ref:.2f} |")
+    text = "\n".join(lines)
+    print(text)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

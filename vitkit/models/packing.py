@@ -1,0 +1,185 @@
+"""Images of their own sizes packed into sequences (NaViT, Dehghani et al., 2023): each image's patch tokens, and its
+prefix (class, registers) tokens, take consecutive slots of a sequence of at most ``max_tokens``; several images
+share a sequence, and attention stays within each image (a block-diagonal mask on the one attention core, which
+every backend takes). Positions are the model's own, resampled to each image's patch grid, as for one image of that
+size; so a packed forward gives, image by image, the logits of the image run alone.
+
+Shape legend: S packed sequences, L slots each (``max_tokens``), P the pixels of a patch (C_in·p·p, channel-major:
+the patch embedding's own order), C the model width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitkit.layers.pos_embed import resample_abs_pos_embed, rope_tables
+
+
+@dataclass
+class PackedBatch:
+    """Images packed into sequences. ``patches`` (S, L, P): each slot's pixels (zeros for prefix and padding
+    slots); ``image`` (S, L): the index, in the order given, of the image a slot holds (-1: padding); ``index``
+    (S, L): the slot's place in its image's own token sequence (the prefix tokens first, then the patches row by
+    row; -1: padding); ``grids``: each image's patch grid (rows, columns)."""
+
+    patches: Tensor
+    image: Tensor
+    index: Tensor
+    grids: list[tuple[int, int]]
+    prefix: int
+
+    @property
+    def padding(self) -> float:
+        """The share of slots that hold no token."""
+        return float((self.image < 0).float().mean())
+
+    def attn_mask(self) -> Tensor:
+        """(S, 1, L, L) bool: a slot attends to the slots of its own image (padding to padding alone, so no row is
+        empty)."""
+        return (self.image[:, :, None] == self.image[:, None, :])[:, None]
+
+
+def budget_size(height: int, width: int, patch_size: int, max_patches: int) -> tuple[int, int]:
+    """Where a NaFlex loader resizes an image of ``height`` x ``width`` to: the largest scale at which the sides,
+    each rounded up to whole patches (at least one), hold at most ``max_patches`` patches (timm's
+    ``get_image_size_for_seq``)."""
+    if max_patches < 1:
+        raise ValueError(f"max_patches must be >= 1, got {max_patches}")
+
+    def grid(scale: float) -> tuple[int, int]:
+        return max(1, math.ceil(height * scale / patch_size)), max(1, math.ceil(width * scale / patch_size))
+
+    low, high = 0.0, 1.0
+    while grid(high)[0] * grid(high)[1] <= max_patches:
+        low, high = high, high * 2
+    for _ in range(60):  # the patch counts only change at ``max_patches`` scales: bisect to the last that fits
+        mid = (low + high) / 2
+        low, high = (mid, high) if grid(mid)[0] * grid(mid)[1] <= max_patches else (low, mid)
+    rows, cols = grid(low)
+    return rows * patch_size, cols * patch_size
+
+
+def pack(images: list[Tensor], patch_size: int, max_tokens: int, prefix: int = 1) -> PackedBatch:
+    """``images`` ((C_in, H, W) each, H and W multiples of ``patch_size``) packed into sequences of ``max_tokens``
+    slots: the largest first, each into the first sequence with room for its prefix and patches (first-fit
+    decreasing), a new sequence where none has."""
+    if not images:
+        raise ValueError("pack takes at least one image")
+    sizes = []
+    for i, img in enumerate(images):
+        if img.dim() != 3 or img.shape[-2] % patch_size or img.shape[-1] % patch_size:
+            raise ValueError(f"image {i}: expected (C, H, W) with H and W multiples of the patch size {patch_size}, "
+                             f"got {tuple(img.shape)}")
+        sizes.append(prefix + (img.shape[-2] // patch_size) * (img.shape[-1] // patch_size))
+    if max(sizes) > max_tokens:
+        i = max(range(len(sizes)), key=sizes.__getitem__)
+        raise ValueError(f"max_tokens {max_tokens} is smaller than image {i}'s {sizes[i]} tokens "
+                         f"({tuple(images[i].shape[-2:])} in {patch_size} px patches, with {prefix} prefix); give "
+                         f"at least {max(sizes)}, or smaller images")
+    room: list[int] = []
+    where: list[tuple[int, int]] = [(0, 0)] * len(images)  # (sequence, first slot)
+    for i in sorted(range(len(images)), key=lambda i: -sizes[i]):
+        s = next((s for s, free in enumerate(room) if free >= sizes[i]), len(room))
+        if s == len(room):
+            room.append(max_tokens)
+        where[i] = (s, max_tokens - room[s])
+        room[s] -= sizes[i]
+    first = images[0]
+    P = first.shape[0] * patch_size ** 2
+    patches = first.new_zeros(len(room), max_tokens, P)
+    image = torch.full((len(room), max_tokens), -1, dtype=torch.long, device=first.device)
+    index = torch.full_like(image, -1)
+    grids = []
+    for i, (img, (s, at)) in enumerate(zip(images, where, strict=True)):
+        rows, cols = img.shape[-2] // patch_size, img.shape[-1] // patch_size
+        grids.append((rows, cols))
+        flat = img.unfold(1, patch_size, patch_size).unfold(2, patch_size, patch_size)  # (C, rows, cols, p, p)
+        patches[s, at + prefix:at + sizes[i]] = flat.permute(1, 2, 0, 3, 4).reshape(rows * cols, P)
+        image[s, at:at + sizes[i]] = i
+        index[s, at:at + sizes[i]] = torch.arange(sizes[i], device=first.device)
+    return PackedBatch(patches, image, index, grids, prefix)
+
+
+def embed_packed(model, batch: PackedBatch) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+    """A ViT's blocks' input for a packed batch, (S, L, C), and its RoPE tables per slot ((S, 1, L, ·) each, or
+    None): the patch embedding as a linear map of each patch's pixels, the prefix tokens, and each image's
+    positions resampled to its grid, as ``VisionTransformer.embed_tokens`` gives them for that image alone."""
+    if batch.prefix != model.num_prefix_tokens:
+        raise ValueError(f"the batch was packed with {batch.prefix} prefix token(s); {_name(model)} has "
+                         f"{model.num_prefix_tokens}: pack with prefix={model.num_prefix_tokens}")
+    proj = model.patch_embed.proj
+    x = batch.patches.new_zeros(*batch.image.shape, proj.out_channels)
+    is_patch = batch.index >= batch.prefix
+    x[is_patch] = model.patch_embed.norm(F.linear(batch.patches[is_patch], proj.weight.flatten(1), proj.bias))
+    prefix = [t for t in (model.cls_token, model.dist_token, model.reg_token) if t is not None]
+    if prefix:
+        is_prefix = (batch.index >= 0) & ~is_patch
+        x[is_prefix] = torch.cat(prefix, dim=1)[0][batch.index[is_prefix]]
+    rope = _slot_tables(model, batch, x) if model.rope_kind else None
+    if model.pos_embed is not None:
+        trained = (model.img_size[0] // model.patch_size, model.img_size[1] // model.patch_size)
+        lead = 0 if model.no_embed_class else model.num_prefix_tokens
+        pos = x.new_zeros(x.shape)
+        for grid in set(batch.grids):
+            table = resample_abs_pos_embed(model.pos_embed, grid, trained, lead)[0]  # (lead + h·w, C)
+            slots = _slots_of_grid(batch, grid) & (batch.index >= batch.prefix - lead)
+            pos[slots] = table[batch.index[slots] - (batch.prefix - lead)].to(x.dtype)
+        x = x + pos
+    return model.norm_pre(model.pos_drop(x)), rope
+
+
+def _name(model) -> str:
+    return getattr(model, "name", type(model).__name__)
+
+
+def _slots_of_grid(batch: PackedBatch, grid: tuple[int, int]) -> Tensor:
+    """(S, L) bool: the slots of the images of patch grid ``grid``."""
+    ids = torch.tensor([i for i, g in enumerate(batch.grids) if g == grid], device=batch.image.device)
+    return torch.isin(batch.image, ids)
+
+
+def _slot_tables(model, batch: PackedBatch, x: Tensor) -> tuple[Tensor, Tensor]:
+    """Each slot's RoPE row, from the tables of its image's grid (padding: no rotation)."""
+    if model.rope is not None:
+        raise ValueError(f"{_name(model)}: packing takes fixed RoPE tables (dinov3, axial); learned per-block "
+                         "frequencies (rope 'mixed') are not packed")
+    cos = sin = None
+    for grid in set(batch.grids):
+        c, s = rope_tables(model.rope_kind, grid, model.head_dim, model.rope_temperature, model.num_prefix_tokens,
+                           x.device, model.rope_xy, model.rope_ref_grid)
+        if cos is None:
+            cos, sin = x.new_ones(*batch.image.shape, c.shape[-1]), x.new_zeros(*batch.image.shape, c.shape[-1])
+        slots = _slots_of_grid(batch, grid)
+        cos[slots], sin[slots] = c[batch.index[slots]].to(x.dtype), s[batch.index[slots]].to(x.dtype)
+    return cos[:, None], sin[:, None]
+
+
+def pool_packed(model, x: Tensor, batch: PackedBatch) -> Tensor:
+    """The normed tokens (S, L, C) -> each image's pooled features (images, C), in the order given: its class
+    token, or the mean / max of its patch tokens, by the model's ``global_pool``."""
+    n = len(batch.grids)
+    pool = model.global_pool
+    other = "map" if model.attn_pool is not None else "distilled heads" if model.head_dist is not None else \
+        None if pool in ("token", "avg", "max", "avgmax") else repr(pool)
+    if other is not None:
+        raise ValueError(f"{_name(model)}: packed batches pool by the class token, avg, max or avgmax; not {other}")
+    flat, image, index = x.reshape(-1, x.shape[-1]), batch.image.reshape(-1), batch.index.reshape(-1)
+    if pool == "token":
+        out = x.new_zeros(n, x.shape[-1])
+        first = index == 0
+        out[image[first]] = flat[first]
+        return out
+    patch = index >= batch.prefix
+    ids, tokens = image[patch], flat[patch]
+    mean = x.new_zeros(n, x.shape[-1]).index_add_(0, ids, tokens)
+    mean = mean / torch.bincount(ids, minlength=n).clamp(min=1)[:, None].to(x.dtype)
+    if pool == "avg":
+        return mean
+    top = x.new_full((n, x.shape[-1]), float("-inf")).scatter_reduce(0, ids[:, None].expand_as(tokens), tokens,
+                                                                     "amax")
+    return top if pool == "max" else 0.5 * (mean + top)
