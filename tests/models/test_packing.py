@@ -83,3 +83,29 @@ def test_bad_budgets_and_models_that_cannot_pack_end_in_one_line():
         model.forward_packed(pack(_images(), 4, 160, model.num_prefix_tokens))
     with pytest.raises(ValueError, match=r"learned per-block frequencies \(rope 'mixed'\) are not packed"):
         _vit(rope="mixed").forward_packed(pack(_images(), 4, 160))
+
+
+def test_a_loader_collates_images_of_their_own_shapes_into_packed_batches():
+    """``PackCollate`` in a DataLoader: each image resized to its patch budget at its aspect ratio, packed; the model
+    gives each the logits of that resized image alone, with its label beside it."""
+    from torch.utils.data import DataLoader
+
+    from vitkit.models.packing import PackCollate
+
+    g = torch.Generator().manual_seed(0)
+    samples = [(torch.rand(3, h, w, generator=g), i % 5) for i, (h, w) in enumerate([(60, 200), (90, 30), (48, 48),
+                                                                                        (100, 70), (17, 33)])]
+    model = _vit(global_pool="avg")
+    collate = PackCollate(4, 100, 36, model.num_prefix_tokens)
+    batches = list(DataLoader(samples, batch_size=3, collate_fn=collate))
+    assert [len(labels) for _, labels in batches] == [3, 2]
+    logits = torch.cat([model.forward_packed(batch) for batch, _ in batches]).detach()
+    resized = [collate.resize(img) for img, _ in samples]
+    assert all(img.shape[-2] * img.shape[-1] // 16 <= 36 for img in resized)
+    assert resized[0].shape[-1] > 2 * resized[0].shape[-2]  # the wide one stays wide
+    with torch.no_grad():
+        alone = torch.cat([model(img[None]) for img in resized])
+    torch.testing.assert_close(logits, alone, rtol=1e-5, atol=1e-5)
+    assert torch.cat([labels for _, labels in batches]).tolist() == [label for _, label in samples]
+    with pytest.raises(ValueError, match=r"max_tokens 30 is smaller than one image's 36 patches and 1 prefix"):
+        PackCollate(4, 30, 36)

@@ -183,3 +183,27 @@ def pool_packed(model, x: Tensor, batch: PackedBatch) -> Tensor:
     top = x.new_full((n, x.shape[-1]), float("-inf")).scatter_reduce(0, ids[:, None].expand_as(tokens), tokens,
                                                                      "amax")
     return top if pool == "max" else 0.5 * (mean + top)
+
+
+class PackCollate:
+    """A ``DataLoader``'s ``collate_fn`` for images of their own sizes: samples of (image (C_in, H, W) float, label)
+    become (:class:`PackedBatch`, labels (n,)), each image resized (bilinear, antialiased) to the largest size of its
+    aspect ratio within ``max_patches`` patches (:func:`budget_size`), then packed into sequences of
+    ``max_tokens``. ``prefix``: the model's prefix tokens per image (``model.num_prefix_tokens``)."""
+
+    def __init__(self, patch_size: int, max_tokens: int, max_patches: int, prefix: int = 1) -> None:
+        if max_patches + prefix > max_tokens:
+            raise ValueError(f"max_tokens {max_tokens} is smaller than one image's {max_patches} patches and "
+                             f"{prefix} prefix token(s); give max_tokens >= {max_patches + prefix}")
+        self.patch_size, self.max_tokens, self.max_patches, self.prefix = patch_size, max_tokens, max_patches, prefix
+
+    def resize(self, image: Tensor) -> Tensor:
+        size = budget_size(image.shape[-2], image.shape[-1], self.patch_size, self.max_patches)
+        if tuple(image.shape[-2:]) == size:
+            return image
+        return F.interpolate(image[None].float(), size=size, mode="bilinear", antialias=True, align_corners=False)[0]
+
+    def __call__(self, samples: list[tuple[Tensor, int]]) -> tuple[PackedBatch, Tensor]:
+        images = [self.resize(image) for image, _ in samples]
+        labels = torch.as_tensor([label for _, label in samples])
+        return pack(images, self.patch_size, self.max_tokens, self.prefix), labels
