@@ -17,6 +17,7 @@ the preset's again, with timm's names, and needs no peft.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -354,14 +355,21 @@ def run_settings(hp: Mapping[str, Any]) -> LoraSettings | None:
     return None if given is None else settings_of(given)
 
 
+def require_backbone(hp: Mapping[str, Any], source: Any) -> str | None:
+    """The backbone file a checkpoint of what trained names (``checkpoint`` in its hyper-parameters; None for a
+    checkpoint of every weight), refused in one line where it is no longer there."""
+    backbone = hp.get("checkpoint")
+    if isinstance(backbone, str) and not Path(os.path.expanduser(backbone)).exists():
+        raise FileNotFoundError(f"{source} holds LoRA adapters for the backbone {backbone}, which is not there; "
+                                "put it back at that path (the checkpoint names it)")
+    return backbone
+
+
 def adapted_model(hp: dict, trained: dict[str, Tensor], source: Path, build) -> nn.Module:
     """The model of a LoRA run's checkpoint, adapters not merged: the backbone its hyper-parameters name, built by
     ``build`` (``vitkit.create_model``) as the run built it, the adapters injected and the trained tensors (adapters,
     head) loaded."""
-    backbone = hp.get("checkpoint")
-    if backbone and not Path(backbone).exists():
-        raise FileNotFoundError(f"{source} holds LoRA adapters for the backbone {backbone}, which is not there; "
-                                "put it back at that path (the checkpoint names it)")
+    backbone = require_backbone(hp, source)
     overrides = dict(hp.get("model_overrides") or {})
     overrides.update({k: hp[k] for k in ("num_classes", "img_size") if hp.get(k) is not None})
     model = build(hp["model_name"], pretrained=bool(hp.get("pretrained")), checkpoint=backbone, **overrides)

@@ -192,5 +192,5 @@ def test_a_segmenters_lora_checkpoint_keeps_what_trained_and_loads_back(tmp_path
         loaded = Segmenter.load_from_checkpoint(last, map_location="cpu").eval()(x)
     torch.testing.assert_close(loaded, trained)
     backbone.rename(tmp_path / "moved.safetensors")
-    with pytest.raises(FileNotFoundError, match=f"holds what trained on the backbone {backbone}, which is not there"):
+    with pytest.raises(FileNotFoundError, match=f"holds LoRA adapters for the backbone {backbone}, which is not there"):
         Segmenter.load_from_checkpoint(last, map_location="cpu")

@@ -76,6 +76,8 @@ def test_bad_budgets_and_models_that_cannot_pack_end_in_one_line():
         pack(_images(), 4, 40)
     with pytest.raises(ValueError, match=r"image 0: expected \(C, H, W\) with H and W multiples of the patch size 4"):
         pack([torch.rand(3, 30, 32)], 4, 100)
+    with pytest.raises(ValueError, match=r"image 1: expected .* and image 0's 3 channels, got \(1, 8, 8\)"):
+        pack([torch.rand(3, 8, 8), torch.rand(1, 8, 8)], 4, 100)
     with pytest.raises(ValueError, match="packed with 1 prefix token.s.; .* has 3: pack with prefix=3"):
         _vit(reg_tokens=2).forward_packed(pack(_images(), 4, 160))
     with pytest.raises(ValueError, match="packed batches pool by the class token, avg, max or avgmax; not map"):

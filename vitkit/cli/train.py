@@ -39,6 +39,7 @@ from vitkit.noise import quiet
 from vitkit.training.callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
 from vitkit.training.flat import flat_of
 from vitkit.training.hparams import read_hparams
+from vitkit.training.parts import class_at
 from vitkit.training.strategies import settle_interrupted_saves
 
 from .common import usage_error
@@ -184,11 +185,7 @@ def default_model(argv: list[str]) -> str:
     recipe, not from the classifier's that a changed class path would carry over); else ``ImageClassifier``, by the
     name checkpoints keep."""
     chosen = model_class(argv)
-    module, _, name = chosen.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name, None)
-    except (ImportError, ValueError):
-        cls = None
+    cls = class_at(chosen)
     return chosen if isinstance(cls, type) and issubclass(cls, L.LightningModule) else CLASSIFIER
 
 

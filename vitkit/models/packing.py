@@ -72,9 +72,10 @@ def pack(images: list[Tensor], patch_size: int, max_tokens: int, prefix: int = 1
         raise ValueError("pack takes at least one image")
     sizes = []
     for i, img in enumerate(images):
-        if img.dim() != 3 or img.shape[-2] % patch_size or img.shape[-1] % patch_size:
-            raise ValueError(f"image {i}: expected (C, H, W) with H and W multiples of the patch size {patch_size}, "
-                             f"got {tuple(img.shape)}")
+        if img.dim() != 3 or img.shape[-2] % patch_size or img.shape[-1] % patch_size or \
+                img.shape[0] != images[0].shape[0]:
+            raise ValueError(f"image {i}: expected (C, H, W) with H and W multiples of the patch size {patch_size} "
+                             f"and image 0's {images[0].shape[0]} channels, got {tuple(img.shape)}")
         sizes.append(prefix + (img.shape[-2] // patch_size) * (img.shape[-1] // patch_size))
     if max(sizes) > max_tokens:
         i = max(range(len(sizes)), key=sizes.__getitem__)

@@ -37,7 +37,8 @@ class Adaptation(Part):
         self.head_init, self.head_norm = head_init, head_norm
         if head_init not in HEAD_INITS or (head_init == "probe" and (head_norm or self.frozen)):
             raise ValueError(f"head_init must be 'random' or 'probe' (without head_norm or freeze_backbone: the probe "
-                             f"is the fitted head), got {head_init!r}")
+                             f"is the fitted head), got {head_init!r} for {type(self).__name__}; where a recipe "
+                             "fits the probe first, give --model.adaptation.head_init random too")
 
     def apply(self, module) -> None:
         """The weights that train set on ``module.model``."""

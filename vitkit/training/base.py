@@ -17,7 +17,6 @@ import copy
 import dataclasses
 import inspect
 import logging
-import os
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -29,6 +28,8 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
+
+from vitkit.lora import require_backbone
 
 from .flat import Flat
 from .hparams import gather_rng_states, keep_own_hparams, read_hparams, restore_rng_states, seed_rank
@@ -132,10 +133,7 @@ class TrainingModule(L.LightningModule):
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> TrainingModule:
         """Lightning's, for a checkpoint of the flat arguments too: they are translated into the parts."""
         hp = read_hparams(checkpoint_path)
-        backbone = hp.get("checkpoint")  # named by a file that holds only what trained (LoRA's adapters and head)
-        if isinstance(backbone, str) and not os.path.exists(os.path.expanduser(backbone)):
-            raise FileNotFoundError(f"{checkpoint_path} holds what trained on the backbone {backbone}, which is not "
-                                    "there; put it back at that path (the checkpoint names it)")
+        require_backbone(hp, checkpoint_path)  # named by a file that holds only what trained (adapters, head)
         if cls.FLAT is not None and cls.FLAT.is_flat(hp):  # the parts passed on; Lightning reads the rest as ever
             parts = cls.FLAT.to_parts(hp)
             kwargs = {**{k: parts[k] for k in cls.FLAT.parts if k in parts}, **kwargs}

@@ -18,7 +18,6 @@ head_init, head_norm                       ``adaptation.<same name>``
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import json
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ from vitkit.errors import UsageError
 from vitkit.lora import check_adaptation, settings_of
 
 from .adaptation import Frozen, Full, LoRA
+from .parts import class_at
 from .recipe import Recipe
 
 TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
@@ -173,12 +173,6 @@ def adaptation_of(args: Mapping[str, Any]):
 def flat_of(class_path: Any) -> Flat | None:
     """The :class:`Flat` of the vitkit module class ``class_path`` names (``vitkit.lit.Segmenter``); None for
     another class, or one without parts."""
-    module, _, name = str(class_path or "").rpartition(".")
-    if not module.startswith("vitkit."):
-        return None
-    try:
-        cls = getattr(importlib.import_module(module), name, None)
-    except ImportError:
-        return None  # the parser names a class path it cannot import
-    flat = getattr(cls, "FLAT", None)
+    path = str(class_path or "")
+    flat = getattr(class_at(path), "FLAT", None) if path.startswith("vitkit.") else None
     return flat if isinstance(flat, Flat) else None

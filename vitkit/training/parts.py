@@ -39,6 +39,16 @@ class Part:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.init_args().items())})"
 
 
+def class_at(path: str) -> Any:
+    """What the dotted ``path`` names (``vitkit.lit.Segmenter``), or None where its module does not import or has no
+    such name."""
+    module, _, name = str(path).rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name, None) if module else None
+    except (ImportError, ValueError):  # no such module, or a malformed path (``a..b``)
+        return None
+
+
 def part_from(value: Any, base: type[P], default: P | None = None) -> P | None:
     """``value`` as a part of kind ``base``: a part itself, its config dict (a class path naming an imported subclass
     of ``base``, and its arguments), or None for ``default``."""
@@ -50,8 +60,8 @@ def part_from(value: Any, base: type[P], default: P | None = None) -> P | None:
     if isinstance(value, base):
         return value
     if isinstance(value, dict) and "class_path" in value:
-        module, _, name = str(value["class_path"]).rpartition(".")
-        cls = getattr(importlib.import_module(module), name, None) if module.startswith("vitkit.") else None
+        path = str(value["class_path"])
+        cls = class_at(path) if path.startswith("vitkit.") else None
         if not (isinstance(cls, type) and issubclass(cls, base)):
             raise ValueError(f"{value['class_path']!r} is not a kind of {base.__name__} vitkit has")
         return cls(**dict(value.get("init_args") or {}))
