@@ -17,12 +17,12 @@ def weightless(build, *args, **kwargs) -> torch.nn.Module:
 def timm_shapes_model(name: str, **kwargs) -> torch.nn.Module:
     """timm's model ``name`` built on the meta device (timm's ``device`` argument), for its state dict's names and
     shapes: ViT and Swin skip their weight init (timm's ``weight_init="skip"``); timm's other classes take no such
-    argument and draw theirs."""
+    argument (or, NaFlexViT, no "skip") and draw theirs."""
     import timm
 
     try:
         return timm.create_model(name, pretrained=False, weight_init="skip", device="meta", **kwargs)
-    except TypeError as e:
-        if "weight_init" not in str(e):
+    except (TypeError, AssertionError) as e:  # NaFlexViT takes the argument, and asserts it is a real scheme
+        if isinstance(e, TypeError) and "weight_init" not in str(e):
             raise
         return timm.create_model(name, pretrained=False, device="meta", **kwargs)

@@ -26,7 +26,8 @@ def _images():
 @pytest.mark.parametrize("overrides", [
     {}, {"global_pool": "avg"}, {"reg_tokens": 2, "no_embed_class": True}, {"global_pool": "max", "rope": "axial"},
     {"global_pool": "avgmax", "rope": "dinov3", "pos_embed": "none"}, {"class_token": False, "global_pool": "avg"},
-], ids=["token", "avg", "registers", "axial_rope", "dinov3_rope", "no_class_token"])
+    {"global_pool": "map", "reg_tokens": 1},
+], ids=["token", "avg", "registers", "axial_rope", "dinov3_rope", "no_class_token", "map"])
 def test_a_packed_batch_gives_each_images_own_logits(backend, overrides):
     model = _vit(**overrides)
     model.set_attn_backend(backend)
@@ -80,8 +81,9 @@ def test_bad_budgets_and_models_that_cannot_pack_end_in_one_line():
         pack([torch.rand(3, 8, 8), torch.rand(1, 8, 8)], 4, 100)
     with pytest.raises(ValueError, match="packed with 1 prefix token.s.; .* has 3: pack with prefix=3"):
         _vit(reg_tokens=2).forward_packed(pack(_images(), 4, 160))
-    with pytest.raises(ValueError, match="packed batches pool by the class token, avg, max or avgmax; not map"):
-        model = _vit(global_pool="map")
+    with pytest.raises(ValueError, match="packed batches pool by the class token, avg, max, avgmax or map; not "
+                                         "distilled heads"):
+        model = _vit(distilled=True)
         model.forward_packed(pack(_images(), 4, 160, model.num_prefix_tokens))
     with pytest.raises(ValueError, match=r"learned per-block frequencies \(rope 'mixed'\) are not packed"):
         _vit(rope="mixed").forward_packed(pack(_images(), 4, 160))

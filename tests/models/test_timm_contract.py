@@ -63,7 +63,10 @@ def test_every_preset_carries_timms_pretrained_cfg_and_gives_timms_preprocessing
     preprocessing they give for timm's model."""
     model = vitkit.create_model(name, **TINY[vitkit.family(name)])
     timm_cfg = get_pretrained_cfg(name).to_dict()
+    if timm_cfg["first_conv"] == "embeds.proj":  # NaFlexViT's linear patch projection is vitkit's patch conv
+        timm_cfg["first_conv"] = "patch_embed.proj"
     assert model.pretrained_cfg == timm_cfg
+    assert isinstance(model.get_submodule(model.pretrained_cfg["first_conv"]), torch.nn.Conv2d)
     assert model.default_cfg is model.pretrained_cfg
     assert model.head_hidden_size == model.num_features > 0
     data = resolve_model_data_config(model)

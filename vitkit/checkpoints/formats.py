@@ -11,6 +11,7 @@ into one ``qkv`` as the attention core expects; class, register and position tok
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import NamedTuple
@@ -167,11 +168,17 @@ def timm_layout(sd: dict[str, Tensor], theirs: dict[str, torch.Size]) -> dict[st
     """``sd`` (vitkit's names) in the names of timm's model of the same preset, whose keys and shapes are
     ``theirs``: the inverse of TIMM_EVA where timm's Eva class keeps LayerScale as bare gammas, EVA-02's q, k, v as
     separate projections (no key bias) and the packed SwiGLU as one ``mlp.fc1``. Keys timm has under vitkit's name
-    stay as they are, so for timm's ViT and Swin nothing changes."""
+    stay as they are, so for timm's ViT and Swin nothing changes; NaFlexViT's take its ``embeds`` names and
+    shapes."""
     out: dict[str, Tensor] = {}
     for k, v in sd.items():
         if k in theirs:
             out[k] = v
+            continue
+        if f"embeds.{k.replace('patch_embed.proj.', 'proj.')}" in theirs:  # NaFlexViT's (_timm_naflex's inverse)
+            mine = k.replace("patch_embed.proj.", "proj.")
+            out[f"embeds.{mine}"] = v.permute(0, 2, 3, 1).flatten(1) if v.dim() == 4 else \
+                v.reshape(theirs[f"embeds.{mine}"])
             continue
         m = re.match(r"(.*)\.ls([12])\.gamma$", k)
         if m and f"{m[1]}.gamma_{m[2]}" in theirs:
@@ -274,6 +281,34 @@ def _official_dino(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def _timm_naflex(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """timm's NaFlexViT: its ``embeds`` module holds the tokens, the position grid (1, h, w, D) and a linear patch
+    projection over each patch's pixels in (row, column, channel) order, which is vitkit's patch convolution
+    (D, C, p, p) laid out again. The channel count is the first of 3, 1, 4, 2 that leaves square patches."""
+    if "embeds.pos_embed_y" in sd or "embeds.norm.weight" in sd or "embeds.norm_input.weight" in sd:
+        raise ValueError("this NaFlexViT file has factorized positions or a norm on the patch embedding "
+                         "(embeds.pos_embed_y / embeds.norm), which vitkit does not build; its naflexvit_* "
+                         "presets take learned 2-D positions")
+    out = {k: v for k, v in sd.items() if not k.startswith("embeds.")}
+    w = sd["embeds.proj.weight"]
+    for chans in (3, 1, 4, 2):
+        p = math.isqrt(w.shape[1] // chans)
+        if w.shape[1] % chans == 0 and p * p * chans == w.shape[1]:
+            break
+    else:
+        raise ValueError(f"embeds.proj.weight {tuple(w.shape)}: its {w.shape[1]} inputs are no square patch of "
+                         "1 to 4 channels")
+    out["patch_embed.proj.weight"] = w.reshape(w.shape[0], p, p, chans).permute(0, 3, 1, 2).contiguous()
+    if "embeds.proj.bias" in sd:
+        out["patch_embed.proj.bias"] = sd["embeds.proj.bias"]
+    if "embeds.pos_embed" in sd:
+        out["pos_embed"] = sd["embeds.pos_embed"].flatten(1, 2)
+    for name in ("cls_token", "reg_token"):
+        if f"embeds.{name}" in sd:
+            out[name] = sd[f"embeds.{name}"]
+    return out
+
+
 class Format(NamedTuple):
     recognise: Callable[[dict], bool]
     rules: Rules
@@ -304,6 +339,7 @@ FORMATS: dict[str, Format] = {
     "official-dinov3": Format(lambda sd: "storage_tokens" in sd, OFFICIAL_DINO, _official_dino),
     "official-dinov2": Format(lambda sd: "mask_token" in sd and _has(sd, r"^blocks\.0\.ls1\.gamma$"), OFFICIAL_DINO,
                               _official_dino),
+    "timm-naflex": Format(lambda sd: "embeds.proj.weight" in sd, [], _timm_naflex),
     "timm-eva": Format(lambda sd: _has(sd, r"^blocks\.\d+\.(gamma_1|attn\.q_proj\.weight|mlp\.w12?\.weight)$"),
                        TIMM_EVA),
 }

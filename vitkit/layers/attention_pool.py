@@ -25,11 +25,12 @@ class AttentionPool(CrossAttention):
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act=act)
         nn.init.trunc_normal_(self.latent, std=dim**-0.5)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Tokens (B, N, C) -> one pooled vector per image (B, C)."""
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Tokens (B, N, C) -> one pooled vector per image (B, C); ``key_padding_mask`` (B, N), True where a
+        slot holds no token of the image."""
         B = x.shape[0]
         q = self.q(self.latent).expand(B, -1, -1)  # (B, 1, C): the one query, projected once
         q = q.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)  # (B, H, 1, D)
         k, v = self.project_kv(x)  # (B, Hkv, N, D) each
-        o = self.attend(q, k, v, [B])[0]  # (B, 1, C)
+        o = self.attend(q, k, v, [B], key_padding_mask=key_padding_mask)[0]  # (B, 1, C)
         return (o + self.mlp(self.norm(o)))[:, 0]

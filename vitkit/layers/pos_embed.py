@@ -41,8 +41,10 @@ def resample_abs_pos_embed(
     num_prefix_tokens: int = 1,
     interpolation: str = "bicubic",
     antialias: bool = True,
+    crop: tuple[int, int] | None = None,
 ) -> Tensor:
-    """Resize a learned (1, prefix + h·w, C) embedding to a new patch grid; prefix tokens are kept.
+    """Resize a learned (1, prefix + h·w, C) embedding to a new patch grid; prefix tokens are kept. With ``crop``,
+    only the resized grid's first rows and columns (timm NaFlexViT's aspect-preserving positions).
 
     Interpolates in float32 like timm's loader, so a checkpoint resized here matches one resized there."""
     n = pos_embed.shape[1] - num_prefix_tokens
@@ -55,17 +57,24 @@ def resample_abs_pos_embed(
         raise ValueError(f"old_size {old_size} does not match {n} position tokens")
     symbolic = any(isinstance(s, torch.SymInt) for s in new_size)  # traced for export: comparing would pin the size
     if not symbolic and tuple(old_size) == tuple(new_size):
-        return pos_embed
-    return resize_pos_grid(pos_embed, new_size, old_size, num_prefix_tokens, interpolation, antialias)
+        if crop is None or tuple(crop) == tuple(new_size):
+            return pos_embed
+        prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+        grid = grid.reshape(1, old_size[0], old_size[1], -1)[:, :crop[0], :crop[1]]
+        return torch.cat([prefix, grid.reshape(1, crop[0] * crop[1], -1)], dim=1)
+    return resize_pos_grid(pos_embed, new_size, old_size, num_prefix_tokens, interpolation, antialias, crop)
 
 
 def resize_pos_grid(pos_embed: Tensor, new_size: tuple[int, int], old_size: tuple[int, int], num_prefix_tokens: int,
-                    interpolation: str = "bicubic", antialias: bool = True) -> Tensor:
+                    interpolation: str = "bicubic", antialias: bool = True,
+                    crop: tuple[int, int] | None = None) -> Tensor:
     """The resize itself, sizes given (TorchScript compiles it: a scripted dynamic-size ViT calls it)."""
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     C, dtype = grid.shape[-1], grid.dtype
     grid = grid.float().reshape(1, old_size[0], old_size[1], C).permute(0, 3, 1, 2)  # (1, C, h, w)
     grid = F.interpolate(grid, size=[new_size[0], new_size[1]], mode=interpolation, antialias=antialias)
+    if crop is not None:
+        grid = grid[:, :, :crop[0], :crop[1]]
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, C).to(dtype)  # (1, h'·w', C)
     return torch.cat([prefix, grid], dim=1)
 

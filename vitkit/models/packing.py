@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitkit.layers.pos_embed import resample_abs_pos_embed, rope_tables
+from vitkit.layers.pos_embed import rope_tables
 
 
 @dataclass
@@ -106,6 +106,33 @@ def pack(images: list[Tensor], patch_size: int, max_tokens: int, prefix: int = 1
     return PackedBatch(patches, image, index, grids, prefix)
 
 
+def from_naflex(batch: dict[str, Tensor], patch_size: int, prefix: int) -> PackedBatch:
+    """timm's padded NaFlex batch (its loader's dict: ``patches`` (B, N, p·p·C_in) in row, column, channel order,
+    ``patch_coord`` (B, N, 2) each patch's row and column in its image, ``patch_valid`` (B, N)) as a packed batch
+    of one image a sequence, its padding marked: ``forward_packed`` of it gives timm's outputs for that batch."""
+    missing = [k for k in ("patches", "patch_coord", "patch_valid") if k not in batch]
+    if missing:
+        raise ValueError(f"a NaFlex batch holds patches, patch_coord and patch_valid; this one lacks {missing}")
+    patches, coord, valid = batch["patches"], batch["patch_coord"].long(), batch["patch_valid"].bool()
+    chans = patches.shape[-1] // patch_size ** 2 if patches.dim() == 3 else 0
+    if not chans or chans * patch_size ** 2 != patches.shape[-1]:
+        raise ValueError(f"NaFlex patches must be (B, N, {patch_size}·{patch_size}·C) for the model's "
+                         f"{patch_size}-px patches, got {tuple(patches.shape)}")
+    if not bool(valid.any(dim=1).all()):
+        raise ValueError("a NaFlex batch row has no valid patch (patch_valid all False)")
+    B, N, P = patches.shape
+    pixels = patches.reshape(B, N, patch_size, patch_size, chans).permute(0, 1, 4, 2, 3).reshape(B, N, P)
+    rows = coord[..., 0].masked_fill(~valid, -1).amax(dim=1) + 1
+    cols = coord[..., 1].masked_fill(~valid, -1).amax(dim=1) + 1
+    owner = torch.arange(B, device=patches.device)[:, None]
+    image = torch.cat([owner.expand(B, prefix), torch.where(valid, owner, -1)], dim=1)
+    at = prefix + coord[..., 0] * cols[:, None] + coord[..., 1]
+    index = torch.cat([torch.arange(prefix, device=patches.device).expand(B, prefix), torch.where(valid, at, -1)],
+                      dim=1)
+    packed = torch.cat([pixels.new_zeros(B, prefix, P), pixels * valid[..., None].to(pixels.dtype)], dim=1)
+    return PackedBatch(packed, image, index, list(zip(rows.tolist(), cols.tolist(), strict=True)), prefix)
+
+
 def embed_packed(model, batch: PackedBatch) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
     """A ViT's blocks' input for a packed batch, (S, L, C), and its RoPE tables per slot ((S, 1, L, ·) each, or
     None): the patch embedding as a linear map of each patch's pixels, the prefix tokens, and each image's
@@ -123,11 +150,10 @@ def embed_packed(model, batch: PackedBatch) -> tuple[Tensor, tuple[Tensor, Tenso
         x[is_prefix] = torch.cat(prefix, dim=1)[0][batch.index[is_prefix]]
     rope = _slot_tables(model, batch, x) if model.rope_kind else None
     if model.pos_embed is not None:
-        trained = (model.img_size[0] // model.patch_size, model.img_size[1] // model.patch_size)
         lead = 0 if model.no_embed_class else model.num_prefix_tokens
         pos = x.new_zeros(x.shape)
         for grid in set(batch.grids):
-            table = resample_abs_pos_embed(model.pos_embed, grid, trained, lead)[0]  # (lead + h·w, C)
+            table = model.positions_for(grid)[0]  # (lead + h·w, C)
             slots = _slots_of_grid(batch, grid) & (batch.index >= batch.prefix - lead)
             pos[slots] = table[batch.index[slots] - (batch.prefix - lead)].to(x.dtype)
         x = x + pos
@@ -162,14 +188,19 @@ def _slot_tables(model, batch: PackedBatch, x: Tensor) -> tuple[Tensor, Tensor]:
 
 def pool_packed(model, x: Tensor, batch: PackedBatch) -> Tensor:
     """The normed tokens (S, L, C) -> each image's pooled features (images, C), in the order given: its class
-    token, or the mean / max of its patch tokens, by the model's ``global_pool``."""
+    token, the mean / max of its patch tokens, or the attention pool over its tokens, by the model's
+    ``global_pool``."""
     n = len(batch.grids)
     pool = model.global_pool
-    other = "map" if model.attn_pool is not None else "distilled heads" if model.head_dist is not None else \
-        None if pool in ("token", "avg", "max", "avgmax") else repr(pool)
+    other = "distilled heads" if model.head_dist is not None else \
+        None if pool in ("token", "avg", "max", "avgmax", "map") else repr(pool)
     if other is not None:
-        raise ValueError(f"{_name(model)}: packed batches pool by the class token, avg, max or avgmax; not {other}")
+        raise ValueError(f"{_name(model)}: packed batches pool by the class token, avg, max, avgmax or map; not "
+                         f"{other}")
     flat, image, index = x.reshape(-1, x.shape[-1]), batch.image.reshape(-1), batch.index.reshape(-1)
+    if model.attn_pool is not None:
+        tokens, pad = _per_image(flat, image, index >= (0 if model.map_prefix else batch.prefix), n)
+        return model.attn_pool(tokens, key_padding_mask=pad)
     if pool == "token":
         out = x.new_zeros(n, x.shape[-1])
         first = index == 0
@@ -184,6 +215,22 @@ def pool_packed(model, x: Tensor, batch: PackedBatch) -> Tensor:
     top = x.new_full((n, x.shape[-1]), float("-inf")).scatter_reduce(0, ids[:, None].expand_as(tokens), tokens,
                                                                      "amax")
     return top if pool == "max" else 0.5 * (mean + top)
+
+
+def _per_image(flat: Tensor, image: Tensor, take: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """The slots ``take`` of each of ``n`` images, gathered from the flat slots (S·L, C) into (n, longest, C) in
+    slot order, and (n, longest) True where an image has fewer."""
+    slots = torch.nonzero(take).squeeze(1)
+    ids = image[slots]
+    order = torch.argsort(ids, stable=True)
+    slots, ids = slots[order], ids[order]
+    counts = torch.bincount(ids, minlength=n)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(len(ids), device=ids.device) - starts[ids]  # each slot's place among its image's
+    out = flat.new_zeros(n, int(counts.max()), flat.shape[-1])
+    out[ids, rank] = flat[slots]
+    pad = torch.arange(out.shape[1], device=ids.device)[None] >= counts[:, None]
+    return out, pad
 
 
 class PackCollate:

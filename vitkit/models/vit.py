@@ -5,9 +5,7 @@ loads with ``strict=True`` and no conversion.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -17,11 +15,18 @@ from ..layers import Attention, AttnBackend, Block, Mlp, PatchEmbed, ResPostNorm
 from ..layers.attention import check_backend
 from ..layers.attention_pool import AttentionPool
 from ..layers.mlp import ACTIVATIONS, SwiGLU
-from ..layers.pos_embed import RopeMixed, keep_tokens, resample_abs_pos_embed, resize_pos_grid, rope_tables
+from ..layers.pos_embed import (
+    RopeMixed,
+    keep_tokens,
+    resample_abs_pos_embed,
+    resize_pos_grid,
+    rope_tables,
+)
 from ..layers.token_merging import TokenMerging, merge_schedule
-from .config import DataConfig, FollowsConfig, check_image, check_multiple, pair
+from .config import FollowsConfig, check_image, check_multiple, pair
 from .features import new_head, resize_patch_conv, take_indices
 from .packing import PackedBatch, embed_packed, pool_packed
+from .vit_config import POOLS, ViTConfig, check_token_merging
 
 # torch.fx keeps the input check as one call in a traced graph (it branches on the input's shape and values), so
 # a traced model, and torchvision's and timm's feature extractors built from it, check their input too
@@ -29,85 +34,23 @@ torch.fx.wrap("check_image")
 
 torch.fx.wrap("check_multiple")
 
-def check_token_merging(r: TokenMerging, depth: int, rope: str) -> None:
-    """A valid merging value (``merge_schedule`` checks its form), and absolute positions to merge under."""
-    merge_schedule(r, depth)
-    if r and rope:
-        raise ValueError(f"token_merging needs a ViT with absolute positions: RoPE (rope={rope!r} here) rotates q "
-                         "and k by each token's grid position, which a merged token no longer has")
+
+def grid_positions(pos: Tensor, grid: tuple[int, int], trained: tuple[int, int], lead: int, interpolation: str,
+                   keep_aspect: bool) -> Tensor:
+    """Learned positions (1, lead + h·w, C) of grid ``trained`` resampled to ``grid``; with ``keep_aspect`` to the
+    square of its longer side, then cropped to it. One call in a traced graph (its sizes are the input's)."""
+    if not torch.jit.is_scripting():  # under torch.export the sizes may stay symbolic: no branch on them
+        side = torch.sym_max(grid[0], grid[1])
+        to, crop = ((side, side), grid) if keep_aspect else (grid, None)
+        return resample_abs_pos_embed(pos, to, trained, lead, interpolation, crop=crop)
+    side = max(grid[0], grid[1])
+    to, crop = ((side, side), grid) if keep_aspect else (grid, None)
+    if to[0] == trained[0] and to[1] == trained[1] and crop is None:
+        return pos
+    return resize_pos_grid(pos, to, trained, lead, interpolation, True, crop)  # (the same at the trained size)
 
 
-POOLS = ("token", "avg", "max", "avgmax", "map", "")  # "": no pooling, the head sees every token; "map": attention
-
-
-@dataclass
-class ViTConfig(DataConfig):
-    """Everything that defines a ViT; presets below are rows of overrides to it."""
-
-    img_size: int | tuple[int, int] = 224
-    patch_size: int = 16
-    in_chans: int = 3
-    num_classes: int = 1000
-    embed_dim: int = 768
-    depth: int = 12
-    num_heads: int = 12
-    num_kv_heads: int | None = None  # < num_heads: grouped-query attention
-    mlp_ratio: float = 4.0
-    qkv_bias: bool | Literal["qv"] = True  # "qv": q and v biases only (DINOv3's _qkvb weights)
-    class_token: bool = True
-    reg_tokens: int = 0  # register tokens (Darcet et al., 2024), after the class (and distillation) token
-    distilled: bool = False  # DeiT's distillation token after the class token, with its own head (head_dist)
-    global_pool: Literal["token", "avg", "max", "avgmax", "map", ""] = "token"  # map: attention pool (SigLIP)
-    fc_norm: bool | None = None  # norm after pooling instead of before; None = only for avg pooling
-    no_embed_class: bool = False  # positions cover patches only (DeiT III, big_vision)
-    pos_embed: Literal["learn", "sincos", "none"] = "learn"  # none: positions from RoPE alone (DINOv3)
-    # rotary positions on q and k (patches only): DINOv3's, axial (Heo et al., 2024; EVA-02), or mixed (learned
-    # frequencies per block and head, NAVER's RoPE-Mixed)
-    rope: Literal["", "dinov3", "axial", "mixed"] = ""
-    rope_temperature: float = 100.0
-    rope_xy: bool = False  # axial: the column's frequencies first (timm's grid_indexing "xy")
-    rope_ref_grid: int | None = None  # axial: patch indices rescaled to this grid (EVA's rule for other sizes)
-    mlp_layer: Literal["mlp", "swiglu"] = "mlp"  # swiglu: SiLU-gated MLP (DINOv3 S+/H+/7B, EVA-02)
-    mlp_norm: bool = False  # a LayerNorm on the SwiGLU's hidden units (EVA-02 B/L's sub-LN)
-    attn_norm: bool = False  # a LayerNorm on the heads' output before the projection (EVA-02 CLIP's sub-LN)
-    pre_norm: bool = False  # LayerNorm before the blocks, and a patch conv without bias (CLIP)
-    res_post_norm: bool = False  # blocks add norm(attn(x)) and norm(mlp(x)) to x (EVA-02-E)
-    act_layer: Literal["gelu", "gelu_tanh", "quick_gelu"] = "gelu"  # the MLPs' (quick_gelu: OpenAI's CLIP)
-    init_values: float | None = None  # LayerScale
-    norm_eps: float = 1e-6
-    drop_rate: float = 0.0  # before the head
-    pos_drop_rate: float = 0.0
-    proj_drop_rate: float = 0.0
-    attn_drop_rate: float = 0.0
-    drop_path_rate: float = 0.0
-    attn_backend: AttnBackend = "auto"
-    dynamic_img_size: bool = False  # any H, W: positions resampled to each input's patch grid (timm's flag)
-    token_merging: TokenMerging = 0  # ToMe: token pairs merged per block (int, (r, inflection) or per-block list)
-
-    def __post_init__(self) -> None:
-        check_backend(self.attn_backend)
-        for field, allowed in (("global_pool", POOLS), ("act_layer", tuple(ACTIVATIONS)),
-                               ("mlp_layer", ("mlp", "swiglu")), ("pos_embed", ("learn", "sincos", "none")),
-                               ("rope", ("", "dinov3", "axial", "mixed"))):
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"{field} must be one of {allowed}, got {getattr(self, field)!r}")
-        if self.global_pool == "token" and not self.class_token:
-            raise ValueError("global_pool='token' needs class_token=True")
-        if self.distilled and (not self.class_token or self.global_pool != "token"):
-            raise ValueError("distilled=True (DeiT's distillation token) needs class_token=True and "
-                             f"global_pool='token', got class_token={self.class_token}, "
-                             f"global_pool={self.global_pool!r}")
-        if self.mlp_norm and self.mlp_layer != "swiglu":
-            raise ValueError("mlp_norm=True (a norm on the hidden units) needs mlp_layer='swiglu'")
-        check_token_merging(self.token_merging, self.depth, self.rope)
-        if min(pair(self.img_size)) < self.patch_size:
-            raise ValueError(f"img_size {pair(self.img_size)} is smaller than patch_size {self.patch_size}")
-
-    @property
-    def grid_size(self) -> tuple[int, int]:
-        """Patches per side; like timm's conv stem, a remainder of < patch_size pixels is not seen."""
-        h, w = pair(self.img_size)
-        return h // self.patch_size, w // self.patch_size
+torch.fx.wrap("grid_positions")
 
 
 def _positions_again(model: "VisionTransformer", incompatible_keys) -> None:  # sin-cos, after a load
@@ -129,7 +72,7 @@ class VisionTransformer(FollowsConfig, nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, C)) if cfg.distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, C)) if cfg.reg_tokens else None
-        embed_len = cfg.grid_size[0] * cfg.grid_size[1] + (0 if cfg.no_embed_class else self.num_prefix_tokens)
+        embed_len = cfg.pos_grid_size[0] * cfg.pos_grid_size[1] + (0 if cfg.no_embed_class else self.num_prefix_tokens)
         if cfg.pos_embed == "none":
             self.pos_embed = None
         elif cfg.pos_embed == "learn":
@@ -205,6 +148,8 @@ class VisionTransformer(FollowsConfig, nn.Module):
         self.global_pool, self.dynamic_img_size, self.no_embed_class = (cfg.global_pool, cfg.dynamic_img_size,
                                                                         cfg.no_embed_class)
         self.img_size, self.patch_size, self.in_chans = pair(cfg.img_size), cfg.patch_size, cfg.in_chans
+        self.pos_grid, self.pos_interp, self.pos_keep_aspect = cfg.pos_grid_size, cfg.pos_interp, cfg.pos_keep_aspect
+        self.map_prefix = cfg.map_prefix
         self.rope_kind, self.rope_temperature, self.rope_xy, self.rope_ref_grid = (cfg.rope, cfg.rope_temperature,
                                                                                   cfg.rope_xy, cfg.rope_ref_grid)
         self.head_dim = cfg.embed_dim // cfg.num_heads
@@ -244,18 +189,19 @@ class VisionTransformer(FollowsConfig, nn.Module):
         if pos is None:  # RoPE alone
             return self.pos_drop(torch.cat(prefix + [x], dim=1))
         if self.dynamic_img_size:  # timm's dynamic_img_size: bicubic (antialiased) to this input's grid
-            trained = (self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size)
-            n = 0 if self.no_embed_class else self.num_prefix_tokens
-            if torch.jit.is_scripting():
-                if grid[0] != trained[0] or grid[1] != trained[1]:
-                    pos = resize_pos_grid(pos, grid, trained, n)
-            else:  # the same, and under torch.export sizes that stay symbolic
-                pos = resample_abs_pos_embed(pos, grid, trained, n)
+            pos = self.positions_for(grid)
         if self.no_embed_class:  # positions cover patches only: add, then prepend
             x = torch.cat(prefix + [x + pos], dim=1)
         else:  # positions cover the prefix too: prepend, then add
             x = torch.cat(prefix + [x], dim=1) + pos
         return self.pos_drop(x)
+
+    def positions_for(self, grid: tuple[int, int]) -> Tensor:
+        """The learned positions (1, [prefix +] h·w, C) resampled to patch grid ``grid`` (``pos_interp``,
+        antialiased; with ``pos_keep_aspect`` to the longer side's square, then cropped to ``grid``)."""
+        assert self.pos_embed is not None
+        return grid_positions(self.pos_embed, grid, self.pos_grid, 0 if self.no_embed_class else self.num_prefix_tokens,
+                              self.pos_interp, self.pos_keep_aspect)
 
     def embed_patches(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Images (B, C_in, H, W), checked -> patch tokens (B, N, C) before positions, and the patch grid."""
@@ -322,8 +268,8 @@ class VisionTransformer(FollowsConfig, nn.Module):
         if self.head_dist is not None:
             return self._distilled_head(x, pre_logits)
         pool, patches = self.global_pool, x[:, self.num_prefix_tokens:]
-        if self.attn_pool is not None:  # every token, the prefix too (timm's)
-            x = self.attn_pool(x)
+        if self.attn_pool is not None:  # every token, the prefix too (timm's ViT), or the patches alone
+            x = self.attn_pool(x if self.map_prefix else patches)
         elif pool == "token":
             x = x[:, 0]
         elif pool == "avg":
@@ -442,7 +388,7 @@ class VisionTransformer(FollowsConfig, nn.Module):
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: int | None = None) -> None:
         """Take another input resolution and/or patch size: the learned positions are resampled (bicubic)
         to the new patch grid and the patch kernel is pseudo-inverse resized, as timm does."""
-        old_grid = self.cfg.grid_size
+        old_grid = self.cfg.pos_grid_size
         if patch_size is not None and patch_size != self.cfg.patch_size:
             resize_patch_conv(self.patch_embed, patch_size)
             self.configure(patch_size=patch_size)
@@ -450,7 +396,7 @@ class VisionTransformer(FollowsConfig, nn.Module):
                 info["reduction"] = patch_size
         if img_size is not None:
             self.configure(img_size=img_size)
-        grid = self.cfg.grid_size
+        grid = self.cfg.pos_grid_size  # with pos_grid the positions stay as they are (resampled per input)
         if grid == old_grid:
             return
         prefix = 0 if self.cfg.no_embed_class else self.num_prefix_tokens

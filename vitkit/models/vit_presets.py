@@ -44,6 +44,14 @@ EVA02_CLIP = dict(EVA02_BL, attn_norm=True, global_pool="token")
 DINOV3 = dict(pos_embed="none", rope="dinov3", rope_temperature=100.0, reg_tokens=4, init_values=1e-05, norm_eps=1e-05,
               global_pool="avg", fc_norm=False, dynamic_img_size=True, num_classes=0)
 
+# timm's NaFlexViT: a ViT for images of their own sizes. Learned positions on a 16 x 16 grid, resampled to each
+# input's grid (par: the longer side's square, cropped), register tokens and no class token, the attention pool or
+# the mean reading the patches alone, LayerScale. Its padded batches run as packed ones (packing.from_naflex).
+NAFLEX = dict(class_token=False, no_embed_class=True, pos_grid=16, dynamic_img_size=True, map_prefix=False)
+NAFLEX_GAP = dict(NAFLEX, init_values=1e-05, global_pool="avg", fc_norm=True)
+NAFLEX_MAP = dict(NAFLEX, init_values=1e-05, global_pool="map", reg_tokens=1)
+NAFLEX_SIGLIP = dict(NAFLEX, act_layer="gelu_tanh", global_pool="map", pos_interp="bilinear", num_classes=0)  # SigLIP 2's towers
+
 
 def _row(size: str, img: int, data: dict, crop_pct: float, **kw) -> dict:
     width, patch = size.split("/")
@@ -88,6 +96,13 @@ VIT_PRESETS: dict[str, dict] = {
     "vit_base_patch14_dinov2": _row("B/14", 518, IMAGENET, 1.0, init_values=1e-05, num_classes=0),
     "vit_base_patch14_reg1_tipsv2": _row("B/14", 448, RAW, 1.0, init_values=1.0, reg_tokens=1, no_embed_class=True, num_classes=0),
     "vit_base_patch14_reg4_dinov2": _row("B/14", 518, IMAGENET, 1.0, init_values=1e-05, reg_tokens=4, no_embed_class=True, num_classes=0),
+    "naflexvit_base_patch16_gap": _row("B/16", 384, INCEPTION, 1.0, **NAFLEX_GAP, reg_tokens=4),
+    "naflexvit_base_patch16_map": _row("B/16", 384, INCEPTION, 1.0, **NAFLEX_MAP),
+    "naflexvit_base_patch16_par_gap": _row("B/16", 384, INCEPTION, 1.0, **NAFLEX_GAP, reg_tokens=4, pos_keep_aspect=True),
+    "naflexvit_base_patch16_siglip": _row("B/16", 384, INCEPTION, 1.0, **NAFLEX_SIGLIP),
+    "naflexvit_so150m2_patch16_reg1_gap": _row("So150m2/16", 384, INCEPTION, 1.0, **NAFLEX_GAP, reg_tokens=1, qkv_bias=False),
+    "naflexvit_so150m2_patch16_reg1_map": _row("So150m2/16", 384, INCEPTION, 1.0, **NAFLEX_MAP, qkv_bias=False),
+    "naflexvit_so400m_patch16_siglip": _row("So400m/16", 384, INCEPTION, 1.0, **NAFLEX_SIGLIP),
     "vit_base_patch16_224": _row("B/16", 224, INCEPTION, 0.9),
     "vit_base_patch16_224_miil": _row("B/16", 224, RAW, 0.875, qkv_bias=False, interpolation='bilinear', num_classes=11221),
     "vit_base_patch16_384": _row("B/16", 384, INCEPTION, 1.0),
