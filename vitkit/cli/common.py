@@ -94,8 +94,9 @@ def require_classifier(net: torch.nn.Module, source: str) -> None:
                          "writes")
 
 
-def read_image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:
-    """(model input (1, C, H, W) after the model's eval transform, the same crop unnormalised in [0, 1])."""
+def read_image(path: str, cfg, transform=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(model input (1, C, H, W) after the model's eval transform (or ``transform``), the same crop unnormalised in
+    [0, 1])."""
     import torch
     from PIL import Image, UnidentifiedImageError
 
@@ -105,7 +106,7 @@ def read_image(path: str, cfg) -> tuple[torch.Tensor, torch.Tensor]:
         img = Image.open(path).convert("L" if cfg.in_chans == 1 else "RGB")
     except (OSError, UnidentifiedImageError) as e:
         raise UsageError(f"cannot read image {path!r}: {e}") from None
-    x = eval_transform(cfg)(img)[None]
+    x = (eval_transform(cfg) if transform is None else transform)(img)[None]
     mean = torch.tensor(cfg.mean[: cfg.in_chans]).view(-1, 1, 1)
     std = torch.tensor(cfg.std[: cfg.in_chans]).view(-1, 1, 1)
     return x, (x[0] * std + mean).clamp(0, 1)

@@ -34,8 +34,9 @@ def _autocast(model, device: torch.device):
         return wrapped
 
     out = run(model)
-    if hasattr(model, "features"):
-        out.features = run(model.features)
+    for name in ("features", "forward_packed"):
+        if hasattr(model, name):
+            setattr(out, name, run(getattr(model, name)))
     if hasattr(model, "cfg"):
         out.cfg = model.cfg
     return out
@@ -139,7 +140,7 @@ def main(argv: list[str]) -> int:
     if not backbone and names is None:
         raise ValueError(f"{cfg.checkpoint or cfg.model} has no classifier head (a backbone): score its features "
                          "with --knn or --linear-probe, or fine-tune it first")
-    dm = _data(p, cfg, prep, explicit, eval_train=backbone)
+    dm = _data(p, cfg, prep, explicit, eval_train=backbone, model=model)
     names = names or getattr(dm, "classes", None)
     split, ds = _split(dm, cfg.split)
     out = Path(cfg.out)
@@ -213,7 +214,8 @@ def _model(cfg, device: torch.device,
     return net, names, prep, thresholds
 
 
-def _data(p: ArgumentParser, cfg, prep: dict, explicit: set[str], eval_train: bool) -> L.LightningDataModule:
+def _data(p: ArgumentParser, cfg, prep: dict, explicit: set[str], eval_train: bool,
+          model=None) -> L.LightningDataModule:
     """The data module, its preprocessing the model's where the command line (``explicit``) leaves it; for a
     backbone, its train split in the eval transform (features of the images as they are)."""
     from importlib import import_module
@@ -229,10 +231,13 @@ def _data(p: ArgumentParser, cfg, prep: dict, explicit: set[str], eval_train: bo
         if k in accepted and k not in explicit:
             args[k] = prep[k]
     dm = klass(**args)
-    if eval_train and hasattr(dm, "train_transform"):
-        from vitkit.data.transforms import eval_transform
-
-        dm.train_transform = lambda: eval_transform(dm.data_cfg)
+    if args.get("packing"):  # images of their own sizes, packed for this model (which no trainer holds here)
+        if model is None or not hasattr(model, "forward_packed"):
+            p.error("--data.packing packs images for a ViT's forward_packed: evaluate a --checkpoint or --model of a "
+                    "ViT (an ONNX file takes one image size)")
+        dm.packed_model = model
+    if eval_train and hasattr(dm, "eval_transform"):
+        dm.train_transform = dm.eval_transform
     dm.setup("test")
     return dm
 

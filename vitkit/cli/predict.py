@@ -22,6 +22,8 @@ def parser():
                    "model prints the labels above their thresholds, and these K too when given)")
     p.add_argument("--onnx", help="an exported model.onnx, run by onnxruntime with the preprocessing in its metadata")
     p.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
+    p.add_argument("--max-patches", type=int, default=None, metavar="N", help="a ViT: each image whole, resized "
+                   "within N patches at its own aspect ratio (as --data.packing evaluates), not cropped square")
     p.add_argument("--mode", choices=("whole", "slide"), default="whole", help="a segmenter: whole (the image "
                    "resized to the model's size, the logits back to the image's) or slide (windows of the model's "
                    "size over the image as it is, --stride apart, overlapping logits averaged)")
@@ -43,6 +45,10 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--stride takes H W or one number, each 1 or more, got {' '.join(map(str, args.stride))}")
     if args.stride is not None and args.mode != "slide":
         raise UsageError("--stride is the step of --mode slide's windows; give --mode slide with it")
+    if args.max_patches is not None and (args.onnx or args.max_patches < 1):
+        raise UsageError(f"--max-patches expects a number of patches of 1 or more for a PyTorch ViT, got "
+                         f"{args.max_patches}" + (" with --onnx (an ONNX file takes its exported size)" if args.onnx
+                                                  else ""))
     if args.checkpoint and not args.onnx and segmentation_checkpoint(args.checkpoint):
         return predict_masks(args)
     # an ONNX file runs in onnxruntime on numpy arrays: torch is not imported (benchmarks/startup.py)
@@ -134,9 +140,19 @@ def torch_classifier(args):
     names = getattr(net, "class_names", None) or [str(i) for i in range(net.cfg.num_classes)]
     refuse_an_embedding(net, args.model, args.checkpoint)
     thresholds = getattr(net, "thresholds", None)
+    if args.max_patches is not None:  # the whole image at its aspect ratio, one packed sequence
+        from vitkit.data.packing import packing_for
+
+        try:
+            plan = packing_for(net, None, net.cfg.img_size, args.max_patches, None)
+        except ValueError as e:
+            raise UsageError(str(e).replace("--data.packing", "--max-patches")) from None
 
     def probabilities(image: str) -> np.ndarray:
-        x, _ = read_image(image, net.cfg)
+        x, _ = read_image(image, net.cfg) if args.max_patches is None else \
+            read_image(image, net.cfg, plan.eval_transform(net.cfg))
+        if args.max_patches is not None:
+            x = plan.collate([(x[0], 0)])[0]
         with torch.no_grad():
             logits = net(x)[0].float()
         return (logits.sigmoid() if thresholds is not None else logits.softmax(-1)).numpy()

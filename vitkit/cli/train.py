@@ -358,6 +358,8 @@ class VitkitCLI(LightningCLI):
 
     def before_fit(self) -> None:
         dm = self.datamodule
+        if hasattr(dm, "packed_model"):  # packing (--data.packing) sized for this model, not only its preset's name
+            dm.packed_model = getattr(self.model, "model", None)
         if getattr(dm, "sets_up_locally", False):  # a split too small for one batch: refused before anything is
             dm.setup("fit")  # written (Lightning makes the logger's folder before it sets the data up)
             for cb in self.trainer.callbacks:  # a batch fitted to the data first (small_data.StepsPerEpoch)

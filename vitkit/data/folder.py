@@ -122,9 +122,12 @@ def collate_skipping(items: list) -> tuple[Tensor | None, Tensor | None, int]:
     good = [it for it in items if it is not None]
     if not good:
         return None, None, len(items)
-    ys = [y for _, y in good]  # class indices, or multi-hot rows (a multi-label manifest's)
-    y = torch.stack(ys) if isinstance(ys[0], Tensor) and ys[0].ndim else torch.tensor([int(v) for v in ys])
-    return torch.stack([x for x, _ in good]), y, len(items) - len(good)
+    return torch.stack([x for x, _ in good]), stack_targets([y for _, y in good]), len(items) - len(good)
+
+
+def stack_targets(ys: list) -> Tensor:
+    """Class indices, or multi-hot rows (a multi-label manifest's), as one tensor."""
+    return torch.stack(ys) if isinstance(ys[0], Tensor) and ys[0].ndim else torch.tensor([int(v) for v in ys])
 
 
 def scan_unlabeled(root: Path) -> list[Path]:

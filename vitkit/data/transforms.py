@@ -58,6 +58,11 @@ def train_transform(cfg, *, auto_augment: str | None = "rand-m9-mstd0.5-inc1", r
                           hflip=hflip, color_jitter=color_jitter, auto_augment=auto_augment, interpolation="bicubic",
                           re_prob=0.0 if on_device else re_prob, re_mode="pixel", re_count=1, mean=cfg.mean,
                           std=cfg.std, use_prefetcher=on_device)
+    return keep_one_bit(tf)
+
+
+def keep_one_bit(tf):
+    """timm's pipeline ``tf`` with each RandAugment Posterize kept at one bit or more (:class:`AtLeastOneBit`)."""
     for t in getattr(tf, "transforms", []):
         ops = getattr(t, "ops", None)
         if isinstance(ops, list):

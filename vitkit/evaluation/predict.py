@@ -8,6 +8,8 @@ import sys
 import torch
 from torch import Tensor
 
+from vitkit.models.packing import PackedBatch
+
 from . import multilabel as ml
 from .metrics import Predictions, knn_top1, linear_probe_top1
 from .report import display_stats
@@ -56,7 +58,8 @@ def predict(model, dm, ds, device: torch.device, thresholds: Tensor | None = Non
     pred = Predictions(torch.empty(0), torch.empty(0, dtype=torch.long), [])
     for x, y, src in batches(dm, ds, device):
         logits = model(x).float().cpu()
-        images = (x.float().cpu() * std + mean).clamp(0, 1)
+        images = [(im.float().cpu() * std[0] + mean[0]).clamp(0, 1) for im in x.images()] \
+            if isinstance(x, PackedBatch) else (x.float().cpu() * std + mean).clamp(0, 1)
         if thresholds is None:
             p, y = logits.softmax(-1), y.cpu()
             pred.keep_mistakes(images, p, y)
@@ -81,7 +84,9 @@ def pooled_features(net: torch.nn.Module, batches, device: torch.device) -> tupl
     net.eval()
     for x, y in batches:
         if x is not None and len(y):
-            feats.append(net.forward_head(net.forward_features(x.to(device)), pre_logits=True).float().cpu())
+            f = net.forward_packed(x.to(device), pre_logits=True) if isinstance(x, PackedBatch) else \
+                net.forward_head(net.forward_features(x.to(device)), pre_logits=True)
+            feats.append(f.float().cpu())
             labels.append(y.cpu())
     net.train(was_training)
     return torch.cat(feats), torch.cat(labels)

@@ -10,6 +10,7 @@ the patch embedding's own order), C the model width.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -32,6 +33,32 @@ class PackedBatch:
     index: Tensor
     grids: list[tuple[int, int]]
     prefix: int
+
+    def __len__(self) -> int:
+        """The images packed."""
+        return len(self.grids)
+
+    def images(self) -> list[Tensor]:
+        """Each image (C_in, H, W) again, from its patches' pixels, in the order given."""
+        out = []
+        for i, (rows, cols) in enumerate(self.grids):
+            slots = (self.image == i) & (self.index >= self.prefix)
+            order = torch.argsort(self.index[slots])
+            pixels = self.patches[slots][order]  # (rows·cols, C_in·p·p), row by row
+            p = math.isqrt(pixels.shape[-1] // self._channels())
+            out.append(pixels.reshape(rows, cols, -1, p, p).permute(2, 0, 3, 1, 4).reshape(-1, rows * p, cols * p))
+        return out
+
+    def _channels(self) -> int:
+        for c in (3, 1, 4, 2):  # the first that leaves square patches (as a NaFlex file's projection is read)
+            p = math.isqrt(self.patches.shape[-1] // c)
+            if p * p * c == self.patches.shape[-1]:
+                return c
+        raise ValueError(f"patches of {self.patches.shape[-1]} values are no square patch of 1 to 4 channels")
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        return dataclasses.replace(self, patches=self.patches.to(device), image=self.image.to(device),
+                                   index=self.index.to(device))
 
     @property
     def padding(self) -> float:

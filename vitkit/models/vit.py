@@ -406,10 +406,11 @@ class VisionTransformer(FollowsConfig, nn.Module):
         elif self.pos_embed is not None:  # fixed sin-cos; RoPE alone needs nothing (its tables follow the input)
             self.pos_embed = self.fixed_positions().to(self.pos_embed)
 
-    def forward_packed(self, batch: PackedBatch) -> Tensor:
+    def forward_packed(self, batch: PackedBatch, pre_logits: bool = False) -> Tensor:
         """Logits (images, classes), in the order packed, of images of their own sizes packed into sequences
         (``packing.pack``): attention within each image, its positions resampled to its grid; image by image the
-        logits of that image run alone through :meth:`forward` (with ``dynamic_img_size``)."""
+        logits of that image run alone through :meth:`forward` (with ``dynamic_img_size``); with ``pre_logits`` the
+        pooled features the head reads."""
         if self.merging:
             raise ValueError("token merging removes tokens per sequence, not per packed image: turn it off "
                              "(set_token_merging(0)) to pack")
@@ -419,10 +420,15 @@ class VisionTransformer(FollowsConfig, nn.Module):
             args = (x, None, mask, None, False, self._layer_rope(rope, i))
             x = checkpoint(blk, *args, use_reentrant=False) if self.grad_checkpointing and torch.is_grad_enabled() \
                 else blk(*args)
-        x = pool_packed(self, self.norm(x), batch)
-        return self.head(self.head_drop(self.fc_norm(x)))
+        x = self.head_drop(self.fc_norm(pool_packed(self, self.norm(x), batch)))
+        return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
+        """Images (B, C_in, H, W) -> logits (B, classes); a :class:`PackedBatch` (images of their own sizes) ->
+        :meth:`forward_packed`, so that wrappers that call the model (an EMA, DDP, FSDP2) take packed batches too."""
+        if not torch.jit.is_scripting():  # (TorchScript compiles only the other branch)
+            if isinstance(x, PackedBatch):
+                return self.forward_packed(x)
         return self.forward_head(self.forward_features(x))
 
     @torch.no_grad()

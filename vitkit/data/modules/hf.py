@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from vitkit.data.folder import Decoder, collate_skipping
+from vitkit.data.folder import Decoder
 from vitkit.data.hf import (
     HFImages,
     HFStream,
@@ -25,7 +25,6 @@ from vitkit.data.hf import (
     multi_label,
     open_splits,
 )
-from vitkit.data.transforms import eval_transform
 
 from .images import RankPositions, SkippingImages
 
@@ -110,11 +109,11 @@ class HFDataModule(RankPositions, SkippingImages):
         if hp.streaming:
             train, val = self._streams(train, shuffle=True), self._streams(val, shuffle=False)
         self.train_set = self._wrap(train, self.train_transform())
-        self.val_set = self._wrap(val, eval_transform(self.data_cfg))
+        self.val_set = self._wrap(val, self.eval_transform())
         test = self.splits.get(hp.test_split) if hp.test_split else None
         if test is not None:
             self.test_set = self._wrap(self._streams(test, False) if hp.streaming else test,
-                                       eval_transform(self.data_cfg))
+                                       self.eval_transform())
         self.reset_counts()
 
     def _streams(self, ds, shuffle: bool):
@@ -136,7 +135,7 @@ class HFDataModule(RankPositions, SkippingImages):
 
         hp = self.hparams
         loader = StatefulDataLoader(ds, batch_size=hp.batch_size, num_workers=self.workers(),
-                                    collate_fn=collate_skipping, pin_memory=hp.pin_memory and torch.cuda.is_available())
+                                    collate_fn=self.collate_fn, pin_memory=hp.pin_memory and torch.cuda.is_available())
         return EvenSteps(loader, self, train)
 
     def train_dataloader(self):

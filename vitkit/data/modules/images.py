@@ -23,6 +23,7 @@ from vitkit.data.folder import (
     scan_unlabeled,
 )
 from vitkit.data.manifest import ManifestImages, check_rows, read_manifest, targets
+from vitkit.data.packing import Packing, packing_for
 from vitkit.data.transforms import (
     TRAIN_AUGMENT,
     data_config,
@@ -208,7 +209,6 @@ class SkippingImages(_TrainValLoaders):
     whose mean, std, crop_pct and interpolation default to the preset's (``model_name``, linked from the model
     by the CLI)."""
 
-    collate_fn = staticmethod(collate_skipping)
     may_yield_empty = True
 
     def __init__(self, img_size: int | tuple[int, int] = 224, batch_size: int = 128, num_workers: int | None = None,
@@ -217,12 +217,44 @@ class SkippingImages(_TrainValLoaders):
                  color_jitter: float | str | None = "auto", crop_pct: float | None = None,
                  mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
                  interpolation: str | None = None, crop_mode: CropMode | None = None,
-                 pin_memory: bool = True) -> None:
+                 pin_memory: bool = True, packing: bool = False, max_patches: int | None = None,
+                 max_tokens: int | None = None) -> None:
+        """``packing``: images keep their aspect ratio, each resized within ``max_patches`` patches (by default
+        img_size's), and a batch is packed into sequences of ``max_tokens`` slots (by default one budget and the
+        model's prefix tokens) for a ViT's ``forward_packed``; ``vitkit.data.packing``."""
         super().__init__()
         self.save_hyperparameters()  # with the subclass's own arguments (Lightning collects the whole chain)
         self.data_cfg = data_config(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
                                     interpolation=interpolation, crop_mode=crop_mode)
         self.augmentation()  # a value that is none of the field's refused now, not at the first epoch
+        if not packing and (max_patches is not None or max_tokens is not None):
+            raise ValueError("--data.max_patches and --data.max_tokens size packed batches: add --data.packing true")
+        for name, value in (("max_patches", max_patches), ("max_tokens", max_tokens)):
+            if value is not None and value < 1:
+                raise ValueError(f"--data.{name} must be >= 1, got {value}")
+
+    packed_model = None  # the model packed batches are for, where no trainer holds it (``vitkit evaluate``)
+
+    def pack_plan(self) -> Packing | None:
+        """How batches are packed (None without ``packing``): for the run's model (the trainer's, else
+        ``packed_model``), else for the preset ``model_name``."""
+        hp = self.hparams
+        if not hp.get("packing"):
+            return None
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        model = getattr(module, "model", None) or self.packed_model
+        return packing_for(model, hp.model_name, self.data_cfg.img_size, hp.max_patches, hp.max_tokens)
+
+    @property
+    def collate_fn(self):
+        plan = self.pack_plan()
+        return collate_skipping if plan is None else plan.collate
+
+    def eval_transform(self):
+        """The eval preprocessing: ``transforms.eval_transform``, or with packing each whole image resized within its
+        patch budget at its aspect ratio."""
+        plan = self.pack_plan()
+        return eval_transform(self.data_cfg) if plan is None else plan.eval_transform(self.data_cfg)
 
     def augmentation(self) -> dict:
         """The train augmentation: the fields given, the rest by image size (``transforms.default_augment``)."""
@@ -231,6 +263,9 @@ class SkippingImages(_TrainValLoaders):
     def train_transform(self):
         """Decoding and augmentation in the loader's workers, up to uint8 tensors; normalisation and random erasing
         happen on the device (:meth:`on_after_batch_transfer`), as in timm's training script."""
+        plan = self.pack_plan()
+        if plan is not None:  # images of their own sizes: augmented and normalised in the workers
+            return plan.train_transform(self.data_cfg, **self.augmentation())
         return train_transform(self.data_cfg, **self.augmentation(), on_device=True)
 
     def reset_counts(self) -> None:
@@ -254,7 +289,7 @@ class SkippingImages(_TrainValLoaders):
             x = torch.empty(0, self.data_cfg.in_chans, *pair(self.data_cfg.img_size))
             y = torch.empty(0, self.num_classes) if getattr(self, "multi_label", False) else \
                 torch.empty(0, dtype=torch.long)
-        elif x.dtype == torch.uint8:
+        elif isinstance(x, Tensor) and x.dtype == torch.uint8:
             x = device_batch(x, self.data_cfg, self.augmentation()["re_prob"] if split == "train" else 0.0)
         return x, y
 
@@ -333,9 +368,9 @@ class ImageFolderDataModule(SkippingImages):
             return
         hp = self.hparams
         self.train_set = SkippingImageFolder(str(self.root / hp.train_dir), self.train_transform(), hp.decoder)
-        self.val_set = SkippingImageFolder(str(self.root / hp.val_dir), eval_transform(self.data_cfg), hp.decoder)
+        self.val_set = SkippingImageFolder(str(self.root / hp.val_dir), self.eval_transform(), hp.decoder)
         if hp.test_dir and (self.root / hp.test_dir).is_dir():
-            self.test_set = SkippingImageFolder(str(self.root / hp.test_dir), eval_transform(self.data_cfg), hp.decoder)
+            self.test_set = SkippingImageFolder(str(self.root / hp.test_dir), self.eval_transform(), hp.decoder)
 
     def describe(self) -> str:
         return str(self.root)
@@ -373,7 +408,7 @@ class UnlabeledImageDataModule(SkippingImages):
             else 0
         val, train = [self.files[i] for i in sorted(order[:n_val])], [self.files[i] for i in sorted(order[n_val:])]
         self.train_set = UnlabeledImages(train, self.train_transform(), hp.decoder)
-        self.val_set = UnlabeledImages(val, eval_transform(self.data_cfg), hp.decoder)
+        self.val_set = UnlabeledImages(val, self.eval_transform(), hp.decoder)
 
     def describe(self) -> str:
         return str(self.root)
@@ -431,7 +466,7 @@ class ManifestDataModule(SkippingImages):
             return
         sets = {}
         for split, manifest in self.manifests.items():
-            transform = self.train_transform() if split == "train" else eval_transform(self.data_cfg)
+            transform = self.train_transform() if split == "train" else self.eval_transform()
             sets[split] = ManifestImages(manifest.images, targets(manifest, self.classes, self.multi_label),
                                          transform, self.hparams.decoder)
         self.train_set, self.val_set, self.test_set = sets["train"], sets["val"], sets.get("test")

@@ -16,10 +16,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from litdata import StreamingDataLoader
 
-from vitkit.data.folder import Decoder, collate_skipping
+from vitkit.data.folder import Decoder
 from vitkit.data.shards import read_dataset_info
 from vitkit.data.streaming import EvenBatches, ImageShards
-from vitkit.data.transforms import eval_transform
 
 from .images import RankPositions, SkippingImages
 
@@ -67,9 +66,9 @@ class StreamingImageDataModule(RankPositions, SkippingImages):
 
     def setup(self, stage: str | None = None) -> None:
         self.train_set = self._shards("train", self.train_transform(), shuffle=True)
-        self.val_set = self._shards("val", eval_transform(self.data_cfg), shuffle=False)
+        self.val_set = self._shards("val", self.eval_transform(), shuffle=False)
         if "test" in self.info["splits"]:
-            self.test_set = self._shards("test", eval_transform(self.data_cfg), shuffle=False)
+            self.test_set = self._shards("test", self.eval_transform(), shuffle=False)
         self.reset_counts()
 
     def loader(self, ds: ImageShards, train: bool) -> StreamingDataLoader:
@@ -77,7 +76,7 @@ class StreamingImageDataModule(RankPositions, SkippingImages):
         # a generator of its own: starting an epoch's iterator must not draw from the global stream, which
         # drop path and mixup use and checkpoints restore (the workers' seeds do not matter, see ImageShards)
         return StreamingDataLoader(ds, batch_size=hp.batch_size, num_workers=self.workers(),
-                                   collate_fn=collate_skipping, generator=torch.Generator().manual_seed(hp.seed),
+                                   collate_fn=self.collate_fn, generator=torch.Generator().manual_seed(hp.seed),
                                    pin_memory=hp.pin_memory and torch.cuda.is_available())
 
     def train_dataloader(self) -> EvenBatches:

@@ -188,8 +188,22 @@ class ImageClassifier(TrainingModule):
         if self.adaptation.frozen:
             warn_whole_model_augmentation(self.labels, dm)
         self._keep_crop_mode(dm)
+        self._check_packing(dm)
         if self.distill is not None:
             self.distill.before_fit(self, dm)
+
+    def _check_packing(self, dm) -> None:
+        """Refuse what packed batches (``--data.packing``) cannot run: images mixed into one another, a teacher's
+        images, MAE's head norm."""
+        if getattr(dm, "pack_plan", lambda: None)() is None:
+            return
+        parts = (("mixup / cutmix (--model.labels.mixup, --model.labels.cutmix: 0)", self.mixup is not None),
+                 ("distillation (--model.distill)", self.distill is not None),
+                 ("the MAE head norm (--model.adaptation.head_norm false)", self.head_norm is not None))
+        off = [name for name, on in parts if on]
+        if off:
+            raise ValueError(f"--data.packing: packed batches of images of their own sizes cannot run "
+                             f"{', '.join(off)}; turn it off")
 
     def _keep_crop_mode(self, dm) -> None:
         """The data's crop_mode (``squash``: the whole image) becomes the model's, in its config and the checkpoint's

@@ -96,13 +96,13 @@ class SingleLabel(Labels):
         """The loss, top-1 and top-5 logged; the logits returned."""
         logits = module(x)
         module.log(f"{split}/loss", F.cross_entropy(logits.float(), y), prog_bar=split == "val", sync_dist=True,
-                   batch_size=x.shape[0])
+                   batch_size=len(y))
         runs = [("", split, logits)] + ([("_ema", "val_ema", module.ema(x))] if module.ema_beside(split) else [])
         for suffix, key, out in runs:
             for k in ("top1", "top5"):
                 module.metrics[f"{key}_{k}"](out, y)
                 module.log(f"{split}/{k}{suffix}", module.metrics[f"{key}_{k}"], prog_bar=k == "top1" and not suffix,
-                           batch_size=x.shape[0])
+                           batch_size=len(y))
         return logits
 
     def validation_end(self, module) -> None:
@@ -172,7 +172,7 @@ class MultiLabel(Labels):
         """The BCE loss, mAP, micro AP and F1 at the current thresholds; the predictions kept for the thresholds."""
         y = self.multi_hot(y, module.num_classes)
         logits = module(x)
-        n = x.shape[0]
+        n = len(y)
         module.log(f"{split}/loss", F.binary_cross_entropy_with_logits(logits.float(), y), prog_bar=split == "val",
                    sync_dist=True, batch_size=n)
         runs = [("", logits)] + ([("_ema", module.ema(x))] if module.ema_beside(split) else [])

@@ -27,7 +27,7 @@ def soft_targets(mixup, x: Tensor, y: Tensor, num_classes: int, smoothing: float
     """The batch's multi-hot targets, smoothed towards 0.5 and, with ``mixup`` (timm's, ``multi_label=True``), mixed
     as the images are (in place). An odd batch is mixed but for its last image."""
     soft = mixup_target(y.float(), num_classes, smoothing=smoothing, multi_label=True)
-    n = len(x) - len(x) % 2
+    n = len(y) - len(y) % 2
     if mixup is not None and n:
         x[:n], soft[:n] = mixup(x[:n], y[:n].float())
     return soft

@@ -35,7 +35,8 @@ def eval_views(dm: L.LightningDataModule):
     if not hasattr(train, "with_transform"):
         raise ValueError(f"head_init 'probe': the training split of {type(dm).__name__} cannot be read in the eval "
                          "transform; give an ImageFolderDataModule or an HFDataModule")
-    return train.with_transform(eval_transform(dm.data_cfg)), dm.val_set
+    view = dm.eval_transform() if hasattr(dm, "eval_transform") else eval_transform(dm.data_cfg)  # packed or not
+    return train.with_transform(view), dm.val_set
 
 
 @torch.no_grad()

@@ -1,0 +1,94 @@
+"""``--data.packing``: a classifier trains and validates on images of their own sizes and aspect ratios, packed into
+sequences; ``vitkit evaluate`` scores the checkpoint on the same packed batches; what cannot pack is refused in one
+line."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from timm.data.naflex_transforms import get_image_size_for_seq
+
+from tests.commands import error_line_of, run_cli
+from vitkit.cli import main
+from vitkit.cli.train import cli_main
+from vitkit.models.packing import PackedBatch
+
+from .conftest import ROOT, TINY_VIT
+from .test_train import _cpu
+
+KINDS = ("rows", "columns")  # the class: stripes across or down the image
+
+
+def _stripes(kind: str, h: int, w: int, rng: np.random.Generator) -> Image.Image:
+    period = int(rng.integers(6, 12))
+    line = (np.arange(h if kind == "rows" else w) // (period // 2)) % 2
+    grid = np.broadcast_to(line[:, None] if kind == "rows" else line[None, :], (h, w))
+    colour = rng.integers(40, 256, size=3)
+    return Image.fromarray((grid[..., None] * colour).astype(np.uint8))
+
+
+@pytest.fixture(scope="module")
+def shapes_folder(tmp_path_factory) -> Path:
+    """Stripes across or down, on images from 1:3 to 3:1 and 24 to 96 px a side; one unreadable file."""
+    root = tmp_path_factory.mktemp("shapes")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 24), ("val", 10)):
+        for kind in KINDS:
+            d = root / split / kind
+            d.mkdir(parents=True)
+            for i in range(n):
+                h, w = (int(s) for s in rng.integers(24, 97, size=2))
+                if max(h, w) > 3 * min(h, w):
+                    h = min(h, 3 * w)
+                    w = min(w, 3 * h)
+                _stripes(kind, h, w, rng).save(d / f"{i}.png")
+    (root / "train/rows/broken.png").write_bytes(b"not a png")
+    return root
+
+
+def _fit(root: Path, tmp_path: Path, *extra: str):
+    return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                     "--model.model_overrides", TINY_VIT, "--data", "vitkit.lit.ImageFolderDataModule",
+                     "--data.root", str(root), "--data.img_size", "32", "--data.batch_size", "8",
+                     "--data.num_workers", "0", "--data.packing", "true", "--data.max_tokens", "40", *extra])
+
+
+def test_a_classifier_trains_on_packed_images_and_evaluate_scores_them_the_same(shapes_folder, tmp_path, capsys):
+    cli = _fit(shapes_folder, tmp_path, "--trainer.max_epochs", "12")
+    metrics = cli.trainer.callback_metrics
+    assert metrics["val/top1"] >= 0.9  # stripes across or down, learned from packed batches
+    assert metrics["train/skipped_files"] == 1 and cli.trainer.current_epoch == 12  # the broken file, each epoch
+    x, y, skipped = next(iter(cli.datamodule.train_dataloader()))
+    assert isinstance(x, PackedBatch) and len(x) + skipped == 8 and x.patches.shape[1] == 40
+    for (rows, cols) in x.grids:  # each image within the budget of 32 px at 8-px patches, its aspect ratio kept
+        assert rows * cols <= 16
+    val = next(iter(cli.datamodule.val_dataloader()))[0]
+    files = sorted((shapes_folder / "val/columns").glob("*.png"))[:len(val)]  # the folder's order
+    for image, file in zip(val.images(), files, strict=True):  # the whole image, at timm's NaFlex size for 16 patches
+        w, h = Image.open(file).size
+        assert tuple(image.shape[-2:]) == get_image_size_for_seq((h, w), 8, 16)[1]
+    ckpt = Path(cli.trainer.checkpoint_callback.dirpath) / "last.ckpt"
+    status, _ = run_cli(["evaluate", "--checkpoint", str(ckpt), "--data.root", str(shapes_folder),
+                         "--data.packing", "true", "--data.max_tokens", "40", "--out", str(tmp_path / "ev")], capsys)
+    assert status == 0
+    scored = json.loads((tmp_path / "ev" / "metrics.json").read_text())["top1"]
+    assert scored == pytest.approx(float(metrics["val/top1"]), abs=1e-6)
+    row = (tmp_path / "ev" / "predictions.csv").read_text().splitlines()[1].split(",")  # source, label, top1, p1
+    capsys.readouterr()
+    assert main(["predict", "--checkpoint", str(ckpt), row[0], "--max-patches", "16", "--topk", "1"]) == 0
+    assert capsys.readouterr().out.strip() == f"{row[0]}: {row[2]} {float(row[3]):.3f}"
+
+
+def test_what_cannot_pack_is_refused_in_one_line(shapes_folder, tmp_path):
+    fit = ["train", "fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+           "--model.model_overrides", TINY_VIT, "--data", "vitkit.lit.ImageFolderDataModule",
+           "--data.root", str(shapes_folder), "--data.img_size", "32", "--trainer.fast_dev_run", "1"]
+    assert "add --data.packing true" in error_line_of(fit + ["--data.max_tokens", "40"])
+    assert "--data.max_tokens 10 is smaller than one image's budget of 16 patches and 1 prefix token(s); give at " \
+           "least 17" in error_line_of(fit + ["--data.packing", "true", "--data.max_tokens", "10"])
+    assert "cannot run mixup / cutmix" in error_line_of(fit + ["--data.packing", "true", "--model.labels.mixup", "0.8"])
+    swin = fit + ["--model.model_name", "swin_tiny_patch4_window7_224", "--model.model_overrides", "null",
+                  "--data.packing", "true"]
+    assert "cannot pack images of their own sizes" in error_line_of(swin)

@@ -1,0 +1,88 @@
+"""Images of their own sizes for training and evaluation (``--data.packing true``): each image resized within a
+patch budget at its aspect ratio by timm's NaFlex transforms (a random crop of any aspect ratio first, in training),
+then each batch packed into sequences of ``max_tokens`` slots (``vitkit.models.packing.pack``), which the ViT runs
+with attention kept inside each image."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from timm.data import create_transform
+from torch import nn
+
+from vitkit.data.folder import stack_targets
+from vitkit.data.transforms import keep_one_bit
+from vitkit.models.config import pair
+from vitkit.models.packing import PackedBatch, pack
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How a data module packs: the model's patch size and prefix tokens, each image's patch budget
+    (``max_patches``) and the slots of a sequence (``max_tokens``)."""
+
+    patch_size: int
+    max_patches: int
+    max_tokens: int
+    prefix: int
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < self.max_patches + self.prefix:
+            raise ValueError(f"--data.max_tokens {self.max_tokens} is smaller than one image's budget of "
+                             f"{self.max_patches} patches and {self.prefix} prefix token(s); give at least "
+                             f"{self.max_patches + self.prefix}, or a smaller --data.max_patches")
+
+    def train_transform(self, cfg, *, auto_augment: str | None, re_prob: float, scale: tuple[float, float],
+                        hflip: float, color_jitter: float | None) -> nn.Module:
+        """timm's NaFlex train pipeline: a random crop of scale ``scale`` and aspect ratio 3:4 to 4:3 resized within
+        the budget at its own aspect ratio, flip, RandAugment (or colour jitter), normalise, random erasing."""
+        return keep_one_bit(create_transform(
+            input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=True, scale=tuple(scale), hflip=hflip,
+            color_jitter=color_jitter, auto_augment=auto_augment, interpolation="bicubic", re_prob=re_prob,
+            re_mode="pixel", re_count=1, mean=cfg.mean, std=cfg.std, naflex=True, patch_size=self.patch_size,
+            max_seq_len=self.max_patches))
+
+    def eval_transform(self, cfg) -> nn.Module:
+        """The whole image resized within the budget at its aspect ratio (timm's NaFlex eval), normalised."""
+        return create_transform(input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=False,
+                                interpolation=cfg.interpolation, mean=cfg.mean, std=cfg.std, naflex=True,
+                                patch_size=self.patch_size, max_seq_len=self.max_patches)
+
+    def collate(self, items: list) -> tuple[PackedBatch | None, torch.Tensor | None, int]:
+        """The readable samples packed, their targets, and how many were skipped (None, None when all were)."""
+        good = [it for it in items if it is not None]
+        if not good:
+            return None, None, len(items)
+        images = [x for x, _ in good]
+        return pack(images, self.patch_size, self.max_tokens, self.prefix), stack_targets([y for _, y in good]), \
+            len(items) - len(good)
+
+
+def packing_for(model, model_name: str | None, img_size, max_patches: int | None,
+                max_tokens: int | None) -> Packing:
+    """The packing of a data module for ``model`` (the run's ViT; None before one is attached, and then the preset
+    ``model_name`` says its patch size and prefix tokens). The budget by default: the patches of ``img_size``; a
+    sequence by default: one budget and its prefix."""
+    patch, prefix = _geometry(model, model_name)
+    h, w = pair(img_size)
+    budget = max_patches if max_patches is not None else (h // patch) * (w // patch)
+    return Packing(patch, budget, max_tokens if max_tokens is not None else budget + prefix, prefix)
+
+
+def _geometry(model, model_name: str | None) -> tuple[int, int]:
+    """(patch size, prefix tokens) of ``model``, or of the preset ``model_name``'s config."""
+    swin = "--data.packing: Swin cannot pack images of their own sizes (its windows need one fixed grid); pack a ViT"
+    if model is not None:
+        if not hasattr(model, "forward_packed"):
+            raise ValueError(swin.replace("Swin", type(model).__name__))
+        return model.patch_size, model.num_prefix_tokens
+    if model_name is None:
+        raise ValueError("--data.packing needs the model's patch size: give --data.model_name (the CLI links it from "
+                         "the model)")
+    from vitkit.models.registry import preset_config
+
+    cfg = preset_config(model_name)
+    if not hasattr(cfg, "class_token"):
+        raise ValueError(swin)
+    return cfg.patch_size, int(cfg.class_token) + int(cfg.distilled) + cfg.reg_tokens
