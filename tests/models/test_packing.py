@@ -113,3 +113,13 @@ def test_a_loader_collates_images_of_their_own_shapes_into_packed_batches():
     assert torch.cat([labels for _, labels in batches]).tolist() == [label for _, label in samples]
     with pytest.raises(ValueError, match=r"max_tokens 30 is smaller than one image's 36 patches and 1 prefix"):
         PackCollate(4, 30, 36)
+
+
+def test_a_packed_batch_runs_under_bf16_autocast_as_the_images_alone():
+    """bf16-mixed training and evaluation: the packed tokens take the dtype autocast gives the patch projection."""
+    model = _vit(reg_tokens=1, global_pool="map")
+    images = _images()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        packed = model.forward_packed(pack(images, 4, 160, model.num_prefix_tokens)).float()
+        alone = torch.cat([model(img[None]) for img in images]).float()
+    torch.testing.assert_close(packed, alone, rtol=0.05, atol=0.05)

@@ -168,13 +168,14 @@ def embed_packed(model, batch: PackedBatch) -> tuple[Tensor, tuple[Tensor, Tenso
         raise ValueError(f"the batch was packed with {batch.prefix} prefix token(s); {_name(model)} has "
                          f"{model.num_prefix_tokens}: pack with prefix={model.num_prefix_tokens}")
     proj = model.patch_embed.proj
-    x = batch.patches.new_zeros(*batch.image.shape, proj.out_channels)
     is_patch = batch.index >= batch.prefix
-    x[is_patch] = model.patch_embed.norm(F.linear(batch.patches[is_patch], proj.weight.flatten(1), proj.bias))
+    tokens = model.patch_embed.norm(F.linear(batch.patches[is_patch], proj.weight.flatten(1), proj.bias))
+    x = tokens.new_zeros(*batch.image.shape, proj.out_channels)  # the dtype autocast gives the tokens
+    x[is_patch] = tokens
     prefix = [t for t in (model.cls_token, model.dist_token, model.reg_token) if t is not None]
     if prefix:
         is_prefix = (batch.index >= 0) & ~is_patch
-        x[is_prefix] = torch.cat(prefix, dim=1)[0][batch.index[is_prefix]]
+        x[is_prefix] = torch.cat(prefix, dim=1)[0][batch.index[is_prefix]].to(x.dtype)
     rope = _slot_tables(model, batch, x) if model.rope_kind else None
     if model.pos_embed is not None:
         lead = 0 if model.no_embed_class else model.num_prefix_tokens
