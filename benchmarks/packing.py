@@ -1,17 +1,21 @@
-"""Images of their own shapes through a ViT-B/16 at one patch budget, inference images/s: vitkit's packed sequences
-(``vitkit.models.packing``; attention within each image by a block-diagonal mask) at a few sequence lengths, against
-timm's NaFlex ViT on padded batches (each image resized by timm's own rule to the same budget, padded to it) and
-against square resizing to the same number of patches. Random weights of the same width and depth; the entries run
-in interleaved rounds in one process, so load and clock drift hit all of them.
+"""Images of their own shapes through timm's NaFlexViT-B/16 at one patch budget, images/s in inference or training
+(``--train``): vitkit's packed sequences (``vitkit.models.packing``; attention within each image by a block-diagonal
+mask) at a few sequence lengths, each loader batch packed on its own, against timm's NaFlexViT on its padded batches
+(each image resized by timm's own rule to the same budget, padded to it), vitkit on those same padded batches, and
+square resizing to the same number of patches. One set of random weights (timm's, loaded into vitkit); the entries
+run in interleaved rounds in one process, so load and clock drift hit all of them.
 
 The images are scikit-image's bundled photographs, cropped to aspect ratios from 1:3 to 3:1.
 
-    python benchmarks/packing.py --images 48 --budget 256 --rounds 3 --out benchmarks/results/packing_cpu.md
+    python benchmarks/packing.py --images 48 --budget 256 --rounds 3 --flex --out benchmarks/results/packing_cpu.md
+    python benchmarks/packing.py --images 24 --budget 256 --rounds 3 --train \\
+        --out benchmarks/results/packing_train_cpu.md
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 from pathlib import Path
@@ -21,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.models.packing import budget_size, pack
+from vitkit.checkpoints.formats import to_vitkit
+from vitkit.models.packing import budget_size, from_naflex, pack
 from vitkit.tools.bench import device_name
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "moon", "page", "brick", "grass", "gravel",
@@ -72,10 +77,16 @@ def timm_batches(images: list[torch.Tensor], patch: int, budget: int, batch: int
     return out
 
 
-@torch.no_grad()
-def seconds(fn) -> float:
+def seconds(fn, train: bool) -> float:
+    """Wall time of ``fn`` (a list of logits): in inference without gradients; in training with the backward of
+    each batch's summed logits, and the gradients cleared."""
     start = time.perf_counter()
-    fn()
+    if train:
+        for out in fn():
+            out.float().sum().backward()
+    else:
+        with torch.no_grad():
+            fn()
     return time.perf_counter() - start
 
 
@@ -83,8 +94,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=48)
     p.add_argument("--budget", type=int, default=256, help="patches per image (16 px)")
-    p.add_argument("--max-tokens", default="257,514,1028", help="vitkit's packed sequence lengths, comma-separated")
-    p.add_argument("--batch", type=int, default=8, help="images per batch for timm's padded and the square runs")
+    p.add_argument("--max-tokens", default="256,512,1024", help="vitkit's packed sequence lengths without the "
+                   "prefix tokens, comma-separated")
+    p.add_argument("--batch", type=int, default=8, help="images per batch, for every entry (a loader's batch)")
+    p.add_argument("--train", action="store_true", help="time forward and backward (training) instead of inference")
+    p.add_argument("--flex", action="store_true", help="also the packed sequences on the flex backend (inference)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path)
     a = p.parse_args()
@@ -96,29 +110,46 @@ def main() -> None:
     side = int(a.budget ** 0.5) * patch
     square = torch.stack([F.interpolate(img[None], size=(side, side), mode="bilinear", antialias=True)[0]
                           for img in images])
-    ours = vitkit.create_model("vit_base_patch16_224", num_classes=1000, dynamic_img_size=True,
-                               global_pool="avg", class_token=False).eval()
-    theirs = timm.create_model("naflexvit_base_patch16_gap", pretrained=False, num_classes=1000).eval()
-    square_model = vitkit.create_model("vit_base_patch16_224", num_classes=1000, img_size=side, global_pool="avg",
-                                       class_token=False).eval()
-    entries = {}
-    for tokens in map(int, a.max_tokens.split(",")):
-        packed = pack(images, patch, tokens, prefix=0)
-        entries[f"vitkit packed, {tokens} tokens a sequence"] = (
-            lambda b=packed: ours.forward_packed(b), packed.padding)
+    theirs = timm.create_model("naflexvit_base_patch16_gap", pretrained=False, num_classes=1000)
+    ours = vitkit.create_model("naflexvit_base_patch16_gap", num_classes=1000)  # timm's weights, vitkit's model
+    ours.load_state_dict(to_vitkit(theirs.state_dict())[0])
+    square_model = vitkit.create_model("naflexvit_base_patch16_gap", num_classes=1000, img_size=side)
+    square_model.load_state_dict(ours.state_dict())
+    for m in (theirs, ours, square_model):
+        m.train(a.train)
+    prefix = ours.num_prefix_tokens
+    chunks = [images[i:i + a.batch] for i in range(0, len(images), a.batch)]
     padded = timm_batches(images, patch, a.budget, a.batch)
     used = sum((img.shape[-2] // patch) * (img.shape[-1] // patch) for img in images)
-    entries[f"timm NaFlex, padded to {a.budget}, batch {a.batch}"] = (
-        lambda: [theirs(b) for b in padded], 1 - used / (len(images) * a.budget))
-    entries[f"vitkit, square {side} px, batch {a.batch}"] = (
+    entries = {}
+    for tokens in map(int, a.max_tokens.split(",")):
+        packed = [pack(c, patch, tokens + prefix, prefix) for c in chunks]
+        share = 1 - used / sum(b.image.numel() - len(b) * prefix for b in packed)
+        entries[f"vitkit packed, {tokens + prefix} tokens a sequence"] = (
+            lambda bs=packed: [ours.forward_packed(b) for b in bs], share)
+        if a.flex and not a.train and tokens == max(map(int, a.max_tokens.split(","))):
+            flex = copy.deepcopy(ours)
+            flex.set_attn_backend("flex")
+            entries[f"vitkit packed, {tokens + prefix} tokens, flex"] = (
+                lambda bs=packed, m=flex: [m.forward_packed(b) for b in bs], share)
+    naflex = [from_naflex(b, patch, prefix) for b in padded]
+    entries[f"vitkit on timm's padded batches ({a.budget})"] = (
+        lambda: [ours.forward_packed(b) for b in naflex], 1 - used / (len(images) * a.budget))
+    entries[f"timm NaFlex, padded to {a.budget}"] = (lambda: [theirs(b) for b in padded],
+                                                     1 - used / (len(images) * a.budget))
+    entries[f"vitkit, square {side} px"] = (
         lambda: [square_model(square[i:i + a.batch]) for i in range(0, len(square), a.batch)], 0.0)
     for fn, _ in entries.values():  # warm-up: the attention's first-call timing, allocations
-        seconds(fn)
+        seconds(fn, a.train)
     times: dict[str, list[float]] = {k: [] for k in entries}
     for _ in range(a.rounds):
         for name, (fn, _) in entries.items():
-            times[name].append(seconds(fn))
-    lines = [f"{a.images} photographs, {a.budget} patches of 16 px each at most (timm's resize), ViT-B/16, fp32, "
+            times[name].append(seconds(fn, a.train))
+            for m in (theirs, ours, square_model):
+                m.zero_grad(set_to_none=True)
+    lines = [f"{'Training (forward and backward)' if a.train else 'Inference'}: {a.images} photographs in batches of "
+             f"{a.batch}, {a.budget} patches of 16 px each at most (timm's resize), NaFlexViT-B/16 (timm's "
+             f"naflexvit_base_patch16_gap, random weights, the same in every entry), fp32, "
              f"{device_name(torch.device('cpu'))}, median of {a.rounds} interleaved rounds", "",
              "| entry | padding share | images/s | x timm NaFlex |", "|---|---|---|---|"]
     ref = a.images / statistics.median(times[next(k for k in entries if k.startswith("timm"))])

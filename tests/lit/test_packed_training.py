@@ -56,14 +56,15 @@ def _fit(root: Path, tmp_path: Path, *extra: str):
 
 
 def test_a_classifier_trains_on_packed_images_and_evaluate_scores_them_the_same(shapes_folder, tmp_path, capsys):
-    cli = _fit(shapes_folder, tmp_path, "--trainer.max_epochs", "12")
+    cli = _fit(shapes_folder, tmp_path, "--trainer.max_epochs", "12", "--data.token_drop", "0.25")
     metrics = cli.trainer.callback_metrics
     assert metrics["val/top1"] >= 0.9  # stripes across or down, learned from packed batches
     assert metrics["train/skipped_files"] == 1 and cli.trainer.current_epoch == 12  # the broken file, each epoch
     x, y, skipped = next(iter(cli.datamodule.train_dataloader()))
     assert isinstance(x, PackedBatch) and len(x) + skipped == 8 and x.patches.shape[1] == 40
-    for (rows, cols) in x.grids:  # each image within the budget of 32 px at 8-px patches, its aspect ratio kept
-        assert rows * cols <= 16
+    for i, (rows, cols) in enumerate(x.grids):  # each image within the budget of 32 px at 8-px patches, its aspect
+        assert rows * cols <= 16  # ratio kept, and a quarter of its patches dropped in training
+        assert int(((x.image == i) & (x.index >= 1)).sum()) == max(1, round(rows * cols * 0.75))
     val = next(iter(cli.datamodule.val_dataloader()))[0]
     files = sorted((shapes_folder / "val/columns").glob("*.png"))[:len(val)]  # the folder's order
     for image, file in zip(val.images(), files, strict=True):  # the whole image, at timm's NaFlex size for 16 patches
@@ -86,6 +87,9 @@ def test_what_cannot_pack_is_refused_in_one_line(shapes_folder, tmp_path):
            "--model.model_overrides", TINY_VIT, "--data", "vitkit.lit.ImageFolderDataModule",
            "--data.root", str(shapes_folder), "--data.img_size", "32", "--trainer.fast_dev_run", "1"]
     assert "add --data.packing true" in error_line_of(fit + ["--data.max_tokens", "40"])
+    assert "add --data.packing true" in error_line_of(fit + ["--data.token_drop", "0.5"])
+    assert "token_drop is the share of each image's patches left out in training, in [0, 1); got 1.0" in \
+        error_line_of(fit + ["--data.packing", "true", "--data.token_drop", "1.0"])
     assert "--data.max_tokens 10 is smaller than one image's budget of 16 patches and 1 prefix token(s); give at " \
            "least 17" in error_line_of(fit + ["--data.packing", "true", "--data.max_tokens", "10"])
     assert "cannot run mixup / cutmix" in error_line_of(fit + ["--data.packing", "true", "--model.labels.mixup", "0.8"])

@@ -123,3 +123,22 @@ def test_a_packed_batch_runs_under_bf16_autocast_as_the_images_alone():
         packed = model.forward_packed(pack(images, 4, 160, model.num_prefix_tokens)).float()
         alone = torch.cat([model(img[None]) for img in images]).float()
     torch.testing.assert_close(packed, alone, rtol=0.05, atol=0.05)
+
+
+def test_token_dropping_gives_each_image_the_logits_of_its_kept_patches_alone():
+    """NaViT's token dropping: each image keeps half its patches at random (one at least), in their own places."""
+    model = _vit(global_pool="avg", reg_tokens=1, rope="axial")
+    images = _images()
+    batch = pack(images, 4, 160, model.num_prefix_tokens, drop=0.5, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        packed = model.forward_packed(batch)
+        for i, img in enumerate(images):
+            keep = batch.index[(batch.image == i) & (batch.index >= batch.prefix)] - batch.prefix
+            rows, cols = batch.grids[i]
+            assert len(keep) == max(1, round(rows * cols / 2)) and len(set(keep.tolist())) == len(keep)
+            patches, grid = model.embed_patches(img[None])
+            x, rope = model.embed_tokens(patches, grid, keep=keep[None])
+            torch.testing.assert_close(packed[i], model.forward_head(model.forward_blocks(x, rope))[0], rtol=1e-5,
+                                       atol=1e-5)
+    with pytest.raises(ValueError, match=r"drop is the share of each image's patches left out, in \[0, 1\); got 1"):
+        pack(images, 4, 160, drop=1.0)

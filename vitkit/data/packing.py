@@ -26,8 +26,12 @@ class Packing:
     max_patches: int
     max_tokens: int
     prefix: int
+    drop: float = 0.0  # the share of each image's patches left out, in training (NaViT's token dropping)
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.drop < 1.0:
+            raise ValueError(f"--data.token_drop is the share of each image's patches left out in training, in "
+                             f"[0, 1); got {self.drop}")
         if self.max_tokens < self.max_patches + self.prefix:
             raise ValueError(f"--data.max_tokens {self.max_tokens} is smaller than one image's budget of "
                              f"{self.max_patches} patches and {self.prefix} prefix token(s); give at least "
@@ -51,23 +55,29 @@ class Packing:
 
     def collate(self, items: list) -> tuple[PackedBatch | None, torch.Tensor | None, int]:
         """The readable samples packed, their targets, and how many were skipped (None, None when all were)."""
+        return self._collate(items, 0.0)
+
+    def train_collate(self, items: list) -> tuple[PackedBatch | None, torch.Tensor | None, int]:
+        """:meth:`collate`, each image's patches thinned by ``drop``."""
+        return self._collate(items, self.drop)
+
+    def _collate(self, items: list, drop: float) -> tuple[PackedBatch | None, torch.Tensor | None, int]:
         good = [it for it in items if it is not None]
         if not good:
             return None, None, len(items)
-        images = [x for x, _ in good]
-        return pack(images, self.patch_size, self.max_tokens, self.prefix), stack_targets([y for _, y in good]), \
-            len(items) - len(good)
+        packed = pack([x for x, _ in good], self.patch_size, self.max_tokens, self.prefix, drop)
+        return packed, stack_targets([y for _, y in good]), len(items) - len(good)
 
 
-def packing_for(model, model_name: str | None, img_size, max_patches: int | None,
-                max_tokens: int | None) -> Packing:
+def packing_for(model, model_name: str | None, img_size, max_patches: int | None, max_tokens: int | None,
+                drop: float = 0.0) -> Packing:
     """The packing of a data module for ``model`` (the run's ViT; None before one is attached, and then the preset
     ``model_name`` says its patch size and prefix tokens). The budget by default: the patches of ``img_size``; a
     sequence by default: one budget and its prefix."""
     patch, prefix = _geometry(model, model_name)
     h, w = pair(img_size)
     budget = max_patches if max_patches is not None else (h // patch) * (w // patch)
-    return Packing(patch, budget, max_tokens if max_tokens is not None else budget + prefix, prefix)
+    return Packing(patch, budget, max_tokens if max_tokens is not None else budget + prefix, prefix, drop)
 
 
 def _geometry(model, model_name: str | None) -> tuple[int, int]:

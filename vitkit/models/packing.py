@@ -43,8 +43,8 @@ class PackedBatch:
         out = []
         for i, (rows, cols) in enumerate(self.grids):
             slots = (self.image == i) & (self.index >= self.prefix)
-            order = torch.argsort(self.index[slots])
-            pixels = self.patches[slots][order]  # (rows·cols, C_in·p·p), row by row
+            pixels = self.patches.new_zeros(rows * cols, self.patches.shape[-1])  # a dropped patch stays zeros
+            pixels[self.index[slots] - self.prefix] = self.patches[slots]  # (rows·cols, C_in·p·p), row by row
             p = math.isqrt(pixels.shape[-1] // self._channels())
             out.append(pixels.reshape(rows, cols, -1, p, p).permute(2, 0, 3, 1, 4).reshape(-1, rows * p, cols * p))
         return out
@@ -91,19 +91,26 @@ def budget_size(height: int, width: int, patch_size: int, max_patches: int) -> t
     return rows * patch_size, cols * patch_size
 
 
-def pack(images: list[Tensor], patch_size: int, max_tokens: int, prefix: int = 1) -> PackedBatch:
+def pack(images: list[Tensor], patch_size: int, max_tokens: int, prefix: int = 1, drop: float = 0.0,
+         generator: torch.Generator | None = None) -> PackedBatch:
     """``images`` ((C_in, H, W) each, H and W multiples of ``patch_size``) packed into sequences of ``max_tokens``
     slots: the largest first, each into the first sequence with room for its prefix and patches (first-fit
-    decreasing), a new sequence where none has."""
+    decreasing), a new sequence where none has. ``drop``: each image loses that share of its patches, drawn at random
+    by ``generator`` (NaViT's token dropping; at least one patch stays), its other patches keeping their places."""
     if not images:
         raise ValueError("pack takes at least one image")
-    sizes = []
+    if not 0.0 <= drop < 1.0:
+        raise ValueError(f"drop is the share of each image's patches left out, in [0, 1); got {drop}")
+    kept = []
     for i, img in enumerate(images):
         if img.dim() != 3 or img.shape[-2] % patch_size or img.shape[-1] % patch_size or \
                 img.shape[0] != images[0].shape[0]:
             raise ValueError(f"image {i}: expected (C, H, W) with H and W multiples of the patch size {patch_size} "
                              f"and image 0's {images[0].shape[0]} channels, got {tuple(img.shape)}")
-        sizes.append(prefix + (img.shape[-2] // patch_size) * (img.shape[-1] // patch_size))
+        n = (img.shape[-2] // patch_size) * (img.shape[-1] // patch_size)
+        keep = max(1, round(n * (1 - drop)))
+        kept.append(torch.arange(n) if keep == n else torch.randperm(n, generator=generator)[:keep].sort().values)
+    sizes = [prefix + len(k) for k in kept]
     if max(sizes) > max_tokens:
         i = max(range(len(sizes)), key=sizes.__getitem__)
         raise ValueError(f"max_tokens {max_tokens} is smaller than image {i}'s {sizes[i]} tokens "
@@ -127,9 +134,10 @@ def pack(images: list[Tensor], patch_size: int, max_tokens: int, prefix: int = 1
         rows, cols = img.shape[-2] // patch_size, img.shape[-1] // patch_size
         grids.append((rows, cols))
         flat = img.unfold(1, patch_size, patch_size).unfold(2, patch_size, patch_size)  # (C, rows, cols, p, p)
-        patches[s, at + prefix:at + sizes[i]] = flat.permute(1, 2, 0, 3, 4).reshape(rows * cols, P)
+        take = kept[i].to(first.device)
+        patches[s, at + prefix:at + sizes[i]] = flat.permute(1, 2, 0, 3, 4).reshape(rows * cols, P)[take]
         image[s, at:at + sizes[i]] = i
-        index[s, at:at + sizes[i]] = torch.arange(sizes[i], device=first.device)
+        index[s, at:at + sizes[i]] = torch.cat([torch.arange(prefix, device=first.device), prefix + take])
     return PackedBatch(patches, image, index, grids, prefix)
 
 
@@ -265,13 +273,16 @@ class PackCollate:
     """A ``DataLoader``'s ``collate_fn`` for images of their own sizes: samples of (image (C_in, H, W) float, label)
     become (:class:`PackedBatch`, labels (n,)), each image resized (bilinear, antialiased) to the largest size of its
     aspect ratio within ``max_patches`` patches (:func:`budget_size`), then packed into sequences of
-    ``max_tokens``. ``prefix``: the model's prefix tokens per image (``model.num_prefix_tokens``)."""
+    ``max_tokens``. ``prefix``: the model's prefix tokens per image (``model.num_prefix_tokens``); ``drop``: the share
+    of each image's patches left out (:func:`pack`; for training)."""
 
-    def __init__(self, patch_size: int, max_tokens: int, max_patches: int, prefix: int = 1) -> None:
+    def __init__(self, patch_size: int, max_tokens: int, max_patches: int, prefix: int = 1,
+                 drop: float = 0.0) -> None:
         if max_patches + prefix > max_tokens:
             raise ValueError(f"max_tokens {max_tokens} is smaller than one image's {max_patches} patches and "
                              f"{prefix} prefix token(s); give max_tokens >= {max_patches + prefix}")
         self.patch_size, self.max_tokens, self.max_patches, self.prefix = patch_size, max_tokens, max_patches, prefix
+        self.drop = drop
 
     def resize(self, image: Tensor) -> Tensor:
         size = budget_size(image.shape[-2], image.shape[-1], self.patch_size, self.max_patches)
@@ -282,4 +293,4 @@ class PackCollate:
     def __call__(self, samples: list[tuple[Tensor, int]]) -> tuple[PackedBatch, Tensor]:
         images = [self.resize(image) for image, _ in samples]
         labels = torch.as_tensor([label for _, label in samples])
-        return pack(images, self.patch_size, self.max_tokens, self.prefix), labels
+        return pack(images, self.patch_size, self.max_tokens, self.prefix, self.drop), labels

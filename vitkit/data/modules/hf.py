@@ -135,7 +135,8 @@ class HFDataModule(RankPositions, SkippingImages):
 
         hp = self.hparams
         loader = StatefulDataLoader(ds, batch_size=hp.batch_size, num_workers=self.workers(),
-                                    collate_fn=self.collate_fn, pin_memory=hp.pin_memory and torch.cuda.is_available())
+                                    collate_fn=self.collate_for(train),
+                                    pin_memory=hp.pin_memory and torch.cuda.is_available())
         return EvenSteps(loader, self, train)
 
     def train_dataloader(self):

@@ -81,6 +81,10 @@ class _TrainValLoaders(L.LightningDataModule):
     ``predict`` runs over the validation split."""
 
     collate_fn = None  # how samples become a batch, when they are not plain (tensor, label) pairs
+
+    def collate_for(self, train: bool):
+        """How the training (``train``) or evaluation loader's samples become a batch."""
+        return self.collate_fn
     drop_last_train = True  # image batches keep one size; text batches keep every example
     may_yield_empty = False  # whether a batch can arrive empty (every file in it unreadable)
     test_set: Dataset | None = None
@@ -108,7 +112,7 @@ class _TrainValLoaders(L.LightningDataModule):
         pin = hp.get("pin_memory", False) and torch.cuda.is_available()
         workers = self.workers()
         return DataLoader(ds, batch_size=hp.batch_size, sampler=sampler, generator=generator,
-                          drop_last=train and self.drop_last_train, collate_fn=self.collate_fn,
+                          drop_last=train and self.drop_last_train, collate_fn=self.collate_for(train),
                           num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
 
     sets_up_locally = False  # setup() reads local data only, and once: the CLI may call it before fit
@@ -218,17 +222,19 @@ class SkippingImages(_TrainValLoaders):
                  mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
                  interpolation: str | None = None, crop_mode: CropMode | None = None,
                  pin_memory: bool = True, packing: bool = False, max_patches: int | None = None,
-                 max_tokens: int | None = None) -> None:
+                 max_tokens: int | None = None, token_drop: float = 0.0) -> None:
         """``packing``: images keep their aspect ratio, each resized within ``max_patches`` patches (by default
         img_size's), and a batch is packed into sequences of ``max_tokens`` slots (by default one budget and the
-        model's prefix tokens) for a ViT's ``forward_packed``; ``vitkit.data.packing``."""
+        model's prefix tokens) for a ViT's ``forward_packed``, in training with ``token_drop`` of each image's
+        patches left out; ``vitkit.data.packing``."""
         super().__init__()
         self.save_hyperparameters()  # with the subclass's own arguments (Lightning collects the whole chain)
         self.data_cfg = data_config(model_name, img_size, crop_pct=crop_pct, mean=mean, std=std,
                                     interpolation=interpolation, crop_mode=crop_mode)
         self.augmentation()  # a value that is none of the field's refused now, not at the first epoch
-        if not packing and (max_patches is not None or max_tokens is not None):
-            raise ValueError("--data.max_patches and --data.max_tokens size packed batches: add --data.packing true")
+        if not packing and (max_patches is not None or max_tokens is not None or token_drop):
+            raise ValueError("--data.max_patches, --data.max_tokens and --data.token_drop are for packed batches: add "
+                             "--data.packing true")
         for name, value in (("max_patches", max_patches), ("max_tokens", max_tokens)):
             if value is not None and value < 1:
                 raise ValueError(f"--data.{name} must be >= 1, got {value}")
@@ -243,12 +249,12 @@ class SkippingImages(_TrainValLoaders):
             return None
         module = self.trainer.lightning_module if self.trainer is not None else None
         model = getattr(module, "model", None) or self.packed_model
-        return packing_for(model, hp.model_name, self.data_cfg.img_size, hp.max_patches, hp.max_tokens)
+        return packing_for(model, hp.model_name, self.data_cfg.img_size, hp.max_patches, hp.max_tokens,
+                           hp.get("token_drop", 0.0))
 
-    @property
-    def collate_fn(self):
+    def collate_for(self, train: bool):
         plan = self.pack_plan()
-        return collate_skipping if plan is None else plan.collate
+        return collate_skipping if plan is None else plan.train_collate if train else plan.collate
 
     def eval_transform(self):
         """The eval preprocessing: ``transforms.eval_transform``, or with packing each whole image resized within its

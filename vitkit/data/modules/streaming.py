@@ -76,7 +76,7 @@ class StreamingImageDataModule(RankPositions, SkippingImages):
         # a generator of its own: starting an epoch's iterator must not draw from the global stream, which
         # drop path and mixup use and checkpoints restore (the workers' seeds do not matter, see ImageShards)
         return StreamingDataLoader(ds, batch_size=hp.batch_size, num_workers=self.workers(),
-                                   collate_fn=self.collate_fn, generator=torch.Generator().manual_seed(hp.seed),
+                                   collate_fn=self.collate_for(train), generator=torch.Generator().manual_seed(hp.seed),
                                    pin_memory=hp.pin_memory and torch.cuda.is_available())
 
     def train_dataloader(self) -> EvenBatches:
