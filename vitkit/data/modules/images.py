@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from pathlib import Path
@@ -60,6 +61,39 @@ class EpochSampler(DistributedSampler):
         super().set_epoch(epoch)
         self.generator.manual_seed((self.seed * 1_000_003 + epoch) * 1_009 + self.rank)
 
+    skip = 0  # the indices the next pass leaves out from its start (ResumableLoader's place in the epoch)
+
+    def __iter__(self):
+        skip, self.skip = self.skip, 0
+        return itertools.islice(super().__iter__(), skip, None)
+
+
+class ResumableLoader(DataLoader):
+    """A training loader whose place in its epoch Lightning keeps in the checkpoint (``state_dict``): a run resumed
+    from a checkpoint written mid-epoch goes on with the next batch of that epoch's order (:class:`EpochSampler`),
+    repeating no image and leaving none out. Every rank is at the same batch when a checkpoint is written, so the
+    one place Lightning saves (rank 0's) is every rank's."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._yielded = self._resume_at = 0
+
+    def __iter__(self):
+        start, self._resume_at = self._resume_at, 0
+        if start >= len(self):  # saved after its last batch (at the epoch's validation): the next epoch is whole
+            start = 0
+        self.sampler.skip = start * self.batch_size
+        self._yielded = start
+        for batch in super().__iter__():
+            self._yielded += 1
+            yield batch
+
+    def state_dict(self) -> dict:
+        return {"batches": self._yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_at = int(state.get("batches", 0))
+
 
 def check_one_batch(samples: int, batch_size: int, trainer: L.Trainer | None, where: str) -> None:
     """Refuse, before training, a training split in which no rank gets one whole batch: with the last incomplete
@@ -111,9 +145,10 @@ class _TrainValLoaders(L.LightningDataModule):
             sampler = EpochSampler(ds, generator, epoch)
         pin = hp.get("pin_memory", False) and torch.cuda.is_available()
         workers = self.workers()
-        return DataLoader(ds, batch_size=hp.batch_size, sampler=sampler, generator=generator,
-                          drop_last=train and self.drop_last_train, collate_fn=self.collate_for(train),
-                          num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
+        kind = ResumableLoader if train else DataLoader
+        return kind(ds, batch_size=hp.batch_size, sampler=sampler, generator=generator,
+                    drop_last=train and self.drop_last_train, collate_fn=self.collate_for(train),
+                    num_workers=workers, pin_memory=pin, persistent_workers=workers > 0)
 
     sets_up_locally = False  # setup() reads local data only, and once: the CLI may call it before fit
 
