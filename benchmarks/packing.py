@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import vitkit
 from vitkit.checkpoints.formats import to_vitkit
 from vitkit.models.packing import budget_size, from_naflex, pack
-from vitkit.tools.bench import device_name
+from vitkit.tools.bench import device_name, publish
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "moon", "page", "brick", "grass", "gravel",
           "hubble_deep_field", "immunohistochemistry", "text")
@@ -156,11 +156,7 @@ def main() -> None:
     for name, (_, padding) in entries.items():
         rate = a.images / statistics.median(times[name])
         lines.append(f"| {name} | {padding:.1%} | {rate:.2f} | {rate / ref:.2f} |")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text + "\n")
+    publish("\n".join(lines), a.out)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from packing import PHOTOS, photographs  # benchmarks/packing.py, beside this sc
 from PIL import Image
 
 from vitkit.cli.train import cli_main
-from vitkit.tools.bench import device_name
+from vitkit.tools.bench import device_name, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {"packed": ["--data.packing", "true", "--data.max_tokens", "195"],  # 3 budgets of 64 patches and a prefix
@@ -78,11 +78,7 @@ def main() -> None:
         accs = [acc for acc, _ in runs]
         lines.append(f"| {mode} | {', '.join(f'{x:.3f}' for x in accs)} | {statistics.mean(accs):.3f} | "
                      f"{statistics.mean(s for _, s in runs):.0f} |")
-    text = "\n".join(lines)
-    print(text)
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text + "\n")
+    publish("\n".join(lines), a.out)
 
 
 if __name__ == "__main__":

@@ -236,6 +236,14 @@ def device_name(device: torch.device) -> str:
     return f"{cpu_name()} x{torch.get_num_threads()} threads"
 
 
+def publish(text: str, out: Path | None) -> None:
+    """A benchmark's result: printed, and written to ``out`` (its folder made) when given."""
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+
+
 def write_rows(rows: list[dict], out: Path, columns: list[str]) -> None:
     """The rows as CSV at ``out`` and as JSON beside it (the decoding benchmark writes its rows the same way)."""
     out.parent.mkdir(parents=True, exist_ok=True)
