@@ -80,6 +80,17 @@ def test_a_classifier_trains_on_packed_images_and_evaluate_scores_them_the_same(
     capsys.readouterr()
     assert main(["predict", "--checkpoint", str(ckpt), row[0], "--max-patches", "16", "--topk", "1"]) == 0
     assert capsys.readouterr().out.strip() == f"{row[0]}: {row[2]} {float(row[3]):.3f}"
+    # the run's budget is the model's: predict and evaluate take its images whole without being told
+    assert main(["predict", "--checkpoint", str(ckpt), row[0], "--topk", "1"]) == 0
+    assert capsys.readouterr().out.strip() == f"{row[0]}: {row[2]} {float(row[3]):.3f}"
+    status, _ = run_cli(["evaluate", "--checkpoint", str(ckpt), "--data.root", str(shapes_folder),
+                         "--data.max_tokens", "40", "--out", str(tmp_path / "ev2")], capsys)
+    assert status == 0 and json.loads((tmp_path / "ev2" / "metrics.json").read_text())["top1"] == scored
+    # its ONNX export records the budget, and onnxruntime takes each image whole as the checkpoint does
+    assert main(["export", str(ckpt), "-o", str(tmp_path / "m.onnx")]) == 0
+    capsys.readouterr()
+    assert main(["predict", "--onnx", str(tmp_path / "m.onnx"), row[0], "--topk", "1"]) == 0
+    assert capsys.readouterr().out.strip() == f"{row[0]}: {row[2]} {float(row[3]):.3f}"
 
 
 def test_what_cannot_pack_is_refused_in_one_line(shapes_folder, tmp_path):

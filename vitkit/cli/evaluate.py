@@ -8,6 +8,7 @@ the data module's preprocessing defaults to the model's own (its size, mean, std
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ from vitkit.evaluation.multilabel import THRESHOLD_MODES, choose_thresholds, mul
 from vitkit.evaluation.predict import backbone_scores, predict, width
 from vitkit.evaluation.report import write_backbone_report, write_report
 from vitkit.models.config import pair
+from vitkit.models.packing import PackedBatch
 
-PREPROCESSING = ("img_size", "mean", "std", "crop_pct", "interpolation", "crop_mode")
+PREPROCESSING = ("img_size", "mean", "std", "crop_pct", "interpolation", "crop_mode", "packing", "max_patches")
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
@@ -193,6 +195,10 @@ def _model(cfg, device: torch.device,
         prep = {"img_size": h if h == w else (h, w), "crop_mode": net.meta.get("crop_mode", "center"),
                 **{k: net.meta[k] for k in ("mean", "std", "crop_pct", "interpolation")}}
         thresholds = None if net.thresholds is None else torch.tensor(net.thresholds)
+        if "max_patches" in net.meta:  # batches of one size here; `vitkit predict --onnx` takes each image whole
+            print(f"note: {cfg.onnx} is of a model trained on whole images within {net.meta['max_patches']} "
+                  f"patches; evaluate scores it on {h}x{w} crops (evaluate its checkpoint for the packed score)",
+                  file=sys.stderr)
         return (lambda x: torch.from_numpy(net(x.float().cpu().numpy()))), list(net.labels), prep, thresholds
     import vitkit
 
@@ -209,7 +215,10 @@ def _model(cfg, device: torch.device,
     prep = {"img_size": h if h == w else (h, w), "mean": tuple(net.cfg.mean), "std": tuple(net.cfg.std),
             "crop_pct": net.cfg.crop_pct, "interpolation": net.cfg.interpolation,
             "crop_mode": getattr(net.cfg, "crop_mode", "center")}
-    net.features = lambda x: net.forward_head(net.forward_features(x), pre_logits=True)
+    if getattr(net.cfg, "max_patches", None) is not None:  # trained on packed batches: evaluated so by default
+        prep.update(packing=True, max_patches=net.cfg.max_patches)
+    net.features = lambda x: net.forward_packed(x, pre_logits=True) if isinstance(x, PackedBatch) else \
+        net.forward_head(net.forward_features(x), pre_logits=True)
     thresholds = None if getattr(net, "thresholds", None) is None else torch.tensor(net.thresholds)
     return net, names, prep, thresholds
 
@@ -228,7 +237,7 @@ def _data(p: ArgumentParser, cfg, prep: dict, explicit: set[str], eval_train: bo
             accepted |= set(inspect.signature(c.__init__).parameters)
     args = dict(vars(cfg.data.init_args))
     for k in PREPROCESSING:
-        if k in accepted and k not in explicit:
+        if k in accepted and k not in explicit and k in prep:
             args[k] = prep[k]
     dm = klass(**args)
     if args.get("packing"):  # images of their own sizes, packed for this model (which no trainer holds here)

@@ -23,7 +23,8 @@ def parser():
     p.add_argument("--onnx", help="an exported model.onnx, run by onnxruntime with the preprocessing in its metadata")
     p.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
     p.add_argument("--max-patches", type=int, default=None, metavar="N", help="a ViT: each image whole, resized "
-                   "within N patches at its own aspect ratio (as --data.packing evaluates), not cropped square")
+                   "within N patches at its own aspect ratio (as --data.packing evaluates), not cropped square; a "
+                   "model trained with --data.packing does so by default, at its budget")
     p.add_argument("--mode", choices=("whole", "slide"), default="whole", help="a segmenter: whole (the image "
                    "resized to the model's size, the logits back to the image's) or slide (windows of the model's "
                    "size over the image as it is, --stride apart, overlapping logits averaged)")
@@ -140,6 +141,8 @@ def torch_classifier(args):
     names = getattr(net, "class_names", None) or [str(i) for i in range(net.cfg.num_classes)]
     refuse_an_embedding(net, args.model, args.checkpoint)
     thresholds = getattr(net, "thresholds", None)
+    if args.max_patches is None:  # a model trained on packed batches predicts as it was validated
+        args.max_patches = getattr(net.cfg, "max_patches", None)
     if args.max_patches is not None:  # the whole image at its aspect ratio, one packed sequence
         from vitkit.data.packing import packing_for
 

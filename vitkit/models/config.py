@@ -30,6 +30,9 @@ class DataConfig:
     crop_pct: float = 0.875  # resize to img_size / crop_pct, then center-crop img_size
     interpolation: str = "bicubic"
     crop_mode: CropMode = "center"
+    # a ViT trained on packed batches (--data.packing): predict and evaluate resize each whole image within this many
+    # patches at its own aspect ratio, as the run validated it, instead of cropping it square
+    max_patches: int | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_held"):

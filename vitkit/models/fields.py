@@ -13,7 +13,7 @@ from typing import Any, Literal, Union
 # the smallest value of the numeric fields that count something: the same name means the same in every family
 AT_LEAST_ONE = {"img_size", "patch_size", "in_chans", "embed_dim", "depth", "depths", "num_heads", "num_kv_heads",
                 "window_size", "pretrained_window_sizes", "src_vocab_size", "tgt_vocab_size", "d_model", "d_ff",
-                "max_len", "sliding_window", "rope_ref_grid"}
+                "max_len", "sliding_window", "rope_ref_grid", "max_patches"}
 AT_LEAST_ZERO = {"num_classes", "reg_tokens", "num_encoder_layers", "num_decoder_layers", "pad_id", "bos_id",
                  "eos_id"}
 RATES = {"drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate", "dropout",

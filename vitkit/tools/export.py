@@ -79,7 +79,16 @@ def metadata(model: nn.Module, dynamic_size: bool) -> dict[str, str]:
             "vitkit.crop_mode": getattr(cfg, "crop_mode", "center"),
             "vitkit.labels": json.dumps(getattr(model, "class_names", None)),
             "vitkit.task": "segmentation" if hasattr(model, "decode_head") else "classification",
-            "vitkit.thresholds": json.dumps(_thresholds(model))}
+            "vitkit.thresholds": json.dumps(_thresholds(model)), **_packed_budget(model, dynamic_size)}
+
+
+def _packed_budget(model: nn.Module, dynamic_size: bool) -> dict[str, str]:
+    """A model trained on packed batches, exported for any size: its patch budget and patch size, so that each image
+    is resized whole within the budget at its aspect ratio, as the run evaluated it."""
+    budget = getattr(model.cfg, "max_patches", None)
+    if budget is None or not dynamic_size:
+        return {}
+    return {"vitkit.max_patches": json.dumps(budget), "vitkit.patch_size": json.dumps(_net(model).patch_size)}
 
 
 def _thresholds(model: nn.Module) -> list[float] | None:

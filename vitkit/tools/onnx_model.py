@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from vitkit.budget import budget_size
 from vitkit.errors import CheckpointError
 
 # what each vitkit.* metadata entry of an export holds, as (JSON type check, what the message says it should be)
@@ -23,6 +24,8 @@ _METADATA = {
     "mean": (lambda v: _numbers(v), "a list of numbers"),
     "std": (lambda v: _numbers(v) and all(x > 0 for x in v), "a list of positive numbers"),
     "crop_pct": (lambda v: _numbers([v]) and 0 < v <= 1, "a number in (0, 1]"),
+    "max_patches": (lambda v: _ints([v], 1), "a positive int"),
+    "patch_size": (lambda v: _ints([v], 1), "a positive int"),
     "labels": (lambda v: v is None or isinstance(v, list) and all(isinstance(x, str) for x in v),
                "null or a list of strings"),
     "thresholds": (lambda v: v is None or _numbers(v) and all(0 <= x <= 1 for x in v),
@@ -135,7 +138,8 @@ class OnnxModel:
     def preprocess(self, image) -> np.ndarray:
         """A PIL image -> the (1, C, H, W) float32 input, with the eval transform the metadata records (timm's:
         resize the shorter side to size / crop_pct, centre crop, normalise; or with crop_mode "squash" the whole
-        image resized to the size), in PIL and numpy."""
+        image resized to the size; or for a model trained on packed batches the whole image resized within its patch
+        budget at its aspect ratio), in PIL and numpy."""
         missing = [k for k in ("input_size", "mean", "std", "crop_pct", "interpolation") if k not in self.meta]
         if missing:
             raise CheckpointError(f"{self.path} has no vitkit.{missing[0]} metadata: it was not written by `vitkit "
@@ -145,7 +149,10 @@ class OnnxModel:
             raise CheckpointError(f"{self.path}: its metadata has {len(self.meta['mean'])} mean and "
                                   f"{len(self.meta['std'])} std values for {c} input channels")
         image = image.convert("L" if c == 1 else "RGB")
-        if self.meta.get("crop_mode", "center") == "squash":  # the whole image, resized to (H, W)
+        if "max_patches" in self.meta and "patch_size" in self.meta:  # trained packed: whole, at its aspect ratio
+            h, w = budget_size(image.height, image.width, self.meta["patch_size"], self.meta["max_patches"])
+            image = image.resize((w, h), INTERPOLATION.get(self.meta["interpolation"], 2))
+        elif self.meta.get("crop_mode", "center") == "squash":  # the whole image, resized to (H, W)
             image = image.resize((w, h), INTERPOLATION.get(self.meta["interpolation"], 2))
         else:
             image = resize_and_crop(image, (h, w), self.meta["crop_pct"], self.meta["interpolation"])

@@ -206,13 +206,16 @@ class ImageClassifier(TrainingModule):
                              f"{', '.join(off)}; turn it off")
 
     def _keep_crop_mode(self, dm) -> None:
-        """The data's crop_mode (``squash``: the whole image) becomes the model's, in its config and the checkpoint's
-        overrides, so that predict, evaluate and exports prepare images as this run validated them."""
-        mode = getattr(getattr(dm, "data_cfg", None), "crop_mode", None)
-        if mode is None or mode == getattr(self.model.cfg, "crop_mode", mode):
-            return
-        self.model.configure(crop_mode=mode)
-        self.hparams.model_overrides = {**(self.hparams.model_overrides or {}), "crop_mode": mode}
+        """The data's crop_mode (``squash``: the whole image) and with packing its patch budget become the model's, in
+        its config and the checkpoint's overrides, so that predict, evaluate and exports prepare images as this run
+        validated them."""
+        plan = getattr(dm, "pack_plan", lambda: None)()
+        kept = {"crop_mode": getattr(getattr(dm, "data_cfg", None), "crop_mode", None),
+                "max_patches": None if plan is None else plan.max_patches}
+        kept = {k: v for k, v in kept.items() if v is not None and v != getattr(self.model.cfg, k, v)}
+        if kept:
+            self.model.configure(**kept)
+            self.hparams.model_overrides = {**(self.hparams.model_overrides or {}), **kept}
 
     def fit_probe_head(self) -> None:
         """``head_init="probe"``: the head fitted on the frozen features, its score logged and its model saved."""
