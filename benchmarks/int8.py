@@ -2,6 +2,8 @@
 static int8 graph in OpenVINO (where ``pip install openvino`` put it beside vitkit), and vitkit's PyTorch model in
 bf16, at batch 1 and 8. Random weights (the speed does not depend on them); the static model is calibrated on 32
 random inputs. Every entry is timed in interleaved rounds after a warm-up; the median ms per batch is reported.
+Each timed block starts after a pause (``--pause``): onnxruntime's and OpenVINO's worker threads spin for a while after
+a call, and on a few cores they would take time from the entry timed next.
 
     python benchmarks/int8.py --models vit_base_patch16_224,deit_small_patch16_224,swin_tiny_patch4_window7_224 \\
         --out benchmarks/results/int8_cpu.md
@@ -54,12 +56,13 @@ def _bf16(model: torch.nn.Module) -> Callable[[np.ndarray], None]:
     return run
 
 
-def _time(entries: dict[str, Callable], x: np.ndarray, rounds: int, iters: int) -> dict[str, float]:
+def _time(entries: dict[str, Callable], x: np.ndarray, rounds: int, iters: int, pause: float) -> dict[str, float]:
     for run in entries.values():
         run(x)
     times: dict[str, list[float]] = {k: [] for k in entries}
     for _ in range(rounds):
         for name, run in entries.items():
+            time.sleep(pause)
             start = time.perf_counter()
             for _ in range(iters):
                 run(x)
@@ -74,13 +77,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--pause", type=float, default=0.3, help="seconds idle before each timed block")
     ap.add_argument("--out", type=Path, default=None, help="a markdown table (printed too)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                "unknown CPU")
     rows = [f"CPU: {cpu}, {args.threads} threads; torch {torch.__version__}; median ms per batch of "
-            f"{args.rounds} interleaved rounds x {args.iters} calls", "",
+            f"{args.rounds} interleaved rounds x {args.iters} calls, "
+            f"{args.pause} s idle before each", "",
             "| model | batch | fp32 (onnxruntime) | int8 static | int8 dynamic | int8 static (OpenVINO) "
             "| bf16 (PyTorch) |",
             "|---|---|---|---|---|---|---|"]
@@ -104,7 +109,7 @@ def main() -> None:
             entries = {k: v for k, v in entries.items() if v is not None}
             for batch in map(int, args.batch_sizes.split(",")):
                 x = np.random.default_rng(1).standard_normal((batch, 3, h, w)).astype(np.float32)
-                ms = _time(entries, x, args.rounds, args.iters)
+                ms = _time(entries, x, args.rounds, args.iters, args.pause)
 
                 def cell(k: str, ms=ms) -> str:
                     return f"{ms[k]:.1f} ({ms['fp32'] / ms[k]:.2f}x)" if k in ms else "-"

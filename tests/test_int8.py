@@ -79,6 +79,12 @@ def test_int8_keeps_the_accuracy_labels_and_preprocessing(trained, tmp_path, cap
     quantized = [n for n in matmuls if all(produced.get(i) == "DequantizeLinear" for i in n.input[:2])]
     assert "QuantizeLinear" in ops and len(quantized) == 9  # qkv, proj, fc1, fc2 of 2 blocks, and the head
     assert all(produced.get(i) != "DequantizeLinear" for n in matmuls if n not in quantized for i in n.input[:2])
+    # uint8 inputs against int8 weights, and each quantized layer's output left in float
+    points = {i.name: i for i in model.graph.initializer}
+    zero_points = [points[n.input[2]].data_type for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert set(zero_points) == {onnx.TensorProto.UINT8}, zero_points
+    consumers = {i: n.op_type for n in model.graph.node for i in n.input}
+    assert not any(consumers.get(n.output[0]) == "QuantizeLinear" for n in quantized)
 
     image = next((cal / "3").iterdir())
     status, err = run_cli(["predict", str(image), "--onnx", str(out)], capsys)

@@ -202,9 +202,12 @@ def _quantize(src: str, dst: Path, mode: str, reader, nodes: list[str], method: 
         return
     calibrate = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                  "percentile": CalibrationMethod.Percentile}[method]
+    # uint8 inputs and int8 weights (the u8s8 kernels dynamic int8 runs too); each layer's output is left in float,
+    # where its bias, the residual and the next norm take it, instead of being quantized again and dequantized at once
     quantize_static(src, str(dst), reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul", "Gemm"],
-                    nodes_to_quantize=nodes, per_channel=True, activation_type=QuantType.QInt8,
-                    weight_type=QuantType.QInt8, calibrate_method=calibrate)
+                    nodes_to_quantize=nodes, per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8, calibrate_method=calibrate,
+                    extra_options={"OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"]})
 
 
 def _carry_metadata(src, dst: Path, extra: dict) -> None:
