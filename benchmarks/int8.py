@@ -1,9 +1,10 @@
-"""int8 against fp32 on the CPU: vitkit's ONNX export in onnxruntime (fp32, static int8, dynamic int8), the same
-static int8 graph in OpenVINO (where ``pip install openvino`` put it beside vitkit), and vitkit's PyTorch model in
-bf16, at batch 1 and 8. Random weights (the speed does not depend on them); the static model is calibrated on 32
-random inputs. Every entry is timed in interleaved rounds after a warm-up; the median ms per batch is reported.
-Each timed block starts after a pause (``--pause``): onnxruntime's and OpenVINO's worker threads spin for a while after
-a call, and on a few cores they would take time from the entry timed next.
+"""int8 against fp32 on the CPU: vitkit's ONNX export in onnxruntime (fp32 as ``vitkit export`` writes it, static and
+dynamic int8 as ``vitkit export --int8`` does), the same static int8 graph in OpenVINO (where ``pip install openvino``
+put it beside vitkit; its float work in its default precision, bf16 where the CPU has it, and in f32), and vitkit's
+PyTorch model in bf16, at batch 1 and 8. Random weights (the speed does not depend on them); the static model is
+calibrated on 32 random inputs. Every entry is timed in interleaved rounds after a warm-up; the median ms per batch
+is reported. Each timed block starts after a pause (``--pause``): onnxruntime's and OpenVINO's worker threads spin
+for a while after a call, and on a few cores they would take time from the entry timed next.
 
     python benchmarks/int8.py --models vit_base_patch16_224,deit_small_patch16_224,swin_tiny_patch4_window7_224 \\
         --out benchmarks/results/int8_cpu.md
@@ -23,8 +24,8 @@ import torch
 
 import vitkit
 from vitkit.models.config import pair
-from vitkit.tools.export import INPUT, export_onnx
-from vitkit.tools.quantize import CalibrationBatches, linear_nodes, write_int8
+from vitkit.tools.export import INPUT, INT8_OPSET, export_onnx
+from vitkit.tools.quantize import CalibrationBatches, int8_fixed_size, linear_nodes, write_int8
 
 
 def _onnx(path: Path, threads: int) -> Callable[[np.ndarray], None]:
@@ -37,12 +38,13 @@ def _onnx(path: Path, threads: int) -> Callable[[np.ndarray], None]:
     return lambda x: session.run(None, {name: x})
 
 
-def _openvino(path: Path, threads: int) -> Callable[[np.ndarray], None] | None:
+def _openvino(path: Path, threads: int, precision: str | None = None) -> Callable[[np.ndarray], None] | None:
     try:
         import openvino as ov
     except ImportError:
         return None
-    compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads})
+    config = {"INFERENCE_NUM_THREADS": threads, **({"INFERENCE_PRECISION_HINT": precision} if precision else {})}
+    compiled = ov.Core().compile_model(str(path), "CPU", config)
     return lambda x: compiled(x)
 
 
@@ -87,24 +89,26 @@ def main() -> None:
             f"{args.rounds} interleaved rounds x {args.iters} calls, "
             f"{args.pause} s idle before each", "",
             "| model | batch | fp32 (onnxruntime) | int8 static | int8 dynamic | int8 static (OpenVINO) "
-            "| bf16 (PyTorch) |",
-            "|---|---|---|---|---|---|---|"]
+            "| int8 static (OpenVINO, f32 between) | bf16 (PyTorch) |",
+            "|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             torch.manual_seed(0)
             model = vitkit.create_model(name).eval()
             h, w = pair(model.cfg.img_size)
-            fp32 = Path(tmp) / f"{name}.onnx"
+            fp32, graph = Path(tmp) / f"{name}.onnx", Path(tmp) / f"{name}.int8-graph.onnx"
             export_onnx(model, fp32)
+            export_onnx(model, graph, opset=INT8_OPSET, dynamic_size=False if int8_fixed_size(model) else None)
             import onnx
 
-            nodes = linear_nodes(onnx.load(str(fp32)))
+            nodes = linear_nodes(onnx.load(str(graph)))
             calibration = np.random.default_rng(0).standard_normal((32, 3, h, w)).astype(np.float32)
             static, dynamic = Path(tmp) / f"{name}.static.onnx", Path(tmp) / f"{name}.dynamic.onnx"
-            write_int8(str(fp32), static, "static", CalibrationBatches(INPUT, calibration), nodes, "minmax")
-            write_int8(str(fp32), dynamic, "dynamic", None, nodes, "minmax")
+            write_int8(str(graph), static, "static", CalibrationBatches(INPUT, calibration), nodes, "minmax")
+            write_int8(str(graph), dynamic, "dynamic", None, nodes, "minmax")
             entries = {"fp32": _onnx(fp32, args.threads), "static": _onnx(static, args.threads),
                        "dynamic": _onnx(dynamic, args.threads), "openvino": _openvino(static, args.threads),
+                       "openvino_f32": _openvino(static, args.threads, "f32"),
                        "bf16": _bf16(model)}
             entries = {k: v for k, v in entries.items() if v is not None}
             for batch in map(int, args.batch_sizes.split(",")):
@@ -115,7 +119,7 @@ def main() -> None:
                     return f"{ms[k]:.1f} ({ms['fp32'] / ms[k]:.2f}x)" if k in ms else "-"
 
                 rows.append(f"| {name} | {batch} | {ms['fp32']:.1f} | {cell('static')} | {cell('dynamic')} | "
-                            f"{cell('openvino')} | {cell('bf16')} |")
+                            f"{cell('openvino')} | {cell('openvino_f32')} | {cell('bf16')} |")
                 print(rows[-1], flush=True)
     text = "\n".join(rows) + "\n"
     print(text)

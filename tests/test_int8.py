@@ -136,3 +136,35 @@ def test_bad_int8_input_ends_in_one_line(trained, tmp_path, capsys, caplog):
     assert error_line_of(["export", str(fp32), "--int8", "--calibrate", str(tmp_path / "cats")]).startswith(
         f"error: --calibrate {tmp_path / 'cats'}: expected one folder per class named as the model's labels (0, 1, 2, "
         "3, 4, ...), found tabby")
+
+
+@pytest.mark.parametrize("name, size", [("vit_tiny_patch16_224", None), ("swin_tiny_patch4_window7_224", SIZE)])
+def test_int8_from_a_model_file_is_opset_20_and_fixed_in_size_for_swin(name, size, trained, tmp_path, capsys):
+    """From weights (not an fp32 export), --int8 exports at opset 20, where GELU is one node, and a Swin at its own
+    size, so that its shifted-window masks and gathers are constants; a ViT keeps its dynamic size."""
+    from vitkit.checkpoints.load import save_pretrained
+    from vitkit.tools.export import OnnxModel
+
+    _, _, cal = trained
+    torch.manual_seed(0)
+    kw = dict(patch_size=2, embed_dim=16, depths=(2, 2), num_heads=(2, 2), window_size=4) if "swin" in name else \
+        dict(patch_size=4, embed_dim=32, depth=2, num_heads=2)
+    net = vitkit.create_model(name, img_size=SIZE, num_classes=10, **kw).eval()
+    save_pretrained(net, tmp_path / "weights", class_names=[str(d) for d in range(10)])
+    out = tmp_path / "int8.onnx"
+    status, err = run_cli(["export", str(tmp_path / "weights"), "--int8", "--calibrate", str(cal), "--max-drop", "100",
+                           "-o", str(out)], capsys)
+    assert status == 0, err
+    model = onnx.load(str(out))
+    assert {o.domain: o.version for o in model.opset_import}[""] == 20
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("Gelu") == sum(isinstance(m, torch.nn.GELU) for m in net.modules()) > 0 and "Erf" not in ops
+    dims = [d.dim_value or None for d in model.graph.input[0].type.tensor_type.shape.dim][2:]
+    assert dims == [size, size]
+    if size:
+        assert not {"Range", "Mod"} & set(ops)
+    x = torch.randn(3, 3, SIZE, SIZE)
+    with torch.no_grad():
+        ref = net(x).numpy()
+    got = OnnxModel(out)(x.numpy())
+    assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max(), (np.abs(got - ref).max(), np.abs(ref).max())
