@@ -13,6 +13,7 @@ for a while after a call, and on a few cores they would take time from the entry
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import tempfile
 import time
@@ -58,6 +59,51 @@ def _bf16(model: torch.nn.Module) -> Callable[[np.ndarray], None]:
     return run
 
 
+def _entries(model: torch.nn.Module, tmp: Path, threads: int, pt2e: bool) -> dict[str, Callable]:
+    """Each entry's run function: the exports as the CLI writes them (int8 at its opset, a Swin at its size)."""
+    import onnx
+
+    h, w = pair(model.cfg.img_size)
+    fp32, graph = tmp / f"{model.name}.onnx", tmp / f"{model.name}.int8-graph.onnx"
+    export_onnx(model, fp32)
+    export_onnx(model, graph, opset=INT8_OPSET, dynamic_size=False if int8_fixed_size(model) else None)
+    nodes = linear_nodes(onnx.load(str(graph)))
+    calibration = np.random.default_rng(0).standard_normal((32, 3, h, w)).astype(np.float32)
+    static, dynamic = tmp / f"{model.name}.static.onnx", tmp / f"{model.name}.dynamic.onnx"
+    write_int8(str(graph), static, "static", CalibrationBatches(INPUT, calibration), nodes, "minmax")
+    write_int8(str(graph), dynamic, "dynamic", None, nodes, "minmax")
+    entries = {"fp32": _onnx(fp32, threads), "static": _onnx(static, threads), "dynamic": _onnx(dynamic, threads),
+               "openvino": _openvino(static, threads), "openvino_f32": _openvino(static, threads, "f32"),
+               "pt2e": _pt2e(model, calibration) if pt2e else None, "bf16": _bf16(copy.deepcopy(model))}
+    return {k: v for k, v in entries.items() if v is not None}
+
+
+def _pt2e(model: torch.nn.Module, calibration: np.ndarray) -> Callable[[np.ndarray], None] | None:
+    """PyTorch's own x86 int8: static, calibrated on the same inputs, then compiled by inductor with frozen weights."""
+    try:
+        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    except ImportError:
+        return None
+    import torch._inductor.config
+
+    batch = torch.export.Dim("batch", min=1, max=64)
+    graph = torch.export.export(model, (torch.from_numpy(calibration[:2]),), dynamic_shapes=({0: batch},)).module()
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    graph = prepare_pt2e(graph, quantizer)
+    with torch.no_grad():
+        for chunk in np.split(calibration, 8):
+            graph(torch.from_numpy(chunk))
+    torch._inductor.config.freezing = True
+    compiled = torch.compile(convert_pt2e(graph))
+
+    def run(x: np.ndarray) -> None:
+        with torch.no_grad():
+            compiled(torch.from_numpy(x))
+
+    return run
+
+
 def _time(entries: dict[str, Callable], x: np.ndarray, rounds: int, iters: int, pause: float) -> dict[str, float]:
     for run in entries.values():
         run(x)
@@ -80,6 +126,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--pause", type=float, default=0.3, help="seconds idle before each timed block")
+    ap.add_argument("--pt2e", action="store_true", help="also PyTorch's x86 int8 (torchao's X86InductorQuantizer, "
+                    "torch.compile'd), where torchao is installed")
     ap.add_argument("--out", type=Path, default=None, help="a markdown table (printed too)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -89,28 +137,15 @@ def main() -> None:
             f"{args.rounds} interleaved rounds x {args.iters} calls, "
             f"{args.pause} s idle before each", "",
             "| model | batch | fp32 (onnxruntime) | int8 static | int8 dynamic | int8 static (OpenVINO) "
-            "| int8 static (OpenVINO, f32 between) | bf16 (PyTorch) |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| int8 static (OpenVINO, f32 between) | bf16 (PyTorch) |"
+            + (" int8 (PyTorch x86, compiled) |" if args.pt2e else ""),
+            "|---|---|---|---|---|---|---|---|" + ("---|" if args.pt2e else "")]
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             torch.manual_seed(0)
             model = vitkit.create_model(name).eval()
             h, w = pair(model.cfg.img_size)
-            fp32, graph = Path(tmp) / f"{name}.onnx", Path(tmp) / f"{name}.int8-graph.onnx"
-            export_onnx(model, fp32)
-            export_onnx(model, graph, opset=INT8_OPSET, dynamic_size=False if int8_fixed_size(model) else None)
-            import onnx
-
-            nodes = linear_nodes(onnx.load(str(graph)))
-            calibration = np.random.default_rng(0).standard_normal((32, 3, h, w)).astype(np.float32)
-            static, dynamic = Path(tmp) / f"{name}.static.onnx", Path(tmp) / f"{name}.dynamic.onnx"
-            write_int8(str(graph), static, "static", CalibrationBatches(INPUT, calibration), nodes, "minmax")
-            write_int8(str(graph), dynamic, "dynamic", None, nodes, "minmax")
-            entries = {"fp32": _onnx(fp32, args.threads), "static": _onnx(static, args.threads),
-                       "dynamic": _onnx(dynamic, args.threads), "openvino": _openvino(static, args.threads),
-                       "openvino_f32": _openvino(static, args.threads, "f32"),
-                       "bf16": _bf16(model)}
-            entries = {k: v for k, v in entries.items() if v is not None}
+            entries = _entries(model, Path(tmp), args.threads, args.pt2e)
             for batch in map(int, args.batch_sizes.split(",")):
                 x = np.random.default_rng(1).standard_normal((batch, 3, h, w)).astype(np.float32)
                 ms = _time(entries, x, args.rounds, args.iters, args.pause)
@@ -119,7 +154,8 @@ def main() -> None:
                     return f"{ms[k]:.1f} ({ms['fp32'] / ms[k]:.2f}x)" if k in ms else "-"
 
                 rows.append(f"| {name} | {batch} | {ms['fp32']:.1f} | {cell('static')} | {cell('dynamic')} | "
-                            f"{cell('openvino')} | {cell('openvino_f32')} | {cell('bf16')} |")
+                            f"{cell('openvino')} | {cell('openvino_f32')} | {cell('bf16')} |"
+                            + (f" {cell('pt2e')} |" if args.pt2e else ""))
                 print(rows[-1], flush=True)
     text = "\n".join(rows) + "\n"
     print(text)

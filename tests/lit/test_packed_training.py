@@ -93,6 +93,30 @@ def test_a_classifier_trains_on_packed_images_and_evaluate_scores_them_the_same(
     assert capsys.readouterr().out.strip() == f"{row[0]}: {row[2]} {float(row[3]):.3f}"
 
 
+def test_a_hugging_face_stream_trains_on_packed_images(shapes_folder, tmp_path, monkeypatch):
+    """The same images as a Hugging Face dataset (save_to_disk), streamed: each batch packed at the images' own
+    aspect ratios, and the classifier learns from them as it does from the folder."""
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    splits = {}
+    for split, name in (("train", "train"), ("val", "validation")):
+        files = sorted(f for f in (shapes_folder / split).glob("*/*.png") if f.name != "broken.png")
+        splits[name] = datasets.Dataset.from_dict(
+            {"image": [str(f) for f in files], "label": [KINDS.index(f.parent.name) for f in files]},
+            features=datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=list(KINDS))}))
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "saved"))
+    cli = cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
+                    "--model.model_overrides", TINY_VIT, "--data", "vitkit.lit.HFDataModule",
+                    "--data.name", str(tmp_path / "saved"), "--data.streaming", "true", "--data.img_size", "32",
+                    "--data.batch_size", "8", "--data.num_workers", "0", "--data.packing", "true",
+                    "--data.max_tokens", "40", "--trainer.max_epochs", "12", "--trainer.max_steps", "72"])
+    assert cli.trainer.callback_metrics["val/top1"] >= 0.9
+    x = next(iter(cli.datamodule.train_dataloader()))[0]
+    assert isinstance(x, PackedBatch) and len(x) == 8 and x.patches.shape[1] == 40
+    assert all(rows * cols <= 16 for rows, cols in x.grids) and len(set(x.grids)) > 1  # each at its own shape
+
+
 def test_what_cannot_pack_is_refused_in_one_line(shapes_folder, tmp_path):
     fit = ["train", "fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(tmp_path),
            "--model.model_overrides", TINY_VIT, "--data", "vitkit.lit.ImageFolderDataModule",
