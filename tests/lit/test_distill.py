@@ -50,6 +50,26 @@ def test_the_teacher_is_frozen_and_outside_the_optimizer_the_state_dict_and_the_
     assert student.cfg.depth == 1 and student.load_report.ok
 
 
+def test_a_student_whose_teacher_is_gone_loads_for_use_and_resuming_names_the_teacher(tmp_path, caplog):
+    """Only training needs the teacher: with its file gone, the student's checkpoint still loads (to evaluate,
+    predict, export) with a warning, while a resumed run ends in the missing file's line."""
+    import shutil
+
+    from tests.commands import error_line_of
+
+    args = ["fit", "-c", "vit_tiny_digits", *_cpu(tmp_path), "--trainer.limit_val_batches", "1",
+            "--model.model_overrides", str(TINY).replace("'", '"'), "--model.teacher", str(_teacher_file(tmp_path))]
+    trained = cli_main([*args, "--trainer.max_steps", "2"]).model.eval()
+    shutil.rmtree(tmp_path / "teacher")
+    loaded = ImageClassifier.load_from_checkpoint(tmp_path / "checkpoints/last.ckpt").eval()
+    assert loaded._teacher is None and f"the teacher '{tmp_path / 'teacher'}' cannot be built" in caplog.text
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert_close(loaded(x), trained(x))
+    line = error_line_of(["train", *args, "--trainer.max_steps", "3", "--ckpt_path", "last"])
+    assert "does not exist" in line and str(tmp_path / "teacher") in line, line
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lightning checkpoint", "timm cnn file"])
 def test_a_checkpoint_and_a_timm_cnn_teach_a_student(kind, tmp_path, digits_run):

@@ -13,6 +13,7 @@ or in Python (:meth:`from_flat`).
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import dataclasses
 import inspect
@@ -37,6 +38,12 @@ from .recipe import Recipe, WarmupSchedule
 from .sharding import check_gradients_sync, data_parallel_mesh, shard
 
 log = logging.getLogger(__name__)
+_LOADING = contextvars.ContextVar("vitkit_loading_checkpoint", default=False)
+
+
+def loading_checkpoint() -> bool:
+    """Whether a module is being built by ``load_from_checkpoint`` (to use its weights), not for a run."""
+    return _LOADING.get()
 
 
 class EMA(nn.Module):
@@ -137,7 +144,11 @@ class TrainingModule(L.LightningModule):
         if cls.FLAT is not None and cls.FLAT.is_flat(hp):  # the parts passed on; Lightning reads the rest as ever
             parts = cls.FLAT.to_parts(hp)
             kwargs = {**{k: parts[k] for k in cls.FLAT.parts if k in parts}, **kwargs}
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+        token = _LOADING.set(True)
+        try:
+            return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
+        finally:
+            _LOADING.reset(token)
 
     def use_recipe(self, recipe: Recipe | dict[str, Any]) -> None:
         """``self.recipe`` from the module's ``recipe`` argument (a :class:`Recipe`, or its fields as a checkpoint

@@ -16,6 +16,7 @@ Losses (``distillation``), as DeiT (Touvron et al., 2021) and Hinton et al. (201
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,9 @@ import vitkit
 from vitkit.checkpoints import CheckpointError, hub
 from vitkit.checkpoints.files import WEIGHT_SUFFIXES, read_file
 from vitkit.checkpoints.hub import MissingWeightsError
+from vitkit.training.base import loading_checkpoint
 
+log = logging.getLogger(__name__)
 Distillation = Literal["hard", "soft", "none"]
 
 
@@ -181,8 +184,18 @@ class Teacher:
         check_distillation(self.distillation, self.name, self.alpha, self.tau)
 
     def attach(self, module) -> None:
-        """The teacher built and checked against the student's classes; DeiT's distillation head turned on."""
-        model, module._teacher_prep = build_teacher(self.name, self.checkpoint)
+        """The teacher built and checked against the student's classes; DeiT's distillation head turned on. A
+        checkpoint loaded for its weights (to evaluate, predict or export the student) loads without a teacher that
+        is no longer there, which only training needs."""
+        try:
+            model, module._teacher_prep = build_teacher(self.name, self.checkpoint)
+        except (CheckpointError, MissingWeightsError) as e:
+            if not loading_checkpoint():
+                raise
+            log.warning("the teacher %r cannot be built (%s); the student loads without it, which only training "
+                        "needs", self.name, e)
+            object.__setattr__(module, "_teacher_missing", str(e))
+            return
         classes = classes_of(model)
         if classes != module.num_classes:
             raise ValueError(f"the teacher {self.name!r} predicts {classes} classes, the data has {module.num_classes}:"
@@ -197,6 +210,10 @@ class Teacher:
     def before_fit(self, module, dm) -> None:
         """The teacher on the student's device (and, for a *-true precision, its dtype); the student's normalisation
         the data module's."""
+        if module._teacher is None:
+            raise ValueError(f"the teacher {self.name!r} was not there when this checkpoint was loaded "
+                             f"({getattr(module, '_teacher_missing', 'not built')}); distillation needs it to train: "
+                             "put it back, or name another with --model.teacher.name")
         dtype = next(module.model.parameters()).dtype
         module._teacher.to(device=module.device, dtype=dtype if dtype.is_floating_point else None)
         data_cfg = getattr(dm, "data_cfg", None)
