@@ -2,8 +2,10 @@
 optimizer and the checkpoint, fed the student's mixed batch in its own preprocessing; DeiT's hard loss and the soft
 one as their papers write them; a student with the teacher beats the same student without it on few labels."""
 
+import shutil
 from pathlib import Path
 
+import lightning as L
 import pytest
 import timm
 import torch
@@ -11,8 +13,9 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import vitkit
+from tests.commands import error_line_of
 from vitkit.cli.train import cli_main
-from vitkit.lit import ImageClassifier, SingleLabel, Teacher
+from vitkit.lit import DigitsDataModule, ImageClassifier, SingleLabel, Teacher
 from vitkit.tasks.classification.distill import Preprocessing, distillation_loss, to_teacher
 
 from ..hub_cache import cache_weights, use_offline_cache
@@ -53,10 +56,6 @@ def test_the_teacher_is_frozen_and_outside_the_optimizer_the_state_dict_and_the_
 def test_a_student_whose_teacher_is_gone_loads_for_use_and_resuming_names_the_teacher(tmp_path, caplog):
     """Only training needs the teacher: with its file gone, the student's checkpoint still loads (to evaluate,
     predict, export) with a warning, while a resumed run ends in the missing file's line."""
-    import shutil
-
-    from tests.commands import error_line_of
-
     args = ["fit", "-c", "vit_tiny_digits", *_cpu(tmp_path), "--trainer.limit_val_batches", "1",
             "--model.model_overrides", str(TINY).replace("'", '"'), "--model.teacher", str(_teacher_file(tmp_path))]
     trained = cli_main([*args, "--trainer.max_steps", "2"]).model.eval()
@@ -68,6 +67,10 @@ def test_a_student_whose_teacher_is_gone_loads_for_use_and_resuming_names_the_te
         assert_close(loaded(x), trained(x))
     line = error_line_of(["train", *args, "--trainer.max_steps", "3", "--ckpt_path", "last"])
     assert "does not exist" in line and str(tmp_path / "teacher") in line, line
+    trainer = L.Trainer(max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+                        default_root_dir=tmp_path / "again")
+    with pytest.raises(ValueError, match="was not there when this checkpoint was loaded"):
+        trainer.fit(loaded, DigitsDataModule(img_size=32))
 
 
 @pytest.mark.slow

@@ -189,7 +189,7 @@ class Teacher:
         is no longer there, which only training needs."""
         try:
             model, module._teacher_prep = build_teacher(self.name, self.checkpoint)
-        except (CheckpointError, MissingWeightsError) as e:
+        except (CheckpointError, MissingWeightsError, ValueError) as e:
             if not loading_checkpoint():
                 raise
             log.warning("the teacher %r cannot be built (%s); the student loads without it, which only training "
