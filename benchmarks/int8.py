@@ -25,7 +25,7 @@ import torch
 
 import vitkit
 from vitkit.models.config import pair
-from vitkit.tools.export import INPUT, INT8_OPSET, export_onnx
+from vitkit.tools.export import INPUT, OPSET, export_onnx
 from vitkit.tools.quantize import CalibrationBatches, int8_fixed_size, linear_nodes, write_int8
 
 
@@ -59,14 +59,15 @@ def _bf16(model: torch.nn.Module) -> Callable[[np.ndarray], None]:
     return run
 
 
-def _entries(model: torch.nn.Module, tmp: Path, threads: int, pt2e: bool) -> dict[str, Callable]:
-    """Each entry's run function: the exports as the CLI writes them (int8 at its opset, a Swin at its size)."""
+def _entries(model: torch.nn.Module, tmp: Path, threads: int, pt2e: bool, opset: int) -> dict[str, Callable]:
+    """Each entry's run function: the exports as the CLI writes them (``--opset`` for the int8 graph; a Swin's int8
+    at its own size)."""
     import onnx
 
     h, w = pair(model.cfg.img_size)
     fp32, graph = tmp / f"{model.name}.onnx", tmp / f"{model.name}.int8-graph.onnx"
     export_onnx(model, fp32)
-    export_onnx(model, graph, opset=INT8_OPSET, dynamic_size=False if int8_fixed_size(model) else None)
+    export_onnx(model, graph, opset=opset, dynamic_size=False if int8_fixed_size(model) else None)
     nodes = linear_nodes(onnx.load(str(graph)))
     calibration = np.random.default_rng(0).standard_normal((32, 3, h, w)).astype(np.float32)
     static, dynamic = tmp / f"{model.name}.static.onnx", tmp / f"{model.name}.dynamic.onnx"
@@ -125,6 +126,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--opset", type=int, default=OPSET, help="the int8 graph's ONNX opset (vitkit export --opset)")
     ap.add_argument("--pause", type=float, default=0.3, help="seconds idle before each timed block")
     ap.add_argument("--pt2e", action="store_true", help="also PyTorch's x86 int8 (torchao's X86InductorQuantizer, "
                     "torch.compile'd), where torchao is installed")
@@ -135,7 +137,7 @@ def main() -> None:
                "unknown CPU")
     rows = [f"CPU: {cpu}, {args.threads} threads; torch {torch.__version__}; median ms per batch of "
             f"{args.rounds} interleaved rounds x {args.iters} calls, "
-            f"{args.pause} s idle before each", "",
+            f"{args.pause} s idle before each; the int8 graphs at opset {args.opset}", "",
             "| model | batch | fp32 (onnxruntime) | int8 static | int8 dynamic | int8 static (OpenVINO) "
             "| int8 static (OpenVINO, f32 between) | bf16 (PyTorch) |"
             + (" int8 (PyTorch x86, compiled) |" if args.pt2e else ""),
@@ -145,7 +147,7 @@ def main() -> None:
             torch.manual_seed(0)
             model = vitkit.create_model(name).eval()
             h, w = pair(model.cfg.img_size)
-            entries = _entries(model, Path(tmp), args.threads, args.pt2e)
+            entries = _entries(model, Path(tmp), args.threads, args.pt2e, args.opset)
             for batch in map(int, args.batch_sizes.split(",")):
                 x = np.random.default_rng(1).standard_normal((batch, 3, h, w)).astype(np.float32)
                 ms = _time(entries, x, args.rounds, args.iters, args.pause)

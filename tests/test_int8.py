@@ -139,9 +139,9 @@ def test_bad_int8_input_ends_in_one_line(trained, tmp_path, capsys, caplog):
 
 
 @pytest.mark.parametrize("name, size", [("vit_tiny_patch16_224", None), ("swin_tiny_patch4_window7_224", SIZE)])
-def test_int8_from_a_model_file_is_opset_20_and_fixed_in_size_for_swin(name, size, trained, tmp_path, capsys):
-    """From weights (not an fp32 export), --int8 exports at opset 20, where GELU is one node, and a Swin at its own
-    size, so that its shifted-window masks and gathers are constants; a ViT keeps its dynamic size."""
+def test_int8_from_a_model_file_writes_a_swin_at_its_own_size(name, size, trained, tmp_path, capsys):
+    """From weights (not an fp32 export), --int8 exports a Swin at its own size, so that its shifted-window masks and
+    gathers are constants; a ViT keeps its dynamic size."""
     from vitkit.checkpoints.load import save_pretrained
     from vitkit.tools.export import OnnxModel
 
@@ -156,9 +156,7 @@ def test_int8_from_a_model_file_is_opset_20_and_fixed_in_size_for_swin(name, siz
                            "-o", str(out)], capsys)
     assert status == 0, err
     model = onnx.load(str(out))
-    assert {o.domain: o.version for o in model.opset_import}[""] == 20
     ops = [n.op_type for n in model.graph.node]
-    assert ops.count("Gelu") == sum(isinstance(m, torch.nn.GELU) for m in net.modules()) > 0 and "Erf" not in ops
     dims = [d.dim_value or None for d in model.graph.input[0].type.tensor_type.shape.dim][2:]
     assert dims == [size, size]
     if size:

@@ -22,8 +22,7 @@ def parser():
                                                            "resized as on load")
     p.add_argument("--fixed-size", action="store_true", help="export height and width fixed (default: dynamic)")
     p.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
-    p.add_argument("--opset", type=int, default=None, help="ONNX opset, 18 or newer (18; 20 with --int8, whose GELU "
-                   "is one node)")
+    p.add_argument("--opset", type=int, default=18, help="ONNX opset, 18 or newer")
     p.add_argument("--atol", type=float, default=1e-4, help="largest difference to PyTorch the check accepts")
     q = p.add_argument_group("int8 (vitkit/tools/quantize.py; SRC may also be an fp32 .onnx written by vitkit export)")
     q.add_argument("--int8", nargs="?", const="static", choices=("static", "dynamic"), default=None,
@@ -77,7 +76,7 @@ def main(argv: list[str]) -> int:
         if not Path(args.src).is_file():
             raise UsageError(f"{args.src} does not exist")
         return _int8(args, args.src, args.output or f"{Path(args.src).stem}.int8.onnx")
-    from vitkit.tools.export import INT8_OPSET, OPSET, ExportError, export_onnx, export_program
+    from vitkit.tools.export import ExportError, export_onnx, export_program
 
     if args.output:  # before the model is built: a folder on the way that is a file
         parent = Path(args.output).parent
@@ -105,8 +104,7 @@ def main(argv: list[str]) -> int:
     fp32 = str(Path(out).with_name(Path(out).name + ".fp32.tmp")) if args.int8 else out
     try:
         if args.format == "onnx":
-            opset = args.opset if args.opset is not None else INT8_OPSET if args.int8 else OPSET
-            report = export_onnx(net, fp32, dynamic_size=dynamic, opset=opset, atol=args.atol)
+            report = export_onnx(net, fp32, dynamic_size=dynamic, opset=args.opset, atol=args.atol)
         else:
             report = export_program(net, out, dynamic_size=dynamic, atol=args.atol)
     except ExportError as e:

@@ -39,7 +39,6 @@ from vitkit.models.registry import find
 from .onnx_model import OnnxModel, read_metadata  # noqa: F401 - OnnxModel: vitkit.tools.export's name too
 
 OPSET = 18
-INT8_OPSET = 20  # ONNX's own Gelu: one node where opset 18 spells it out in five, which int8 leaves in float
 ATOL = 1e-4
 INPUT, OUTPUT = "images", "logits"
 log = logging.getLogger(__name__)
