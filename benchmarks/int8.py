@@ -25,6 +25,7 @@ import torch
 
 import vitkit
 from vitkit.models.config import pair
+from vitkit.tools.bench import publish
 from vitkit.tools.export import INPUT, OPSET, export_onnx
 from vitkit.tools.quantize import CalibrationBatches, int8_fixed_size, linear_nodes, write_int8
 
@@ -159,10 +160,7 @@ def main() -> None:
                             f"{cell('openvino')} | {cell('openvino_f32')} | {cell('bf16')} |"
                             + (f" {cell('pt2e')} |" if args.pt2e else ""))
                 print(rows[-1], flush=True)
-    text = "\n".join(rows) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    publish("\n".join(rows), args.out)
 
 
 if __name__ == "__main__":

@@ -102,7 +102,8 @@ def _net(model: nn.Module) -> nn.Module:
     return getattr(model, "backbone", model)
 
 
-def _is_swin(model: nn.Module) -> bool:
+def is_swin(model: nn.Module) -> bool:
+    """Whether the network an export takes its sizes from (``_net``) is a Swin."""
     from vitkit.models.swin import SwinTransformer
 
     return isinstance(_net(model), SwinTransformer)
@@ -110,14 +111,14 @@ def _is_swin(model: nn.Module) -> bool:
 
 def _multiple(model: nn.Module) -> int:
     """What height and width must be a multiple of: ViT's patch; Swin pads to it."""
-    return 1 if _is_swin(model) else int(model.cfg.patch_size)
+    return 1 if is_swin(model) else int(model.cfg.patch_size)
 
 
 def min_size(model: nn.Module) -> tuple[int, int]:
     """The smallest (H, W) a dynamic-size export takes: one patch for ViT; for Swin, the smallest size at which
     every stage's map is still at least its window (patch merging halves it, rounding up)."""
     p = int(model.cfg.patch_size)
-    if not _is_swin(model):
+    if not is_swin(model):
         return p, p
 
     def fits(size: int, axis: int) -> bool:
@@ -153,7 +154,7 @@ def _dims(model: nn.Module, dynamic_size: bool) -> tuple[dict[int, Any], list[st
         return {0: batch}, ["batch"]
     h, w = pair(model.cfg.img_size)
     names = ["batch", "height", "width"]
-    if _is_swin(model):  # any size from the smallest that keeps every stage's window
+    if is_swin(model):  # any size from the smallest that keeps every stage's window
         (h0, w0) = min_size(model)
         return ({0: batch, 2: torch.export.Dim("height", min=h0, max=max(1024, 4 * h)),
                  3: torch.export.Dim("width", min=w0, max=max(1024, 4 * w))}, names)
@@ -171,7 +172,7 @@ def _tracing(model: nn.Module, dynamic_size: bool):
     # if it disappears, and older torch gets the ExportError below)
     import torch.fx.experimental._config as fx_config
 
-    if dynamic_size and _is_swin(model):
+    if dynamic_size and is_swin(model):
         if not hasattr(fx_config, "backed_size_oblivious"):
             raise ExportError(f"{model.name}: dynamic height and width for Swin need a PyTorch with size-oblivious "
                               f"export (torch {torch.__version__} has none); export a fixed size (--fixed-size)")
@@ -183,7 +184,7 @@ def _check_inputs(model: nn.Module, dynamic_size: bool) -> list[torch.Tensor]:
     cfg, g = model.cfg, torch.Generator().manual_seed(0)
     h, w = pair(cfg.img_size)
     shapes = [(1, cfg.in_chans, h, w), (3, cfg.in_chans, h, w)]
-    if dynamic_size and _is_swin(model):  # another, non-square size: one more row in the last stage (Swin-T at
+    if dynamic_size and is_swin(model):  # another, non-square size: one more row in the last stage (Swin-T at
         # 224 -> 257: the last stage now shifts), and a narrower width that every stage pads
         cell, w0 = cfg.patch_size * 2 ** (len(_net(model).layers) - 1), min_size(model)[1]
         shapes.append((2, cfg.in_chans, h + cell + 1, max(w0, w - cfg.patch_size - 1)))

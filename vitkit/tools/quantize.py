@@ -173,9 +173,9 @@ def _ms(models: list[OnnxModel], x: np.ndarray, rounds: int = 5, runs: int = 10)
 def int8_fixed_size(model) -> bool:
     """Whether ``model``'s int8 export is written at its own size: a Swin's, whose shifted-window masks and gathers
     are then constants instead of float work in every block (a ViT's dynamic graph runs as fast as its fixed one)."""
-    from vitkit.models.swin import SwinStage
+    from .export import is_swin
 
-    return any(isinstance(m, SwinStage) for m in model.modules())
+    return is_swin(model)
 
 
 def write_int8(src: str, dst: Path, mode: str, reader, nodes: list[str], method: str) -> None:
