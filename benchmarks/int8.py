@@ -76,31 +76,41 @@ def _entries(model: torch.nn.Module, tmp: Path, threads: int, pt2e: bool, opset:
     write_int8(str(graph), dynamic, "dynamic", None, nodes, "minmax")
     entries = {"fp32": _onnx(fp32, threads), "static": _onnx(static, threads), "dynamic": _onnx(dynamic, threads),
                "openvino": _openvino(static, threads), "openvino_f32": _openvino(static, threads, "f32"),
-               "pt2e": _pt2e(model, calibration) if pt2e else None, "bf16": _bf16(copy.deepcopy(model))}
+               "pt2e": _pt2e(model, calibration) if pt2e else None,
+               "pt_fp32": _compiled_fp32(model) if pt2e else None, "bf16": _bf16(copy.deepcopy(model))}
     return {k: v for k, v in entries.items() if v is not None}
 
 
 def _pt2e(model: torch.nn.Module, calibration: np.ndarray) -> Callable[[np.ndarray], None] | None:
-    """PyTorch's own x86 int8: static, calibrated on the same inputs, then compiled by inductor with frozen weights."""
-    try:
-        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-    except ImportError:
-        return None
-    import torch._inductor.config
+    """PyTorch's own x86 int8 as ``vitkit export --format torch-export --int8`` writes it (torchao's
+    X86InductorQuantizer, static, calibrated on the same inputs), compiled by inductor with frozen weights."""
+    from vitkit.tools.export import _prepare
+    from vitkit.tools.quantize import QuantizationRefused
+    from vitkit.tools.quantize_program import _frozen, convert
 
-    batch = torch.export.Dim("batch", min=1, max=64)
-    graph = torch.export.export(model, (torch.from_numpy(calibration[:2]),), dynamic_shapes=({0: batch},)).module()
-    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
-    graph = prepare_pt2e(graph, quantizer)
-    with torch.no_grad():
-        for chunk in np.split(calibration, 8):
-            graph(torch.from_numpy(chunk))
-    torch._inductor.config.freezing = True
-    compiled = torch.compile(convert_pt2e(graph))
+    try:
+        program = convert(_prepare(model, False)[0], calibration, [])
+    except QuantizationRefused:  # torchao is not installed
+        return None
+    compiled = torch.compile(program, dynamic=False)
 
     def run(x: np.ndarray) -> None:
-        with torch.no_grad():
+        with _frozen():
+            compiled(torch.from_numpy(x))
+
+    return run
+
+
+def _compiled_fp32(model: torch.nn.Module) -> Callable[[np.ndarray], None]:
+    """The fp32 model the int8 program is quantized from (the export's copy), compiled the same way: what the int8
+    program's speed-up is measured against in its own runtime."""
+    from vitkit.tools.export import _prepare
+    from vitkit.tools.quantize_program import _frozen
+
+    compiled = torch.compile(_prepare(model, False)[0], dynamic=False)
+
+    def run(x: np.ndarray) -> None:
+        with _frozen():
             compiled(torch.from_numpy(x))
 
     return run
@@ -129,8 +139,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--opset", type=int, default=OPSET, help="the int8 graph's ONNX opset (vitkit export --opset)")
     ap.add_argument("--pause", type=float, default=0.3, help="seconds idle before each timed block")
-    ap.add_argument("--pt2e", action="store_true", help="also PyTorch's x86 int8 (torchao's X86InductorQuantizer, "
-                    "torch.compile'd), where torchao is installed")
+    ap.add_argument("--pt2e", action="store_true", help="also PyTorch's x86 int8 as `vitkit export --format "
+                    "torch-export --int8` writes it, and the fp32 model, both torch.compile'd (needs torchao)")
     ap.add_argument("--out", type=Path, default=None, help="a markdown table (printed too)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -141,8 +151,9 @@ def main() -> None:
             f"{args.pause} s idle before each; the int8 graphs at opset {args.opset}", "",
             "| model | batch | fp32 (onnxruntime) | int8 static | int8 dynamic | int8 static (OpenVINO) "
             "| int8 static (OpenVINO, f32 between) | bf16 (PyTorch) |"
-            + (" int8 (PyTorch x86, compiled) |" if args.pt2e else ""),
-            "|---|---|---|---|---|---|---|---|" + ("---|" if args.pt2e else "")]
+            + (" fp32 (PyTorch, compiled) | int8 (PyTorch x86, compiled): x over compiled fp32 |" if args.pt2e
+               else ""),
+            "|---|---|---|---|---|---|---|---|" + ("---|---|" if args.pt2e else "")]
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             torch.manual_seed(0)
@@ -158,7 +169,8 @@ def main() -> None:
 
                 rows.append(f"| {name} | {batch} | {ms['fp32']:.1f} | {cell('static')} | {cell('dynamic')} | "
                             f"{cell('openvino')} | {cell('openvino_f32')} | {cell('bf16')} |"
-                            + (f" {cell('pt2e')} |" if args.pt2e else ""))
+                            + (f" {cell('pt_fp32')} | {ms['pt2e']:.1f} ({ms['pt_fp32'] / ms['pt2e']:.2f}x) |"
+                               if "pt2e" in ms else ""))
                 print(rows[-1], flush=True)
     publish("\n".join(rows), args.out)
 

@@ -16,7 +16,10 @@ from sklearn.datasets import load_digits
 
 import vitkit
 from tests.commands import error_line_of, run_cli
+from vitkit.checkpoints.load import save_pretrained
+from vitkit.cli import main
 from vitkit.tools.export import export_onnx
+from vitkit.tools.onnx_model import OnnxModel
 
 pytestmark = pytest.mark.slow
 SIZE = 16
@@ -51,11 +54,13 @@ def trained(tmp_path_factory) -> tuple[Path, Path, Path]:
         opt.step()
     net.eval().class_names = [str(d) for d in range(10)]
     export_onnx(net, root / "fp32.onnx")
+    save_pretrained(net, root / "weights", class_names=net.class_names)
     with torch.no_grad():  # an input unit of each fc2 at 1e4 that fc2 multiplies by zero: fp32 is unchanged
         for block in net.blocks:
             block.mlp.fc1.bias[0] = 1e4
             block.mlp.fc2.weight[:, 0] = 0
     export_onnx(net, root / "outlier.onnx")
+    save_pretrained(net, root / "outlier-weights", class_names=net.class_names)
     return root / "fp32.onnx", root / "outlier.onnx", root / "cal"
 
 
@@ -99,19 +104,26 @@ def test_int8_keeps_the_accuracy_labels_and_preprocessing(trained, tmp_path, cap
     assert json.loads((tmp_path / "ev" / "metrics.json").read_text())["top1"] > 0.8
 
 
-def test_the_gate_refuses_an_int8_model_that_loses_accuracy_and_names_the_layer(trained, tmp_path, capsys):
+@pytest.mark.parametrize("fmt", ["onnx", "torch-export"])
+def test_the_gate_refuses_an_int8_model_that_loses_accuracy_and_names_the_layer(fmt, trained, tmp_path, capsys):
     _, outlier, cal = trained
-    out = tmp_path / "int8.onnx"
-    line = error_line_of(["export", str(outlier), "--int8", "--calibrate", str(cal), "-o", str(out)])
+    src = [str(outlier)] if fmt == "onnx" else [str(outlier.parent / "outlier-weights"), "--format", fmt]
+    out = tmp_path / ("int8.onnx" if fmt == "onnx" else "int8.pt2")
+    line = error_line_of(["export", *src, "--int8", "--calibrate", str(cal), "-o", str(out)])
     assert line.startswith("error: int8 loses ") and "more than --max-drop 0.5; nothing was written" in line, line
     named = [part.split(" (")[0] for part in line.split("add the most error: ")[1].split("; keep")[0].split(", ")]
     assert sorted(named[:2]) == ["blocks.0.mlp.fc2", "blocks.1.mlp.fc2"], line
     assert not out.exists()
-    status, err = run_cli(["export", str(outlier), "--int8", "--calibrate", str(cal), "--keep-fp32", "*.mlp.fc2",
+    status, err = run_cli(["export", *src, "--int8", "--calibrate", str(cal), "--keep-fp32", "*.mlp.fc2",
                            "-o", str(out)], capsys)
     assert status == 0, err
-    assert json.loads({p.key: p.value for p in onnx.load(str(out)).metadata_props}["vitkit.int8"])["kept"] == \
-        ["blocks.0.mlp.fc2", "blocks.1.mlp.fc2"]
+    if fmt == "onnx":
+        facts = json.loads({p.key: p.value for p in onnx.load(str(out)).metadata_props}["vitkit.int8"])
+    else:
+        from vitkit.tools.quantize_program import load_int8_program
+
+        facts = load_int8_program(out).meta["int8"]
+    assert facts["kept"] == ["blocks.0.mlp.fc2", "blocks.1.mlp.fc2"]
 
 
 def test_bad_int8_input_ends_in_one_line(trained, tmp_path, capsys, caplog):
@@ -129,9 +141,13 @@ def test_bad_int8_input_ends_in_one_line(trained, tmp_path, capsys, caplog):
         f"error: --calibrate {cal} holds 597 images; 500 to calibrate (--calibration-size) and 100 held out for the "
         "accuracy gate need 600")
     assert error_line_of(["export", str(fp32), "--int8"]).startswith("error: --int8 needs --calibrate DIR")
-    assert error_line_of(["export", "vit_tiny_patch16_224", "--int8", "--format", "torch-export", "--calibrate",
-                          str(cal)]) == ("error: --int8 writes an ONNX file (onnxruntime's int8 operators); --format "
-                                         "torch-export cannot hold it")
+    assert error_line_of(["export", "vit_tiny_patch16_224", "--int8", "dynamic", "--format", "torch-export",
+                          "--calibrate", str(cal)]) == (
+        "error: --int8 dynamic writes an ONNX file (onnxruntime's dynamic int8 operators); --format torch-export takes "
+        "static int8 (PyTorch's x86 quantizer)")
+    assert error_line_of(["export", str(fp32), "--int8", "--format", "torch-export", "--calibrate", str(cal)]) == (
+        f"error: --format torch-export --int8 quantizes the model itself: give its checkpoint, weights or name, not "
+        f"the ONNX file {fp32}")
     (tmp_path / "cats" / "tabby").mkdir(parents=True)
     assert error_line_of(["export", str(fp32), "--int8", "--calibrate", str(tmp_path / "cats")]).startswith(
         f"error: --calibrate {tmp_path / 'cats'}: expected one folder per class named as the model's labels (0, 1, 2, "
@@ -142,8 +158,6 @@ def test_bad_int8_input_ends_in_one_line(trained, tmp_path, capsys, caplog):
 def test_int8_from_a_model_file_writes_a_swin_at_its_own_size(name, size, trained, tmp_path, capsys):
     """From weights (not an fp32 export), --int8 exports a Swin at its own size, so that its shifted-window masks and
     gathers are constants; a ViT keeps its dynamic size."""
-    from vitkit.checkpoints.load import save_pretrained
-    from vitkit.tools.export import OnnxModel
 
     _, _, cal = trained
     torch.manual_seed(0)
@@ -166,3 +180,30 @@ def test_int8_from_a_model_file_writes_a_swin_at_its_own_size(name, size, traine
         ref = net(x).numpy()
     got = OnnxModel(out)(x.numpy())
     assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max(), (np.abs(got - ref).max(), np.abs(ref).max())
+
+
+def test_a_pt2_int8_program_keeps_the_accuracy_and_its_metadata(trained, tmp_path, capsys):
+    """--format torch-export --int8: PyTorch's x86 quantizer writes a .pt2 whose linear layers run int8 once compiled,
+    gated on the same held-out digits, with the model's labels and preprocessing."""
+    from vitkit.tools.quantize_program import load_int8_program
+
+    fp32, _, cal = trained
+    out = tmp_path / "int8.pt2"
+    assert main(["export", str(fp32.parent / "weights"), "--format", "torch-export", "--int8", "--calibrate",
+                 str(cal), "--max-drop", "1.5", "-o", str(out)]) == 0
+    assert "(torch.compile): fp32 " in capsys.readouterr().out
+    program = load_int8_program(out)
+    facts = program.meta["int8"]
+    assert facts["fp32_top1"] > 0.8 and 100 * (facts["fp32_top1"] - facts["int8_top1"]) <= 1.5, facts
+    assert program.meta["labels"] == [str(d) for d in range(10)] and program.meta["input_size"] == [3, SIZE, SIZE]
+    graph = program.program.graph
+    quantized = [n for n in graph.nodes if n.target is torch.ops.aten.linear.default
+                 and "dequantize" in str(n.args[0].target) and "dequantize_per_channel" in str(n.args[1].target)]
+    assert len(quantized) == 9, graph  # 4 in each block and the head; the patch embedding stays float
+    onnx_fp32 = OnnxModel(fp32)
+    images = sorted(cal.rglob("*.png"))[:64]
+    x = np.concatenate([onnx_fp32.preprocess(Image.open(p)) for p in images])
+    with torch.no_grad():
+        eager, compiled = program.program(torch.from_numpy(x)), program(torch.from_numpy(x))
+    assert (eager - compiled).abs().max() < 0.05 * eager.abs().max()
+    assert (compiled.argmax(1).numpy() == onnx_fp32(x).argmax(1)).mean() > 0.9

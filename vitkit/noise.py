@@ -4,7 +4,8 @@ Each line below was printed by every run of some recipe, whatever the data: Ligh
 the checkpoint it writes, its warnings about a logging interval longer than a small epoch and about modules that
 vitkit keeps in eval mode on purpose (DINO's teacher, a frozen backbone), the model summary's remark on mixed
 precision, torchmetrics' remark on a validation batch without an image of some class, a deprecation inside
-Lightning and one inside torchdata, and Lightning's caution about an iterable dataset with a length (litdata's
+Lightning and one inside torchdata, what importing torchao and compiling an int8 program on a CPU log (export
+``--int8`` to a .pt2), and Lightning's caution about an iterable dataset with a length (litdata's
 loaders split it among their workers). ``--verbose`` (or ``VITKIT_VERBOSE=1``) shows them again, with vitkit's own
 DEBUG lines.
 """
@@ -29,10 +30,13 @@ WARNINGS = (  # regular expressions matched at the start of the warning's messag
     r"No negative samples found in target",
     r"Your `IterableDataset` has `__len__` defined",  # litdata's loaders give each worker its own part
     r"'set_vital' is deprecated",  # raised inside torchdata's StatefulDataLoader
+    r"To copy construct from a tensor, it is recommended",  # raised inside inductor's int8 lowering (export --int8)
 )
-LOG_LINES = re.compile(r"💡 Tip: |`weights_only` was not set")
+LOG_LINES = re.compile(r"💡 Tip: |`weights_only` was not set|<enum 'KernelPreference'> is an Enum subclass|"
+                       r"No CUDA runtime is found")  # the last two: importing torchao, and inductor on a CPU
 LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",  # rank_zero_info's
-           "lightning_utilities.core.rank_zero", "lightning.pytorch.trainer.connectors.checkpoint_connector")
+           "lightning_utilities.core.rank_zero", "lightning.pytorch.trainer.connectors.checkpoint_connector",
+           "torch.utils._pytree", "torch.utils.cpp_extension")
 
 
 def verbose(argv: list[str] | None = None) -> bool:

@@ -227,3 +227,39 @@ def test_the_reconstruction_grid_holds_each_image_exactly_in_its_row_and_column(
             cell = picture[top + r * step:top + r * step + size * s, left + i * step:left + i * step + size * s]
             assert np.array_equal(cell, expected), (r, i)
     assert (picture[:top] == 255).all() == (not title)  # the title is written above the cells
+
+
+def test_mae_on_packed_images_gives_each_image_its_own_prediction_and_loss():
+    """Images of three shapes packed: each image keeps a quarter of its patches (drawn by the generator), and its
+    prediction in the packed slots equals MAE run on that image alone with the same patches kept; the loss is the
+    mean over every image's hidden patches."""
+    from vitkit.models.packing import pack
+
+    torch.manual_seed(0)
+    cfg = MAEConfig(encoder="vit_tiny_patch16_224", encoder_overrides={**TINY_VIT, "num_classes": 0},
+                    decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2)
+    mae = MaskedAutoencoder(cfg).eval()
+    mae.encoder.set_dynamic_img_size(True)
+    images = [torch.randn(3, h, w) for h, w in ((32, 32), (16, 48), (32, 16), (16, 16))]  # 16, 12, 8 and 4 patches
+    batch = pack(images, 8, 20, 1)
+    with torch.no_grad():
+        out = mae.forward_packed(batch, torch.Generator().manual_seed(3))
+    visible = pack(batch.images(), 8, 20, 1, 0.75, torch.Generator().manual_seed(3))  # the draw inside
+    losses, hidden_total = [], 0
+    for i, image in enumerate(images):
+        n = (image.shape[1] // 8) * (image.shape[2] // 8)
+        kept = visible.index[(visible.image == i) & (visible.index >= 1)] - 1
+        noise = torch.ones(1, n)
+        noise[0, kept] = 0
+        with torch.no_grad():
+            alone = mae(image[None], noise)
+        slots = (batch.image == i) & (batch.index >= 1)
+        order = batch.index[slots].argsort()
+        assert_close(out.pred[slots][order], alone.pred[0], atol=1e-5, rtol=1e-4)
+        assert_close(out.mask[slots][order].float(), alone.mask[0])
+        hidden = int(alone.mask.sum())
+        losses.append(alone.loss * hidden)
+        hidden_total += hidden
+    assert_close(out.loss, sum(losses) / hidden_total, atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="pack without token dropping"):
+        mae.forward_packed(pack(images, 8, 20, 1, drop=0.5))

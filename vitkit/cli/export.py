@@ -26,8 +26,9 @@ def parser():
     p.add_argument("--atol", type=float, default=1e-4, help="largest difference to PyTorch the check accepts")
     q = p.add_argument_group("int8 (vitkit/tools/quantize.py; SRC may also be an fp32 .onnx written by vitkit export)")
     q.add_argument("--int8", nargs="?", const="static", choices=("static", "dynamic"), default=None,
-                   help="quantize the linear layers to int8 in the ONNX file: static (calibrated activation ranges, "
-                   "the default) or dynamic; softmax, LayerNorm and the attention's products stay in float")
+                   help="quantize the linear layers to int8: static (calibrated activation ranges, the default) or "
+                   "dynamic (ONNX only); softmax, LayerNorm and the attention's products stay in float. With "
+                   "--format torch-export, PyTorch's x86 quantizer (torchao) writes a .pt2 that runs fast compiled")
     q.add_argument("--calibrate", metavar="DIR", help="labelled images, one folder per class named as the model's "
                    "labels (DIR/val/<class> where there is one): the first --calibration-size calibrate, the rest "
                    "(100 or more) score fp32 against int8")
@@ -46,9 +47,12 @@ def _check_int8(args) -> None:
         if args.calibrate or args.keep_fp32:
             raise UsageError("--calibrate and --keep-fp32 go with --int8")
         return
-    if args.format != "onnx":
-        raise UsageError(f"--int8 writes an ONNX file (onnxruntime's int8 operators); --format {args.format} cannot "
-                         "hold it")
+    if args.format != "onnx" and args.int8 == "dynamic":
+        raise UsageError("--int8 dynamic writes an ONNX file (onnxruntime's dynamic int8 operators); --format "
+                         f"{args.format} takes static int8 (PyTorch's x86 quantizer)")
+    if args.format != "onnx" and args.src.endswith(".onnx"):
+        raise UsageError(f"--format {args.format} --int8 quantizes the model itself: give its checkpoint, weights or "
+                         f"name, not the ONNX file {args.src}")
     if not args.calibrate:
         raise UsageError("--int8 needs --calibrate DIR: labelled images to calibrate on and to score fp32 against "
                          "int8 before the file is written")
@@ -64,6 +68,20 @@ def _int8(args, fp32: str, out: str) -> int:
         report = quantize_int8(fp32, out, args.calibrate, mode=args.int8, calibration=args.calibration_size,
                                max_drop=args.max_drop, keep=tuple(args.keep_fp32), method=args.calibration_method)
     except QuantizationRefused as e:
+        raise UsageError(f"{e}") from None
+    print(report)
+    return 0
+
+
+def _int8_program(args, net, out: str) -> int:
+    from vitkit.tools.export import ExportError
+    from vitkit.tools.quantize import QuantizationRefused
+    from vitkit.tools.quantize_program import quantize_program
+
+    try:
+        report = quantize_program(net, out, args.calibrate, calibration=args.calibration_size, max_drop=args.max_drop,
+                                  keep=tuple(args.keep_fp32))
+    except (QuantizationRefused, ExportError) as e:
         raise UsageError(f"{e}") from None
     print(report)
     return 0
@@ -101,6 +119,8 @@ def main(argv: list[str]) -> int:
     from vitkit.tools.quantize import int8_fixed_size
 
     dynamic = False if args.fixed_size or (args.int8 and int8_fixed_size(net)) else None
+    if args.int8 and args.format != "onnx":
+        return _int8_program(args, net, out)
     fp32 = str(Path(out).with_name(Path(out).name + ".fp32.tmp")) if args.int8 else out
     try:
         if args.format == "onnx":

@@ -85,7 +85,8 @@ def _geometry(model, model_name: str | None) -> tuple[int, int]:
     swin = "--data.packing: Swin cannot pack images of their own sizes (its windows need one fixed grid); pack a ViT"
     if model is not None:
         if not hasattr(model, "forward_packed"):
-            raise ValueError(swin.replace("Swin", type(model).__name__))
+            reason = getattr(model, "cannot_pack", None)
+            raise ValueError(f"--data.packing: {reason}" if reason else swin.replace("Swin", type(model).__name__))
         return model.patch_size, model.num_prefix_tokens
     if model_name is None:
         raise ValueError("--data.packing needs the model's patch size: give --data.model_name (the CLI links it from "

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from ..layers import Attention, AttnBackend, Block, Mlp, sincos_2d
 from .config import check_image, pair
 from .encoders import vision_encoder
+from .packing import PackedBatch, pack
 from .swin import SwinTransformer
 from .vit import VisionTransformer
 
@@ -110,6 +111,15 @@ def check_divides(images: Tensor, block: int, what: str) -> None:
     if H < block or W < block or H % block or W % block:
         raise ValueError(f"masked image modeling takes images whose sides are multiples of the {what} ({block} px), "
                          f"at least one; got {H}x{W}")
+
+
+def _slot_table(batch: PackedBatch) -> Tensor:
+    """(images, longest token sequence): the flat slot (in ``batch.image.flatten()``) of image i's token j."""
+    shown = batch.image >= 0
+    table = batch.image.new_full((len(batch), int(batch.index.max()) + 1), -1)
+    slots = torch.arange(batch.image.numel(), device=shown.device).view_as(batch.image)
+    table[batch.image[shown], batch.index[shown]] = slots[shown]
+    return table
 
 
 class MaskedAutoencoder(nn.Module):
@@ -198,8 +208,63 @@ class MaskedAutoencoder(nn.Module):
             t = (t - t.mean(dim=-1, keepdim=True)) / (t.var(dim=-1, keepdim=True) + 1e-6) ** 0.5
         return t
 
-    def forward(self, images: Tensor, noise: Tensor | None = None) -> MIMOutput:
-        """Images (B, c, H, W) -> the loss (mean squared error over the hidden patches), the prediction, the mask."""
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.encoder.num_prefix_tokens
+
+    def forward_packed(self, batch: PackedBatch, generator: torch.Generator | None = None) -> MIMOutput:
+        """Images of their own sizes, packed (``packing.pack``, every patch) -> the loss over each image's hidden
+        patches, the prediction (S, L, p·p·c) and the hidden slots (S, L), both in ``batch``'s slots. Each image
+        keeps ``1 - mask_ratio`` of its patches, drawn by ``generator``; the visible patches are packed again, densely,
+        for the encoder; the decoder runs every slot of ``batch``, the hidden ones as mask tokens, with its sin-cos
+        positions at each image's grid, attention kept inside each image."""
+        P = self.encoder.num_prefix_tokens
+        if batch.prefix != P or bool(((batch.index >= P) & (batch.image >= 0)).sum() != sum(
+                h * w for h, w in batch.grids)):
+            raise ValueError(f"MAE takes packed batches of every patch of each image, with {P} prefix token(s): "
+                             "pack without token dropping (--data.token_drop 0; MAE's mask_ratio drops patches)")
+        visible = pack(batch.images(), self.patch_size, batch.patches.shape[1], P, self.cfg.mask_ratio, generator)
+        latent = self.decoder_embed(self.encoder.packed_tokens(visible))  # (S', L', Cd)
+        slot = _slot_table(batch)  # (images, P + most patches): each token's flat slot in batch
+        shown = visible.image >= 0
+        into = slot[visible.image[shown], visible.index[shown]]
+        x = self.mask_token[0].to(latent.dtype).expand(batch.image.numel(), -1).clone()
+        x[into] = latent[shown]
+        x = x.view(*batch.image.shape, -1) + self._packed_positions(batch).to(latent.dtype)
+        for blk in self.decoder_blocks:
+            x = blk(x, None, batch.attn_mask())
+        pred = self.decoder_pred(self.decoder_norm(x))  # (S, L, p·p·c)
+        hidden = (batch.index >= P).flatten()
+        hidden[into] = False
+        hidden = hidden.view_as(batch.image)
+        loss = ((pred.float() - self._packed_target(batch).float()) ** 2).mean(dim=-1)
+        return MIMOutput(loss[hidden].mean(), pred, hidden)
+
+    def _packed_positions(self, batch: PackedBatch) -> Tensor:
+        """The decoder's positions of each slot of ``batch`` (S, L, Cd): its image's sin-cos table, at its grid."""
+        pos = batch.patches.new_zeros(*batch.image.shape, self.cfg.decoder_embed_dim)
+        for grid in set(batch.grids):
+            ids = torch.tensor([i for i, g in enumerate(batch.grids) if g == grid], device=batch.image.device)
+            slots = torch.isin(batch.image, ids)
+            pos[slots] = self.decoder_positions(grid)[0].to(pos)[batch.index[slots]]
+        return pos
+
+    def _packed_target(self, batch: PackedBatch) -> Tensor:
+        """Each slot's pixels (S, L, p·p·c) in MAE's (row, column, channel) order, normalised per patch with
+        ``norm_pix_loss``."""
+        S, L, D = batch.patches.shape
+        p = self.patch_size
+        t = batch.patches.reshape(S, L, D // (p * p), p, p).permute(0, 1, 3, 4, 2).reshape(S, L, D)
+        if self.cfg.norm_pix_loss:
+            t = (t - t.mean(dim=-1, keepdim=True)) / (t.var(dim=-1, keepdim=True) + 1e-6) ** 0.5
+        return t
+
+    def forward(self, images: Tensor | PackedBatch, noise: Tensor | torch.Generator | None = None) -> MIMOutput:
+        """Images (B, c, H, W) -> the loss (mean squared error over the hidden patches), the prediction, the mask.
+        A :class:`PackedBatch` -> :meth:`forward_packed` (``noise``: its generator), so that an EMA and DDP take
+        packed batches too."""
+        if isinstance(images, PackedBatch):
+            return self.forward_packed(images, noise)
         latent, mask, restore = self.forward_encoder(images, noise)
         grid = (images.shape[-2] // self.patch_size, images.shape[-1] // self.patch_size)
         pred = self.forward_decoder(latent, restore, grid)
@@ -225,6 +290,9 @@ class MaskedAutoencoder(nn.Module):
 class SimMIM(nn.Module):
     """SimMIM (Xie et al., 2022): hidden patches become a learned mask token at the encoder's input; a one-layer
     head predicts the raw pixels from the final map."""
+
+    cannot_pack = ("SimMIM masks blocks of one fixed grid, so it cannot pre-train on images of their own sizes; "
+                   "pre-train a ViT with MAE (--model.objective mae) to pack")
 
     def __init__(self, cfg: SimMIMConfig, encoder: nn.Module | None = None) -> None:
         super().__init__()

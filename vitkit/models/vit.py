@@ -411,6 +411,12 @@ class VisionTransformer(FollowsConfig, nn.Module):
         (``packing.pack``): attention within each image, its positions resampled to its grid; image by image the
         logits of that image run alone through :meth:`forward` (with ``dynamic_img_size``); with ``pre_logits`` the
         pooled features the head reads."""
+        x = self.head_drop(self.fc_norm(pool_packed(self, self.packed_tokens(batch), batch)))
+        return x if pre_logits else self.head(x)
+
+    def packed_tokens(self, batch: PackedBatch) -> Tensor:
+        """A packed batch -> its normed tokens (S, L, C), slot by slot: the blocks' output before pooling (MAE's
+        encoder reads it)."""
         if self.merging:
             raise ValueError("token merging removes tokens per sequence, not per packed image: turn it off "
                              "(set_token_merging(0)) to pack")
@@ -420,8 +426,7 @@ class VisionTransformer(FollowsConfig, nn.Module):
             args = (x, None, mask, None, False, self._layer_rope(rope, i))
             x = checkpoint(blk, *args, use_reentrant=False) if self.grad_checkpointing and torch.is_grad_enabled() \
                 else blk(*args)
-        x = self.head_drop(self.fc_norm(pool_packed(self, self.norm(x), batch)))
-        return x if pre_logits else self.head(x)
+        return self.norm(x)
 
     def forward(self, x: Tensor) -> Tensor:
         """Images (B, C_in, H, W) -> logits (B, classes); a :class:`PackedBatch` (images of their own sizes) ->

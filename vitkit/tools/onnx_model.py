@@ -68,6 +68,33 @@ def read_metadata(path: str, meta: dict[str, str]) -> dict[str, Any]:
     return out
 
 
+def preprocess_image(image, meta: dict[str, Any], path: str) -> np.ndarray:
+    """A PIL image -> the (1, C, H, W) float32 input, with the eval transform an export's metadata ``meta`` records
+    (timm's: resize the shorter side to size / crop_pct, centre crop, normalise; or with crop_mode "squash" the whole
+    image resized to the size; or for a model trained on packed batches the whole image resized within its patch
+    budget at its aspect ratio), in PIL and numpy. ``path`` names the export in errors."""
+    missing = [k for k in ("input_size", "mean", "std", "crop_pct", "interpolation") if k not in meta]
+    if missing:
+        raise CheckpointError(f"{path} has no vitkit.{missing[0]} metadata: it was not written by `vitkit "
+                              "export`, so its preprocessing is unknown; feed it prepared arrays instead")
+    c, h, w = meta["input_size"]
+    if len(meta["mean"]) < c or len(meta["std"]) < c:
+        raise CheckpointError(f"{path}: its metadata has {len(meta['mean'])} mean and {len(meta['std'])} std values "
+                              f"for {c} input channels")
+    image = image.convert("L" if c == 1 else "RGB")
+    if "max_patches" in meta and "patch_size" in meta:  # trained packed: whole, at its aspect ratio
+        h, w = budget_size(image.height, image.width, meta["patch_size"], meta["max_patches"])
+        image = image.resize((w, h), INTERPOLATION.get(meta["interpolation"], 2))
+    elif meta.get("crop_mode", "center") == "squash":  # the whole image, resized to (H, W)
+        image = image.resize((w, h), INTERPOLATION.get(meta["interpolation"], 2))
+    else:
+        image = resize_and_crop(image, (h, w), meta["crop_pct"], meta["interpolation"])
+    x = np.asarray(image, dtype=np.float32).reshape(h, w, c).transpose(2, 0, 1) / 255.0
+    mean = np.asarray(meta["mean"][:c], dtype=np.float32).reshape(c, 1, 1)
+    std = np.asarray(meta["std"][:c], dtype=np.float32).reshape(c, 1, 1)
+    return ((x - mean) / std)[None].astype(np.float32)
+
+
 class OnnxModel:
     """An exported classifier in onnxruntime (CPU), with its preprocessing from the file's metadata.
 
@@ -136,30 +163,9 @@ class OnnxModel:
                 from None
 
     def preprocess(self, image) -> np.ndarray:
-        """A PIL image -> the (1, C, H, W) float32 input, with the eval transform the metadata records (timm's:
-        resize the shorter side to size / crop_pct, centre crop, normalise; or with crop_mode "squash" the whole
-        image resized to the size; or for a model trained on packed batches the whole image resized within its patch
-        budget at its aspect ratio), in PIL and numpy."""
-        missing = [k for k in ("input_size", "mean", "std", "crop_pct", "interpolation") if k not in self.meta]
-        if missing:
-            raise CheckpointError(f"{self.path} has no vitkit.{missing[0]} metadata: it was not written by `vitkit "
-                                  "export`, so its preprocessing is unknown; feed it prepared arrays instead")
-        c, h, w = self.meta["input_size"]
-        if len(self.meta["mean"]) < c or len(self.meta["std"]) < c:
-            raise CheckpointError(f"{self.path}: its metadata has {len(self.meta['mean'])} mean and "
-                                  f"{len(self.meta['std'])} std values for {c} input channels")
-        image = image.convert("L" if c == 1 else "RGB")
-        if "max_patches" in self.meta and "patch_size" in self.meta:  # trained packed: whole, at its aspect ratio
-            h, w = budget_size(image.height, image.width, self.meta["patch_size"], self.meta["max_patches"])
-            image = image.resize((w, h), INTERPOLATION.get(self.meta["interpolation"], 2))
-        elif self.meta.get("crop_mode", "center") == "squash":  # the whole image, resized to (H, W)
-            image = image.resize((w, h), INTERPOLATION.get(self.meta["interpolation"], 2))
-        else:
-            image = resize_and_crop(image, (h, w), self.meta["crop_pct"], self.meta["interpolation"])
-        x = np.asarray(image, dtype=np.float32).reshape(h, w, c).transpose(2, 0, 1) / 255.0
-        mean = np.asarray(self.meta["mean"][:c], dtype=np.float32).reshape(c, 1, 1)
-        std = np.asarray(self.meta["std"][:c], dtype=np.float32).reshape(c, 1, 1)
-        return ((x - mean) / std)[None].astype(np.float32)
+        """A PIL image -> the (1, C, H, W) float32 input, with the eval transform the metadata records
+        (:func:`preprocess_image`)."""
+        return preprocess_image(image, self.meta, self.path)
 
     def segment(self, image, mode: str = "whole", stride: tuple[int, int] | None = None) -> np.ndarray:
         """A segmenter's class for each pixel of a PIL image (H, W), as ``vitkit predict`` computes it with the

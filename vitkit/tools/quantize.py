@@ -56,6 +56,7 @@ class Int8Report:
     kept: list[str] = field(default_factory=list)
     fp32_ms: float = 0.0
     int8_ms: float = 0.0
+    runtime: str = "onnxruntime"  # what the times were measured in
 
     @property
     def drop(self) -> float:
@@ -69,7 +70,8 @@ class Int8Report:
                  + f"; calibrated on {self.calibrated} images",
                  f"top-1 on {self.held_out} held-out images: fp32 {self.fp32_top1:.4f}, int8 {self.int8_top1:.4f} "
                  f"({abs(self.drop):.2f} points {'lost' if self.drop >= 0 else 'gained'})",
-                 f"batch 1 on this CPU: fp32 {self.fp32_ms:.2f} ms, int8 {self.int8_ms:.2f} ms ({speed:.2f}x)"]
+                 f"batch 1 on this CPU ({self.runtime}): fp32 {self.fp32_ms:.2f} ms, int8 {self.int8_ms:.2f} ms "
+                 f"({speed:.2f}x)"]
         if speed < 1.0:
             lines.append("int8 is not faster than fp32 on this CPU: keep the fp32 file here, or try --int8 dynamic "
                          "(int8 pays on large layers, and most on CPUs with VNNI or AMX)")
@@ -132,15 +134,16 @@ class CalibrationBatches:
         return next(self.items, None)
 
 
-def _inputs(model: OnnxModel, images: list[tuple[Path, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """The images as the model's inputs, and their labels; a file PIL cannot read is left out, with a warning."""
+def _inputs(preprocess, images: list[tuple[Path, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """The images as the model's inputs (``preprocess``: a PIL image -> (1, C, H, W)), and their labels; a file PIL
+    cannot read is left out, with a warning."""
     from PIL import Image
 
     arrays, targets, unreadable = [], [], []
     for path, label in images:
         try:
             with Image.open(path) as image:
-                arrays.append(model.preprocess(image)[0])
+                arrays.append(preprocess(image)[0])
         except OSError:  # PIL's UnidentifiedImageError and truncated files
             unreadable.append(path)
             continue
@@ -149,6 +152,23 @@ def _inputs(model: OnnxModel, images: list[tuple[Path, int]]) -> tuple[np.ndarra
         log.warning("left out %d unreadable image(s) of the calibration folder, e.g. %s", len(unreadable),
                     unreadable[0])
     return np.stack(arrays), np.asarray(targets)
+
+
+def calibration_set(calibrate: str | os.PathLike, labels: list[str] | None, preprocess, calibration: int,
+                    seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The labelled images of ``calibrate`` as inputs and labels, in a seeded order: the first ``calibration``
+    calibrate, the rest (``MIN_HELD_OUT`` or more) are held out for the accuracy gate."""
+    images = labelled_images(calibrate, labels)
+    if len(images) < calibration + MIN_HELD_OUT:
+        raise QuantizationRefused(f"--calibrate {calibrate} holds {len(images)} images; {calibration} to calibrate "
+                                  f"(--calibration-size) and {MIN_HELD_OUT} held out for the accuracy gate need "
+                                  f"{calibration + MIN_HELD_OUT}")
+    order = np.random.default_rng(seed).permutation(len(images))
+    x, y = _inputs(preprocess, [images[k] for k in order])
+    if len(y) < calibration + MIN_HELD_OUT:
+        raise QuantizationRefused(f"--calibrate {calibrate} holds {len(y)} readable images; {calibration} to "
+                                  f"calibrate and {MIN_HELD_OUT} held out need {calibration + MIN_HELD_OUT}")
+    return x, y
 
 
 def _top1(model: OnnxModel, x: np.ndarray, y: np.ndarray, batch: int = 16) -> float:
@@ -243,16 +263,7 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
     if base.meta.get("task") == "segmentation" or base.thresholds is not None:
         raise QuantizationRefused(f"{fp32} is not a single-label classifier: int8 export scores top-1 on labelled "
                                   "images, which a segmenter or a multi-label model does not have")
-    images = labelled_images(calibrate, base.labels)
-    if len(images) < calibration + MIN_HELD_OUT:
-        raise QuantizationRefused(f"--calibrate {calibrate} holds {len(images)} images; {calibration} to calibrate "
-                                  f"(--calibration-size) and {MIN_HELD_OUT} held out for the accuracy gate need "
-                                  f"{calibration + MIN_HELD_OUT}")
-    order = np.random.default_rng(seed).permutation(len(images))
-    x, y = _inputs(base, [images[k] for k in order])
-    if len(y) < calibration + MIN_HELD_OUT:
-        raise QuantizationRefused(f"--calibrate {calibrate} holds {len(y)} readable images; {calibration} to "
-                                  f"calibrate and {MIN_HELD_OUT} held out need {calibration + MIN_HELD_OUT}")
+    x, y = calibration_set(calibrate, base.labels, base.preprocess, calibration, seed)
     proto = onnx.load(str(fp32))
     linear, module = linear_nodes(proto), module_names(proto)
     kept = [n for n in linear if any(fnmatch.fnmatch(module[n], p) or fnmatch.fnmatch(n, p) for p in keep)]
@@ -271,13 +282,7 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
                             _top1(int8, held_x, held_y), len(linear) - len(kept), [module[n] for n in kept])
         if report.drop > max_drop:
             errors = layer_errors(fp32, tmp, [n for n in linear if n not in kept], held_x[:16])
-            worst = [e for e in errors if e[1] > 0][:5] or errors[:3]
-            raise QuantizationRefused(
-                f"int8 loses {report.drop:.2f} points of top-1 (fp32 {report.fp32_top1:.4f}, int8 "
-                f"{report.int8_top1:.4f} on {report.held_out} held-out images), more than --max-drop {max_drop:g}; "
-                "nothing was written. The layers that add the most error: "
-                + ", ".join(f"{module[n]} ({e:.3f})" for n, e in worst)
-                + "; keep them in float with --keep-fp32 PATTERN")
+            raise refusal(report, max_drop, [(module[n], e) for n, e in errors])
         report.fp32_ms, report.int8_ms = _ms([base, int8], held_x)
         _carry_metadata(proto, tmp, {"mode": mode, "calibrated": calibration, "held_out": report.held_out,
                                      "fp32_top1": report.fp32_top1, "int8_top1": report.int8_top1,
@@ -286,6 +291,17 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
         return report
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def refusal(report: Int8Report, max_drop: float, errors: list[tuple[str, float]]) -> QuantizationRefused:
+    """The gate's one line: the two scores, and the layers (``errors``: module name and added error, largest first)
+    that add the most error."""
+    worst = [e for e in errors if e[1] > 0][:5] or errors[:3]
+    return QuantizationRefused(
+        f"int8 loses {report.drop:.2f} points of top-1 (fp32 {report.fp32_top1:.4f}, int8 {report.int8_top1:.4f} on "
+        f"{report.held_out} held-out images), more than --max-drop {max_drop:g}; nothing was written. The layers that "
+        "add the most error: " + ", ".join(f"{name} ({e:.3f})" for name, e in worst)
+        + "; keep them in float with --keep-fp32 PATTERN")
 
 
 def layer_errors(fp32: str | os.PathLike, int8: str | os.PathLike, nodes: list[str],

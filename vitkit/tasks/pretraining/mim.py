@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 import vitkit
+from vitkit.models.packing import PackedBatch
 from vitkit.tools.plots import draw_reconstructions
 from vitkit.training.base import TrainingModule
 from vitkit.training.flat import Flat
@@ -38,7 +39,8 @@ class MaskedImageModeling(TrainingModule):
 
     MAE: He et al., 2022; SimMIM: Xie et al., 2022. With the training machinery of every vitkit module (warmup + cosine,
     EMA, skipped non-finite steps, exact resume, FSDP2). Logs ``train/loss_*`` and ``val/loss``; each validation epoch
-    draws original / masked / reconstruction of a few fixed validation images into ``<root>/reconstructions/``.
+    draws original / masked / reconstruction of a few fixed validation images into ``<root>/reconstructions/`` (not
+    of packed batches: with ``--data.packing``, MAE trains on images of their own sizes, none drawn).
 
     Args:
         model_name: the encoder preset (``vit_base_patch16_224``, ``swin_base_patch4_window7_224``, ...).
@@ -106,8 +108,17 @@ class MaskedImageModeling(TrainingModule):
         self.make_ema(self.recipe.ema_decay)
         self._pictures: Tensor | None = None
 
-    def forward(self, images: Tensor, *args: Any):
+    def forward(self, images: Tensor | PackedBatch, *args: Any):
         return self.model(images, *args)
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        hp = getattr(getattr(self.trainer, "datamodule", None), "hparams", {})
+        if not hp.get("packing"):
+            return
+        if hp.get("token_drop"):
+            raise ValueError(f"--data.packing with MAE: --data.token_drop {hp['token_drop']} would drop patches before "
+                             f"MAE hides its own share (--model.mask_ratio {self.hparams.mask_ratio}); leave it at 0")
 
     def step_loss(self, batch) -> Tensor:
         return self.model(batch[0]).loss
@@ -115,6 +126,8 @@ class MaskedImageModeling(TrainingModule):
     def _fixed_masking(self, images: Tensor, batch_idx: int):
         """The same mask for the same validation batch every epoch, so that the losses compare."""
         g = torch.Generator(device="cpu").manual_seed(10_007 * batch_idx + 1)
+        if isinstance(images, PackedBatch):  # MAE draws each image's visible patches with it
+            return g
         B, _, H, W = images.shape
         if self.hparams.objective == "mae":
             p = self.model.patch_size
@@ -129,8 +142,9 @@ class MaskedImageModeling(TrainingModule):
         self.log("val/loss", self.model(images, masking).loss, prog_bar=True, sync_dist=True,
                  batch_size=len(images))
         if self.ema is not None:
-            self.log("val/loss_ema", self.ema(images, masking).loss, sync_dist=True, batch_size=len(images))
-        if batch_idx == 0 and self.hparams.num_pictures:
+            again = self._fixed_masking(images, batch_idx)  # the same masks (a packed batch: a generator used up)
+            self.log("val/loss_ema", self.ema(images, again).loss, sync_dist=True, batch_size=len(images))
+        if batch_idx == 0 and self.hparams.num_pictures and not isinstance(images, PackedBatch):
             self._pictures = (images[: self.hparams.num_pictures].detach(), masking[: self.hparams.num_pictures])
 
     def on_validation_epoch_end(self) -> None:

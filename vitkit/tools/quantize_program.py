@@ -1,0 +1,219 @@
+"""int8 ``torch.export`` programs (.pt2) through PyTorch's x86 quantizer: ``vitkit export --format torch-export
+--int8``, beside the ONNX files of ``quantize.py``.
+
+torchao's pt2e flow with its ``X86InductorQuantizer``: the model is captured by ``torch.export`` at its own size
+(any batch), its linear layers get static int8 (uint8 activations per tensor from the calibration images' ranges,
+int8 weights per output channel), and the program is written with those quantize/dequantize pairs. The patch
+embedding, softmax, LayerNorm, GELU and the attention's products stay in float, as in the ONNX file.
+``torch.compile`` with frozen weights (:func:`load_int8_program`) turns each pair and its layer into one int8 kernel
+(oneDNN); run eagerly, the program gives the same numbers slowly.
+
+The calibration, the held-out accuracy gate, ``--keep-fp32`` and the refusal that names the layers adding the most
+error are the ONNX path's. The times are those of the two programs compiled, at batch 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fnmatch
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .export import PROGRAM_METADATA, metadata
+from .onnx_model import preprocess_image, read_metadata
+from .quantize import Int8Report, QuantizationRefused, calibration_set, refusal
+
+INSTALL = "pip install 'vitkit[int8]'"
+
+
+def _torchao():
+    """torchao's pt2e entry points: (X86InductorQuantizer's module, prepare_pt2e, convert_pt2e)."""
+    try:
+        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    except ImportError as e:
+        raise QuantizationRefused(f"--int8 with --format torch-export quantizes through torchao's x86 quantizer, "
+                                  f"which is not installed here ({e}): {INSTALL}") from None
+    return xiq, prepare_pt2e, convert_pt2e
+
+
+def linear_layers(model: nn.Module) -> list[str]:
+    """The names of ``model``'s linear layers (what is quantized)."""
+    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+
+
+def _capture(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    return torch.export.export(model, (x[:2],), dynamic_shapes=({0: batch},)).module()
+
+
+def convert(model: nn.Module, calibration: np.ndarray, kept: list[str]) -> torch.fx.GraphModule:
+    """``model`` (eval, float32, reference attention) with its linear layers but ``kept`` in static int8, calibrated
+    on ``calibration`` (N, C, H, W)."""
+    xiq, prepare_pt2e, convert_pt2e = _torchao()
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    quantizer.set_module_type_qconfig(nn.Conv2d, None)  # the patch embedding stays float, as in the ONNX file
+    for name in kept:
+        quantizer.set_module_name_qconfig(name, None)
+    x = torch.from_numpy(calibration)
+    graph = prepare_pt2e(_capture(model, x), quantizer)
+    with torch.no_grad():
+        for chunk in x.split(8):
+            graph(chunk)
+    return convert_pt2e(graph)
+
+
+def _top1(model, x: np.ndarray, y: np.ndarray, batch: int = 16) -> float:
+    with torch.no_grad():
+        preds = torch.cat([model(torch.from_numpy(x[i:i + batch])).argmax(1) for i in range(0, len(x), batch)])
+    return float((preds.numpy() == y).mean())
+
+
+@contextlib.contextmanager
+def _frozen():
+    """Inductor with the weights frozen into the graph: what lets it fold each dequantize into an int8 kernel."""
+    import torch._inductor.config as inductor
+
+    with inductor.patch(freezing=True), torch.no_grad():
+        yield
+
+
+def _compiled_ms(models: list[nn.Module], x: np.ndarray, rounds: int = 5, runs: int = 10) -> list[float]:
+    """Median ms of one batch-1 call of each model compiled (frozen weights), in interleaved rounds."""
+    one = torch.from_numpy(x[:1])
+    compiled = [torch.compile(m, dynamic=False) for m in models]
+    times: list[list[float]] = [[] for _ in models]
+    with _frozen():
+        for c in compiled:
+            c(one)
+        for _ in range(rounds):
+            for k, c in enumerate(compiled):
+                start = time.perf_counter()
+                for _ in range(runs):
+                    c(one)
+                times[k].append(1000 * (time.perf_counter() - start) / runs)
+    return [statistics.median(t) for t in times]
+
+
+def layer_errors(model: nn.Module, int8: torch.fx.GraphModule, names: list[str],
+                 x: np.ndarray) -> list[tuple[str, float]]:
+    """Each quantized linear layer's added error, largest first: the relative error of its output in the int8
+    program (against the fp32 model's, on ``x``) minus that of its float input."""
+    reference: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    hooks = [model.get_submodule(n).register_forward_hook(
+        lambda mod, inp, out, n=n: reference.__setitem__(n, (inp[0], out))) for n in names]
+    xt = torch.from_numpy(x)
+    with torch.no_grad():
+        model(xt)
+    for h in hooks:
+        h.remove()
+    wanted: dict[torch.fx.Node, tuple[str, int]] = {}
+    for node in int8.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        name = list(stack.values())[-1][0] if stack else None
+        if node.target is torch.ops.aten.linear.default and name in reference:
+            wanted[node] = (name, 1)
+            source = node.args[0]
+            while getattr(source, "target", None) is not None and "quantized_decomposed" in str(source.target):
+                source = source.args[0]  # back through dequantize and quantize to the float input
+            wanted[source] = (name, 0)
+    got: dict[tuple[str, int], torch.Tensor] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            value = super().run_node(n)
+            if n in wanted:
+                got[wanted[n]] = value
+            return value
+
+    with torch.no_grad():
+        Recorder(int8).run(xt)
+
+    def rel(name: str, k: int) -> float:
+        a, b = reference[name][k], got.get((name, k))
+        return 0.0 if b is None else float((b - a).norm() / a.norm().clamp_min(1e-12))
+
+    return sorted(((n, rel(n, 1) - rel(n, 0)) for n in reference), key=lambda e: -e[1])
+
+
+def quantize_program(model: nn.Module, out: str | os.PathLike, calibrate: str | os.PathLike, *,
+                     calibration: int = 200, max_drop: float = 0.5, keep: tuple[str, ...] = (),
+                     seed: int = 0) -> Int8Report:
+    """Write the int8 program of the classifier ``model`` to ``out`` (.pt2), or refuse (see the module docstring)."""
+    from .export import _prepare  # the export's own copy: float32, CPU, eval, reference attention, fixed size
+
+    _torchao()
+    m, _ = _prepare(model, False)
+    meta = metadata(m, False)
+    if meta["vitkit.task"] != "classification" or meta["vitkit.thresholds"] != "null":
+        raise QuantizationRefused(f"{model.name} is not a single-label classifier: int8 export scores top-1 on "
+                                  "labelled images, which a segmenter or a multi-label model does not have")
+    checked = read_metadata(str(out), meta)
+    x, y = calibration_set(calibrate, checked.get("labels"), lambda im: preprocess_image(im, checked, str(out)),
+                           calibration, seed)
+    linear = linear_layers(m)
+    kept = [n for n in linear if any(fnmatch.fnmatch(n, p) for p in keep)]
+    if keep and not kept:
+        raise QuantizationRefused(f"--keep-fp32 {' '.join(keep)} matches no linear layer; their names look like "
+                                  f"{', '.join(linear[:3])} (patterns as fnmatch's: 'blocks.11.*', '*.fc2')")
+    int8 = convert(m, x[:calibration], kept)
+    held_x, held_y = x[calibration:], y[calibration:]
+    report = Int8Report(str(out), "static", calibration, len(held_y), _top1(m, held_x, held_y),
+                        _top1(int8, held_x, held_y), len(linear) - len(kept), kept, runtime="torch.compile")
+    if report.drop > max_drop:
+        raise refusal(report, max_drop, layer_errors(m, int8, [n for n in linear if n not in kept], held_x[:16]))
+    report.fp32_ms, report.int8_ms = _compiled_ms([copy.deepcopy(m), int8], held_x)
+    meta["vitkit.int8"] = json.dumps({"mode": "static", "quantizer": "torchao X86InductorQuantizer",
+                                      "calibrated": calibration, "held_out": report.held_out,
+                                      "fp32_top1": report.fp32_top1, "int8_top1": report.int8_top1, "kept": kept})
+    _save(int8, held_x, Path(out), meta)
+    return report
+
+
+def _save(int8: torch.fx.GraphModule, x: np.ndarray, path: Path, meta: dict[str, str]) -> None:
+    """The int8 program with its metadata, written atomically once it loads back and gives the same outputs."""
+    xt = torch.from_numpy(x[:3])
+    program = torch.export.export(int8, (xt[:2],), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.pt2")  # torch.export.save wants the .pt2 ending
+    try:
+        torch.export.save(program, str(tmp), extra_files={PROGRAM_METADATA: json.dumps(meta)})
+        with torch.no_grad():
+            diff = float((torch.export.load(str(tmp)).module()(xt) - int8(xt)).abs().max())
+        if diff > 1e-4:
+            raise QuantizationRefused(f"the int8 program written to {path} gives outputs {diff:.2e} away from the "
+                                      "quantized model's when loaded back; nothing was written")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class Int8Program(nn.Module):
+    """An int8 .pt2 of ``vitkit export --format torch-export --int8``, compiled on its first call (inductor, weights
+    frozen; a new batch size compiles again), with the file's ``vitkit.*`` metadata as ``meta``."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        super().__init__()
+        _torchao()  # registers the quantize/dequantize operators the program holds
+        files = {PROGRAM_METADATA: ""}
+        self.program = torch.export.load(str(path), extra_files=files).module()
+        self.meta: dict[str, Any] = read_metadata(str(path), json.loads(files[PROGRAM_METADATA] or "{}"))
+        self.compiled = torch.compile(self.program)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with _frozen():
+            return self.compiled(x)
+
+
+def load_int8_program(path: str | os.PathLike) -> Int8Program:
+    """The int8 program at ``path``, ready to run fast on the CPU (see :class:`Int8Program`)."""
+    return Int8Program(path)
