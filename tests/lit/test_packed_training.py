@@ -162,3 +162,31 @@ def test_mae_pretrains_on_packed_images_of_their_own_shapes(shapes_folder, tmp_p
                           "decoder_mlp_ratio") for a in (f"--model.{k}", "null")))
     with pytest.raises(ValueError, match="--data.token_drop 0.5 would drop patches before MAE hides its own share"):
         fit("--trainer.fast_dev_run", "1", "--data.token_drop", "0.5")
+
+
+def test_dino_pretrains_on_crops_of_their_own_shapes_packed(shapes_folder, tmp_path):
+    """The DINO recipe on packed images: each global and local crop keeps its own aspect ratio within the patch
+    budget of a square crop, the crops are packed (several to a sequence) with iBOT's hidden patches, and the loss on
+    the held-out images falls as the student learns to match its teacher."""
+    from tests.lit.test_dino_train import TINY_HEAD
+    from tests.lit.test_dino_train import _cpu as dino_cpu
+
+    cli = cli_main(["fit", "-c", "dino_vit_tiny_digits", *dino_cpu(tmp_path), "--model.model_overrides", TINY_VIT,
+                    *TINY_HEAD, "--model.local_size", "16", "--data", "vitkit.lit.UnlabeledImageDataModule",
+                    "--data.root", str(shapes_folder), "--data.img_size", "32", "--data.batch_size", "8",
+                    "--data.num_workers", "0", "--data.packing", "true", "--data.max_tokens", "40",
+                    "--trainer.max_epochs", "12"])
+    x = next(iter(cli.datamodule.train_dataloader()))[0]
+    glob, local, hidden = cli.model._crops(x)
+    assert isinstance(glob, PackedBatch) and len(glob) == 2 * len(x) and len(local) == 2 * len(x)
+    assert len(set(glob.grids)) > 1 and all(r * c <= 16 for r, c in glob.grids)  # 32 px crops: 16 patches
+    assert all(r * c <= 4 for r, c in local.grids) and glob.patches.shape[0] < len(glob)  # 16 px: 4 patches
+    assert hidden.shape == glob.image.shape and hidden.any() and not (hidden & (glob.index < 1)).any()
+    with open(Path(cli.trainer.loggers[0].log_dir) / "metrics.csv") as f:
+        losses = [float(r["val/loss"]) for r in csv.DictReader(f) if r.get("val/loss")]
+    assert len(losses) == 12 and losses[-1] < 0.85 * losses[0], losses
+    with pytest.raises(ValueError, match="--data.token_drop 0.5 would blank patches of the images DINO crops"):
+        cli_main(["fit", "-c", "dino_vit_tiny_digits", *dino_cpu(tmp_path), "--model.model_overrides", TINY_VIT,
+                  *TINY_HEAD, "--data", "vitkit.lit.UnlabeledImageDataModule", "--data.root", str(shapes_folder),
+                  "--data.img_size", "32", "--data.batch_size", "8", "--data.packing", "true",
+                  "--data.token_drop", "0.5", "--data.num_workers", "0", "--trainer.fast_dev_run", "1"])

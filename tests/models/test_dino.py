@@ -3,6 +3,8 @@ several steps), Sinkhorn-Knopp equals lightly's SwAV routine and balances the pr
 prototypes' norms, and the student-teacher model trains the student alone and hands back a backbone that timm and
 vitkit load strictly."""
 
+import dataclasses
+
 import pytest
 import timm
 import torch
@@ -157,3 +159,35 @@ def test_what_dino_cannot_train_is_refused():
         DINO(DINOConfig(encoder="vit_tiny_patch16_224", encoder_overrides=dict(class_token=False, global_pool="avg")))
     with pytest.raises(ValueError, match="mask_ratio"):
         DINOConfig(mask_ratio=(0.6, 0.2))
+
+
+def test_packed_crops_give_the_losses_and_gradients_of_the_same_crops_batched():
+    """``forward_packed``: the same global and local crops, each packed with its prefix and patches (several to a
+    sequence, attention kept inside each), and the same hidden patches, give :meth:`forward`'s DINO, iBOT and KoLeo
+    losses and the student's gradients."""
+    from vitkit.models.packing import pack
+
+    torch.manual_seed(0)
+    batched, packed = _tiny(), _tiny()
+    packed.load_state_dict(batched.state_dict())
+    batched.eval(), packed.eval()  # no drop path: the two runs draw alike
+    glob, local = torch.randn(2, 3, 3, 32, 32), torch.randn(4, 3, 3, 16, 16)
+    mask = batched.random_masks(2, 3, (4, 4), generator=torch.Generator().manual_seed(1))
+    crops = pack([c for view in glob for c in view], 8, 40, 1)  # crop v·B + b
+    # the sequences in reverse: the slots then hold the crops in another order than the crops' own
+    crops = dataclasses.replace(crops, patches=crops.patches.flip(0), image=crops.image.flip(0),
+                                index=crops.index.flip(0))
+    slots = (crops.index >= 1) & (crops.image >= 0)
+    hidden = torch.zeros_like(slots)
+    hidden[slots] = mask.flatten(0, 1)[crops.image[slots], crops.index[slots] - 1]
+    locals_ = pack([c for view in local for c in view], 8, 30, 1)
+    want = batched(glob, local, mask, teacher_temp=0.04)
+    got = packed.forward_packed(crops, 2, locals_, hidden, teacher_temp=0.04)
+    assert crops.patches.shape[0] < 6 and locals_.patches.shape[0] < 12  # several crops to a sequence
+    for name in ("loss", "dino", "ibot", "koleo"):
+        assert_close(getattr(got, name), getattr(want, name), atol=1e-5, rtol=1e-5)
+    want.loss.backward()
+    got.loss.backward()
+    for (name, a), b in zip(batched.student.named_parameters(), packed.student.parameters(), strict=True):
+        assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
+    assert_close(packed.mask_token.grad, batched.mask_token.grad, atol=1e-5, rtol=1e-4)

@@ -83,6 +83,38 @@ class MultiCrop:
         local = torch.stack(views[self.global_crops:]) if self.local_crops else None
         return torch.stack(views[: self.global_crops]), local
 
+    def native(self, images: list[Tensor], mean: Tensor, std: Tensor, patch_size: int,
+               generator: torch.Generator | None = None) -> tuple[list[Tensor], list[Tensor]]:
+        """:meth:`__call__` for images of their own sizes (normalised (c, H, W) each): every crop keeps its own
+        aspect ratio, resized to the largest size within the patch budget of a ``global_size`` (or ``local_size``)
+        square crop (:func:`~vitkit.budget.budget_size`). Returns the global crops and the local crops, view by
+        view (crop ``v·B + b`` of image b), normalised alike."""
+        from vitkit.budget import budget_size
+
+        mean, std = mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1)
+        pixels = [img[None].float() * std + mean for img in images]
+        views: list[list[Tensor]] = []
+        for v in range(self.global_crops + self.local_crops):
+            is_global = v < self.global_crops
+            size, scale = (self.global_size, self.global_scale) if is_global else (self.local_size, self.local_scale)
+            budget = (size // patch_size) ** 2
+            crops = []
+            for x in pixels:
+                box = _boxes(1, x, scale, self.flip, generator)
+                H, W = x.shape[-2:]
+                out = budget_size(max(1, round(float(box[1]) * H)), max(1, round(float(box[0]) * W)), patch_size,
+                                  budget)
+                crop = self.colour(_sample(x, box, out), generator)
+                blur = self.blur[0] if v == 0 else self.blur[1] if is_global else self.blur[2]
+                side = math.sqrt(out[0] * out[1])
+                crop = gaussian_blur(crop, blur, tuple(s * side / 224 for s in self.blur_sigma), generator)
+                if v == 1:
+                    crop = solarize(crop, self.solarize, generator)
+                crops.append(((crop - mean) / std)[0])
+            views.append(crops)
+        flat = [[c for view in part for c in view] for part in (views[: self.global_crops], views[self.global_crops:])]
+        return flat[0], flat[1]
+
     def colour(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
         """Colour jitter (with probability ``jitter``: brightness, contrast, saturation, hue), then grey."""
         B = x.shape[0]
@@ -113,7 +145,14 @@ def resized_crops(x: Tensor, size: int, scale: tuple[float, float], flip: float,
     """One RandomResizedCrop per image of ``x`` (B, c, H, W): a share of the area in ``scale`` at an aspect ratio
     in ``ratio`` (log-uniform), anywhere inside the image, flipped with probability ``flip``, resampled to
     ``size`` x ``size``."""
-    B, _, H, W = x.shape
+    return _sample(x, _boxes(x.shape[0], x, scale, flip, generator, ratio), (size, size))
+
+
+def _boxes(B: int, x: Tensor, scale: tuple[float, float], flip: float, generator: torch.Generator | None,
+           ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Tensor:
+    """B crops of the images ``x``: (width and height as fractions of the image's, centre x and y in
+    ``grid_sample``'s [-1, 1], the flip's sign), (5, B)."""
+    H, W = x.shape[-2:]
     area = scale[0] + (scale[1] - scale[0]) * _draw(B, x, generator)
     log_r = math.log(ratio[0]) + (math.log(ratio[1]) - math.log(ratio[0])) * _draw(B, x, generator)
     aspect = torch.exp(log_r) * H / W  # the crop's width / height in pixels is exp(log_r)
@@ -122,9 +161,15 @@ def resized_crops(x: Tensor, size: int, scale: tuple[float, float], flip: float,
     cx = (2 * _draw(B, x, generator) - 1) * (1 - w)  # the centre, in grid_sample's [-1, 1] coordinates
     cy = (2 * _draw(B, x, generator) - 1) * (1 - h)
     sign = torch.where(_draw(B, x, generator) < flip, -1.0, 1.0).to(x.device)
+    return torch.stack([w, h, cx, cy, sign])
+
+
+def _sample(x: Tensor, box: Tensor, size: tuple[int, int]) -> Tensor:
+    """The crops ``box`` (:func:`_boxes`) of ``x`` (B, c, H, W), resampled bilinearly to ``size`` (h, w)."""
+    w, h, cx, cy, sign = box
     zero = torch.zeros_like(w)
     theta = torch.stack([torch.stack([w * sign, zero, cx], 1), torch.stack([zero, h, cy], 1)], 1)  # (B, 2, 3)
-    grid = F.affine_grid(theta.to(x.dtype), [B, x.shape[1], size, size], align_corners=False)
+    grid = F.affine_grid(theta.to(x.dtype), [x.shape[0], x.shape[1], *size], align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from .encoders import vision_encoder
+from .packing import PackedBatch
 from .vit import VisionTransformer
 
 
@@ -288,6 +289,25 @@ class DINO(nn.Module):
         rank = torch.rand(views, batch, n, generator=generator).argsort(-1).argsort(-1)  # a random order per crop
         return (masked & (rank < (ratio * n).round())).to(device)
 
+    def packed_masks(self, crops: PackedBatch, generator: torch.Generator | None = None) -> Tensor:
+        """:meth:`random_masks` for packed crops of their own sizes: (S, L) bool over ``crops``' slots, True where
+        a patch is hidden from the student; each crop masked as :meth:`random_masks` masks one of its grid."""
+        hidden = torch.zeros(crops.image.shape, dtype=torch.bool)
+        image, index = crops.image.cpu(), crops.index.cpu()
+        for i, (rows, cols) in enumerate(crops.grids):
+            drawn = self.random_masks(1, 1, (rows, cols), None, generator)[0, 0]  # (rows·cols,)
+            slots = (image == i) & (index >= crops.prefix)
+            hidden[slots] = drawn[index[slots] - crops.prefix]
+        return hidden.to(crops.image.device)
+
+    @property
+    def patch_size(self) -> int:
+        return self.student.patch_size
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.student.num_prefix_tokens
+
     def _tokens(self, net: VisionTransformer, images: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Images (M, c, H, W), with the patches of ``mask`` (M, N) replaced by the mask token -> the class tokens
         (M, C) and the patch tokens (M, N, C), normed."""
@@ -314,18 +334,68 @@ class DINO(nn.Module):
         if local_crops is not None and local_crops.shape[0]:
             l_cls, _ = self._tokens(self.student, local_crops.flatten(0, 1))
             s_logits.append(self.student_head(l_cls).view(local_crops.shape[0], B, -1))
-        dino = self.dino_loss(list(t_logits), list(torch.cat(s_logits)), teacher_temp)
+        t_masked = s_masked = None
+        if flat_mask is not None:
+            t_masked, s_masked = t_patch[flat_mask], s_patch[flat_mask]
+        return self._losses(t_logits, torch.cat(s_logits), s_cls.view(G, B, -1), t_masked, s_masked, flat_mask,
+                            teacher_temp)
+
+    def _losses(self, t_logits: Tensor, s_logits: Tensor, s_cls: Tensor, t_masked: Tensor | None,
+                s_masked: Tensor | None, mask: Tensor | None, teacher_temp: float) -> DINOOutput:
+        """The losses from the teacher's logits (G, B, K), the student's (V, B, K), its global class tokens
+        (G, B, C), and both models' patch tokens at the masked patches (in the order of ``mask.nonzero()``,
+        ``mask`` (G·B, N); None: iBOT off)."""
+        cfg = self.cfg
+        dino = self.dino_loss(list(t_logits), list(s_logits), teacher_temp)
         zero = dino.new_zeros(())
         ibot = zero
-        if flat_mask is not None:
+        if mask is not None:
             s_head, t_head = (self.student_ibot_head, self.teacher_ibot_head) if self.student_ibot_head is not None \
                 else (self.student_head, self.teacher_head)
             with torch.no_grad():
-                t_masked = t_head(t_patch[flat_mask])
-            ibot = self.ibot_loss(t_masked, s_head(s_patch[flat_mask]), flat_mask, teacher_temp)
-        koleo = sum(koleo_loss(c) for c in s_cls.view(G, B, -1)) if cfg.koleo_weight else zero
+                t_logits_masked = t_head(t_masked)
+            ibot = self.ibot_loss(t_logits_masked, s_head(s_masked), mask, teacher_temp)
+        koleo = sum(koleo_loss(c) for c in s_cls) if cfg.koleo_weight else zero
         loss = cfg.dino_weight * dino + cfg.ibot_weight * ibot + cfg.koleo_weight * koleo
         return DINOOutput(loss, dino.detach(), ibot.detach(), koleo.detach())
+
+    def _packed_tokens(self, net: VisionTransformer, batch: PackedBatch,
+                       mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Packed crops, the patches of ``mask`` ((S, L) bool) replaced by the mask token -> the class tokens
+        (crops, C), in the order packed, and every slot's normed token (S, L, C)."""
+        x = net.packed_tokens(batch, mask, self.mask_token)
+        first = batch.index == 0
+        cls = x.new_zeros(len(batch), x.shape[-1])
+        cls[batch.image[first]] = x[first]
+        return cls, x
+
+    def forward_packed(self, global_crops: PackedBatch, views: int, local_crops: PackedBatch | None = None,
+                       mask: Tensor | None = None, teacher_temp: float = 0.07) -> DINOOutput:
+        """:meth:`forward` of crops of their own sizes, packed: ``global_crops`` holds ``views`` crops of each of B
+        images (view by view: crop ``v·B + b``), ``local_crops`` its local views alike; ``mask`` ((S, L) bool over
+        the global crops' slots) the patches hidden from the student. Crop by crop, the losses of :meth:`forward`
+        on the same crops."""
+        G, B = views, len(global_crops) // views
+        with torch.no_grad():
+            t_cls, t_patch = self._packed_tokens(self.teacher, global_crops)
+            t_logits = self.teacher_head(t_cls).view(G, B, -1)
+        mask = None if mask is None or self.cfg.ibot_weight == 0 else mask & (global_crops.index >= global_crops.prefix)
+        s_cls, s_patch = self._packed_tokens(self.student, global_crops, mask)
+        s_logits = [self.student_head(s_cls).view(G, B, -1)]
+        if local_crops is not None:
+            l_cls, _ = self._packed_tokens(self.student, local_crops)
+            s_logits.append(self.student_head(l_cls).view(len(local_crops) // B, B, -1))
+        t_masked = s_masked = per_crop = None
+        if mask is not None:  # the masked slots crop by crop, each crop's in its own order (as mask.nonzero())
+            slot = torch.nonzero(mask.flatten()).squeeze(1)
+            crop, index = global_crops.image.flatten()[slot], global_crops.index.flatten()[slot]
+            order = torch.argsort(crop * (int(global_crops.index.max()) + 1) + index)
+            slot, crop, index = slot[order], crop[order], index[order]
+            t_masked, s_masked = t_patch.flatten(0, 1)[slot], s_patch.flatten(0, 1)[slot]
+            per_crop = mask.new_zeros(len(global_crops), int(global_crops.index.max()) + 1)
+            per_crop[crop, index] = True
+        return self._losses(t_logits, torch.cat(s_logits), s_cls.view(G, B, -1), t_masked, s_masked, per_crop,
+                            teacher_temp)
 
     def backbone(self) -> VisionTransformer:
         """The teacher's ViT: the features DINO hands back (the preset's names, no classifier)."""

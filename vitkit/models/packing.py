@@ -149,10 +149,13 @@ def from_naflex(batch: dict[str, Tensor], patch_size: int, prefix: int) -> Packe
     return PackedBatch(packed, image, index, list(zip(rows.tolist(), cols.tolist(), strict=True)), prefix)
 
 
-def embed_packed(model, batch: PackedBatch) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+def embed_packed(model, batch: PackedBatch, mask: Tensor | None = None,
+                 mask_token: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
     """A ViT's blocks' input for a packed batch, (S, L, C), and its RoPE tables per slot ((S, 1, L, ·) each, or
     None): the patch embedding as a linear map of each patch's pixels, the prefix tokens, and each image's
-    positions resampled to its grid, as ``VisionTransformer.embed_tokens`` gives them for that image alone."""
+    positions resampled to its grid, as ``VisionTransformer.embed_tokens`` gives them for that image alone. With
+    ``mask`` ((S, L) bool), the patches there are ``mask_token`` ((C,) or broadcastable) before their positions
+    (DINO's iBOT)."""
     if batch.prefix != model.num_prefix_tokens:
         raise ValueError(f"the batch was packed with {batch.prefix} prefix token(s); {_name(model)} has "
                          f"{model.num_prefix_tokens}: pack with prefix={model.num_prefix_tokens}")
@@ -161,6 +164,8 @@ def embed_packed(model, batch: PackedBatch) -> tuple[Tensor, tuple[Tensor, Tenso
     tokens = model.patch_embed.norm(F.linear(batch.patches[is_patch], proj.weight.flatten(1), proj.bias))
     x = tokens.new_zeros(*batch.image.shape, proj.out_channels)  # the dtype autocast gives the tokens
     x[is_patch] = tokens
+    if mask is not None:
+        x = torch.where((mask & is_patch)[..., None], mask_token.reshape(-1).to(x.dtype), x)
     prefix = [t for t in (model.cls_token, model.dist_token, model.reg_token) if t is not None]
     if prefix:
         is_prefix = (batch.index >= 0) & ~is_patch

@@ -414,13 +414,13 @@ class VisionTransformer(FollowsConfig, nn.Module):
         x = self.head_drop(self.fc_norm(pool_packed(self, self.packed_tokens(batch), batch)))
         return x if pre_logits else self.head(x)
 
-    def packed_tokens(self, batch: PackedBatch) -> Tensor:
+    def packed_tokens(self, batch: PackedBatch, mask: Tensor | None = None, mask_token: Tensor | None = None) -> Tensor:
         """A packed batch -> its normed tokens (S, L, C), slot by slot: the blocks' output before pooling (MAE's
-        encoder reads it)."""
+        encoder and DINO read it); the patches of ``mask`` ((S, L) bool) replaced by ``mask_token``."""
         if self.merging:
             raise ValueError("token merging removes tokens per sequence, not per packed image: turn it off "
                              "(set_token_merging(0)) to pack")
-        x, rope = embed_packed(self, batch)
+        x, rope = embed_packed(self, batch, mask, mask_token)
         mask = batch.attn_mask()
         for i, blk in enumerate(self.blocks):
             args = (x, None, mask, None, False, self._layer_rope(rope, i))

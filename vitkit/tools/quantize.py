@@ -73,7 +73,8 @@ class Int8Report:
                  f"batch 1 on this CPU ({self.runtime}): fp32 {self.fp32_ms:.2f} ms, int8 {self.int8_ms:.2f} ms "
                  f"({speed:.2f}x)"]
         if speed < 1.0:
-            lines.append("int8 is not faster than fp32 on this CPU: keep the fp32 file here, or try --int8 dynamic "
+            other = "--int8 dynamic" if self.runtime == "onnxruntime" else "the ONNX export's --int8 (and dynamic)"
+            lines.append(f"int8 is not faster than fp32 on this CPU: keep the fp32 file here, or try {other} "
                          "(int8 pays on large layers, and most on CPUs with VNNI or AMX)")
         return "\n".join(lines)
 

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 import vitkit
 from vitkit.data.multicrop import MultiCrop
 from vitkit.models.dino import DINO, DINOConfig
+from vitkit.models.packing import PackedBatch, pack
 from vitkit.training.base import TrainingModule
 from vitkit.training.flat import Flat
 from vitkit.training.hparams import record_config
@@ -176,6 +177,13 @@ class DINOPretraining(TrainingModule):
         super().on_train_start()
         self._total_steps = max(1, int(self.trainer.estimated_stepping_batches))
 
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        hp = getattr(getattr(self.trainer, "datamodule", None), "hparams", {})
+        if hp.get("packing") and hp.get("token_drop"):
+            raise ValueError(f"--data.packing with DINO: --data.token_drop {hp['token_drop']} would blank patches of "
+                             "the images DINO crops its views from (iBOT hides its own); leave it at 0")
+
     def epochs_done(self) -> float:
         """Training progress in epochs, fractional (what the temperature warm-up and the freezes count in)."""
         epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1
@@ -195,8 +203,10 @@ class DINOPretraining(TrainingModule):
 
     # -- steps -------------------------------------------------------------------------------------------------
 
-    def _crops(self, images: Tensor, generator: torch.Generator | None = None):
+    def _crops(self, images: Tensor | PackedBatch, generator: torch.Generator | None = None):
         cfg = self.preprocessing()
+        if isinstance(images, PackedBatch):
+            return self._packed_crops(images, cfg, generator)
         mean, std = (torch.tensor(v, device=images.device) for v in (cfg.mean, cfg.std))
         glob, local = self.multicrop(images, mean, std, generator)
         p = self.model.student.patch_size
@@ -204,14 +214,27 @@ class DINOPretraining(TrainingModule):
         mask = self.model.random_masks(glob.shape[0], glob.shape[1], grid, images.device, generator)
         return glob, local, mask
 
+    def _packed_crops(self, images: PackedBatch, cfg, generator: torch.Generator | None):
+        """Images of their own sizes -> their global and local crops, each at its own aspect ratio within the
+        patch budget of a square crop, packed into sequences as long as the batch's, and the hidden patches."""
+        mean, std = (torch.tensor(v, device=images.patches.device) for v in (cfg.mean, cfg.std))
+        p, prefix, slots = self.model.patch_size, self.model.num_prefix_tokens, images.patches.shape[1]
+        glob, local = self.multicrop.native(images.images(), mean, std, p, generator)
+        glob = pack(glob, p, slots, prefix)
+        local = pack(local, p, slots, prefix) if local else None
+        return glob, local, self.model.packed_masks(glob, generator)
+
     def preprocessing(self):
         """How the images were normalised: the data module's, or (outside a trainer) the preset's."""
         from vitkit.data.transforms import data_config
 
         return self.data_cfg() or data_config(self.hparams.model_name, self.global_size)
 
-    def forward(self, images: Tensor, generator: torch.Generator | None = None):
+    def forward(self, images: Tensor | PackedBatch, generator: torch.Generator | None = None):
         glob, local, mask = self._crops(images, generator)
+        if isinstance(glob, PackedBatch):
+            return self.model.forward_packed(glob, self.multicrop.global_crops, local, mask,
+                                             teacher_temp=self.teacher_temp())
         return self.model(glob, local, mask, teacher_temp=self.teacher_temp())
 
     def step_loss(self, batch) -> Tensor:
