@@ -26,7 +26,7 @@ import torch
 import vitkit
 from vitkit.models.config import pair
 from vitkit.tools.bench import publish
-from vitkit.tools.export import INPUT, OPSET, export_onnx
+from vitkit.tools.export import INPUT, OPSET, export_onnx, prepare
 from vitkit.tools.quantize import CalibrationBatches, int8_fixed_size, linear_nodes, write_int8
 
 
@@ -84,36 +84,21 @@ def _entries(model: torch.nn.Module, tmp: Path, threads: int, pt2e: bool, opset:
 def _pt2e(model: torch.nn.Module, calibration: np.ndarray) -> Callable[[np.ndarray], None] | None:
     """PyTorch's own x86 int8 as ``vitkit export --format torch-export --int8`` writes it (torchao's
     X86InductorQuantizer, static, calibrated on the same inputs), compiled by inductor with frozen weights."""
-    from vitkit.tools.export import _prepare
     from vitkit.tools.quantize import QuantizationRefused
-    from vitkit.tools.quantize_program import _frozen, convert
+    from vitkit.tools.quantize_program import convert, numpy_runner
 
     try:
-        program = convert(_prepare(model, False)[0], calibration, [])
+        return numpy_runner(convert(prepare(model, False)[0], calibration, []), compile=True)
     except QuantizationRefused:  # torchao is not installed
         return None
-    compiled = torch.compile(program, dynamic=False)
-
-    def run(x: np.ndarray) -> None:
-        with _frozen():
-            compiled(torch.from_numpy(x))
-
-    return run
 
 
 def _compiled_fp32(model: torch.nn.Module) -> Callable[[np.ndarray], None]:
     """The fp32 model the int8 program is quantized from (the export's copy), compiled the same way: what the int8
     program's speed-up is measured against in its own runtime."""
-    from vitkit.tools.export import _prepare
-    from vitkit.tools.quantize_program import _frozen
+    from vitkit.tools.quantize_program import numpy_runner
 
-    compiled = torch.compile(_prepare(model, False)[0], dynamic=False)
-
-    def run(x: np.ndarray) -> None:
-        with _frozen():
-            compiled(torch.from_numpy(x))
-
-    return run
+    return numpy_runner(prepare(model, False)[0], compile=True)
 
 
 def _time(entries: dict[str, Callable], x: np.ndarray, rounds: int, iters: int, pause: float) -> dict[str, float]:

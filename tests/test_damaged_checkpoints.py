@@ -126,6 +126,26 @@ def _write_onnx(folder: Path) -> Path:
     return folder / "w.onnx"
 
 
+def _write_int8_program(folder: Path) -> Path:
+    """An int8 .pt2 as ``vitkit export --format torch-export --int8`` writes it (its gate and timing left out)."""
+    import json
+
+    from vitkit.tools.export import metadata, prepare
+    from vitkit.tools.quantize_program import _save, convert
+
+    m, _ = prepare(_tiny(), False)
+    x = np.random.default_rng(0).standard_normal((8, 3, 32, 32)).astype(np.float32)
+    meta = {**metadata(m, False), "vitkit.int8": json.dumps({"mode": "static"})}
+    _save(convert(m, x, []), x, folder / "w.int8.pt2", meta)
+    return folder / "w.int8.pt2"
+
+
+def _int8_program(path: Path):  # what load_int8_program reads: the program and its metadata (compiled when called)
+    from vitkit.tools.quantize_program import load_int8_program
+
+    return load_int8_program(path).meta
+
+
 @dataclass(frozen=True)
 class Format:
     """A file format vitkit reads: how to write a valid one, which of its files to damage, and the reader."""
@@ -148,6 +168,7 @@ FORMATS = [
     Format("config.json", _write_export_folder, _recorded, damaged="config.json"),
     Format("export weights", _write_export_folder, _recorded, damaged="model.safetensors"),
     Format("ONNX", _write_onnx, _onnx),
+    Format("int8 .pt2", _write_int8_program, _int8_program),
 ]
 
 

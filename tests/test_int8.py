@@ -207,3 +207,8 @@ def test_a_pt2_int8_program_keeps_the_accuracy_and_its_metadata(trained, tmp_pat
         eager, compiled = program.program(torch.from_numpy(x)), program(torch.from_numpy(x))
     assert (eager - compiled).abs().max() < 0.05 * eager.abs().max()
     assert (compiled.argmax(1).numpy() == onnx_fp32(x).argmax(1)).mean() > 0.9
+    from vitkit.errors import CheckpointError
+
+    (tmp_path / "broken.pt2").write_bytes(out.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="broken.pt2 is not a program torch.export can load"):
+        load_int8_program(tmp_path / "broken.pt2")

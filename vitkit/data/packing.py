@@ -75,6 +75,8 @@ def packing_for(model, model_name: str | None, img_size, max_patches: int | None
     ``model_name`` says its patch size and prefix tokens). The budget by default: the patches of ``img_size``; a
     sequence by default: one budget and its prefix."""
     patch, prefix = _geometry(model, model_name)
+    if drop and hasattr(model, "token_drop_refusal"):  # a model that hides patches of its own (MAE, DINO)
+        raise ValueError(model.token_drop_refusal(drop))
     h, w = pair(img_size)
     budget = max_patches if max_patches is not None else (h // patch) * (w // patch)
     return Packing(patch, budget, max_tokens if max_tokens is not None else budget + prefix, prefix, drop)

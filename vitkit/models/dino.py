@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from .encoders import vision_encoder
-from .packing import PackedBatch
+from .packing import PackedBatch, class_tokens
 from .vit import VisionTransformer
 
 
@@ -308,6 +308,11 @@ class DINO(nn.Module):
     def num_prefix_tokens(self) -> int:
         return self.student.num_prefix_tokens
 
+    def token_drop_refusal(self, drop: float) -> str:
+        """Why packed batches for DINO take every patch (the data module's ``--data.token_drop`` says so)."""
+        return (f"--data.packing with DINO: --data.token_drop {drop:g} would blank patches of the images DINO crops "
+                "its views from (iBOT hides its own); leave it at 0")
+
     def _tokens(self, net: VisionTransformer, images: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Images (M, c, H, W), with the patches of ``mask`` (M, N) replaced by the mask token -> the class tokens
         (M, C) and the patch tokens (M, N, C), normed."""
@@ -364,10 +369,7 @@ class DINO(nn.Module):
         """Packed crops, the patches of ``mask`` ((S, L) bool) replaced by the mask token -> the class tokens
         (crops, C), in the order packed, and every slot's normed token (S, L, C)."""
         x = net.packed_tokens(batch, mask, self.mask_token)
-        first = batch.index == 0
-        cls = x.new_zeros(len(batch), x.shape[-1])
-        cls[batch.image[first]] = x[first]
-        return cls, x
+        return class_tokens(x, batch), x
 
     def forward_packed(self, global_crops: PackedBatch, views: int, local_crops: PackedBatch | None = None,
                        mask: Tensor | None = None, teacher_temp: float = 0.07) -> DINOOutput:
@@ -387,13 +389,11 @@ class DINO(nn.Module):
             s_logits.append(self.student_head(l_cls).view(len(local_crops) // B, B, -1))
         t_masked = s_masked = per_crop = None
         if mask is not None:  # the masked slots crop by crop, each crop's in its own order (as mask.nonzero())
-            slot = torch.nonzero(mask.flatten()).squeeze(1)
-            crop, index = global_crops.image.flatten()[slot], global_crops.index.flatten()[slot]
-            order = torch.argsort(crop * (int(global_crops.index.max()) + 1) + index)
-            slot, crop, index = slot[order], crop[order], index[order]
+            table = global_crops.slot_table()  # (crops, tokens): each token's slot
+            per_crop = torch.zeros_like(table, dtype=torch.bool)
+            per_crop[table >= 0] = mask.flatten()[table[table >= 0]]
+            slot = table[per_crop]
             t_masked, s_masked = t_patch.flatten(0, 1)[slot], s_patch.flatten(0, 1)[slot]
-            per_crop = mask.new_zeros(len(global_crops), int(global_crops.index.max()) + 1)
-            per_crop[crop, index] = True
         return self._losses(t_logits, torch.cat(s_logits), s_cls.view(G, B, -1), t_masked, s_masked, per_crop,
                             teacher_temp)
 

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from ..layers import Attention, AttnBackend, Block, Mlp, sincos_2d
 from .config import check_image, pair
 from .encoders import vision_encoder
-from .packing import PackedBatch, pack
+from .packing import PackedBatch, grid_rows, pack
 from .swin import SwinTransformer
 from .vit import VisionTransformer
 
@@ -111,15 +111,6 @@ def check_divides(images: Tensor, block: int, what: str) -> None:
     if H < block or W < block or H % block or W % block:
         raise ValueError(f"masked image modeling takes images whose sides are multiples of the {what} ({block} px), "
                          f"at least one; got {H}x{W}")
-
-
-def _slot_table(batch: PackedBatch) -> Tensor:
-    """(images, longest token sequence): the flat slot (in ``batch.image.flatten()``) of image i's token j."""
-    shown = batch.image >= 0
-    table = batch.image.new_full((len(batch), int(batch.index.max()) + 1), -1)
-    slots = torch.arange(batch.image.numel(), device=shown.device).view_as(batch.image)
-    table[batch.image[shown], batch.index[shown]] = slots[shown]
-    return table
 
 
 class MaskedAutoencoder(nn.Module):
@@ -203,7 +194,11 @@ class MaskedAutoencoder(nn.Module):
 
     def target(self, images: Tensor) -> Tensor:
         """The patches the decoder learns to predict: raw, or with ``norm_pix_loss`` normalised per patch."""
-        t = patchify(images, self.patch_size)
+        return self._normalised(patchify(images, self.patch_size))
+
+    def _normalised(self, t: Tensor) -> Tensor:
+        """Patches (..., p·p·c) as the loss takes them: with ``norm_pix_loss`` each normalised to its own mean and
+        spread."""
         if self.cfg.norm_pix_loss:
             t = (t - t.mean(dim=-1, keepdim=True)) / (t.var(dim=-1, keepdim=True) + 1e-6) ** 0.5
         return t
@@ -211,6 +206,11 @@ class MaskedAutoencoder(nn.Module):
     @property
     def num_prefix_tokens(self) -> int:
         return self.encoder.num_prefix_tokens
+
+    def token_drop_refusal(self, drop: float) -> str:
+        """Why packed batches for MAE take every patch (the data module's ``--data.token_drop`` says so)."""
+        return (f"--data.packing with MAE: --data.token_drop {drop:g} would drop patches before MAE hides its own "
+                f"share (--model.mask_ratio {self.cfg.mask_ratio:g}); leave it at 0")
 
     def forward_packed(self, batch: PackedBatch, generator: torch.Generator | None = None) -> MIMOutput:
         """Images of their own sizes, packed (``packing.pack``, every patch) -> the loss over each image's hidden
@@ -225,12 +225,12 @@ class MaskedAutoencoder(nn.Module):
                              "pack without token dropping (--data.token_drop 0; MAE's mask_ratio drops patches)")
         visible = pack(batch.images(), self.patch_size, batch.patches.shape[1], P, self.cfg.mask_ratio, generator)
         latent = self.decoder_embed(self.encoder.packed_tokens(visible))  # (S', L', Cd)
-        slot = _slot_table(batch)  # (images, P + most patches): each token's flat slot in batch
+        slot = batch.slot_table()  # (images, P + most patches): each token's flat slot in batch
         shown = visible.image >= 0
         into = slot[visible.image[shown], visible.index[shown]]
         x = self.mask_token[0].to(latent.dtype).expand(batch.image.numel(), -1).clone()
         x[into] = latent[shown]
-        x = x.view(*batch.image.shape, -1) + self._packed_positions(batch).to(latent.dtype)
+        x = x.view(*batch.image.shape, -1) + grid_rows(batch, lambda grid: self.decoder_positions(grid)[0], x)
         for blk in self.decoder_blocks:
             x = blk(x, None, batch.attn_mask())
         pred = self.decoder_pred(self.decoder_norm(x))  # (S, L, p·p·c)
@@ -240,24 +240,12 @@ class MaskedAutoencoder(nn.Module):
         loss = ((pred.float() - self._packed_target(batch).float()) ** 2).mean(dim=-1)
         return MIMOutput(loss[hidden].mean(), pred, hidden)
 
-    def _packed_positions(self, batch: PackedBatch) -> Tensor:
-        """The decoder's positions of each slot of ``batch`` (S, L, Cd): its image's sin-cos table, at its grid."""
-        pos = batch.patches.new_zeros(*batch.image.shape, self.cfg.decoder_embed_dim)
-        for grid in set(batch.grids):
-            ids = torch.tensor([i for i, g in enumerate(batch.grids) if g == grid], device=batch.image.device)
-            slots = torch.isin(batch.image, ids)
-            pos[slots] = self.decoder_positions(grid)[0].to(pos)[batch.index[slots]]
-        return pos
-
     def _packed_target(self, batch: PackedBatch) -> Tensor:
         """Each slot's pixels (S, L, p·p·c) in MAE's (row, column, channel) order, normalised per patch with
         ``norm_pix_loss``."""
         S, L, D = batch.patches.shape
         p = self.patch_size
-        t = batch.patches.reshape(S, L, D // (p * p), p, p).permute(0, 1, 3, 4, 2).reshape(S, L, D)
-        if self.cfg.norm_pix_loss:
-            t = (t - t.mean(dim=-1, keepdim=True)) / (t.var(dim=-1, keepdim=True) + 1e-6) ** 0.5
-        return t
+        return self._normalised(batch.patches.reshape(S, L, D // (p * p), p, p).permute(0, 1, 3, 4, 2).reshape(S, L, D))
 
     def forward(self, images: Tensor | PackedBatch, noise: Tensor | torch.Generator | None = None) -> MIMOutput:
         """Images (B, c, H, W) -> the loss (mean squared error over the hidden patches), the prediction, the mask.

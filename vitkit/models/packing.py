@@ -66,6 +66,15 @@ class PackedBatch:
         """The share of slots that hold no token."""
         return float((self.image < 0).float().mean())
 
+    def slot_table(self) -> Tensor:
+        """(images, longest token sequence): the flat slot (in ``image.flatten()``) of image i's token j, or -1 where
+        image i has no token j (a shorter sequence, a dropped patch)."""
+        shown = self.image >= 0
+        table = self.image.new_full((len(self), int(self.index.max()) + 1), -1)
+        slots = torch.arange(self.image.numel(), device=shown.device).view_as(self.image)
+        table[self.image[shown], self.index[shown]] = slots[shown]
+        return table
+
     def attn_mask(self) -> Tensor:
         """(S, 1, L, L) bool: a slot attends to the slots of its own image (padding to padding alone, so no row is
         empty)."""
@@ -173,17 +182,31 @@ def embed_packed(model, batch: PackedBatch, mask: Tensor | None = None,
     rope = _slot_tables(model, batch, x) if model.rope_kind else None
     if model.pos_embed is not None:
         lead = 0 if model.no_embed_class else model.num_prefix_tokens
-        pos = x.new_zeros(x.shape)
-        for grid in set(batch.grids):
-            table = model.positions_for(grid)[0]  # (lead + h·w, C)
-            slots = _slots_of_grid(batch, grid) & (batch.index >= batch.prefix - lead)
-            pos[slots] = table[batch.index[slots] - (batch.prefix - lead)].to(x.dtype)
-        x = x + pos
+        x = x + grid_rows(batch, lambda grid: model.positions_for(grid)[0], x, batch.prefix - lead)  # (lead + h·w, C)
     return model.norm_pre(model.pos_drop(x)), rope
 
 
 def _name(model) -> str:
     return getattr(model, "name", type(model).__name__)
+
+
+def grid_rows(batch: PackedBatch, table_for, like: Tensor, skip: int = 0) -> Tensor:
+    """(S, L, C) like ``like``: each slot's row of its image's table ``table_for(grid)`` ((rows, C), the slot's row
+    its ``index - skip``), zeros for padding and for the first ``skip`` tokens of each image. Positions per image
+    grid: the ViT's resampled ones, MAE's decoder's sin-cos ones."""
+    out = like.new_zeros(*batch.image.shape, like.shape[-1])
+    for grid in set(batch.grids):
+        slots = _slots_of_grid(batch, grid) & (batch.index >= skip)
+        out[slots] = table_for(grid)[batch.index[slots] - skip].to(out.dtype)
+    return out
+
+
+def class_tokens(x: Tensor, batch: PackedBatch) -> Tensor:
+    """Each image's first token (its class token) of the tokens ``x`` (S, L, C): (images, C), in the order packed."""
+    first = batch.index == 0
+    out = x.new_zeros(len(batch), x.shape[-1])
+    out[batch.image[first]] = x[first]
+    return out
 
 
 def _slots_of_grid(batch: PackedBatch, grid: tuple[int, int]) -> Tensor:
@@ -224,10 +247,7 @@ def pool_packed(model, x: Tensor, batch: PackedBatch) -> Tensor:
         tokens, pad = _per_image(flat, image, index >= (0 if model.map_prefix else batch.prefix), n)
         return model.attn_pool(tokens, key_padding_mask=pad)
     if pool == "token":
-        out = x.new_zeros(n, x.shape[-1])
-        first = index == 0
-        out[image[first]] = flat[first]
-        return out
+        return class_tokens(x, batch)
     patch = index >= batch.prefix
     ids, tokens = image[patch], flat[patch]
     mean = x.new_zeros(n, x.shape[-1]).index_add_(0, ids, tokens)

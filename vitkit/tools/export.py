@@ -132,7 +132,7 @@ def min_size(model: nn.Module) -> tuple[int, int]:
     return tuple(next(s for s in range(1, 1 << 16) if fits(s, axis)) for axis in (0, 1))
 
 
-def _prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bool]:
+def prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bool]:
     """An eval, float32 copy on the CPU whose attention runs the reference path (matmul + softmax, what ONNX
     runs anyway; the fused SDPA node does not survive export's decomposition for windowed attention)."""
     kind = find(model.name)[0]
@@ -208,7 +208,7 @@ def _failed(model: nn.Module, what: str, e: Exception) -> ExportError:
 def _example(model: nn.Module, dynamic_size: bool | None):
     """The copy to export, whether its height and width are dynamic, the export's Dims and their names, and the
     example input (batch 2 at the model's size)."""
-    m, dynamic_size = _prepare(model, dynamic_size)
+    m, dynamic_size = prepare(model, dynamic_size)
     dims, dynamic = _dims(m, dynamic_size)
     return m, dynamic_size, dims, dynamic, torch.randn(2, m.cfg.in_chans, *pair(m.cfg.img_size))
 

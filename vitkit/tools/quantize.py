@@ -172,12 +172,13 @@ def calibration_set(calibrate: str | os.PathLike, labels: list[str] | None, prep
     return x, y
 
 
-def _top1(model: OnnxModel, x: np.ndarray, y: np.ndarray, batch: int = 16) -> float:
+def top1(model, x: np.ndarray, y: np.ndarray, batch: int = 16) -> float:
+    """Top-1 of ``model`` (a function of float32 arrays: an ``OnnxModel``) on ``x`` and labels ``y``."""
     preds = np.concatenate([model(x[i:i + batch]).argmax(1) for i in range(0, len(x), batch)])
     return float((preds == y).mean())
 
 
-def _ms(models: list[OnnxModel], x: np.ndarray, rounds: int = 5, runs: int = 10) -> list[float]:
+def batch1_ms(models: list, x: np.ndarray, rounds: int = 5, runs: int = 10) -> list[float]:
     """Median ms of one batch-1 call of each model, measured in interleaved rounds (after a warm-up)."""
     times: list[list[float]] = [[] for _ in models]
     for m in models:
@@ -279,12 +280,12 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
                [n for n in linear if n not in kept], method)
         int8 = OnnxModel(tmp)
         held_x, held_y = x[calibration:], y[calibration:]
-        report = Int8Report(str(out), mode, calibration, len(held_y), _top1(base, held_x, held_y),
-                            _top1(int8, held_x, held_y), len(linear) - len(kept), [module[n] for n in kept])
+        report = Int8Report(str(out), mode, calibration, len(held_y), top1(base, held_x, held_y),
+                            top1(int8, held_x, held_y), len(linear) - len(kept), [module[n] for n in kept])
         if report.drop > max_drop:
             errors = layer_errors(fp32, tmp, [n for n in linear if n not in kept], held_x[:16])
             raise refusal(report, max_drop, [(module[n], e) for n, e in errors])
-        report.fp32_ms, report.int8_ms = _ms([base, int8], held_x)
+        report.fp32_ms, report.int8_ms = batch1_ms([base, int8], held_x)
         _carry_metadata(proto, tmp, {"mode": mode, "calibrated": calibration, "held_out": report.held_out,
                                      "fp32_top1": report.fp32_top1, "int8_top1": report.int8_top1,
                                      "kept": [module[n] for n in kept]})

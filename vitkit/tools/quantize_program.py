@@ -19,8 +19,7 @@ import copy
 import fnmatch
 import json
 import os
-import statistics
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .export import PROGRAM_METADATA, metadata
+from vitkit.errors import CheckpointError
+
+from .export import PROGRAM_METADATA, metadata, prepare
 from .onnx_model import preprocess_image, read_metadata
-from .quantize import Int8Report, QuantizationRefused, calibration_set, refusal
+from .quantize import Int8Report, QuantizationRefused, batch1_ms, calibration_set, refusal, top1
 
 INSTALL = "pip install 'vitkit[int8]'"
 
@@ -72,12 +73,6 @@ def convert(model: nn.Module, calibration: np.ndarray, kept: list[str]) -> torch
     return convert_pt2e(graph)
 
 
-def _top1(model, x: np.ndarray, y: np.ndarray, batch: int = 16) -> float:
-    with torch.no_grad():
-        preds = torch.cat([model(torch.from_numpy(x[i:i + batch])).argmax(1) for i in range(0, len(x), batch)])
-    return float((preds.numpy() == y).mean())
-
-
 @contextlib.contextmanager
 def _frozen():
     """Inductor with the weights frozen into the graph: what lets it fold each dequantize into an int8 kernel."""
@@ -87,21 +82,16 @@ def _frozen():
         yield
 
 
-def _compiled_ms(models: list[nn.Module], x: np.ndarray, rounds: int = 5, runs: int = 10) -> list[float]:
-    """Median ms of one batch-1 call of each model compiled (frozen weights), in interleaved rounds."""
-    one = torch.from_numpy(x[:1])
-    compiled = [torch.compile(m, dynamic=False) for m in models]
-    times: list[list[float]] = [[] for _ in models]
-    with _frozen():
-        for c in compiled:
-            c(one)
-        for _ in range(rounds):
-            for k, c in enumerate(compiled):
-                start = time.perf_counter()
-                for _ in range(runs):
-                    c(one)
-                times[k].append(1000 * (time.perf_counter() - start) / runs)
-    return [statistics.median(t) for t in times]
+def numpy_runner(model: nn.Module, compile: bool = False) -> Callable[[np.ndarray], np.ndarray]:
+    """``model`` as a function of float32 arrays (what ``quantize.py``'s scoring and timing call), without
+    gradients; with ``compile``, compiled by inductor with frozen weights, at the sizes it is called with."""
+    run = torch.compile(model, dynamic=False) if compile else model
+
+    def call(x: np.ndarray) -> np.ndarray:
+        with _frozen() if compile else torch.no_grad():
+            return run(torch.from_numpy(x)).numpy()
+
+    return call
 
 
 def layer_errors(model: nn.Module, int8: torch.fx.GraphModule, names: list[str],
@@ -149,10 +139,8 @@ def quantize_program(model: nn.Module, out: str | os.PathLike, calibrate: str | 
                      calibration: int = 200, max_drop: float = 0.5, keep: tuple[str, ...] = (),
                      seed: int = 0) -> Int8Report:
     """Write the int8 program of the classifier ``model`` to ``out`` (.pt2), or refuse (see the module docstring)."""
-    from .export import _prepare  # the export's own copy: float32, CPU, eval, reference attention, fixed size
-
     _torchao()
-    m, _ = _prepare(model, False)
+    m, _ = prepare(model, False)  # the export's own copy: float32, CPU, eval, reference attention, fixed size
     meta = metadata(m, False)
     if meta["vitkit.task"] != "classification" or meta["vitkit.thresholds"] != "null":
         raise QuantizationRefused(f"{model.name} is not a single-label classifier: int8 export scores top-1 on "
@@ -167,11 +155,12 @@ def quantize_program(model: nn.Module, out: str | os.PathLike, calibrate: str | 
                                   f"{', '.join(linear[:3])} (patterns as fnmatch's: 'blocks.11.*', '*.fc2')")
     int8 = convert(m, x[:calibration], kept)
     held_x, held_y = x[calibration:], y[calibration:]
-    report = Int8Report(str(out), "static", calibration, len(held_y), _top1(m, held_x, held_y),
-                        _top1(int8, held_x, held_y), len(linear) - len(kept), kept, runtime="torch.compile")
+    report = Int8Report(str(out), "static", calibration, len(held_y), top1(numpy_runner(m), held_x, held_y),
+                        top1(numpy_runner(int8), held_x, held_y), len(linear) - len(kept), kept,
+                        runtime="torch.compile")
     if report.drop > max_drop:
         raise refusal(report, max_drop, layer_errors(m, int8, [n for n in linear if n not in kept], held_x[:16]))
-    report.fp32_ms, report.int8_ms = _compiled_ms([copy.deepcopy(m), int8], held_x)
+    report.fp32_ms, report.int8_ms = batch1_ms([numpy_runner(copy.deepcopy(m), True), numpy_runner(int8, True)], held_x)
     meta["vitkit.int8"] = json.dumps({"mode": "static", "quantizer": "torchao X86InductorQuantizer",
                                       "calibrated": calibration, "held_out": report.held_out,
                                       "fp32_top1": report.fp32_top1, "int8_top1": report.int8_top1, "kept": kept})
@@ -205,8 +194,17 @@ class Int8Program(nn.Module):
         super().__init__()
         _torchao()  # registers the quantize/dequantize operators the program holds
         files = {PROGRAM_METADATA: ""}
-        self.program = torch.export.load(str(path), extra_files=files).module()
-        self.meta: dict[str, Any] = read_metadata(str(path), json.loads(files[PROGRAM_METADATA] or "{}"))
+        try:  # torch.export's own errors for a missing, damaged or foreign file
+            self.program = torch.export.load(str(path), extra_files=files).module()
+            meta = json.loads(files[PROGRAM_METADATA] or "{}")
+        except Exception as e:  # noqa: BLE001
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"{path} is not a program torch.export can load with vitkit's metadata: {text}") \
+                from None
+        if not isinstance(meta, dict) or "vitkit.int8" not in meta:
+            raise CheckpointError(f"{path} is not an int8 program of `vitkit export --format torch-export --int8` "
+                                  "(no vitkit.int8 in its vitkit.json)")
+        self.meta: dict[str, Any] = read_metadata(str(path), meta)
         self.compiled = torch.compile(self.program)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

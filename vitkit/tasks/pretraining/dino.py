@@ -177,13 +177,6 @@ class DINOPretraining(TrainingModule):
         super().on_train_start()
         self._total_steps = max(1, int(self.trainer.estimated_stepping_batches))
 
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        hp = getattr(getattr(self.trainer, "datamodule", None), "hparams", {})
-        if hp.get("packing") and hp.get("token_drop"):
-            raise ValueError(f"--data.packing with DINO: --data.token_drop {hp['token_drop']} would blank patches of "
-                             "the images DINO crops its views from (iBOT hides its own); leave it at 0")
-
     def epochs_done(self) -> float:
         """Training progress in epochs, fractional (what the temperature warm-up and the freezes count in)."""
         epochs = self.trainer.max_epochs if self.trainer.max_epochs and self.trainer.max_epochs > 0 else 1

@@ -111,15 +111,6 @@ class MaskedImageModeling(TrainingModule):
     def forward(self, images: Tensor | PackedBatch, *args: Any):
         return self.model(images, *args)
 
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        hp = getattr(getattr(self.trainer, "datamodule", None), "hparams", {})
-        if not hp.get("packing"):
-            return
-        if hp.get("token_drop"):
-            raise ValueError(f"--data.packing with MAE: --data.token_drop {hp['token_drop']} would drop patches before "
-                             f"MAE hides its own share (--model.mask_ratio {self.hparams.mask_ratio}); leave it at 0")
-
     def step_loss(self, batch) -> Tensor:
         return self.model(batch[0]).loss
 
