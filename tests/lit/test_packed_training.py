@@ -92,6 +92,18 @@ def test_a_classifier_trains_on_packed_images_and_evaluate_scores_them_the_same(
     capsys.readouterr()
     assert main(["predict", "--onnx", str(tmp_path / "m.onnx"), row[0], "--topk", "1"]) == 0
     assert capsys.readouterr().out.strip() == f"{row[0]}: {row[2]} {float(row[3]):.3f}"
+    assert "exported with --packed" in error_line_of(["predict", "--onnx", str(tmp_path / "m.onnx"), row[0],
+                                                      "--max-patches", "16"])
+    # exported on packed batches, onnxruntime scores the split as the checkpoint does, in packed batches
+    assert main(["export", str(ckpt), "--packed", "-o", str(tmp_path / "p.onnx")]) == 0
+    status, _ = run_cli(["evaluate", "--onnx", str(tmp_path / "p.onnx"), "--data.root", str(shapes_folder),
+                         "--data.max_tokens", "40", "--out", str(tmp_path / "ev3")], capsys)
+    assert status == 0
+    assert json.loads((tmp_path / "ev3" / "metrics.json").read_text())["top1"] == pytest.approx(scored, abs=1e-6)
+    ours, theirs = ((tmp_path / d / "predictions.csv").read_text().splitlines() for d in ("ev", "ev3"))
+    assert [r.split(",")[:3] for r in ours] == [r.split(",")[:3] for r in theirs]  # source, label, top-1
+    assert main(["predict", "--onnx", str(tmp_path / "p.onnx"), row[0], "--topk", "1"]) == 0
+    assert capsys.readouterr().out.strip() == f"{row[0]}: {row[2]} {float(row[3]):.3f}"
 
 
 def test_a_hugging_face_stream_trains_on_packed_images(shapes_folder, tmp_path, monkeypatch):

@@ -10,9 +10,11 @@ from __future__ import annotations
 import inspect
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from jsonargparse import ArgumentParser
 
@@ -195,9 +197,13 @@ def _model(cfg, device: torch.device,
         prep = {"img_size": h if h == w else (h, w), "crop_mode": net.meta.get("crop_mode", "center"),
                 **{k: net.meta[k] for k in ("mean", "std", "crop_pct", "interpolation")}}
         thresholds = None if net.thresholds is None else torch.tensor(net.thresholds)
+        if net.packed:  # packed batches of whole images, as the checkpoint is evaluated
+            prep.update(packing=True, max_patches=net.meta["max_patches"])
+            return PackedOnnx(net), list(net.labels), prep, thresholds
         if "max_patches" in net.meta:  # batches of one size here; `vitkit predict --onnx` takes each image whole
             print(f"note: {cfg.onnx} is of a model trained on whole images within {net.meta['max_patches']} "
-                  f"patches; evaluate scores it on {h}x{w} crops (evaluate its checkpoint for the packed score)",
+                  f"patches; evaluate scores it on {h}x{w} crops (export it with --packed, or evaluate its checkpoint, "
+                  "for the packed score)",
                   file=sys.stderr)
         return (lambda x: torch.from_numpy(net(x.float().cpu().numpy()))), list(net.labels), prep, thresholds
     import vitkit
@@ -221,6 +227,24 @@ def _model(cfg, device: torch.device,
         net.forward_head(net.forward_features(x), pre_logits=True)
     thresholds = None if getattr(net, "thresholds", None) is None else torch.tensor(net.thresholds)
     return net, names, prep, thresholds
+
+
+class PackedOnnx:
+    """A packed ONNX export (``vitkit export --packed``) as evaluate runs it: the data module's packed batches, packed
+    for the file's patch size and prefix tokens, to logits."""
+
+    def __init__(self, net) -> None:
+        self.net, self.patch_size, self.num_prefix_tokens = net, net.meta["patch_size"], net.meta["prefix"]
+        self.cfg = SimpleNamespace(num_classes=len(net.labels))
+
+    def forward_packed(self, batch: PackedBatch) -> torch.Tensor:
+        grids = np.asarray(batch.grids, dtype=np.int64).reshape(-1, 2)
+        return torch.from_numpy(self.net.run_packed(batch.patches.float().cpu().numpy(), batch.image.cpu().numpy(),
+                                                    batch.index.cpu().numpy(), grids))
+
+    def __call__(self, x) -> torch.Tensor:
+        return self.forward_packed(x) if isinstance(x, PackedBatch) else \
+            torch.from_numpy(self.net(x.float().cpu().numpy()))
 
 
 def _data(p: ArgumentParser, cfg, prep: dict, explicit: set[str], eval_train: bool,

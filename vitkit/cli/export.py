@@ -22,6 +22,9 @@ def parser():
                                                            "resized as on load")
     p.add_argument("--fixed-size", action="store_true", help="export height and width fixed (default: dynamic)")
     p.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
+    p.add_argument("--packed", action="store_true", help="a ViT classifier on packed batches: images of their own "
+                   "sizes in sequences, the sequence count and length and the image count dynamic (inputs patches, "
+                   "image, index, grids; vitkit/tools/export_packed.py)")
     p.add_argument("--opset", type=int, default=18, help="ONNX opset, 18 or newer")
     p.add_argument("--atol", type=float, default=1e-4, help="largest difference to PyTorch the check accepts")
     q = p.add_argument_group("int8 (vitkit/tools/quantize.py; SRC may also be an fp32 .onnx written by vitkit export)")
@@ -90,6 +93,9 @@ def _int8_program(args, net, out: str) -> int:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     _check_int8(args)
+    if args.packed and (args.int8 or args.fixed_size or args.token_merging):
+        raise UsageError("--packed exports the float model for images of any size: without " +
+                         ("--int8" if args.int8 else "--fixed-size" if args.fixed_size else "--token-merging"))
     if args.int8 and args.src.endswith(".onnx"):  # an fp32 export already written
         if not Path(args.src).is_file():
             raise UsageError(f"{args.src} does not exist")
@@ -119,6 +125,8 @@ def main(argv: list[str]) -> int:
     from vitkit.tools.quantize import int8_fixed_size
 
     dynamic = False if args.fixed_size or (args.int8 and int8_fixed_size(net)) else None
+    if args.packed:
+        return _packed(args, net, out)
     if args.int8 and args.format != "onnx":
         return _int8_program(args, net, out)
     fp32 = str(Path(out).with_name(Path(out).name + ".fp32.tmp")) if args.int8 else out
@@ -139,6 +147,20 @@ def main(argv: list[str]) -> int:
         finally:
             Path(fp32).unlink(missing_ok=True)
     print(report)
+    return 0
+
+
+def _packed(args, net, out: str) -> int:
+    from vitkit.tools.export import ExportError
+    from vitkit.tools.export_packed import export_packed
+
+    try:
+        print(export_packed(net, out, fmt=args.format, opset=args.opset, atol=args.atol))
+    except ExportError as e:
+        raise UsageError(f"{e}") from None
+    except ImportError as e:
+        raise UsageError(f"ONNX export needs onnx, onnxscript and onnxruntime ({e}); "
+                         "pip install 'vitkit[export]'") from None
     return 0
 
 

@@ -24,7 +24,8 @@ def parser():
     p.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
     p.add_argument("--max-patches", type=int, default=None, metavar="N", help="a ViT: each image whole, resized "
                    "within N patches at its own aspect ratio (as --data.packing evaluates), not cropped square; a "
-                   "model trained with --data.packing does so by default, at its budget")
+                   "model trained with --data.packing does so by default, at its budget, and so does an ONNX file "
+                   "exported with --packed, at its recorded budget unless N is given")
     p.add_argument("--mode", choices=("whole", "slide"), default="whole", help="a segmenter: whole (the image "
                    "resized to the model's size, the logits back to the image's) or slide (windows of the model's "
                    "size over the image as it is, --stride apart, overlapping logits averaged)")
@@ -46,14 +47,17 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--stride takes H W or one number, each 1 or more, got {' '.join(map(str, args.stride))}")
     if args.stride is not None and args.mode != "slide":
         raise UsageError("--stride is the step of --mode slide's windows; give --mode slide with it")
-    if args.max_patches is not None and (args.onnx or args.max_patches < 1):
-        raise UsageError(f"--max-patches expects a number of patches of 1 or more for a PyTorch ViT, got "
-                         f"{args.max_patches}" + (" with --onnx (an ONNX file takes its exported size)" if args.onnx
-                                                  else ""))
+    if args.max_patches is not None and args.max_patches < 1:
+        raise UsageError(f"--max-patches expects a number of patches of 1 or more, got {args.max_patches}")
     if args.checkpoint and not args.onnx and segmentation_checkpoint(args.checkpoint):
         return predict_masks(args)
     # an ONNX file runs in onnxruntime on numpy arrays: torch is not imported (benchmarks/startup.py)
     onnx = onnx_model(args.onnx) if args.onnx else None
+    if onnx is not None and args.max_patches is not None:  # the budget each image is resized within
+        if not onnx.packed:
+            raise UsageError(f"--max-patches with --onnx takes a file exported with --packed; {args.onnx} takes its "
+                             "exported size")
+        onnx.meta["max_patches"] = args.max_patches
     segmenter = onnx is not None and onnx.meta.get("task") == "segmentation"
     if args.mode != "whole" and not segmenter:
         raise UsageError("--mode slide applies to a segmenter (a vitkit.lit.Segmenter checkpoint, or its ONNX export)")

@@ -26,6 +26,8 @@ _METADATA = {
     "crop_pct": (lambda v: _numbers([v]) and 0 < v <= 1, "a number in (0, 1]"),
     "max_patches": (lambda v: _ints([v], 1), "a positive int"),
     "patch_size": (lambda v: _ints([v], 1), "a positive int"),
+    "packed": (lambda v: isinstance(v, bool), "true or false"),
+    "prefix": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an int >= 0"),
     "labels": (lambda v: v is None or isinstance(v, list) and all(isinstance(x, str) for x in v),
                "null or a list of strings"),
     "thresholds": (lambda v: v is None or _numbers(v) and all(0 <= x <= 1 for x in v),
@@ -117,6 +119,10 @@ class OnnxModel:
                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
         self.meta = read_metadata(self.path, meta)
         self.name = meta.get("vitkit.model", Path(self.path).stem)
+        self.packed = bool(self.meta.get("packed"))  # inputs patches, image, index, grids (tools/export_packed.py)
+        if self.packed and not {"patch_size", "prefix"} <= self.meta.keys():
+            raise CheckpointError(f"{self.path} takes packed batches but records no vitkit.patch_size and "
+                                  "vitkit.prefix metadata: re-export it with `vitkit export --packed`")
 
     @property
     def labels(self) -> list[str] | None:
@@ -155,12 +161,33 @@ class OnnxModel:
                             "with the model's mean/std (OnnxModel.preprocess does) and pass float32")
         if x.ndim != 4 or x.shape[1] != c or not ok_size or x.shape[0] == 0:
             raise ValueError(f"{self.path} expects {self.expected()}, got shape {tuple(x.shape)}")
+        if self.packed:  # each image one sequence of its own
+            return self.run_packed(*pack_arrays(x, self.meta["patch_size"], self.meta["prefix"]))
+        return self._run({self.input.name: x}, tuple(x.shape))
+
+    def run_packed(self, patches: np.ndarray, image: np.ndarray, index: np.ndarray, grids: np.ndarray) -> np.ndarray:
+        """A packed export (``vitkit export --packed``) on a packed batch (``models.packing.PackedBatch``'s fields:
+        patches (S, L, P) float32, image and index (S, L) int64, grids (images, 2) int64) -> logits (images,
+        classes), in image order."""
+        if not self.packed:
+            raise ValueError(f"{self.path} takes images {self.expected()}, not packed batches: export with --packed")
+        arrays = {"patches": patches, "image": image, "index": index, "grids": grids}
+        want = {"patches": (3, np.float32), "image": (2, np.int64), "index": (2, np.int64), "grids": (2, np.int64)}
+        ok = all(a.ndim == want[k][0] and a.dtype == want[k][1] for k, a in arrays.items()) and \
+            patches.shape[:2] == image.shape == index.shape and grids.shape[-1] == 2 and len(grids) > 0 and \
+            int(image.max(initial=-1)) < len(grids)
+        if not ok:
+            got = ", ".join(f"{k} {tuple(a.shape)} {a.dtype}" for k, a in arrays.items())
+            raise ValueError(f"{self.path} expects patches (S, L, P) float32, image and index (S, L) int64 (image ids "
+                             f"below the number of grids) and grids (images, 2) int64; got {got}")
+        return self._run({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tuple(patches.shape))
+
+    def _run(self, feed: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
         try:
-            return self.session.run(None, {self.input.name: x})[0]
-        except Exception as e:  # noqa: BLE001 - the input passed the checks above: the graph is at fault
+            return self.session.run(None, feed)[0]
+        except Exception as e:  # noqa: BLE001 - the input passed the checks: the graph (or a packed feed) is at fault
             raise CheckpointError(f"{self.path}: onnxruntime could not run the model on an input of shape "
-                                  f"{tuple(x.shape)}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}") \
-                from None
+                                  f"{shape}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}") from None
 
     def preprocess(self, image) -> np.ndarray:
         """A PIL image -> the (1, C, H, W) float32 input, with the eval transform the metadata records
@@ -185,6 +212,19 @@ class OnnxModel:
         if mode == "whole":
             return mask_of(self(x)[0], (image.height, image.width))
         return slide_logits(self, x, (h, w), stride)[0].argmax(0)
+
+
+def pack_arrays(x: np.ndarray, patch_size: int, prefix: int) -> tuple[np.ndarray, ...]:
+    """Images (B, C, H, W) of one size, H and W multiples of ``patch_size``, as a packed batch of one image a
+    sequence in numpy (``models.packing.pack``'s layout: ``prefix`` empty slots, then the patches row by row, each
+    channel-major)."""
+    B, C, H, W = x.shape
+    rows, cols, p = H // patch_size, W // patch_size, patch_size
+    patches = x.reshape(B, C, rows, p, cols, p).transpose(0, 2, 4, 1, 3, 5).reshape(B, rows * cols, C * p * p)
+    patches = np.concatenate([np.zeros((B, prefix, C * p * p), np.float32), patches], axis=1)
+    image = np.repeat(np.arange(B, dtype=np.int64)[:, None], prefix + rows * cols, axis=1)
+    index = np.repeat(np.arange(prefix + rows * cols, dtype=np.int64)[None], B, axis=0)
+    return patches, image, index, np.tile(np.array([[rows, cols]], np.int64), (B, 1))
 
 
 INTERPOLATION = {"nearest": 0, "bilinear": 2, "bicubic": 3, "lanczos": 1, "box": 4, "hamming": 5}  # PIL's numbers
