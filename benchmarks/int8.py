@@ -1,10 +1,12 @@
 """int8 against fp32 on the CPU: vitkit's ONNX export in onnxruntime (fp32 as ``vitkit export`` writes it, static and
-dynamic int8 as ``vitkit export --int8`` does), the same static int8 graph in OpenVINO (where ``pip install openvino``
-put it beside vitkit; its float work in its default precision, bf16 where the CPU has it, and in f32), and vitkit's
-PyTorch model in bf16, at batch 1 and 8. Random weights (the speed does not depend on them); the static model is
-calibrated on 32 random inputs. Every entry is timed in interleaved rounds after a warm-up; the median ms per batch
-is reported. Each timed block starts after a pause (``--pause``): onnxruntime's and OpenVINO's worker threads spin
-for a while after a call, and on a few cores they would take time from the entry timed next.
+dynamic int8 as ``vitkit export --int8`` does), the same static int8 graph in OpenVINO (where ``pip install
+openvino`` put it beside vitkit; its float work in its default precision, bf16 where the CPU has it, and in f32),
+and vitkit's PyTorch model in bf16, and with ``--pt2e`` the int8 .pt2 compiled (its float work in bf16 where the CPU
+has native bf16, as ``load_int8_program`` runs it, and in float32), at batch 1 and 8. Random weights (the speed does
+not depend on them); the static model is calibrated on 32 random inputs. Every entry is timed in interleaved rounds
+after a warm-up; the median ms per batch is reported. Each timed block starts after a pause (``--pause``):
+onnxruntime's and OpenVINO's worker threads spin for a while after a call, and on a few cores they would take time
+from the entry timed next.
 
     python benchmarks/int8.py --models vit_base_patch16_224,deit_small_patch16_224,swin_tiny_patch4_window7_224 \\
         --out benchmarks/results/int8_cpu.md
@@ -76,21 +78,26 @@ def _entries(model: torch.nn.Module, tmp: Path, threads: int, pt2e: bool, opset:
     write_int8(str(graph), dynamic, "dynamic", None, nodes, "minmax")
     entries = {"fp32": _onnx(fp32, threads), "static": _onnx(static, threads), "dynamic": _onnx(dynamic, threads),
                "openvino": _openvino(static, threads), "openvino_f32": _openvino(static, threads, "f32"),
-               "pt2e": _pt2e(model, calibration) if pt2e else None,
+               **(_pt2e(model, calibration) if pt2e else {}),
                "pt_fp32": _compiled_fp32(model) if pt2e else None, "bf16": _bf16(copy.deepcopy(model))}
     return {k: v for k, v in entries.items() if v is not None}
 
 
-def _pt2e(model: torch.nn.Module, calibration: np.ndarray) -> Callable[[np.ndarray], None] | None:
+def _pt2e(model: torch.nn.Module, calibration: np.ndarray) -> dict[str, Callable[[np.ndarray], None]]:
     """PyTorch's own x86 int8 as ``vitkit export --format torch-export --int8`` writes it (torchao's
-    X86InductorQuantizer, static, calibrated on the same inputs), compiled by inductor with frozen weights."""
+    X86InductorQuantizer, static, calibrated on the same inputs), compiled by inductor with frozen weights: as
+    ``load_int8_program`` runs it (``pt2e``: bf16 between the int8 products where the CPU has native bf16), and with
+    float32 between them (``pt2e_f32``, where that differs)."""
     from vitkit.tools.quantize import QuantizationRefused
-    from vitkit.tools.quantize_program import convert, numpy_runner
+    from vitkit.tools.quantize_program import bf16_between, convert, int8_kernels, numpy_runner
 
     try:
-        return numpy_runner(convert(prepare(model, False)[0], calibration, []), compile=True)
+        graph = convert(prepare(model, False)[0], calibration, [])
     except QuantizationRefused:  # torchao is not installed
-        return None
+        return {}
+    bf16 = bf16_between()
+    return {"pt2e_f32": numpy_runner(copy.deepcopy(graph), True, False, int8_kernels()) if bf16 else None,
+            "pt2e": numpy_runner(graph, True, bf16, int8_kernels())}
 
 
 def _compiled_fp32(model: torch.nn.Module) -> Callable[[np.ndarray], None]:
@@ -136,9 +143,9 @@ def main() -> None:
             f"{args.pause} s idle before each; the int8 graphs at opset {args.opset}", "",
             "| model | batch | fp32 (onnxruntime) | int8 static | int8 dynamic | int8 static (OpenVINO) "
             "| int8 static (OpenVINO, f32 between) | bf16 (PyTorch) |"
-            + (" fp32 (PyTorch, compiled) | int8 (PyTorch x86, compiled): x over compiled fp32 |" if args.pt2e
-               else ""),
-            "|---|---|---|---|---|---|---|---|" + ("---|---|" if args.pt2e else "")]
+            + (" fp32 (PyTorch, compiled) | int8 (PyTorch x86, compiled, f32 between) | int8 (PyTorch x86, compiled, "
+               "as loaded): x over compiled fp32 |" if args.pt2e else ""),
+            "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if args.pt2e else "")]
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             torch.manual_seed(0)
@@ -154,8 +161,8 @@ def main() -> None:
 
                 rows.append(f"| {name} | {batch} | {ms['fp32']:.1f} | {cell('static')} | {cell('dynamic')} | "
                             f"{cell('openvino')} | {cell('openvino_f32')} | {cell('bf16')} |"
-                            + (f" {cell('pt_fp32')} | {ms['pt2e']:.1f} ({ms['pt_fp32'] / ms['pt2e']:.2f}x) |"
-                               if "pt2e" in ms else ""))
+                            + (f" {cell('pt_fp32')} | {ms.get('pt2e_f32', ms['pt2e']):.1f} | "
+                               f"{ms['pt2e']:.1f} ({ms['pt_fp32'] / ms['pt2e']:.2f}x) |" if "pt2e" in ms else ""))
                 print(rows[-1], flush=True)
     publish("\n".join(rows), args.out)
 

@@ -261,6 +261,7 @@ def test_the_private_torch_names_the_core_relies_on_still_exist():
 
     assert isinstance(torch._dynamo.config.recompile_limit, int)
     assert callable(torch.cpu._is_avx512_bf16_supported) and callable(torch.cpu._is_amx_tile_supported)
+    assert callable(torch.cpu._is_vnni_supported)
     import torch.fx.experimental._config as fx_config  # Swin's dynamic-size export
     from torch.utils._python_dispatch import _get_current_dispatch_mode  # autotune: nothing timed under a mode
 

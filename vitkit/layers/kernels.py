@@ -50,6 +50,15 @@ def cpu_has_amx() -> bool:
 
 
 @functools.cache
+def cpu_has_int8_dot() -> bool:
+    """Whether this CPU has an int8 dot product that cannot saturate (AVX512-VNNI or AMX) and oneDNN may use it. On
+    AVX2 alone oneDNN's u8·s8 products add pairs in 16 bits (vpmaddubsw), which saturate for full-range weights and
+    activations: int8 kernels there give other numbers than the quantized model."""
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper() in ("SSE41", "AVX", "AVX2", "AVX512_CORE")
+    return bool(torch.cpu._is_vnni_supported() or torch.cpu._is_amx_tile_supported()) and not capped
+
+
+@functools.cache
 def _compiled_flex():
     """flex_attention compiled once per process (the first compile is slow on CPU)."""
     from torch.nn.attention.flex_attention import flex_attention

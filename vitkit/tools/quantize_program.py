@@ -9,7 +9,10 @@ embedding, softmax, LayerNorm, GELU and the attention's products stay in float, 
 (oneDNN); run eagerly, the program gives the same numbers slowly.
 
 The calibration, the held-out accuracy gate, ``--keep-fp32`` and the refusal that names the layers adding the most
-error are the ONNX path's. The times are those of the two programs compiled, at batch 1.
+error are the ONNX path's. On a CPU with native bf16 (AVX512-BF16, AMX) the float operations between the int8
+products run in bf16 (autocast), as OpenVINO runs them by default; the gate scores the program so, and
+:class:`Int8Program` runs it so. On a CPU without VNNI or AMX the compiled program computes in float after each
+dequantize (:func:`int8_kernels`). The times are those of the two programs compiled, at batch 1.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 from torch import nn
 
 from vitkit.errors import CheckpointError
+from vitkit.layers.kernels import cpu_has_bf16_matmul, cpu_has_int8_dot
 
 from .export import PROGRAM_METADATA, metadata, prepare
 from .onnx_model import preprocess_image, read_metadata
@@ -70,26 +74,53 @@ def convert(model: nn.Module, calibration: np.ndarray, kept: list[str]) -> torch
     with torch.no_grad():
         for chunk in x.split(8):
             graph(chunk)
-    return convert_pt2e(graph)
+    return _any_float(convert_pt2e(graph))
+
+
+def _any_float(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``graph`` without torch.export's float32 checks on its tensors, so that it also runs under bf16 autocast."""
+    for node in list(graph.graph.nodes):
+        if node.op == "call_function" and node.target == torch.ops.aten._assert_tensor_metadata.default:
+            graph.graph.erase_node(node)
+    graph.recompile()
+    return graph
+
+
+def bf16_between() -> bool:
+    """Whether the float operations between the int8 products run in bf16 here: on a CPU that multiplies bf16
+    natively (AVX512-BF16 or AMX), as OpenVINO does by default; elsewhere bf16 is emulated and they stay float32."""
+    return cpu_has_bf16_matmul()
 
 
 @contextlib.contextmanager
-def _frozen():
-    """Inductor with the weights frozen into the graph: what lets it fold each dequantize into an int8 kernel."""
+def _frozen(freeze: bool = True):
+    """Inductor with the weights frozen into the graph: what lets it fold each dequantize into an int8 kernel.
+    ``freeze=False`` leaves them as they are: the int8 program then computes in float after each dequantize, the
+    quantized model's numbers without int8 kernels (on a CPU without a safe int8 dot product, ``int8_kernels``)."""
     import torch._inductor.config as inductor
 
-    with inductor.patch(freezing=True), torch.no_grad():
+    with inductor.patch(freezing=freeze), torch.no_grad():
         yield
 
 
-def numpy_runner(model: nn.Module, compile: bool = False) -> Callable[[np.ndarray], np.ndarray]:
+def int8_kernels() -> bool:
+    """Whether compiled int8 programs run oneDNN's int8 kernels here: on a CPU with VNNI or AMX. Without them (AVX2
+    alone) those kernels can saturate and give other logits than the quantized model; such a CPU gains little from
+    int8 anyway, so the program computes in float there (same numbers, no int8 speed-up, which the export reports)."""
+    return cpu_has_int8_dot()
+
+
+def numpy_runner(model: nn.Module, compile: bool = False, bf16: bool = False,
+                 freeze: bool = True) -> Callable[[np.ndarray], np.ndarray]:
     """``model`` as a function of float32 arrays (what ``quantize.py``'s scoring and timing call), without
-    gradients; with ``compile``, compiled by inductor with frozen weights, at the sizes it is called with."""
+    gradients; with ``compile``, compiled by inductor, with frozen weights unless not ``freeze`` (:func:`_frozen`),
+    at the sizes it is called with; with ``bf16``, under bf16 autocast (an int8 program: its float operations in
+    bf16)."""
     run = torch.compile(model, dynamic=False) if compile else model
 
     def call(x: np.ndarray) -> np.ndarray:
-        with _frozen() if compile else torch.no_grad():
-            return run(torch.from_numpy(x)).numpy()
+        with _frozen(freeze) if compile else torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            return run(torch.from_numpy(x)).float().numpy()
 
     return call
 
@@ -154,16 +185,18 @@ def quantize_program(model: nn.Module, out: str | os.PathLike, calibrate: str | 
         raise QuantizationRefused(f"--keep-fp32 {' '.join(keep)} matches no linear layer; their names look like "
                                   f"{', '.join(linear[:3])} (patterns as fnmatch's: 'blocks.11.*', '*.fc2')")
     int8 = convert(m, x[:calibration], kept)
-    held_x, held_y = x[calibration:], y[calibration:]
+    held_x, held_y, bf16 = x[calibration:], y[calibration:], bf16_between()
     report = Int8Report(str(out), "static", calibration, len(held_y), top1(numpy_runner(m), held_x, held_y),
-                        top1(numpy_runner(int8), held_x, held_y), len(linear) - len(kept), kept,
-                        runtime="torch.compile")
+                        top1(numpy_runner(int8, bf16=bf16), held_x, held_y), len(linear) - len(kept), kept,
+                        runtime="torch.compile" + (", bf16 between the int8 products" if bf16 else ""))
     if report.drop > max_drop:
         raise refusal(report, max_drop, layer_errors(m, int8, [n for n in linear if n not in kept], held_x[:16]))
-    report.fp32_ms, report.int8_ms = batch1_ms([numpy_runner(copy.deepcopy(m), True), numpy_runner(int8, True)], held_x)
+    report.fp32_ms, report.int8_ms = batch1_ms([numpy_runner(copy.deepcopy(m), True),
+                                                numpy_runner(int8, True, bf16, int8_kernels())], held_x)
     meta["vitkit.int8"] = json.dumps({"mode": "static", "quantizer": "torchao X86InductorQuantizer",
                                       "calibrated": calibration, "held_out": report.held_out,
-                                      "fp32_top1": report.fp32_top1, "int8_top1": report.int8_top1, "kept": kept})
+                                      "fp32_top1": report.fp32_top1, "int8_top1": report.int8_top1, "kept": kept,
+                                      "scored_with": "bf16" if bf16 else "float32"})
     _save(int8, held_x, Path(out), meta)
     return report
 
@@ -188,9 +221,11 @@ def _save(int8: torch.fx.GraphModule, x: np.ndarray, path: Path, meta: dict[str,
 
 class Int8Program(nn.Module):
     """An int8 .pt2 of ``vitkit export --format torch-export --int8``, compiled on its first call (inductor, weights
-    frozen; a new batch size compiles again), with the file's ``vitkit.*`` metadata as ``meta``."""
+    frozen; a new batch size compiles again), with the file's ``vitkit.*`` metadata as ``meta``. ``bf16``: the float
+    operations between the int8 products in bf16 (None: where this CPU has native bf16, :func:`bf16_between`); the
+    logits are float32 either way."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, bf16: bool | None = None) -> None:
         super().__init__()
         _torchao()  # registers the quantize/dequantize operators the program holds
         files = {PROGRAM_METADATA: ""}
@@ -205,13 +240,16 @@ class Int8Program(nn.Module):
             raise CheckpointError(f"{path} is not an int8 program of `vitkit export --format torch-export --int8` "
                                   "(no vitkit.int8 in its vitkit.json)")
         self.meta: dict[str, Any] = read_metadata(str(path), meta)
+        self.bf16 = bf16_between() if bf16 is None else bf16
+        self.int8_kernels = int8_kernels()
+        self.program = _any_float(self.program)
         self.compiled = torch.compile(self.program)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with _frozen():
-            return self.compiled(x)
+        with _frozen(self.int8_kernels), torch.autocast("cpu", torch.bfloat16, enabled=self.bf16):
+            return self.compiled(x).float()
 
 
-def load_int8_program(path: str | os.PathLike) -> Int8Program:
+def load_int8_program(path: str | os.PathLike, bf16: bool | None = None) -> Int8Program:
     """The int8 program at ``path``, ready to run fast on the CPU (see :class:`Int8Program`)."""
-    return Int8Program(path)
+    return Int8Program(path, bf16)
