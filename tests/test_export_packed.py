@@ -78,12 +78,17 @@ def test_a_packed_onnx_export_gives_each_image_its_own_logits(name, extra, tmp_p
 
 
 @pytest.mark.slow
-def test_a_packed_program_runs_packings_it_did_not_see(tmp_path):
-    model = vitkit.create_model("vit_small_patch16_224", img_size=32, num_classes=3, **TINY_VIT).eval()
+@pytest.mark.parametrize("name, extra", [
+    ("vit_small_patch16_224", {}),
+    ("vit_small_patch16_dinov3", {}),  # DINOv3's RoPE, 4 registers, no learned positions
+    ("vit_base_patch16_rope_ape_224", dict(rope_xy=True, rope_ref_grid=3)),  # axial RoPE beside learned positions
+])
+def test_a_packed_program_runs_packings_it_did_not_see(name, extra, tmp_path):
+    model = vitkit.create_model(name, img_size=32, num_classes=3, **TINY_VIT, **extra).eval()
     export_packed(model, tmp_path / "m.pt2", fmt="torch-export")
     program = torch.export.load(str(tmp_path / "m.pt2")).module()
     images = _images([(2, 7), (6, 1), (3, 3)], 8, seed=2)
-    batch = pack(images, 8, 30, 1)
+    batch = pack(images, 8, 30, model.num_prefix_tokens)
     with torch.no_grad():
         got = program(batch.patches, batch.image, batch.index, torch.tensor(batch.grids).reshape(-1, 2))
     torch.testing.assert_close(got, _alone(model, images), atol=2e-5, rtol=0)
@@ -94,8 +99,8 @@ def test_what_cannot_export_packed_is_refused_in_one_line(tmp_path):
                                depths=[1, 1], num_heads=[1, 2], window_size=2, patch_size=2)
     with pytest.raises(ExportError, match="Swin's windows"):
         export_packed(swin, tmp_path / "s.onnx")
-    rope = vitkit.create_model("vit_base_patch16_rope_224", img_size=32, num_classes=3, **TINY_VIT)
-    with pytest.raises(ExportError, match="RoPE"):
+    rope = vitkit.create_model("vit_base_patch16_rope_mixed_224", img_size=32, num_classes=3, **TINY_VIT)
+    with pytest.raises(ExportError, match="learned per-block frequencies"):
         export_packed(rope, tmp_path / "r.onnx")
     assert not (tmp_path / "s.onnx").exists() and not (tmp_path / "r.onnx").exists()
     for flag in (["--int8", "--calibrate", str(tmp_path)], ["--fixed-size"], ["--token-merging", "2"]):

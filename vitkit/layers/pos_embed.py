@@ -186,15 +186,29 @@ def rope_2d(height: int, width: int, head_dim: int, temperature: float, num_pref
     [-1, 1] on each axis; of each head's D/2 rotated pairs the first D/4 turn with the row and the last D/4 with
     the column, at periods temperature^(4i/D). Returns (cos, sin), each (prefix + h·w, D/2) for
     :func:`apply_rope`; the prefix tokens (class, registers) get the identity rotation (cos 1, sin 0)."""
+    rows, cols = _grid_cells(height, width)
+    angles = rope_2d_angles(rows, cols, height, width, head_dim, temperature)
+    angles = torch.cat([angles.new_zeros(num_prefix, head_dim // 2), angles]).to(device)  # (prefix + h·w, D/2)
+    return angles.cos(), angles.sin()
+
+
+def _grid_cells(height: int, width: int) -> tuple[Tensor, Tensor]:
+    """Each patch's row and column of an h x w grid, row by row: (h·w,) each."""
+    rows = torch.arange(height)[:, None].expand(height, width).reshape(-1)
+    return rows, torch.arange(width)[None, :].expand(height, width).reshape(-1)
+
+
+def rope_2d_angles(rows: Tensor, cols: Tensor, height: Tensor | int, width: Tensor | int, head_dim: int,
+                   temperature: float) -> Tensor:
+    """:func:`rope_2d`'s angles (..., D/2) of patches at ``rows`` and ``cols`` (integer tensors) of grids ``height``
+    x ``width`` (ints, or tensors like ``rows``: a packed batch's per-slot grids)."""
     if head_dim % 4:
         raise ValueError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
     periods = temperature ** (2.0 * torch.arange(head_dim // 4, dtype=torch.float32) / (head_dim // 2))  # (D/4,)
-    ys = torch.arange(0.5, height, dtype=torch.float32) / height * 2.0 - 1.0  # (h,) patch centres in [-1, 1]
-    xs = torch.arange(0.5, width, dtype=torch.float32) / width * 2.0 - 1.0  # (w,)
-    ys, xs = ys[:, None].expand(height, width).reshape(-1), xs[None, :].expand(height, width).reshape(-1)  # (h·w,)
-    angles = torch.cat([2 * math.pi * ys[:, None] / periods, 2 * math.pi * xs[:, None] / periods], dim=1)
-    angles = torch.cat([angles.new_zeros(num_prefix, head_dim // 2), angles]).to(device)  # (prefix + h·w, D/2)
-    return angles.cos(), angles.sin()
+    ys = (rows.float() + 0.5) / height * 2.0 - 1.0  # patch centres in [-1, 1]
+    xs = (cols.float() + 0.5) / width * 2.0 - 1.0
+    periods = periods.to(ys.device)
+    return torch.cat([2 * math.pi * ys[..., None] / periods, 2 * math.pi * xs[..., None] / periods], dim=-1)
 
 
 def rope_axial(height: int, width: int, head_dim: int, temperature: float, num_prefix: int, device: torch.device,
@@ -203,17 +217,25 @@ def rope_axial(height: int, width: int, head_dim: int, temperature: float, num_p
     indices (rescaled to a ``ref_grid`` when given, EVA's fine-tuning rule) times D/4 inverse frequencies
     temperature^(-4i/D), the row's then the column's (the column's first with ``xy``), each angle used for two
     adjacent channels. Returns (cos, sin), each (prefix + h·w, D), identity rows for the prefix tokens."""
+    rows, cols = _grid_cells(height, width)
+    angles = rope_axial_angles(rows, cols, height, width, head_dim, temperature, xy, ref_grid)
+    angles = torch.cat([angles.new_zeros(num_prefix, head_dim), angles]).to(device)  # (prefix + h·w, D)
+    return angles.cos(), angles.sin()
+
+
+def rope_axial_angles(rows: Tensor, cols: Tensor, height: Tensor | int, width: Tensor | int, head_dim: int,
+                      temperature: float, xy: bool = False, ref_grid: int | None = None) -> Tensor:
+    """:func:`rope_axial`'s angles (..., D) of patches at ``rows`` and ``cols`` of grids ``height`` x ``width``
+    (as :func:`rope_2d_angles`)."""
     if head_dim % 4:
         raise ValueError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
     bands = 1.0 / temperature ** (torch.arange(head_dim // 4, dtype=torch.float32) / (head_dim // 4))  # (D/4,)
-    ys, xs = torch.arange(height, dtype=torch.float32), torch.arange(width, dtype=torch.float32)
+    ys, xs = rows.float(), cols.float()
     if ref_grid is not None:
         ys, xs = ys / height * ref_grid, xs / width * ref_grid
-    ys, xs = ys[:, None].expand(height, width).reshape(-1), xs[None, :].expand(height, width).reshape(-1)  # (h·w,)
     first, second = (xs, ys) if xy else (ys, xs)
-    angles = torch.cat([first[:, None] * bands, second[:, None] * bands], dim=1).repeat_interleave(2, dim=1)
-    angles = torch.cat([angles.new_zeros(num_prefix, head_dim), angles]).to(device)  # (prefix + h·w, D)
-    return angles.cos(), angles.sin()
+    bands = bands.to(ys.device)
+    return torch.cat([first[..., None] * bands, second[..., None] * bands], dim=-1).repeat_interleave(2, dim=-1)
 
 
 class RopeMixed(nn.Module):

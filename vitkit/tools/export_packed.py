@@ -8,6 +8,8 @@ keeps the sequence count, the sequence length and the image count symbolic:
 - each slot's position is the learned table resampled to its image's grid, from per-slot resize weights
   (``layers.pos_embed.resample_weights``: the weights of ``F.interpolate``'s antialiased resize, computed from the
   grid sizes in the graph), instead of one ``F.interpolate`` per grid;
+- each slot's RoPE rotation (DINOv3's or axial) comes from its patch row and column and its image's grid, in the
+  graph (``rope_2d_angles``, ``rope_axial_angles``: what builds the model's own tables);
 - attention stays within each image by the block-diagonal mask the image ids give (the one attention core);
 - pooling reads each image's tokens through a table from (image, token) to slot built by a scatter.
 
@@ -28,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitkit.layers.pos_embed import resample_weights
+from vitkit.layers.pos_embed import resample_weights, rope_2d_angles, rope_axial_angles
 from vitkit.models.packing import PackedBatch, pack
 
 from .export import ATOL, OPSET, ExportError, ExportReport, _accept, _failed, metadata, prepare
@@ -61,12 +63,14 @@ class PackedGraph(nn.Module):
         if tokens:
             first = torch.cat(tokens, dim=1)[0][index.clamp(0, self.prefix - 1)]  # (S, L, C)
             x = torch.where(((index >= 0) & (index < self.prefix))[..., None], first, x)
+        cells = self.cells(image, index, grids)
         if m.pos_embed is not None:
-            x = x + self.positions(image, index, grids)
+            x = x + self.positions(index, *cells)
         x = m.norm_pre(m.pos_drop(x))
+        rope = self.rope_tables(index, *cells) if m.rope_kind else None
         mask = (image[:, :, None] == image[:, None, :])[:, None]  # (S, 1, L, L): within each image
         for blk in m.blocks:
-            x = blk(x, None, mask, None, False, None)
+            x = blk(x, None, mask, None, False, rope)
         x = m.norm(x).reshape(S * L, -1)
         shown = image.reshape(-1) >= 0
         key = torch.where(shown, image.reshape(-1) * L + index.reshape(-1), n * L)  # padding -> one spare cell
@@ -75,17 +79,32 @@ class PackedGraph(nn.Module):
         pooled = self.pool(x[slot.clamp(min=0)], slot >= 0)
         return m.head(m.head_drop(m.fc_norm(pooled)))
 
-    def positions(self, image: Tensor, index: Tensor, grids: Tensor) -> Tensor:
+    def cells(self, image: Tensor, index: Tensor, grids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Each slot's patch row and column in its image, and that image's grid rows and columns: (S, L) each
+        (row and column 0 for prefix and padding slots)."""
+        rows_cols = grids[image.clamp(min=0)]  # (S, L, 2)
+        h, w = rows_cols[..., 0], rows_cols[..., 1]
+        cell = (index - self.prefix).clamp(min=0)
+        return cell // w, cell % w, h, w
+
+    def rope_tables(self, index: Tensor, r: Tensor, c: Tensor, h: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+        """Each slot's RoPE rows (S, 1, L, ·), as ``rope_tables`` gives them for its image's grid (prefix and padding
+        slots: no rotation)."""
+        m = self.model
+        if m.rope_kind == "dinov3":
+            angles = rope_2d_angles(r, c, h, w, m.head_dim, m.rope_temperature)
+        else:
+            angles = rope_axial_angles(r, c, h, w, m.head_dim, m.rope_temperature, m.rope_xy, m.rope_ref_grid)
+        angles = torch.where((index >= self.prefix)[..., None], angles, torch.zeros_like(angles))
+        return angles.cos()[:, None], angles.sin()[:, None]
+
+    def positions(self, index: Tensor, r: Tensor, c: Tensor, h: Tensor, w: Tensor) -> Tensor:
         """(S, L, C): each slot's row of its image's positions, as ``model.positions_for(grid)`` gives them."""
         m = self.model
         pos = m.pos_embed[0].float()  # (lead + gh·gw, C)
         gh, gw = m.pos_grid
-        rows_cols = grids[image.clamp(min=0)]  # (S, L, 2)
-        h, w = rows_cols[..., 0], rows_cols[..., 1]
         if m.pos_keep_aspect:  # to the longer side's square, then its first rows and columns
             h = w = torch.maximum(h, w)
-        cell = (index - self.prefix).clamp(min=0)
-        r, c = cell // rows_cols[..., 1], cell % rows_cols[..., 1]
         wy = resample_weights(r, h, gh, m.pos_interp)  # (S, L, gh)
         wx = resample_weights(c, w, gw, m.pos_interp)  # (S, L, gw)
         weights = (wy[..., :, None] * wx[..., None, :]).flatten(2)  # (S, L, gh·gw)
@@ -124,9 +143,9 @@ def packed_export_refusal(model: nn.Module) -> str | None:
     if not isinstance(model, VisionTransformer):
         return f"{name}: packed export takes ViT classifiers (images of their own sizes packed into sequences); " \
                f"Swin's windows need whole windows of one image"
-    if model.rope_kind:
-        return f"{name}: packed export takes learned or fixed positions; this model's are RoPE (export it per image, " \
-               "without --packed)"
+    if model.rope is not None:
+        return f"{name}: packed export takes fixed RoPE tables (dinov3, axial); learned per-block frequencies (rope " \
+               "'mixed') are not packed"
     if model.head_dist is not None or model.global_pool not in ("token", "avg", "max", "avgmax", "map"):
         return f"{name}: packed export pools by the class token, avg, max, avgmax or map; not " + \
             ("distilled heads" if model.head_dist is not None else repr(model.global_pool))
