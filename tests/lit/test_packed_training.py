@@ -100,6 +100,11 @@ def test_a_classifier_trains_on_packed_images_and_evaluate_scores_them_the_same(
                          "--data.max_tokens", "40", "--out", str(tmp_path / "ev3")], capsys)
     assert status == 0
     assert json.loads((tmp_path / "ev3" / "metrics.json").read_text())["top1"] == pytest.approx(scored, abs=1e-6)
+    # a folder of class folders alone (no train/ beside them) is scored as it is
+    status, _ = run_cli(["evaluate", "--onnx", str(tmp_path / "p.onnx"), "--data.root", str(shapes_folder / "val"),
+                         "--data.max_tokens", "40", "--out", str(tmp_path / "ev4")], capsys)
+    assert status == 0
+    assert json.loads((tmp_path / "ev4" / "metrics.json").read_text())["top1"] == pytest.approx(scored, abs=1e-6)
     ours, theirs = ((tmp_path / d / "predictions.csv").read_text().splitlines() for d in ("ev", "ev3"))
     assert [r.split(",")[:3] for r in ours] == [r.split(",")[:3] for r in theirs]  # source, label, top-1
     assert main(["predict", "--onnx", str(tmp_path / "p.onnx"), row[0], "--topk", "1"]) == 0

@@ -263,6 +263,8 @@ def _data(p: ArgumentParser, cfg, prep: dict, explicit: set[str], eval_train: bo
     for k in PREPROCESSING:
         if k in accepted and k not in explicit and k in prep:
             args[k] = prep[k]
+    if "train_dir" in accepted and not eval_train and "train_dir" not in explicit:
+        args.update(_scored_folder(args))
     dm = klass(**args)
     if args.get("packing"):  # images of their own sizes, packed for this model (which no trainer holds here)
         if model is None or not hasattr(model, "forward_packed"):
@@ -273,6 +275,21 @@ def _data(p: ArgumentParser, cfg, prep: dict, explicit: set[str], eval_train: bo
         dm.train_transform = dm.eval_transform
     dm.setup("test")
     return dm
+
+
+def _scored_folder(args: dict) -> dict:
+    """A classifier's score reads no train split: an image folder without ``train/`` is scored from its ``val/`` (or
+    ``test/``) alone, or, with neither, as the class folders themselves (``root/<class>/<images>``). A backbone's
+    k-NN and probe fit on ``train/`` and keep the folder's own layout."""
+    root = Path(args["root"]).expanduser()
+    train, val, test = args.get("train_dir", "train"), args.get("val_dir", "val"), args.get("test_dir", "test")
+    if not root.is_dir() or (root / train).is_dir():
+        return {}
+    if (root / val).is_dir():
+        return {"train_dir": val}
+    if test and (root / test).is_dir():
+        return {"train_dir": test, "val_dir": test}
+    return {"train_dir": ".", "val_dir": ".", "test_dir": None}
 
 
 def _refuse_segmentation_flags(cfg) -> None:
