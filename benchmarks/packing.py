@@ -2,12 +2,15 @@
 (``--train``): vitkit's packed sequences (``vitkit.models.packing``; attention within each image by a block-diagonal
 mask) at a few sequence lengths, each loader batch packed on its own, against timm's NaFlexViT on its padded batches
 (each image resized by timm's own rule to the same budget, padded to it), vitkit on those same padded batches, and
-square resizing to the same number of patches. One set of random weights (timm's, loaded into vitkit); the entries
-run in interleaved rounds in one process, so load and clock drift hit all of them.
+square resizing to the same number of patches; with ``--onnx``, vitkit's ``--packed`` export and its per-image
+export in onnxruntime. One set of random weights (timm's, loaded into vitkit); the entries run in interleaved rounds
+in one process, so load and clock drift hit all of them.
 
 The images are scikit-image's bundled photographs, cropped to aspect ratios from 1:3 to 3:1.
 
     python benchmarks/packing.py --images 48 --budget 256 --rounds 3 --flex --out benchmarks/results/packing_cpu.md
+    python benchmarks/packing.py --images 48 --budget 256 --rounds 3 --onnx --max-tokens 256,1024 \\
+        --out benchmarks/results/packing_onnx_cpu.md
     python benchmarks/packing.py --images 24 --budget 256 --rounds 3 --train \\
         --out benchmarks/results/packing_train_cpu.md
 """
@@ -90,6 +93,29 @@ def seconds(fn, train: bool) -> float:
     return time.perf_counter() - start
 
 
+def onnx_entries(model, chunks: list[list[torch.Tensor]], images: list[torch.Tensor], patch: int, tokens: int,
+                 used: int) -> dict:
+    """vitkit's two exports of ``model`` in onnxruntime: ``vitkit export --packed`` on each loader batch packed into
+    sequences of ``tokens`` patches, and the per-image export (dynamic height and width) one image a call."""
+    import tempfile
+
+    from vitkit.tools.export import OnnxModel, export_onnx
+    from vitkit.tools.export_packed import export_packed
+
+    tmp, prefix = Path(tempfile.mkdtemp()), model.num_prefix_tokens
+    export_packed(model, tmp / "packed.onnx")
+    export_onnx(model, tmp / "image.onnx")
+    packed_file, image_file = OnnxModel(tmp / "packed.onnx"), OnnxModel(tmp / "image.onnx")
+    batches = [pack(c, patch, tokens + prefix, prefix) for c in chunks]
+    arrays = [(b.patches.numpy(), b.image.numpy(), b.index.numpy(), np.asarray(b.grids, dtype=np.int64))
+              for b in batches]
+    share = 1 - used / sum(b.image.numel() - len(b) * prefix for b in batches)
+    return {f"vitkit --packed export, onnxruntime, {tokens + prefix} tokens a sequence":
+            (lambda: [packed_file.run_packed(*x) for x in arrays], share),
+            "vitkit's per-image export, onnxruntime, one image a call":
+            (lambda: [image_file(img[None].numpy()) for img in images], 0.0)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=48)
@@ -99,6 +125,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8, help="images per batch, for every entry (a loader's batch)")
     p.add_argument("--train", action="store_true", help="time forward and backward (training) instead of inference")
     p.add_argument("--flex", action="store_true", help="also the packed sequences on the flex backend (inference)")
+    p.add_argument("--onnx", action="store_true", help="also vitkit's exports in onnxruntime (inference): the "
+                   "--packed file on the longest packed sequences, and the per-image file one image a call")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path)
     a = p.parse_args()
@@ -132,6 +160,8 @@ def main() -> None:
             flex.set_attn_backend("flex")
             entries[f"vitkit packed, {tokens + prefix} tokens, flex"] = (
                 lambda bs=packed, m=flex: [m.forward_packed(b) for b in bs], share)
+    if a.onnx and not a.train:
+        entries.update(onnx_entries(ours, chunks, images, patch, max(map(int, a.max_tokens.split(","))), used))
     naflex = [from_naflex(b, patch, prefix) for b in padded]
     entries[f"vitkit on timm's padded batches ({a.budget})"] = (
         lambda: [ours.forward_packed(b) for b in naflex], 1 - used / (len(images) * a.budget))

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
-from vitkit.layers.pos_embed import resample_weights
+from vitkit.layers.resample import resample_weights
 from vitkit.models.packing import pack
 from vitkit.tools.export import ExportError, OnnxModel
 from vitkit.tools.export_packed import export_packed

@@ -79,39 +79,6 @@ def resize_pos_grid(pos_embed: Tensor, new_size: tuple[int, int], old_size: tupl
     return torch.cat([prefix, grid], dim=1)
 
 
-_AA_TAPS = {"bilinear": 2, "bicubic": 4}  # the antialiased filters' support, in input samples at scale 1
-
-
-def _aa_filter(x: Tensor, mode: str) -> Tensor:
-    """PyTorch's antialiased filters: the triangle, and the cubic with a = -0.5 (PIL's, not plain bicubic's -0.75)."""
-    x = x.abs()
-    if mode == "bilinear":
-        return (1 - x).clamp(min=0)
-    a = -0.5
-    near = ((a + 2) * x - (a + 3)) * x * x + 1
-    far = (((x - 5) * x + 8) * x - 4) * a
-    return torch.where(x < 1, near, torch.where(x < 2, far, torch.zeros_like(x)))
-
-
-def resample_weights(index: Tensor, out_size: Tensor, in_size: int, mode: str = "bicubic") -> Tensor:
-    """The weights ``F.interpolate(..., mode, antialias=True, align_corners=False)`` gives the ``in_size`` input
-    samples for output sample ``index`` of ``out_size`` (integer tensors of one shape): (*index.shape, in_size).
-    Sizes and indices are tensors, so a traced graph computes the weights of any output size (a packed batch's
-    per-image grids); one axis of the separable 2-D resize."""
-    if mode not in _AA_TAPS:
-        raise ValueError(f"resample_weights takes the antialiased {' or '.join(_AA_TAPS)} resize, got {mode!r}")
-    scale = in_size / out_size.float()  # area_pixel_compute_scale without align_corners
-    support = _AA_TAPS[mode] * 0.5 * scale.clamp(min=1)
-    inv = 1 / scale.clamp(min=1)
-    center = scale * (index.float() + 0.5)
-    first = (center - support + 0.5).trunc().clamp(min=0)  # ATen's int64 casts truncate
-    end = (center + support + 0.5).trunc().clamp(max=in_size)
-    j = torch.arange(in_size, device=index.device, dtype=torch.float32)
-    w = _aa_filter((j - center[..., None] + 0.5) * inv[..., None], mode)
-    w = torch.where((j >= first[..., None]) & (j < end[..., None]), w, torch.zeros_like(w))
-    return w / w.sum(-1, keepdim=True)
-
-
 def _geometric_positions(src: int, dst: int) -> Tensor:
     """Source offsets -(src//2)..src//2 spread out geometrically so the outermost lands near dst//2.
 
@@ -187,7 +154,8 @@ def rope_2d(height: int, width: int, head_dim: int, temperature: float, num_pref
     the column, at periods temperature^(4i/D). Returns (cos, sin), each (prefix + h·w, D/2) for
     :func:`apply_rope`; the prefix tokens (class, registers) get the identity rotation (cos 1, sin 0)."""
     rows, cols = _grid_cells(height, width)
-    angles = rope_2d_angles(rows, cols, height, width, head_dim, temperature)
+    angles = rope_2d_angles(rows, cols, torch.full_like(rows, height), torch.full_like(cols, width), head_dim,
+                            temperature)
     angles = torch.cat([angles.new_zeros(num_prefix, head_dim // 2), angles]).to(device)  # (prefix + h·w, D/2)
     return angles.cos(), angles.sin()
 
@@ -198,10 +166,10 @@ def _grid_cells(height: int, width: int) -> tuple[Tensor, Tensor]:
     return rows, torch.arange(width)[None, :].expand(height, width).reshape(-1)
 
 
-def rope_2d_angles(rows: Tensor, cols: Tensor, height: Tensor | int, width: Tensor | int, head_dim: int,
+def rope_2d_angles(rows: Tensor, cols: Tensor, height: Tensor, width: Tensor, head_dim: int,
                    temperature: float) -> Tensor:
-    """:func:`rope_2d`'s angles (..., D/2) of patches at ``rows`` and ``cols`` (integer tensors) of grids ``height``
-    x ``width`` (ints, or tensors like ``rows``: a packed batch's per-slot grids)."""
+    """:func:`rope_2d`'s angles (..., D/2) of patches at ``rows`` and ``cols`` of grids ``height`` x ``width``
+    (integer tensors of one shape: a packed batch's slots have grids of their own)."""
     if head_dim % 4:
         raise ValueError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
     periods = temperature ** (2.0 * torch.arange(head_dim // 4, dtype=torch.float32) / (head_dim // 2))  # (D/4,)
@@ -218,12 +186,13 @@ def rope_axial(height: int, width: int, head_dim: int, temperature: float, num_p
     temperature^(-4i/D), the row's then the column's (the column's first with ``xy``), each angle used for two
     adjacent channels. Returns (cos, sin), each (prefix + h·w, D), identity rows for the prefix tokens."""
     rows, cols = _grid_cells(height, width)
-    angles = rope_axial_angles(rows, cols, height, width, head_dim, temperature, xy, ref_grid)
+    angles = rope_axial_angles(rows, cols, torch.full_like(rows, height), torch.full_like(cols, width), head_dim,
+                               temperature, xy, ref_grid)
     angles = torch.cat([angles.new_zeros(num_prefix, head_dim), angles]).to(device)  # (prefix + h·w, D)
     return angles.cos(), angles.sin()
 
 
-def rope_axial_angles(rows: Tensor, cols: Tensor, height: Tensor | int, width: Tensor | int, head_dim: int,
+def rope_axial_angles(rows: Tensor, cols: Tensor, height: Tensor, width: Tensor, head_dim: int,
                       temperature: float, xy: bool = False, ref_grid: int | None = None) -> Tensor:
     """:func:`rope_axial`'s angles (..., D) of patches at ``rows`` and ``cols`` of grids ``height`` x ``width``
     (as :func:`rope_2d_angles`)."""

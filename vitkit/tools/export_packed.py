@@ -6,7 +6,7 @@ number of images and sequences, as ONNX (checked in onnxruntime) or a ``torch.ex
 keeps the sequence count, the sequence length and the image count symbolic:
 
 - each slot's position is the learned table resampled to its image's grid, from per-slot resize weights
-  (``layers.pos_embed.resample_weights``: the weights of ``F.interpolate``'s antialiased resize, computed from the
+  (``layers.resample.resample_weights``: the weights of ``F.interpolate``'s antialiased resize, computed from the
   grid sizes in the graph), instead of one ``F.interpolate`` per grid;
 - each slot's RoPE rotation (DINOv3's or axial) comes from its patch row and column and its image's grid, in the
   graph (``rope_2d_angles``, ``rope_axial_angles``: what builds the model's own tables);
@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitkit.layers.pos_embed import resample_weights, rope_2d_angles, rope_axial_angles
+from vitkit.layers.pos_embed import rope_2d_angles, rope_axial_angles
+from vitkit.layers.resample import resample_weights
 from vitkit.models.packing import PackedBatch, pack
 
 from .export import ATOL, OPSET, ExportError, ExportReport, _accept, _failed, metadata, prepare
