@@ -93,10 +93,10 @@ def seconds(fn, train: bool) -> float:
     return time.perf_counter() - start
 
 
-def onnx_entries(model, chunks: list[list[torch.Tensor]], images: list[torch.Tensor], patch: int, tokens: int,
-                 used: int) -> dict:
+def onnx_entries(model, chunks: list[list[torch.Tensor]], images: list[torch.Tensor], patch: int,
+                 lengths: list[int], used: int) -> dict:
     """vitkit's two exports of ``model`` in onnxruntime: ``vitkit export --packed`` on each loader batch packed into
-    sequences of ``tokens`` patches, and the per-image export (dynamic height and width) one image a call."""
+    sequences of each of ``lengths`` patches, and the per-image export (dynamic height and width) one image a call."""
     import tempfile
 
     from vitkit.tools.export import OnnxModel, export_onnx
@@ -106,14 +106,17 @@ def onnx_entries(model, chunks: list[list[torch.Tensor]], images: list[torch.Ten
     export_packed(model, tmp / "packed.onnx")
     export_onnx(model, tmp / "image.onnx")
     packed_file, image_file = OnnxModel(tmp / "packed.onnx"), OnnxModel(tmp / "image.onnx")
-    batches = [pack(c, patch, tokens + prefix, prefix) for c in chunks]
-    arrays = [(b.patches.numpy(), b.image.numpy(), b.index.numpy(), np.asarray(b.grids, dtype=np.int64))
-              for b in batches]
-    share = 1 - used / sum(b.image.numel() - len(b) * prefix for b in batches)
-    return {f"vitkit --packed export, onnxruntime, {tokens + prefix} tokens a sequence":
-            (lambda: [packed_file.run_packed(*x) for x in arrays], share),
-            "vitkit's per-image export, onnxruntime, one image a call":
-            (lambda: [image_file(img[None].numpy()) for img in images], 0.0)}
+    out = {}
+    for tokens in lengths:
+        batches = [pack(c, patch, tokens + prefix, prefix) for c in chunks]
+        arrays = [(b.patches.numpy(), b.image.numpy(), b.index.numpy(), np.asarray(b.grids, dtype=np.int64))
+                  for b in batches]
+        share = 1 - used / sum(b.image.numel() - len(b) * prefix for b in batches)
+        out[f"vitkit --packed export, onnxruntime, {tokens + prefix} tokens a sequence"] = (
+            lambda xs=arrays: [packed_file.run_packed(*x) for x in xs], share)
+    out["vitkit's per-image export, onnxruntime, one image a call"] = (
+        lambda: [image_file(img[None].numpy()) for img in images], 0.0)
+    return out
 
 
 def main() -> None:
@@ -161,7 +164,7 @@ def main() -> None:
             entries[f"vitkit packed, {tokens + prefix} tokens, flex"] = (
                 lambda bs=packed, m=flex: [m.forward_packed(b) for b in bs], share)
     if a.onnx and not a.train:
-        entries.update(onnx_entries(ours, chunks, images, patch, max(map(int, a.max_tokens.split(","))), used))
+        entries.update(onnx_entries(ours, chunks, images, patch, list(map(int, a.max_tokens.split(","))), used))
     naflex = [from_naflex(b, patch, prefix) for b in padded]
     entries[f"vitkit on timm's padded batches ({a.budget})"] = (
         lambda: [ours.forward_packed(b) for b in naflex], 1 - used / (len(images) * a.budget))
