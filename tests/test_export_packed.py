@@ -75,6 +75,10 @@ def test_a_packed_onnx_export_gives_each_image_its_own_logits(name, extra, tmp_p
         net.run_packed(batch.patches.numpy(), batch.image.int().numpy(), batch.index.numpy(), grids)
     with pytest.raises(ValueError, match="image ids below the number of grids"):
         net.run_packed(batch.patches.numpy(), batch.image.numpy(), batch.index.numpy(), grids[:2])
+    bad = batch.index.numpy().copy()
+    bad[0, -1 if batch.image[0, -1] >= 0 else 0] = 999  # a slot past its image's patches
+    with pytest.raises(ValueError, match="each slot's index -1 for padding"):
+        net.run_packed(batch.patches.numpy(), batch.image.numpy(), bad, grids)
 
 
 @pytest.mark.slow

@@ -192,6 +192,8 @@ def export_packed(model: nn.Module, path: str | os.PathLike, *, fmt: str = "onnx
                   atol: float = ATOL) -> ExportReport:
     """Write ``model``'s packed forward (:class:`PackedGraph`) as ONNX (``fmt="onnx"``) or a .pt2, the sequence
     count, the sequence length and the image count dynamic; check it on two packings against ``forward_packed``."""
+    if fmt == "onnx" and opset < 18:
+        raise ValueError(f"opset must be 18 or newer, got {opset}")
     m, _ = prepare(model, True)
     graph = PackedGraph(m).eval()
     first, *_ = batches = _check_batches(m)

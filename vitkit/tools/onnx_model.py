@@ -180,6 +180,13 @@ class OnnxModel:
             got = ", ".join(f"{k} {tuple(a.shape)} {a.dtype}" for k, a in arrays.items())
             raise ValueError(f"{self.path} expects patches (S, L, P) float32, image and index (S, L) int64 (image ids "
                              f"below the number of grids) and grids (images, 2) int64; got {got}")
+        shown, cells = image >= 0, grids.prod(-1)[image.clip(0)]  # each slot's image's patch count
+        if image.min(initial=0) < -1 or grids.min() < 1 or (index[~shown] != -1).any() or \
+                (index[shown] < 0).any() or (index[shown] >= self.meta["prefix"] + cells[shown]).any():
+            raise ValueError(f"{self.path}: a packed batch's image ids are -1 (padding) or below {len(grids)}, its "
+                             f"grids positive, and each slot's index -1 for padding, else below its image's "
+                             f"{self.meta['prefix']} prefix token(s) and rows x columns patches (models.packing.pack "
+                             "writes them so); these are not")
         return self._run({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tuple(patches.shape))
 
     def _run(self, feed: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
