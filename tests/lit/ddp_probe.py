@@ -8,6 +8,8 @@ import signal
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from vitkit.models.packing import PackedBatch
+
 
 class RecordSamples(Callback):
     def __init__(self, out_dir: str) -> None:
@@ -156,13 +158,17 @@ class RecordUpdates(Callback):
 
 class RecordIds(Callback):
     """Per rank, one line per training sample: the epoch and the sample's id, read back from its colour (the
-    streaming tests write solid images whose red and green levels encode the id, 4 levels apart)."""
+    streaming tests write solid images whose red and green levels encode the id, 4 levels apart); a packed batch's
+    images too (and ``packed{rank}.txt`` says there were some)."""
 
     def __init__(self, out_dir: str) -> None:
         self.out_dir = out_dir
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         x, _ = batch
+        if isinstance(x, PackedBatch):  # each image's first pixel; and a note that the run packed
+            x = torch.stack([image[:, :1, :1] for image in x.images()])
+            open(os.path.join(self.out_dir, f"packed{trainer.global_rank}.txt"), "a").close()
         cfg = trainer.datamodule.data_cfg
         mean, std = torch.tensor(cfg.mean).view(1, 3), torch.tensor(cfg.std).view(1, 3)
         rgb = ((x[:, :, 0, 0].cpu() * std + mean) * 255).round().long()  # (B, 3)

@@ -207,3 +207,34 @@ def test_dino_pretrains_on_crops_of_their_own_shapes_packed(shapes_folder, tmp_p
                   *TINY_HEAD, "--data", "vitkit.lit.UnlabeledImageDataModule", "--data.root", str(shapes_folder),
                   "--data.img_size", "32", "--data.batch_size", "8", "--data.packing", "true",
                   "--data.token_drop", "0.5", "--data.num_workers", "0", "--trainer.fast_dev_run", "1"])
+
+
+def test_the_probe_fits_the_head_on_each_images_own_features_when_packed(shapes_folder):
+    """``head_init: probe`` with packed data: the features it fits on are each image's own, at its own shape in the
+    eval transform (the model run on that image alone), and the head it sets is the regression on them."""
+    import torch
+
+    import vitkit
+    from vitkit.evaluation.metrics import fit_linear_probe
+    from vitkit.lit import ImageFolderDataModule
+    from vitkit.tasks.classification.small_data import eval_views, fit_head, pooled_features
+
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_tiny_patch16_224", num_classes=2, img_size=32, **json.loads(TINY_VIT)).eval()
+    dm = ImageFolderDataModule(str(shapes_folder), img_size=32, batch_size=8, num_workers=0, packing=True,
+                               max_tokens=40, model_name="vit_tiny_patch16_224")
+    dm.packed_model = model
+    train, val = eval_views(dm)
+    got, labels = pooled_features(model, dm, train, torch.device("cpu"))
+    model.set_dynamic_img_size(True)
+    alone = [(model.forward_head(model.forward_features(x[None]), pre_logits=True)[0], y)
+             for x, y in (s for s in train if s is not None)]
+    model.set_dynamic_img_size(False)
+    assert len({tuple(x.shape) for x, _ in (s for s in train if s is not None)}) >= 4  # images of their shapes
+    torch.testing.assert_close(got, torch.stack([f for f, _ in alone]), atol=1e-5, rtol=1e-5)
+    assert labels.tolist() == [y for _, y in alone]
+    top1 = fit_head(model, dm, torch.device("cpu"))
+    val_x, val_y = pooled_features(model, dm, val, torch.device("cpu"))
+    weight, bias, expected = fit_linear_probe(got, labels, val_x, val_y, 2)
+    assert top1 == expected
+    torch.testing.assert_close(model.get_classifier().weight, weight)

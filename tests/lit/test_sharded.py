@@ -4,6 +4,7 @@ a strategy that would leave gradients unsynchronised is refused before the first
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -30,6 +31,32 @@ def _classifier(root: Path, strategy: str, family: str, *extra: str) -> list[str
 
 
 LORA = ["--model.lora_rank", "4", "--model.lora_parts", "qv", "--model.lr", "3e-2"]  # steps that move the adapters
+
+
+def _packed(data: Path) -> list[str]:
+    """The classifier's data as images of their own shapes (``_digit_shapes``), packed 3 to a sequence of 52 slots
+    within 16 patches each, a quarter of each training image's patches dropped; mixup and cutmix off (packing
+    refuses them)."""
+    return ["--model.mixup", "0", "--model.cutmix", "0", "--data", "vitkit.lit.ImageFolderDataModule",
+            "--data.root", str(data), "--data.img_size", "32", "--data.batch_size", "8", "--data.num_workers", "0",
+            "--data.packing", "true", "--data.max_tokens", "52", "--data.token_drop", "0.25"]
+
+
+def _digit_shapes(root: Path, train: int = 120, val: int = 20) -> Path:
+    """scikit-learn's digits, each resized to its own height and width (16 to 48 px, at most 2:1), as a folder."""
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(0)
+    for i in range(train + val):
+        h = int(rng.integers(16, 49))
+        w = int(np.clip(h * rng.uniform(0.5, 2.0), max(16, h / 2), min(48, 2 * h)))
+        folder = root / ("train" if i < train else "val") / str(digits.target[i])
+        folder.mkdir(parents=True, exist_ok=True)
+        image = Image.fromarray((digits.images[i] * 15).astype(np.uint8)).convert("RGB")
+        image.resize((w, h), Image.Resampling.BICUBIC).save(folder / f"{i}.png")
+    return root
 
 
 def _seq2seq(root: Path, strategy: str) -> list[str]:
@@ -104,6 +131,9 @@ def runs(tmp_path_factory) -> Path:
     every = [_classifier(root / f"{family}_{strategy}", strategy, family) for family in MODELS
              for strategy in ("ddp", "fsdp2")]
     every += [_classifier(root / f"lora_{strategy}", strategy, "vit", *LORA) for strategy in ("ddp", "fsdp2")]
+    shapes = _digit_shapes(root / "shapes")
+    every += [_classifier(root / f"packed_lora_{strategy}", strategy, "vit", *LORA, *_packed(shapes))
+              for strategy in ("ddp", "fsdp2")]
     every += [_classifier(root / f"multi_{strategy}", strategy, "vit", "--model.multi_label", "true")
               for strategy in ("ddp", "fsdp2")]
     every += [_seq2seq(root / f"seq2seq_{strategy}", strategy) for strategy in ("ddp", "fsdp2")]
@@ -168,6 +198,17 @@ def test_lora_trains_under_fsdp2_as_under_ddp(runs):
     b = ddp["model.blocks.0.attn.qkv.lora_B.default.weight"]
     third = b.shape[0] // 3
     assert b[third:2 * third].abs().max() == 0 and b[:third].abs().max() > 0
+
+
+def test_packed_images_of_their_own_shapes_train_lora_under_fsdp2_as_under_ddp(runs):
+    """LoRA with the recipe on packed batches of digits of their own shapes, token dropping on: the same losses,
+    adapters, head and EMA under both strategies, and both runs record their patch budget in the checkpoint."""
+    ddp = _fsdp2_equals_ddp(runs / "packed_lora_ddp", runs / "packed_lora_fsdp2")
+    assert ddp["model.blocks.0.attn.qkv.lora_B.default.weight"].abs().max() > 0
+    from vitkit.checkpoints import read_checkpoint
+
+    for strategy in ("ddp", "fsdp2"):
+        assert read_checkpoint(runs / f"packed_lora_{strategy}/checkpoints/last.ckpt").overrides["max_patches"] == 16
 
 
 def test_several_labels_per_image_train_under_fsdp2_as_under_ddp(runs):

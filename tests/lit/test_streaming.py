@@ -178,12 +178,15 @@ def _fit(root: Path, shards: Path, *extra: str, devices: int = 1, timeout: int =
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_ddp_ranks_with_workers_read_every_sample_once_per_epoch_also_across_a_kill(shards, tmp_path):
+@pytest.mark.parametrize("packing", [False, True], ids=["batched", "packed"])
+def test_two_ddp_ranks_with_workers_read_every_sample_once_per_epoch_also_across_a_kill(shards, tmp_path, packing):
     """75 samples, batch 4, 2 workers per rank: 10 batches per rank per epoch (one rank has fewer samples and
     ends with an empty batch). Killed in the second epoch at batch 7, resumed from last.ckpt at step 16 (after
-    its batch 5): each rank goes on with batch 6, holding the samples it held before the kill."""
+    its batch 5): each rank goes on with batch 6, holding the samples it held before the kill. The same with
+    each batch packed (``--data.packing``: each image at its own crop's shape within 4 patches, 4 to a sequence)."""
+    packed = ["--data.packing", "true", "--data.max_tokens", "20"] if packing else []
     args = ["--trainer.strategy", "ddp", "--trainer.max_epochs", "2", "--model.model_overrides", TINY_VIT,
-            "--data.auto_augment", "null", "--data.re_prob", "0", "--data.color_jitter", "null",
+            "--data.auto_augment", "null", "--data.re_prob", "0", "--data.color_jitter", "null", *packed,
             "--trainer.callbacks.last_every_n_train_steps", "4",
             "--trainer.callbacks+=ddp_probe.RecordIds", "--trainer.callbacks.out_dir"]
     kill = ["--trainer.callbacks+=ddp_probe.KillAt", "--trainer.callbacks.epoch", "1", "--trainer.callbacks.batch", "7"]
@@ -214,6 +217,8 @@ def test_two_ddp_ranks_with_workers_read_every_sample_once_per_epoch_also_across
         assert sorted(ids) == list(range(N_TRAIN)), f"epoch {epoch}: not every sample exactly once"
     order = [[i for (e, _), b in sorted(runs[0].items()) if e == epoch for i in b] for epoch in (0, 1)]
     assert order[0] != order[1], "the second epoch was not shuffled anew"
+    assert all((tmp_path / run / f"packed{rank}.txt").exists() == packing for run in ("killed", "resumed")
+               for rank in (0, 1))
 
 
 @pytest.mark.slow
