@@ -193,3 +193,5 @@ def test_bad_input_gets_one_line(digits_run, tmp_path, capfd):
     line = one_error_line(*run_cli(["evaluate", "--onnx", str(onnx), *DIGITS, "-o", str(tmp_path / "out")], capfd))
     assert "records no class names" in line, line
     assert not (tmp_path / "out").exists()
+    line = one_error_line(*run_cli(["evaluate", "--onnx", str(onnx), *DIGITS], capfd))  # no -o: named by its flags
+    assert line.startswith("error: the following arguments are required: -o/--out"), line

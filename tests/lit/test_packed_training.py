@@ -87,6 +87,9 @@ def test_a_classifier_trains_on_packed_images_and_evaluate_scores_them_the_same(
     status, _ = run_cli(["evaluate", "--checkpoint", str(ckpt), "--data.root", str(shapes_folder),
                          "--data.max_tokens", "40", "--out", str(tmp_path / "ev2")], capsys)
     assert status == 0 and json.loads((tmp_path / "ev2" / "metrics.json").read_text())["top1"] == scored
+    status, _ = run_cli(["evaluate", "--checkpoint", str(ckpt), "--data.root", str(shapes_folder),
+                         "--precision", "bf16-mixed", "--out", str(tmp_path / "ev_bf16")], capsys)  # under autocast
+    assert status == 0 and abs(json.loads((tmp_path / "ev_bf16" / "metrics.json").read_text())["top1"] - scored) < 0.1
     # its ONNX export records the budget, and onnxruntime takes each image whole as the checkpoint does
     assert main(["export", str(ckpt), "-o", str(tmp_path / "m.onnx")]) == 0
     capsys.readouterr()

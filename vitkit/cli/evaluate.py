@@ -29,21 +29,25 @@ PREPROCESSING = ("img_size", "mean", "std", "crop_pct", "interpolation", "crop_m
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
-def _autocast(model, device: torch.device):
-    """``model`` (and its ``features``) under bf16 autocast, as Lightning's bf16-mixed runs validation."""
-    def run(fn):
-        def wrapped(x):
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                return fn(x)
+class _Autocast:
+    """``model`` under bf16 autocast, as Lightning's bf16-mixed runs validation: a call of it, of its ``features``
+    and of its ``forward_packed`` runs under autocast; any other attribute (its config, patch size) is the model's."""
+
+    def __init__(self, model, device: torch.device) -> None:
+        self._model, self._device = model, device
+
+    def _autocast(self, fn):
+        def wrapped(*args, **kwargs):
+            with torch.autocast(self._device.type, dtype=torch.bfloat16):
+                return fn(*args, **kwargs)
         return wrapped
 
-    out = run(model)
-    for name in ("features", "forward_packed"):
-        if hasattr(model, name):
-            setattr(out, name, run(getattr(model, name)))
-    if hasattr(model, "cfg"):
-        out.cfg = model.cfg
-    return out
+    def __call__(self, *args, **kwargs):
+        return self._autocast(self._model)(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        value = getattr(self._model, name)
+        return self._autocast(value) if name in ("features", "forward_packed") else value
 
 
 def parser() -> ArgumentParser:
@@ -139,7 +143,7 @@ def main(argv: list[str]) -> int:
     size = cfg.data.init_args.get("img_size") if "img_size" in explicit else None
     model, names, prep, thresholds = _model(cfg, device, size)
     if cfg.precision == "bf16-mixed":
-        model = _autocast(model, device)
+        model = _Autocast(model, device)
     backbone = cfg.knn or cfg.linear_probe
     if not backbone and names is None:
         raise ValueError(f"{cfg.checkpoint or cfg.model} has no classifier head (a backbone): score its features "
@@ -344,7 +348,7 @@ def _evaluate_segmentation(p: ArgumentParser, cfg, explicit: set[str], device: t
         raise ValueError(f"the model has {net.num_classes} classes and the data {dm.num_classes}: evaluate it on "
                          "masks of its own classes")
     split, ds = _split(dm, cfg.split)
-    model = module if cfg.precision == "32-true" else _autocast(module, device)
+    model = module if cfg.precision == "32-true" else _Autocast(module, device)
     if cfg.mode != "resized":  # each image and mask as they are, one at a time
         stride = _stride(cfg.stride)
         ds, dm.hparams.batch_size, model = dm.eval_view(split, own_size=True), 1, \

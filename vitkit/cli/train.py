@@ -157,7 +157,18 @@ class OneLineLightningParser(LightningArgumentParser):
         if not self.exit_on_error:
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        raise UsageError(usage_error(parser.prog.replace(" [options]", ""), condense(message)))
+        raise UsageError(usage_error(parser.prog.replace(" [options]", ""), condense(_flag_names(parser, message))))
+
+
+def _flag_names(parser: LightningArgumentParser, message: str) -> str:
+    """jsonargparse names a missing required option by its key (``out``); the message names its flags
+    (``-o/--out``), as argparse's does."""
+    missing = re.match(r"the following arguments are required: (.+)", message.strip())
+    if missing is None:
+        return message
+    flags = {a.dest: "/".join(a.option_strings) for a in parser._actions if a.option_strings}
+    return "the following arguments are required: " + ", ".join(
+        flags.get(key.strip(), key.strip()) for key in missing.group(1).split(","))
 
 
 def _trainer_line(e: Exception, cfg: Namespace) -> str:
