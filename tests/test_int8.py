@@ -219,3 +219,35 @@ def test_a_pt2_int8_program_keeps_the_accuracy_and_its_metadata(trained, tmp_pat
     (tmp_path / "broken.pt2").write_bytes(out.read_bytes()[:1000])
     with pytest.raises(CheckpointError, match="broken.pt2 is not a program torch.export can load"):
         load_int8_program(tmp_path / "broken.pt2")
+
+
+def test_a_model_trained_on_packed_batches_is_calibrated_and_gated_on_images_of_their_own_shapes(trained, tmp_path,
+                                                                                               capsys):
+    """A model whose run trained on packed batches takes each image whole within its patch budget: the int8 export
+    calibrates on, and its gate scores, the images at their own shapes (the fp32 file's preprocessing), one at a
+    time."""
+    from vitkit.tools.quantize import calibration_set, top1
+
+    _, _, cal = trained
+    net = vitkit.create_model("vit_tiny_patch16_224", img_size=SIZE, patch_size=4, embed_dim=64, depth=2,
+                              num_heads=4, num_classes=10, crop_pct=1.0, mean=(0.5,) * 3, std=(0.5,) * 3).eval()
+    vitkit.load_checkpoint(net, cal.parent / "weights")
+    net.class_names = [str(d) for d in range(10)]
+    net.configure(max_patches=16)  # 16 px at 4 px patches, as a packed run records it
+    export_onnx(net, tmp_path / "packed.onnx")
+    fp32 = OnnxModel(str(tmp_path / "packed.onnx"))
+    shapes = tmp_path / "shapes"
+    rng = np.random.default_rng(0)
+    for i, file in enumerate(sorted(cal.glob("*/*.png"))[:140]):
+        (shapes / file.parent.name).mkdir(parents=True, exist_ok=True)
+        h, w = (int(s) for s in rng.integers(8, 33, size=2))
+        Image.open(file).resize((w, h), Image.Resampling.BICUBIC).save(shapes / file.parent.name / f"{i}.png")
+    x, y = calibration_set(shapes, fp32.labels, fp32.preprocess, 40)
+    assert isinstance(x, list) and len({a.shape for a in x}) > 5  # each image at its own shape within 16 patches
+    out = tmp_path / "int8.onnx"
+    status, err = run_cli(["export", str(tmp_path / "packed.onnx"), "--int8", "--calibrate", str(shapes),
+                           "--calibration-size", "40", "--max-drop", "100", "-o", str(out)], capsys)
+    assert status == 0, err
+    facts = json.loads({p.key: p.value for p in onnx.load(str(out)).metadata_props}["vitkit.int8"])
+    assert facts["held_out"] == 100 and facts["fp32_top1"] == top1(fp32, x[40:], y[40:])
+    assert facts["int8_top1"] == top1(OnnxModel(str(out)), x[40:], y[40:])

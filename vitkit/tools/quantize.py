@@ -128,16 +128,25 @@ def module_names(model) -> dict[str, str]:
 class CalibrationBatches:
     """onnxruntime's CalibrationDataReader: the calibration images, one batch at a time."""
 
-    def __init__(self, name: str, arrays: np.ndarray, batch: int = 8) -> None:
-        self.items = iter([{name: arrays[i:i + batch]} for i in range(0, len(arrays), batch)])
+    def __init__(self, name: str, arrays: Inputs, batch: int = 8) -> None:
+        self.items = iter([{name: b} for b in in_batches(arrays, batch)])
 
     def get_next(self):
         return next(self.items, None)
 
 
-def _inputs(preprocess, images: list[tuple[Path, int]]) -> tuple[np.ndarray, np.ndarray]:
+Inputs = np.ndarray | list[np.ndarray]  # (N, C, H, W), or N arrays (1, C, H, W) of their own sizes
+
+
+def in_batches(x: Inputs, batch: int) -> list[np.ndarray]:
+    """``x`` in batches of ``batch``; images of their own sizes (a list) one to a batch."""
+    return [x[i:i + batch] for i in range(0, len(x), batch)] if isinstance(x, np.ndarray) else list(x)
+
+
+def _inputs(preprocess, images: list[tuple[Path, int]]) -> tuple[Inputs, np.ndarray]:
     """The images as the model's inputs (``preprocess``: a PIL image -> (1, C, H, W)), and their labels; a file PIL
-    cannot read is left out, with a warning."""
+    cannot read is left out, with a warning. Images that ``preprocess`` leaves at their own sizes (a model that takes
+    each image whole within a patch budget) stay apart, each (1, C, H, W)."""
     from PIL import Image
 
     arrays, targets, unreadable = [], [], []
@@ -152,11 +161,13 @@ def _inputs(preprocess, images: list[tuple[Path, int]]) -> tuple[np.ndarray, np.
     if unreadable:
         log.warning("left out %d unreadable image(s) of the calibration folder, e.g. %s", len(unreadable),
                     unreadable[0])
+    if len({a.shape for a in arrays}) > 1:
+        return [a[None] for a in arrays], np.asarray(targets)
     return np.stack(arrays), np.asarray(targets)
 
 
 def calibration_set(calibrate: str | os.PathLike, labels: list[str] | None, preprocess, calibration: int,
-                    seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                    seed: int = 0) -> tuple[Inputs, np.ndarray]:
     """The labelled images of ``calibrate`` as inputs and labels, in a seeded order: the first ``calibration``
     calibrate, the rest (``MIN_HELD_OUT`` or more) are held out for the accuracy gate."""
     images = labelled_images(calibrate, labels)
@@ -172,22 +183,24 @@ def calibration_set(calibrate: str | os.PathLike, labels: list[str] | None, prep
     return x, y
 
 
-def top1(model, x: np.ndarray, y: np.ndarray, batch: int = 16) -> float:
+def top1(model, x: Inputs, y: np.ndarray, batch: int = 16) -> float:
     """Top-1 of ``model`` (a function of float32 arrays: an ``OnnxModel``) on ``x`` and labels ``y``."""
-    preds = np.concatenate([model(x[i:i + batch]).argmax(1) for i in range(0, len(x), batch)])
+    preds = np.concatenate([model(b).argmax(1) for b in in_batches(x, batch)])
     return float((preds == y).mean())
 
 
-def batch1_ms(models: list, x: np.ndarray, rounds: int = 5, runs: int = 10) -> list[float]:
-    """Median ms of one batch-1 call of each model, measured in interleaved rounds (after a warm-up)."""
+def batch1_ms(models: list, x: Inputs, rounds: int = 5, runs: int = 10) -> list[float]:
+    """Median ms of one batch-1 call of each model (on the first image), measured in interleaved rounds (after a
+    warm-up)."""
     times: list[list[float]] = [[] for _ in models]
+    one = in_batches(x, 1)[0]
     for m in models:
-        m(x[:1])
+        m(one)
     for _ in range(rounds):
         for k, m in enumerate(models):
             start = time.perf_counter()
             for _ in range(runs):
-                m(x[:1])
+                m(one)
             times[k].append(1000 * (time.perf_counter() - start) / runs)
     return [statistics.median(t) for t in times]
 
@@ -307,7 +320,7 @@ def refusal(report: Int8Report, max_drop: float, errors: list[tuple[str, float]]
 
 
 def layer_errors(fp32: str | os.PathLike, int8: str | os.PathLike, nodes: list[str],
-                 x: np.ndarray) -> list[tuple[str, float]]:
+                 x: Inputs) -> list[tuple[str, float]]:
     """Each linear layer's added error, largest first: the relative error of its output in the int8 model (against
     the fp32 model's, on ``x``) minus that of its input."""
     import onnx
@@ -325,8 +338,8 @@ def layer_errors(fp32: str | os.PathLike, int8: str | os.PathLike, nodes: list[s
                 model.graph.output.add(name=name)
         session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
-        values = session.run(None, {session.get_inputs()[0].name: x})
-        return {k: v for k, v in zip(names, values, strict=True) if k in wanted}
+        runs = [session.run(None, {session.get_inputs()[0].name: b}) for b in in_batches(x, len(x))]
+        return {k: np.concatenate([r[j].ravel() for r in runs]) for j, k in enumerate(names) if k in wanted}
 
     a, b = run(fp32), run(int8)
 
