@@ -1,13 +1,12 @@
-"""What other libraries print in every run that is no news about the user's run, kept out of vitkit's commands.
-
-Each line below was printed by every run of some recipe, whatever the data: Lightning's advertisements, its note on
-the checkpoint it writes, its warnings about a logging interval longer than a small epoch and about modules that
-vitkit keeps in eval mode on purpose (DINO's teacher, a frozen backbone), the model summary's remark on mixed
-precision, torchmetrics' remark on a validation batch without an image of some class, a deprecation inside Lightning
-and one inside torchdata, what importing torchao and compiling an int8 program on a CPU log (export ``--int8`` to a
-.pt2), the ONNX exporter's remark on an axis that several inputs share (``--packed``), and Lightning's caution about
-an iterable dataset with a length (litdata's loaders split it among their workers). ``--verbose`` (or
-``VITKIT_VERBOSE=1``) shows them again, with vitkit's own DEBUG lines.
+"""What other libraries print in every run that is no news about the user's run, kept out of vitkit's commands. Each
+line below was printed by every run of some recipe, whatever the data: Lightning's advertisements, its note on the
+checkpoint it writes, its warnings about a logging interval longer than a small epoch and about modules that vitkit
+keeps in eval mode on purpose (DINO's teacher, a frozen backbone), the model summary's remark on mixed precision,
+torchmetrics' remark on a validation batch without an image of some class, a deprecation inside Lightning and one
+inside torchdata, what importing torchao (also through peft, for LoRA) and compiling an int8 program on a CPU log
+(export ``--int8`` to a .pt2), the ONNX exporter's remark on an axis that several inputs share (``--packed``), and
+Lightning's caution about an iterable dataset with a length (litdata's loaders split it among their workers).
+``--verbose`` (or ``VITKIT_VERBOSE=1``) shows them again, with vitkit's own DEBUG lines.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ WARNINGS = (  # regular expressions matched at the start of the warning's messag
     r"To copy construct from a tensor, it is recommended",  # raised inside inductor's int8 lowering (export --int8)
     r"# The axis name: \w+ will not be used",  # the ONNX exporter, for an axis that several inputs share (--packed)
 )
-LOG_LINES = re.compile(r"💡 Tip: |`weights_only` was not set|<enum 'KernelPreference'> is an Enum subclass|"
+LOG_LINES = re.compile(r"💡 Tip: |`weights_only` was not set|<enum '\w+'> is an Enum subclass|"
                        r"No CUDA runtime is found")  # the last two: importing torchao, and inductor on a CPU
 LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",  # rank_zero_info's
            "lightning_utilities.core.rank_zero", "lightning.pytorch.trainer.connectors.checkpoint_connector",

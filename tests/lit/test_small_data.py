@@ -139,20 +139,22 @@ def test_a_multi_label_run_on_one_label_folders_scores_its_probe_by_map(backbone
 
 
 NOISE = ("💡 Tip", "weights_only", "smaller than the logging interval", "in eval mode at the start of training",
-         "LeafSpec", "not supported by the model summary", "No positive samples")
+         "LeafSpec", "not supported by the model summary", "No positive samples", "is an Enum subclass")
 
 
 @pytest.mark.slow
 def test_a_run_prints_vitkits_lines_and_not_other_libraries_noise(backbone, few, tmp_path, monkeypatch):
     """The lines Lightning and torchmetrics print in every run (tips, the probe's save, a logging interval longer
-    than a small epoch, a frozen backbone in eval mode, ...) stay hidden from a run started as a user starts it;
-    --verbose shows them."""
+    than a small epoch, a frozen backbone in eval mode, what importing torchao logs for LoRA, ...) stay hidden from a
+    run started as a user starts it; --verbose shows them."""
     monkeypatch.delenv("VITKIT_VERBOSE", raising=False)
     base = ["--model.checkpoint", str(backbone), "--data.root", str(few), "--data.img_size", "32",
             "--trainer.max_epochs", "1", *CPU]
     cmd = ["-m", "vitkit.cli", "train", "fit", "-c"]
-    for recipe, ours in (("linear_probe", "best val/top1"), ("finetune_small_data", "probe: a logistic regression")):
-        done = run_in_repo([*cmd, recipe, *base, "--trainer.default_root_dir", str(tmp_path / recipe)])
+    lora = ["--model.adaptation", "LoRA", "--model.adaptation.rank", "4"]  # peft, which imports torchao
+    for recipe, ours, extra in (("linear_probe", "best val/top1", []),
+                                ("finetune_small_data", "probe: a logistic regression", lora)):
+        done = run_in_repo([*cmd, recipe, *base, *extra, "--trainer.default_root_dir", str(tmp_path / recipe)])
         said = done.stdout + done.stderr
         assert done.returncode == 0, said[-3000:]
         assert ours in said and not [n for n in NOISE if n in said], said[-3000:]
