@@ -1,12 +1,13 @@
-"""What other libraries print in every run that is no news about the user's run, kept out of vitkit's commands. Each
-line below was printed by every run of some recipe, whatever the data: Lightning's advertisements, its note on the
-checkpoint it writes, its warnings about a logging interval longer than a small epoch and about modules that vitkit
-keeps in eval mode on purpose (DINO's teacher, a frozen backbone), the model summary's remark on mixed precision,
-torchmetrics' remark on a validation batch without an image of some class, a deprecation inside Lightning and one
-inside torchdata, what importing torchao (also through peft, for LoRA) and compiling an int8 program on a CPU log
-(export ``--int8`` to a .pt2), the ONNX exporter's remark on an axis that several inputs share (``--packed``), and
-Lightning's caution about an iterable dataset with a length (litdata's loaders split it among their workers).
-``--verbose`` (or ``VITKIT_VERBOSE=1``) shows them again, with vitkit's own DEBUG lines.
+"""What other libraries print in every run that is no news about the user's run, kept out of vitkit's commands.
+
+Each line below was printed by every run of some recipe, whatever the data: Lightning's advertisements, its note on
+the checkpoint it writes, its warnings about a logging interval longer than a small epoch and about modules that
+vitkit keeps in eval mode on purpose (DINO's teacher, a frozen backbone), the model summary's remark on mixed
+precision, torchmetrics' remark on a validation batch without an image of some class, a deprecation inside Lightning
+and one inside torchdata, what importing torchao (also through peft, for LoRA) and compiling an int8 program on a
+CPU log (export ``--int8`` to a .pt2), the ONNX exporter's remark on an axis that several inputs share
+(``--packed``), and Lightning's caution about an iterable dataset with a length (litdata's loaders split it among
+their workers). ``--verbose`` (or ``VITKIT_VERBOSE=1``) shows them again, with vitkit's own DEBUG lines.
 """
 
 from __future__ import annotations
