@@ -97,6 +97,10 @@ def test_a_classifier_trains_on_packed_images_and_evaluate_scores_them_the_same(
     assert capsys.readouterr().out.strip() == f"{row[0]}: {row[2]} {float(row[3]):.3f}"
     assert "exported with --packed" in error_line_of(["predict", "--onnx", str(tmp_path / "m.onnx"), row[0],
                                                       "--max-patches", "16"])
+    status, _ = run_cli(["evaluate", "--onnx", str(tmp_path / "m.onnx"), "--data.root", str(shapes_folder),
+                         "--out", str(tmp_path / "ev_plain")], capsys)  # and evaluate too, image by image
+    assert status == 0
+    assert json.loads((tmp_path / "ev_plain" / "metrics.json").read_text())["top1"] == pytest.approx(scored, abs=1e-6)
     # exported on packed batches, onnxruntime scores the split as the checkpoint does, in packed batches
     assert main(["export", str(ckpt), "--packed", "-o", str(tmp_path / "p.onnx")]) == 0
     status, _ = run_cli(["evaluate", "--onnx", str(tmp_path / "p.onnx"), "--data.root", str(shapes_folder),
@@ -108,8 +112,9 @@ def test_a_classifier_trains_on_packed_images_and_evaluate_scores_them_the_same(
                          "--data.max_tokens", "40", "--out", str(tmp_path / "ev4")], capsys)
     assert status == 0
     assert json.loads((tmp_path / "ev4" / "metrics.json").read_text())["top1"] == pytest.approx(scored, abs=1e-6)
-    ours, theirs = ((tmp_path / d / "predictions.csv").read_text().splitlines() for d in ("ev", "ev3"))
-    assert [r.split(",")[:3] for r in ours] == [r.split(",")[:3] for r in theirs]  # source, label, top-1
+    ours, *theirs = ((tmp_path / d / "predictions.csv").read_text().splitlines() for d in ("ev", "ev3", "ev_plain"))
+    for rows in theirs:
+        assert [r.split(",")[:3] for r in ours] == [r.split(",")[:3] for r in rows]  # source, label, top-1
     assert main(["predict", "--onnx", str(tmp_path / "p.onnx"), row[0], "--topk", "1"]) == 0
     assert capsys.readouterr().out.strip() == f"{row[0]}: {row[2]} {float(row[3]):.3f}"
 

@@ -8,7 +8,6 @@ the data module's preprocessing defaults to the model's own (its size, mean, std
 from __future__ import annotations
 
 import inspect
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -201,14 +200,10 @@ def _model(cfg, device: torch.device,
         prep = {"img_size": h if h == w else (h, w), "crop_mode": net.meta.get("crop_mode", "center"),
                 **{k: net.meta[k] for k in ("mean", "std", "crop_pct", "interpolation")}}
         thresholds = None if net.thresholds is None else torch.tensor(net.thresholds)
-        if net.packed:  # packed batches of whole images, as the checkpoint is evaluated
+        if "max_patches" in net.meta:  # whole images within the budget, as the checkpoint is evaluated: packed
+            # batches, run as they are by a --packed file, image by image through any other (it takes any size)
             prep.update(packing=True, max_patches=net.meta["max_patches"])
             return PackedOnnx(net), list(net.labels), prep, thresholds
-        if "max_patches" in net.meta:  # batches of one size here; `vitkit predict --onnx` takes each image whole
-            print(f"note: {cfg.onnx} is of a model trained on whole images within {net.meta['max_patches']} "
-                  f"patches; evaluate scores it on {h}x{w} crops (export it with --packed, or evaluate its checkpoint, "
-                  "for the packed score)",
-                  file=sys.stderr)
         return (lambda x: torch.from_numpy(net(x.float().cpu().numpy()))), list(net.labels), prep, thresholds
     import vitkit
 
@@ -234,14 +229,19 @@ def _model(cfg, device: torch.device,
 
 
 class PackedOnnx:
-    """A packed ONNX export (``vitkit export --packed``) as evaluate runs it: the data module's packed batches, packed
-    for the file's patch size and prefix tokens, to logits."""
+    """The ONNX export of a model trained on packed batches as evaluate runs it: the data module's packed batches to
+    logits. A ``--packed`` file takes them as they are (packed for its patch size and prefix tokens); any other runs
+    each image of them alone, at its own size, as ``vitkit predict --onnx`` does."""
 
     def __init__(self, net) -> None:
-        self.net, self.patch_size, self.num_prefix_tokens = net, net.meta["patch_size"], net.meta["prefix"]
+        self.net, self.patch_size = net, net.meta["patch_size"]
+        self.num_prefix_tokens = net.meta["prefix"] if net.packed else 0  # a plain file: no sequence to fit
         self.cfg = SimpleNamespace(num_classes=len(net.labels))
 
     def forward_packed(self, batch: PackedBatch) -> torch.Tensor:
+        if not self.net.packed:
+            return torch.from_numpy(np.concatenate([self.net(image[None].float().cpu().numpy())
+                                                    for image in batch.images()]))
         grids = np.asarray(batch.grids, dtype=np.int64).reshape(-1, 2)
         return torch.from_numpy(self.net.run_packed(batch.patches.float().cpu().numpy(), batch.image.cpu().numpy(),
                                                     batch.index.cpu().numpy(), grids))
