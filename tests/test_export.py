@@ -208,14 +208,21 @@ def test_predict_onnx_imports_neither_torch_nor_lightning(tmp_path):
     m = vitkit.create_model("vit_small_patch16_224", img_size=32, num_classes=3, **TINY_VIT).eval()
     export_onnx(m, tmp_path / "m.onnx")
     Image.new("RGB", (50, 40), (200, 30, 30)).save(tmp_path / "a.png")
+    (tmp_path / "folder/inner").mkdir(parents=True)  # a folder stands for its images, at every depth
+    Image.new("RGB", (30, 40), (20, 30, 200)).save(tmp_path / "folder/inner/b.jpg")
+    (tmp_path / "folder/notes.txt").write_text("not an image")
     code = ("import sys; from vitkit.cli import main; status = main(sys.argv[1:]); "
             "print(sorted(m for m in ('torch', 'lightning', 'timm', 'torchvision') if m in sys.modules)); "
             "sys.exit(status)")
-    done = subprocess.run([sys.executable, "-c", code, "predict", str(tmp_path / "a.png"), "--onnx",
-                           str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code, "predict", str(tmp_path / "a.png"), str(tmp_path / "folder"),
+                           "--onnx", str(tmp_path / "m.onnx")], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert lines[0].startswith(f"{tmp_path / 'a.png'}: ") and lines[-1] == "[]", done.stdout
+    assert len(lines) == 3 and lines[1].startswith(f"{tmp_path / 'folder/inner/b.jpg'}: "), done.stdout
+    (tmp_path / "empty").mkdir()
+    assert "empty is a folder without images (.jpg" in error_line_of(["predict", str(tmp_path / "empty"), "--onnx",
+                                                                      str(tmp_path / "m.onnx")])
 
 
 def test_onnxruntime_peer_in_the_benchmark_runs_vitkits_export():

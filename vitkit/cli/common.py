@@ -43,6 +43,24 @@ def add_model_source(p: argparse.ArgumentParser, checkpoint_help: str, model_hel
     p.add_argument("--overrides", default="{}", help=OVERRIDES)
 
 
+def image_paths(paths: list[str]) -> list[str]:
+    """The image files named, each folder among them replaced by its image files (at every depth, sorted)."""
+    from pathlib import Path
+
+    from vitkit.tools.quantize import IMAGE_SUFFIXES
+
+    out = []
+    for path in paths:
+        if not Path(path).is_dir():
+            out.append(path)
+            continue
+        found = sorted(str(f) for f in Path(path).rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+        if not found:
+            raise UsageError(f"{path} is a folder without images ({', '.join(IMAGE_SUFFIXES)}, at any depth)")
+        out += found
+    return out
+
+
 def parse_overrides(text: str) -> dict:
     """``--overrides``: a JSON object of config fields (their types are checked when the model is built)."""
     try:

@@ -9,12 +9,12 @@ import numpy as np
 
 from vitkit.errors import UsageError, one_line
 
-from .common import TOKEN_MERGING, add_model_source, command_parser, load_classifier, read_image
+from .common import TOKEN_MERGING, add_model_source, command_parser, image_paths, load_classifier, read_image
 
 
 def parser():
     p = command_parser("predict")
-    p.add_argument("images", nargs="+")
+    p.add_argument("images", nargs="+", help="image files, or folders of them (every image inside, sorted)")
     add_model_source(p, "any format vitkit reads (a .ckpt keeps the class names)",
                      "without --checkpoint: pretrained weights by name (a timm tag or torchvision weights); with it: "
                      "the preset, for formats that do not record it")
@@ -38,6 +38,7 @@ def parser():
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    args.images = image_paths(args.images)
     if args.topk is not None and args.topk < 1:
         raise UsageError(f"--topk expects a whole number of classes of 1 or more, got {args.topk}")
     if args.onnx and args.token_merging:
