@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from vitkit.data.modules.images import EpochSampler, ResumableLoader
+from vitkit.data.modules.loaders import EpochSampler, ResumableLoader
 
 
 def _order(loader: DataLoader) -> list[int]:

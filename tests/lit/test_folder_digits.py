@@ -16,7 +16,8 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from tests.commands import one_error_line, run_cli
-from vitkit.data.modules.images import MAX_WORKERS, ImageFolderDataModule
+from vitkit.data.modules.images import ImageFolderDataModule
+from vitkit.data.modules.loaders import MAX_WORKERS
 
 pytestmark = pytest.mark.slow
 

@@ -47,14 +47,14 @@ def image_paths(paths: list[str]) -> list[str]:
     """The image files named, each folder among them replaced by its image files (at every depth, sorted)."""
     from pathlib import Path
 
-    from vitkit.tools.quantize import IMAGE_SUFFIXES
+    from vitkit.image_files import IMAGE_SUFFIXES, image_files
 
     out = []
     for path in paths:
         if not Path(path).is_dir():
             out.append(path)
             continue
-        found = sorted(str(f) for f in Path(path).rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+        found = [str(f) for f in image_files(Path(path))]
         if not found:
             raise UsageError(f"{path} is a folder without images ({', '.join(IMAGE_SUFFIXES)}, at any depth)")
         out += found

@@ -15,7 +15,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+from vitkit.image_files import IMAGE_SUFFIXES, image_files, is_image_file
+
 Decoder = Literal["pil", "torchvision"]
 
 log = logging.getLogger(__name__)
@@ -23,10 +24,6 @@ log = logging.getLogger(__name__)
 
 def _class_dirs(split_dir: Path) -> list[str]:
     return sorted(d.name for d in split_dir.iterdir() if d.is_dir() and not d.name.startswith("."))
-
-
-def _image_files(d: Path) -> list[Path]:
-    return sorted(f for f in d.rglob("*") if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS)
 
 
 def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val",
@@ -46,11 +43,10 @@ def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val"
         classes = _class_dirs(d)
         if not classes:
             raise ValueError(f"{str(d)!r} has no class folders: expected {d}/<class>/<images>")
-        empty = [c for c in classes if not any(f.suffix.lower() in IMG_EXTENSIONS
-                                               for f in (d / c).rglob("*") if f.is_file())]
+        empty = [c for c in classes if not any(is_image_file(f) for f in (d / c).rglob("*") if f.is_file())]
         if empty:
             raise ValueError(f"class folder(s) without images in {str(d)!r}: {empty} "
-                             f"(image extensions: {', '.join(IMG_EXTENSIONS)})")
+                             f"(image extensions: {', '.join(IMAGE_SUFFIXES)})")
         splits[split] = classes
     if splits[train_dir] != splits[val_dir]:
         only_t = sorted(set(splits[train_dir]) - set(splits[val_dir]))
@@ -134,9 +130,9 @@ def scan_unlabeled(root: Path) -> list[Path]:
     """Every image file under ``root``, at any depth (no class folders needed), sorted; refuses a folder with none."""
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {str(root)!r} does not exist or is not a folder")
-    files = _image_files(root)
+    files = image_files(root)
     if not files:
-        raise ValueError(f"no images under {str(root)!r} (looked at every depth for {', '.join(IMG_EXTENSIONS)})")
+        raise ValueError(f"no images under {str(root)!r} (looked at every depth for {', '.join(IMAGE_SUFFIXES)})")
     return files
 
 

@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from .folder import IMG_EXTENSIONS, Decoder, decode
+from vitkit.image_files import IMAGE_SUFFIXES
+
+from .folder import Decoder, decode
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ def _builder_of(data_files: str | list[str] | dict) -> str:
     suffix = Path(first.split("::")[0]).suffix.lower()
     if suffix in BUILDERS:
         return BUILDERS[suffix]
-    if suffix in IMG_EXTENSIONS or Path(first).is_dir() or suffix == ".zip":
+    if suffix in IMAGE_SUFFIXES or Path(first).is_dir() or suffix == ".zip":
         return "imagefolder"
     raise ValueError(f"--data.data_files {first!r}: expected parquet, arrow, webdataset (.tar) or image files")
 

@@ -30,12 +30,10 @@ from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset
 
 from vitkit.errors import UsageError
+from vitkit.image_files import IMAGE_SUFFIXES, is_image_file
 from vitkit.models.config import pair
 
 from .hf import StreamPosition
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
-
 
 LAYOUTS = ("folder", "ade20k", "voc", "cityscapes")
 LAYOUT_CLASSES = {"ade20k": 150, "voc": 21, "cityscapes": 19}
@@ -65,7 +63,7 @@ def _folder(root: Path, split: str) -> list[tuple[Path, Path]]:
     if not images.is_dir():
         raise UsageError(f"{images} is not a folder: segmentation data is root/images/<split>/NAME.jpg beside "
                          f"root/masks/<split>/NAME.png (split: {split}), or --data.layout ade20k, voc or cityscapes")
-    files = sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    files = sorted(p for p in images.iterdir() if is_image_file(p))
     return _paired(files, lambda image: masks / f"{image.stem}.png", images)
 
 
@@ -75,7 +73,7 @@ def _ade20k(root: Path, split: str) -> list[tuple[Path, Path]]:
     if not images.is_dir():
         raise UsageError(f"{images} is not a folder: ADE20k is ADEChallengeData2016/images/{{training,validation}} "
                          "beside annotations/ (--data.root is the ADEChallengeData2016 folder)")
-    files = sorted(p for p in images.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    files = sorted(p for p in images.iterdir() if is_image_file(p))
     return _paired(files, lambda image: root / "annotations" / folder / f"{image.stem}.png", images)
 
 

@@ -31,7 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from .folder import _image_files, decode, scan_image_folder
+from vitkit.image_files import image_files
+
+from .folder import decode, scan_image_folder
 from .manifest import MANIFEST_SUFFIXES, check_rows, read_manifest
 
 MARKER = "vitkit_dataset.json"  # written last; its presence means every split is complete
@@ -106,7 +108,7 @@ def _mask_inputs(root: Path, splits: tuple[str, ...], seed: int, layout: str) ->
 def _split_inputs(root: Path, split: str, classes: list[str], seed: int) -> list[list]:
     """[relative path, class index, class name] per file, in the split's seeded random order (lists: litdata
     compares them with its JSON checkpoint). The order depends on the seed, the split's name and the files."""
-    items = [[str(f.relative_to(root)), i, c] for i, c in enumerate(classes) for f in _image_files(root / split / c)]
+    items = [[str(f.relative_to(root)), i, c] for i, c in enumerate(classes) for f in image_files(root / split / c)]
     order = np.random.default_rng([seed, zlib.crc32(split.encode())]).permutation(len(items))
     return [items[k] for k in order]
 

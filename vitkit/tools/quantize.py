@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vitkit.image_files import is_image_file
+
 from .onnx_model import OnnxModel
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,6 @@ log = logging.getLogger(__name__)
 MODES = ("static", "dynamic")
 METHODS = ("minmax", "entropy", "percentile")
 MIN_HELD_OUT = 100  # images the gate scores: 0.5 points is then one image in 200 at most
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 
 class QuantizationRefused(ValueError):
@@ -97,8 +98,7 @@ def labelled_images(folder: str | os.PathLike, labels: list[str] | None) -> list
         raise QuantizationRefused(f"--calibrate {root}: expected one folder per class named as the model's labels "
                                   f"({', '.join(labels[:5])}{', ...' if len(labels) > 5 else ''}), found "
                                   f"{', '.join(unknown or classes) or 'no folders'}")
-    return [(p, index[c]) for c in classes for p in sorted((root / c).iterdir())
-            if p.suffix.lower() in IMAGE_SUFFIXES]
+    return [(p, index[c]) for c in classes for p in sorted((root / c).iterdir()) if is_image_file(p)]
 
 
 def linear_nodes(model) -> list[str]:

@@ -26,7 +26,8 @@ from vitkit.data.hf import (
     open_splits,
 )
 
-from .images import RankPositions, SkippingImages
+from .images import SkippingImages
+from .loaders import RankPositions
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from vitkit.data.segmentation import (
 from vitkit.data.transforms import data_config, device_batch
 from vitkit.models.config import pair
 
-from .images import RankPositions, _TrainValLoaders
+from .loaders import RankPositions, _TrainValLoaders
 
 
 class SegmentationDataModule(_TrainValLoaders):

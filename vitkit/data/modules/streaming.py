@@ -20,7 +20,8 @@ from vitkit.data.folder import Decoder
 from vitkit.data.shards import read_dataset_info
 from vitkit.data.streaming import EvenBatches, ImageShards
 
-from .images import RankPositions, SkippingImages
+from .images import SkippingImages
+from .loaders import RankPositions
 
 log = logging.getLogger(__name__)
 

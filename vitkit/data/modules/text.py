@@ -9,7 +9,7 @@ from torch import Tensor
 
 from vitkit.data.text import SPECIALS, DigitStrings, PairSet, Tokenizer, collate_text, read_tsv, synthetic_pairs
 
-from .images import _TrainValLoaders
+from .loaders import _TrainValLoaders
 
 
 class Seq2SeqDataModule(_TrainValLoaders):
