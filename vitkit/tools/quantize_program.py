@@ -6,7 +6,8 @@ torchao's pt2e flow with its ``X86InductorQuantizer``: the model is captured by 
 int8 weights per output channel), and the program is written with those quantize/dequantize pairs. The patch
 embedding, softmax, LayerNorm, GELU and the attention's products stay in float, as in the ONNX file.
 ``torch.compile`` with frozen weights (:func:`load_int8_program`) turns each pair and its layer into one int8 kernel
-(oneDNN); run eagerly, the program gives the same numbers slowly.
+(oneDNN) and calls the kernels from C++ (inductor's C++ wrapper); run eagerly, the program gives the same numbers
+slowly.
 
 The calibration, the held-out accuracy gate, ``--keep-fp32`` and the refusal that names the layers adding the most
 error are the ONNX path's. On a CPU with native bf16 (AVX512-BF16, AMX) the float operations between the int8
@@ -38,6 +39,8 @@ from .onnx_model import preprocess_image, read_metadata
 from .quantize import Int8Report, QuantizationRefused, batch1_ms, calibration_set, refusal, top1
 
 INSTALL = "pip install 'vitkit[int8]'"
+# inductor's C++ wrapper: the program's calls from C++, not from Python (on a ViT, hundreds of kernel calls a forward)
+COMPILE_OPTIONS = {"cpp_wrapper": True}
 
 
 def _torchao():
@@ -74,14 +77,29 @@ def convert(model: nn.Module, calibration: np.ndarray, kept: list[str]) -> torch
     with torch.no_grad():
         for chunk in x.split(8):
             graph(chunk)
-    return _any_float(convert_pt2e(graph))
+    return _for_inductor(convert_pt2e(graph))
 
 
-def _any_float(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``graph`` without torch.export's float32 checks on its tensors, so that it also runs under bf16 autocast."""
-    for node in list(graph.graph.nodes):
-        if node.op == "call_function" and node.target == torch.ops.aten._assert_tensor_metadata.default:
-            graph.graph.erase_node(node)
+def _for_inductor(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``graph`` as inductor runs it fastest, with the same numbers: without torch.export's float32 checks on its
+    tensors (so that it also runs under bf16 autocast), and with each ``baddbmm(input, a, b, beta=0, alpha=s)`` of
+    the attention's scores as ``bmm(a, b) * s``. The input of a baddbmm is unread at beta 0, but inductor writes it
+    out at the scores' full size in every block; the product by ``s`` joins the softmax's kernel."""
+    nodes = graph.graph
+    for node in list(nodes.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target == torch.ops.aten._assert_tensor_metadata.default:
+            nodes.erase_node(node)
+        elif node.target == torch.ops.aten.baddbmm.default and node.kwargs.get("beta", 1) == 0:
+            with nodes.inserting_before(node):
+                product = nodes.call_function(torch.ops.aten.bmm.default, tuple(node.args[1:3]))
+                scaled = nodes.call_function(torch.ops.aten.mul.Tensor, (product, node.kwargs.get("alpha", 1)))
+            scaled.meta = {**node.meta}
+            product.meta = {k: v for k, v in node.meta.items() if k in ("nn_module_stack", "stack_trace")}
+            node.replace_all_uses_with(scaled)
+            nodes.erase_node(node)
+    nodes.eliminate_dead_code()
     graph.recompile()
     return graph
 
@@ -116,7 +134,7 @@ def numpy_runner(model: nn.Module, compile: bool = False, bf16: bool = False,
     gradients; with ``compile``, compiled by inductor, with frozen weights unless not ``freeze`` (:func:`_frozen`),
     at the sizes it is called with; with ``bf16``, under bf16 autocast (an int8 program: its float operations in
     bf16)."""
-    run = torch.compile(model, dynamic=False) if compile else model
+    run = torch.compile(model, dynamic=False, options=COMPILE_OPTIONS) if compile else model
 
     def call(x: np.ndarray) -> np.ndarray:
         with _frozen(freeze) if compile else torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
@@ -242,8 +260,8 @@ class Int8Program(nn.Module):
         self.meta: dict[str, Any] = read_metadata(str(path), meta)
         self.bf16 = bf16_between() if bf16 is None else bf16
         self.int8_kernels = int8_kernels()
-        self.program = _any_float(self.program)
-        self.compiled = torch.compile(self.program)
+        self.program = _for_inductor(self.program)
+        self.compiled = torch.compile(self.program, options=COMPILE_OPTIONS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with _frozen(self.int8_kernels), torch.autocast("cpu", torch.bfloat16, enabled=self.bf16):
