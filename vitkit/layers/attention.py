@@ -101,9 +101,10 @@ def math_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, keep: T
     if k.shape[1] != q.shape[1]:  # GQA: each kv head serves H / Hkv query heads
         rep = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    BG, H, N, D = q.shape  # q and k head-major (a copy each); the scale rides on the matmul (beta=0: input unread)
-    scores = torch.baddbmm(q.new_zeros(1, 1, 1), q.reshape(BG * H, N, D), k.reshape(BG * H, -1, D).transpose(1, 2),
-                           beta=0.0, alpha=scale).view(BG, H, N, -1)  # (B·G, H, N, M)
+    # q and k head-major (a copy each), the scale on q (N·D values, not the scores' N·M; a compiler folds it into
+    # the copy, where a baddbmm's alpha would have it write out the unread input at the scores' size)
+    BG, H, N, D = q.shape
+    scores = torch.bmm(q.reshape(BG * H, N, D) * scale, k.reshape(BG * H, -1, D).transpose(1, 2)).view(BG, H, N, -1)
     if mask is not None:
         s = scores.view([B, -1] + list(scores.shape[1:]))  # (B, G, H, N, M)
         s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask  # float if a bias

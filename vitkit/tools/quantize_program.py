@@ -77,29 +77,14 @@ def convert(model: nn.Module, calibration: np.ndarray, kept: list[str]) -> torch
     with torch.no_grad():
         for chunk in x.split(8):
             graph(chunk)
-    return _for_inductor(convert_pt2e(graph))
+    return _any_float(convert_pt2e(graph))
 
 
-def _for_inductor(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """``graph`` as inductor runs it fastest, with the same numbers: without torch.export's float32 checks on its
-    tensors (so that it also runs under bf16 autocast), and with each ``baddbmm(input, a, b, beta=0, alpha=s)`` of
-    the attention's scores as ``bmm(a, b) * s``. The input of a baddbmm is unread at beta 0, but inductor writes it
-    out at the scores' full size in every block; the product by ``s`` joins the softmax's kernel."""
-    nodes = graph.graph
-    for node in list(nodes.nodes):
-        if node.op != "call_function":
-            continue
-        if node.target == torch.ops.aten._assert_tensor_metadata.default:
-            nodes.erase_node(node)
-        elif node.target == torch.ops.aten.baddbmm.default and node.kwargs.get("beta", 1) == 0:
-            with nodes.inserting_before(node):
-                product = nodes.call_function(torch.ops.aten.bmm.default, tuple(node.args[1:3]))
-                scaled = nodes.call_function(torch.ops.aten.mul.Tensor, (product, node.kwargs.get("alpha", 1)))
-            scaled.meta = {**node.meta}
-            product.meta = {k: v for k, v in node.meta.items() if k in ("nn_module_stack", "stack_trace")}
-            node.replace_all_uses_with(scaled)
-            nodes.erase_node(node)
-    nodes.eliminate_dead_code()
+def _any_float(graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``graph`` without torch.export's float32 checks on its tensors, so that it also runs under bf16 autocast."""
+    for node in list(graph.graph.nodes):
+        if node.op == "call_function" and node.target == torch.ops.aten._assert_tensor_metadata.default:
+            graph.graph.erase_node(node)
     graph.recompile()
     return graph
 
@@ -260,7 +245,7 @@ class Int8Program(nn.Module):
         self.meta: dict[str, Any] = read_metadata(str(path), meta)
         self.bf16 = bf16_between() if bf16 is None else bf16
         self.int8_kernels = int8_kernels()
-        self.program = _for_inductor(self.program)
+        self.program = _any_float(self.program)
         self.compiled = torch.compile(self.program, options=COMPILE_OPTIONS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
