@@ -216,6 +216,11 @@ def test_a_pt2_int8_program_keeps_the_accuracy_and_its_metadata(trained, tmp_pat
     assert (same_mode - compiled).abs().max() < 0.05 * same_mode.abs().max()
     for out_ in (eager, eager_bf16, compiled):
         assert (out_.argmax(1).numpy() == onnx_fp32(x).argmax(1)).mean() > 0.9
+    tuned = load_int8_program(out, autotune=True)  # each int8 product as oneDNN's or inductor's own GEMM, the faster
+    assert tuned.options.get("max_autotune", False) == int8_kernels(), tuned.options
+    with torch.no_grad():
+        tuned_logits = tuned(torch.from_numpy(x))
+    assert (tuned_logits - compiled).abs().max() < 0.05 * compiled.abs().max()
     from vitkit.errors import CheckpointError
 
     (tmp_path / "broken.pt2").write_bytes(out.read_bytes()[:1000])

@@ -14,6 +14,11 @@ error are the ONNX path's. On a CPU with native bf16 (AVX512-BF16, AMX) the floa
 products run in bf16 (autocast), as OpenVINO runs them by default; the gate scores the program so, and
 :class:`Int8Program` runs it so. On a CPU without VNNI or AMX the compiled program computes in float after each
 dequantize (:func:`int8_kernels`). The times are those of the two programs compiled, at batch 1.
+
+``load_int8_program(path, autotune=True)`` compiles with inductor's max-autotune: each int8 product is timed as
+oneDNN's kernel and as inductor's own C++ GEMM (which takes the epilogue after it into the same loop), and the faster
+runs. That pays where the products are many and small (a Swin at batch 1), and costs minutes on the first load;
+later loads on the machine reuse inductor's cache.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ from .quantize import Int8Report, QuantizationRefused, batch1_ms, calibration_se
 INSTALL = "pip install 'vitkit[int8]'"
 # inductor's C++ wrapper: the program's calls from C++, not from Python (on a ViT, hundreds of kernel calls a forward)
 COMPILE_OPTIONS = {"cpp_wrapper": True}
+# max-autotune: each int8 product timed as oneDNN's kernel (ATEN) and as inductor's C++ GEMM template (CPP)
+AUTOTUNE_OPTIONS = {**COMPILE_OPTIONS, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 
 
 def _torchao():
@@ -113,13 +120,19 @@ def int8_kernels() -> bool:
     return cpu_has_int8_dot()
 
 
-def numpy_runner(model: nn.Module, compile: bool = False, bf16: bool = False,
-                 freeze: bool = True) -> Callable[[np.ndarray], np.ndarray]:
+def compile_options(autotune: bool) -> dict[str, Any]:
+    """Inductor's options for an int8 program: with ``autotune``, max-autotune where this CPU runs int8 kernels (the
+    products it times; without them there is nothing int8 to tune)."""
+    return dict(AUTOTUNE_OPTIONS if autotune and int8_kernels() else COMPILE_OPTIONS)
+
+
+def numpy_runner(model: nn.Module, compile: bool = False, bf16: bool = False, freeze: bool = True,
+                 autotune: bool = False) -> Callable[[np.ndarray], np.ndarray]:
     """``model`` as a function of float32 arrays (what ``quantize.py``'s scoring and timing call), without
     gradients; with ``compile``, compiled by inductor, with frozen weights unless not ``freeze`` (:func:`_frozen`),
-    at the sizes it is called with; with ``bf16``, under bf16 autocast (an int8 program: its float operations in
-    bf16)."""
-    run = torch.compile(model, dynamic=False, options=COMPILE_OPTIONS) if compile else model
+    at the sizes it is called with (``autotune``: :func:`compile_options`); with ``bf16``, under bf16 autocast (an
+    int8 program: its float operations in bf16)."""
+    run = torch.compile(model, dynamic=False, options=compile_options(autotune)) if compile else model
 
     def call(x: np.ndarray) -> np.ndarray:
         with _frozen(freeze) if compile else torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
@@ -226,9 +239,9 @@ class Int8Program(nn.Module):
     """An int8 .pt2 of ``vitkit export --format torch-export --int8``, compiled on its first call (inductor, weights
     frozen; a new batch size compiles again), with the file's ``vitkit.*`` metadata as ``meta``. ``bf16``: the float
     operations between the int8 products in bf16 (None: where this CPU has native bf16, :func:`bf16_between`); the
-    logits are float32 either way."""
+    logits are float32 either way. ``autotune``: compiled with max-autotune (the module docstring)."""
 
-    def __init__(self, path: str | os.PathLike, bf16: bool | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, bf16: bool | None = None, autotune: bool = False) -> None:
         super().__init__()
         _torchao()  # registers the quantize/dequantize operators the program holds
         files = {PROGRAM_METADATA: ""}
@@ -246,13 +259,14 @@ class Int8Program(nn.Module):
         self.bf16 = bf16_between() if bf16 is None else bf16
         self.int8_kernels = int8_kernels()
         self.program = _any_float(self.program)
-        self.compiled = torch.compile(self.program, options=COMPILE_OPTIONS)
+        self.options = compile_options(autotune)
+        self.compiled = torch.compile(self.program, options=self.options)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with _frozen(self.int8_kernels), torch.autocast("cpu", torch.bfloat16, enabled=self.bf16):
             return self.compiled(x).float()
 
 
-def load_int8_program(path: str | os.PathLike, bf16: bool | None = None) -> Int8Program:
+def load_int8_program(path: str | os.PathLike, bf16: bool | None = None, autotune: bool = False) -> Int8Program:
     """The int8 program at ``path``, ready to run fast on the CPU (see :class:`Int8Program`)."""
-    return Int8Program(path, bf16)
+    return Int8Program(path, bf16, autotune)
