@@ -46,8 +46,10 @@ from .quantize import Int8Report, QuantizationRefused, batch1_ms, calibration_se
 INSTALL = "pip install 'vitkit[int8]'"
 # inductor's C++ wrapper: the program's calls from C++, not from Python (on a ViT, hundreds of kernel calls a forward)
 COMPILE_OPTIONS = {"cpp_wrapper": True}
-# max-autotune: each int8 product timed as oneDNN's kernel (ATEN) and as inductor's C++ GEMM template (CPP)
-AUTOTUNE_OPTIONS = {**COMPILE_OPTIONS, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+# max-autotune: each int8 product timed as oneDNN's kernel (ATEN) and as inductor's C++ GEMM template (CPP), without
+# a table of the timings on stderr for every product
+AUTOTUNE_OPTIONS = {**COMPILE_OPTIONS, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 
 def _torchao():
