@@ -100,7 +100,8 @@ def _pt2e(model: torch.nn.Module, calibration: np.ndarray, autotune: bool) -> di
         return {}
     bf16 = bf16_between()
     return {"pt2e_f32": numpy_runner(copy.deepcopy(graph), True, False, int8_kernels()) if bf16 else None,
-            "pt2e_autotune": numpy_runner(copy.deepcopy(graph), True, bf16, int8_kernels(), True) if autotune else None,
+            "pt2e_autotune": numpy_runner(copy.deepcopy(graph), True, bf16, int8_kernels(), autotune=True) if autotune
+            else None,
             "pt2e": numpy_runner(graph, True, bf16, int8_kernels())}
 
 

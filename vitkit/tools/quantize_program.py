@@ -241,7 +241,8 @@ class Int8Program(nn.Module):
     """An int8 .pt2 of ``vitkit export --format torch-export --int8``, compiled on its first call (inductor, weights
     frozen; a new batch size compiles again), with the file's ``vitkit.*`` metadata as ``meta``. ``bf16``: the float
     operations between the int8 products in bf16 (None: where this CPU has native bf16, :func:`bf16_between`); the
-    logits are float32 either way. ``autotune``: compiled with max-autotune (the module docstring)."""
+    logits are float32 either way. ``autotune``: compiled with max-autotune (the module docstring), each batch size
+    on its own."""
 
     def __init__(self, path: str | os.PathLike, bf16: bool | None = None, autotune: bool = False) -> None:
         super().__init__()
@@ -262,7 +263,9 @@ class Int8Program(nn.Module):
         self.int8_kernels = int8_kernels()
         self.program = _any_float(self.program)
         self.options = compile_options(autotune)
-        self.compiled = torch.compile(self.program, options=self.options)
+        # autotuned: one program per batch size (inductor's C++ GEMMs are tuned and written for fixed sizes; its
+        # dynamic-shape recompile of an autotuned program fails in a bmm)
+        self.compiled = torch.compile(self.program, dynamic=False if autotune else None, options=self.options)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with _frozen(self.int8_kernels), torch.autocast("cpu", torch.bfloat16, enabled=self.bf16):
