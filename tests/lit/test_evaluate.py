@@ -131,20 +131,22 @@ def test_knn_of_a_trained_backbone_is_far_above_random_weights(digits_run, tmp_p
 
 @pytest.mark.slow
 def test_the_linear_probe_recipe_lands_near_the_probe_of_the_same_features(digits_run, tmp_path, capfd):
-    """Three epochs of the recipe (SGD, BatchNorm before the head, frozen backbone) on the demo model's features,
-    against scikit-learn's logistic regression on them; the checkpoint, its norm folded into the head, predicts
-    what the module did."""
+    """A short run of the recipe (SGD, BatchNorm before the head, frozen backbone; 20 epochs at 4x its base LR in
+    place of 90) on the demo model's features, against scikit-learn's logistic regression on them; the checkpoint,
+    its norm folded into the head, predicts what the module did. Over demo models of seeds 0-6, with the native,
+    AVX2 and default kernels, the recipe ended 0.00-0.04 below the regression (three epochs at the base LR: up to
+    0.07 below); the bound sits outside that spread."""
     code, _ = run_cli(["evaluate", "--checkpoint", str(_ckpt(digits_run)), *DIGITS, "-o", str(tmp_path / "probe"),
                        "--linear-probe"], capfd)
     reference = json.loads((tmp_path / "probe/metrics.json").read_text())["linear_probe_top1"]
     cli = cli_main(["fit", "-c", "linear_probe", "--model.model_name", "vit_tiny_patch16_224", "--model.checkpoint",
                     str(_ckpt(digits_run)), "--model.model_overrides", json.dumps(DEMO), *DIGITS,
                     "--data.img_size", "32", "--data.batch_size", "64", "--data.augment", "false", "--model.lr",
-                    "0.025", "--model.warmup_epochs", "0.5", "--trainer.max_epochs", "3", "--trainer.precision",
+                    "0.1", "--model.warmup_epochs", "0.5", "--trainer.max_epochs", "20", "--trainer.precision",
                     "32-true", "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.logger", "false",
                     "--trainer.default_root_dir", str(tmp_path / "run")])
     probe = float(cli.trainer.callback_metrics["val/top1"])
-    assert probe >= reference - 0.04, (probe, reference)
+    assert probe >= reference - 0.06, (probe, reference)
     code, err = run_cli(["evaluate", "--checkpoint", str(tmp_path / "run/checkpoints/last.ckpt"), *DIGITS, "-o",
                          str(tmp_path / "folded")], capfd)
     assert code == 0, err
