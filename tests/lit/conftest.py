@@ -141,7 +141,7 @@ def run_in_turn(runs: list[list[str]], folder: Path, devices: int = 2, timeout: 
 
 @pytest.fixture(scope="session")
 def digits_run(tmp_path_factory):
-    """The demo's recipe for 12 epochs (``test_train.py::test_tiny_vit_learns_digits`` gives its spread): a trained
+    """The demo's recipe for 20 epochs (``test_train.py::test_tiny_vit_learns_digits`` gives its spread): a trained
     model of the digits for the tests that need one (fine-tuning, token merging, a teacher, evaluation). Built once:
     the tests that use it are one work unit (tests/conftest.py)."""
     from vitkit.cli.train import cli_main
@@ -150,7 +150,7 @@ def digits_run(tmp_path_factory):
     return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), "--trainer.accelerator", "cpu",
                      "--trainer.devices", "1", "--trainer.num_nodes", "1", "--trainer.strategy", "auto",
                      "--trainer.precision", "32-true", "--trainer.default_root_dir", str(tmp_path),
-                     "--trainer.max_epochs", "12", "--model.warmup_epochs", "1"])
+                     "--trainer.max_epochs", "20", "--model.warmup_epochs", "1"])
 
 
 @pytest.fixture

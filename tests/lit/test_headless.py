@@ -97,8 +97,8 @@ def backbones(tmp_path_factory, digits_run) -> tuple[dict[str, Path], Path]:
 def test_fine_tuning_from_a_headless_backbone_file_beats_random_weights(family, freeze, backbones, tmp_path):
     """At 40 px from a 32 px backbone (ViT's positions resampled; Swin's maps padded to whole windows), 8 images
     per class, 120 validation images (validated after the last epoch only). Val top-1 from the backbone / from
-    random weights / gap, over fine-tuning seeds 0-4 from the session's digits model (12 epochs) for ViT: probe
-    0.983-0.992 / 0.308-0.425 / 0.567-0.683, whole 0.917-0.975 / 0.183-0.350 / 0.592-0.733; over seeds 0-4 of
+    random weights / gap, over fine-tuning seeds 0-4 from the session's digits model (20 epochs) for ViT: probe
+    0.992-1.000 / 0.242-0.350 / 0.650-0.758, whole 0.967-1.000 / 0.142-0.333 / 0.650-0.825; over seeds 0-4 of
     backbone (6 epochs) and fine-tuning for Swin: probe 0.842-0.942 / 0.367-0.475 / 0.433-0.550, whole
     0.667-0.817 / 0.283-0.508 / 0.283-0.392. The bounds sit well outside that spread."""
     files, data = backbones
