@@ -175,10 +175,13 @@ def test_the_patch_probe_is_scikit_learns_logistic_regression():
 
 
 @pytest.mark.slow
-def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_run, tmp_path, capsys):
+def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_run, tmp_path, capsys, monkeypatch):
     """The small-data recipe with LoRA on 60 images: the linear head fitted on the frozen patch features before the
     first step scores well above a brightness rule; `vitkit evaluate` of `probe.ckpt` gives the logged baseline; the
-    run's best is never below it; only the adapters and the head trained."""
+    run's best is never below it; only the adapters and the head trained. Its ONNX export evaluates as the
+    checkpoint does, and the loaded checkpoint's `.model` is the model the run validated and exported, at any
+    size."""
+    monkeypatch.chdir((tmp_path / "elsewhere").mkdir() or tmp_path / "elsewhere")  # the commands from another folder
     data = write_digit_masks(tmp_path / "data", train=60, val=60)
     backbone = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
     run = cli_main(["fit", "-c", "seg_finetune_small_data", "--model.model_name", "vit_tiny_patch16_224",
@@ -223,8 +226,25 @@ def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_ru
         torch_mask, onnx_mask = (np.array(Image.open(tmp_path / mode[1] / out / f"{image.stem}_mask.png"))
                                  for out in ("torch", "onnx"))
         assert torch_mask.shape == (64, 64) and (torch_mask != onnx_mask).mean() < 0.002, mode  # in onnxruntime
+    for mode in ("resized", "whole"):  # the export scored as its checkpoint: its size, mean, std and classes
+        status, err = run_cli(["evaluate", "--onnx", str(tmp_path / "seg.onnx"), "--data.root", str(data), "--mode",
+                               mode, "-o", str(tmp_path / f"onnx_{mode}")], capsys)
+        assert status == 0, err
+        scored = json.loads((tmp_path / f"onnx_{mode}" / "metrics.json").read_text())["mIoU"]
+        expected = last if mode == "resized" else json.loads((tmp_path / "whole" / "metrics.json").read_text())["mIoU"]
+        assert scored == pytest.approx(expected, abs=1e-3), mode
 
     from vitkit.lit import Segmenter
+    from vitkit.tools.onnx_model import OnnxModel
+
+    loaded, onnx = Segmenter.load_from_checkpoint(folder / "last.ckpt").eval(), OnnxModel(tmp_path / "seg.onnx")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for size in ((48, 48), (40, 72)):  # the exported model (the run's average), at its size and another
+            x = torch.randn(2, 3, *size, generator=g)
+            np.testing.assert_allclose(loaded.model(x).numpy(), onnx(x.numpy()), atol=1e-4)
+        x = torch.randn(1, 3, 41, 75, generator=g)  # not whole patches: padded, the logits cut back
+        assert loaded.model(x).shape == (1, len(CLASSES), 41, 75)
 
     start = Segmenter.load_from_checkpoint(folder / "probe.ckpt").state_dict()
     end = Segmenter.load_from_checkpoint(folder / "last.ckpt").state_dict()

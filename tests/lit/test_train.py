@@ -368,6 +368,9 @@ def test_an_ema_that_is_the_model_is_what_evaluation_runs_and_the_checkpoint_hol
         torch.testing.assert_close(module(x), module.ema.module(x))
         loaded = vitkit.create_model(checkpoint=tmp_path / "full/checkpoints/last.ckpt").eval()
         torch.testing.assert_close(loaded(x), module.ema.module(x), atol=1e-5, rtol=1e-5)
+        again = ImageClassifier.load_from_checkpoint(tmp_path / "full/checkpoints/last.ckpt").eval()
+        for run in (again.model, again.ema.module, again):  # loaded to be used: the average, wherever a user looks
+            torch.testing.assert_close(run(x), module.ema.module(x), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="give ema_decay too"):
         ImageClassifier(model_name="vit_tiny_patch16_224", recipe=Recipe(lr=5e-4, weight_decay=0.05, ema_is_model=True))
     for decay in (1.5, -0.5, 1.0):  # the average would run away, or never move

@@ -145,6 +145,43 @@ def test_upernet_swin_at_sizes_that_are_not_whole_windows_gives_transformers_log
         assert (masked(x) - expected).abs().max() > 1e-2  # masking the padding instead is another model
 
 
+@pytest.fixture(scope="module")
+def small_windows(tmp_path_factory):
+    """An UperNet-Swin whose last stages are no larger than their window at its own size (4 px windows, 128 px)."""
+    from transformers import SwinConfig, UperNetConfig, UperNetForSemanticSegmentation
+
+    backbone = SwinConfig(embed_dim=40, depths=[1, 1, 3, 1], num_heads=[1, 2, 2, 4], window_size=4, image_size=128,
+                          out_features=["stage1", "stage2", "stage3", "stage4"])
+    config = UperNetConfig(backbone_config=backbone, hidden_size=32, auxiliary_channels=16, num_labels=9,
+                           use_auxiliary_head=True)
+    model = UperNetForSemanticSegmentation(config).eval()
+    _randomise(model)
+    folder = tmp_path_factory.mktemp("upernet_small_windows")
+    model.save_pretrained(folder)
+    return model, folder
+
+
+@pytest.mark.parametrize("size", [(128, 128), (96, 160), (64, 64), (36, 52)])
+def test_upernet_swin_keeps_transformers_windows_where_a_stage_is_smaller_than_its_window(small_windows, size):
+    """transformers' SwinBackbone (and mmsegmentation's Swin) keep the configured window and shift at every map size
+    and pad, where a classification Swin (timm's) shrinks a window larger than the map and stops shifting. A loaded
+    UperNet keeps its backbone's rule (``always_partition``), built at the file's size or at the input's, eager and
+    scripted; at the sizes where the rules part, timm's rule gives another model."""
+    theirs, folder = small_windows
+    x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = theirs(pixel_values=x).logits
+        for built_at in (None, size):
+            ours = load_segmenter(folder, img_size=built_at).eval()
+            assert ours.backbone.cfg.always_partition
+            torch.testing.assert_close(ours(x), expected, atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.jit.script(ours.backbone).forward_features(x),
+                                   ours.backbone.forward_features(x), atol=1e-5, rtol=0)
+        ours.backbone.configure(always_partition=False)
+        shrunk = (ours(x) - expected).abs().max()
+    assert shrunk < 1e-4 if size == (128, 128) else shrunk > 1e-3, shrunk  # the rules agree at the file's size only
+
+
 def test_a_segmenter_built_alike_but_not_loaded_differs(upernet):
     """The parity above is the weights', not a property of any two models of this shape."""
     theirs, _ = upernet

@@ -171,7 +171,7 @@ def read_segmenter(path: str | os.PathLike) -> SegmenterFile:
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir():
-        return transformers_upernet(path)
+        return _backbone_rule(transformers_upernet(path))
     loaded = read_file(path)
     raw = unwrap(loaded)
     if not is_mmseg_upernet_swin(raw):
@@ -185,6 +185,14 @@ def read_segmenter(path: str | os.PathLike) -> SegmenterFile:
     classes = (meta or {}).get("CLASSES") or ((meta or {}).get("dataset_meta") or {}).get("classes")
     if classes:
         found.class_names = [str(c) for c in classes]
+    return _backbone_rule(found)
+
+
+def _backbone_rule(found: SegmenterFile) -> SegmenterFile:
+    """transformers' ``SwinBackbone`` and mmsegmentation's Swin window every map with the configured window and shift
+    whatever its size (padded to whole windows), where their classifiers shrink a window larger than the map: the
+    segmenter's backbone is built to the rule its weights were trained with."""
+    found.overrides = {**found.overrides, "always_partition": True}
     return found
 
 

@@ -7,6 +7,7 @@ the data module's preprocessing defaults to the model's own (its size, mean, std
 
 from __future__ import annotations
 
+import functools
 import inspect
 from pathlib import Path
 from types import SimpleNamespace
@@ -107,15 +108,37 @@ def _argv(argv: list[str]) -> list[str]:
 
 
 def _segmentation_checkpoint(argv: list[str]) -> dict | None:
-    """The hyper-parameters of the ``--checkpoint`` given where it is a ``vitkit.lit.Segmenter``'s, else None."""
+    """Where the ``--checkpoint`` given is a ``vitkit.lit.Segmenter``'s, its hyper-parameters; where the ``--onnx``
+    file given is a segmenter's export, its class count; else None."""
     from .predict import segmentation_checkpoint
 
-    for i, a in enumerate(argv):
-        value = a.partition("=")[2] if a.startswith("--checkpoint=") else argv[i + 1] if a == "--checkpoint" and \
-            i + 1 < len(argv) else None
-        if value:
-            return segmentation_checkpoint(value)
+    for flag in ("--checkpoint", "--onnx"):
+        for i, a in enumerate(argv):
+            value = a.partition("=")[2] if a.startswith(flag + "=") else argv[i + 1] if a == flag and \
+                i + 1 < len(argv) else None
+            if value and flag == "--checkpoint":
+                return segmentation_checkpoint(value)
+            if value:
+                return _segmentation_onnx(value)
     return None
+
+
+@functools.cache
+def _onnx(path: str):
+    """The export at ``path`` in onnxruntime, loaded once however often the command asks."""
+    from vitkit.tools.onnx_model import OnnxModel
+
+    return OnnxModel(path)
+
+
+def _segmentation_onnx(path: str) -> dict | None:
+    """``{"num_classes": N}`` where ``path`` is a segmenter's ONNX export (its ``vitkit.task`` metadata), else None
+    (a file that does not load says so where the model is loaded)."""
+    try:
+        net = _onnx(path)
+    except Exception:  # noqa: BLE001 - loaded again by the command, whose error names the file
+        return None
+    return {"num_classes": len(net.labels or [])} if net.meta.get("task") == "segmentation" else None
 
 
 def parse_args(argv: list[str]):
@@ -136,7 +159,8 @@ def main(argv: list[str]) -> int:
     if cfg.precision not in PRECISIONS:
         p.error(f"--precision expects one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
     explicit = {a[len("--data."):].split("=")[0] for a in argv if a.startswith("--data.")}
-    if cfg.checkpoint and _segmentation_checkpoint(["--checkpoint", cfg.checkpoint]) is not None:
+    if _segmentation_checkpoint(["--checkpoint", cfg.checkpoint] if cfg.checkpoint else
+                                ["--onnx", cfg.onnx] if cfg.onnx else []) is not None:
         return _evaluate_segmentation(p, cfg, explicit, device)
     _refuse_segmentation_flags(cfg)
     size = cfg.data.init_args.get("img_size") if "img_size" in explicit else None
@@ -190,9 +214,7 @@ def _model(cfg, device: torch.device,
     preprocessing for the data module, a multi-label model's thresholds or None); ``img_size``: the size given for
     the data, the model's too (positions and windows resized on load)."""
     if cfg.onnx:
-        from vitkit.tools.onnx_model import OnnxModel
-
-        net = OnnxModel(cfg.onnx)
+        net = _onnx(cfg.onnx)
         if not net.labels:
             raise ValueError(f"{cfg.onnx} records no class names (no vitkit.labels metadata): export it from a "
                              "checkpoint that has them (`vitkit export CKPT`), or evaluate the checkpoint itself")
@@ -326,34 +348,41 @@ def _split(dm, split: str | None) -> tuple[str, Any]:
 
 
 def _evaluate_segmentation(p: ArgumentParser, cfg, explicit: set[str], device: torch.device) -> int:
-    """A ``vitkit.lit.Segmenter`` checkpoint over a split of a folder of images and masks: mIoU, pixel accuracy, IoU
-    per class, the confusion matrix and the worst images (``vitkit.evaluation.segmentation``)."""
+    """A ``vitkit.lit.Segmenter`` checkpoint, or its ONNX export, over a split of a folder of images and masks: mIoU,
+    pixel accuracy, IoU per class, the confusion matrix and the worst images (``vitkit.evaluation.segmentation``)."""
     from vitkit.evaluation.segmentation import MODES, evaluate_masks, segment_logits, write_segmentation_report
     from vitkit.lit import Segmenter
 
     if cfg.mode not in ("resized", *MODES):
         raise ValueError(f"--mode must be resized, whole or slide, got {cfg.mode!r}")
-    module = Segmenter.load_from_checkpoint(cfg.checkpoint, map_location="cpu").eval().to(device)
-    net, hp = module.evaluated(), module.hparams  # the run's model: its EMA where that is what it validated
-    names = list(hp.class_names or [str(i) for i in range(net.num_classes)])
-    h, w = pair(net.backbone.cfg.img_size)
-    prep = {"img_size": h if h == w else (h, w), "mean": tuple(net.backbone.cfg.mean),
-            "std": tuple(net.backbone.cfg.std)}
+    if cfg.onnx:  # the export's own preprocessing and class names (its metadata); run in onnxruntime
+        onnx = _onnx(cfg.onnx)
+        (_, h, w), names, ignore_index = onnx.meta["input_size"], list(onnx.labels or []), None
+        mean, std = tuple(onnx.meta["mean"]), tuple(onnx.meta["std"])
+        model = lambda x: torch.from_numpy(onnx(x.float().cpu().numpy()))  # noqa: E731
+        if cfg.precision != "32-true":
+            p.error("--precision applies to a checkpoint; an ONNX file runs as it was exported")
+    else:
+        module = Segmenter.load_from_checkpoint(cfg.checkpoint, map_location="cpu").eval().to(device)
+        net, hp = module.evaluated(), module.hparams  # the run's model: its EMA where that is what it validated
+        names, ignore_index = list(hp.class_names or [str(i) for i in range(net.num_classes)]), hp.ignore_index
+        (h, w), mean, std = pair(net.backbone.cfg.img_size), tuple(net.backbone.cfg.mean), tuple(net.backbone.cfg.std)
+        model = module if cfg.precision == "32-true" else _Autocast(module, device)
+    prep = {"img_size": h if h == w else (h, w), "mean": mean, "std": std}
     init = cfg.data.init_args
-    for key, value in (("ignore_index", hp.ignore_index), ("classes", names)):
-        if key not in explicit and key in init:
+    for key, value in (("ignore_index", ignore_index), ("classes", names)):
+        if key not in explicit and key in init and value is not None:
             init[key] = value
     dm = _data(p, cfg, prep, explicit, False)  # SegmentationDataModule takes img_size, mean and std of these
-    if dm.num_classes != net.num_classes:
-        raise ValueError(f"the model has {net.num_classes} classes and the data {dm.num_classes}: evaluate it on "
+    if dm.num_classes != len(names):
+        raise ValueError(f"the model has {len(names)} classes and the data {dm.num_classes}: evaluate it on "
                          "masks of its own classes")
     split, ds = _split(dm, cfg.split)
-    model = module if cfg.precision == "32-true" else _Autocast(module, device)
     if cfg.mode != "resized":  # each image and mask as they are, one at a time
         stride = _stride(cfg.stride)
         ds, dm.hparams.batch_size, model = dm.eval_view(split, own_size=True), 1, \
             (lambda x, run=model: segment_logits(run, x, (h, w), cfg.mode, stride))
-    result = evaluate_masks(model, dm.loader(ds, False), net.num_classes, dm.ignore_index, device,
+    result = evaluate_masks(model, dm.loader(ds, False), len(names), dm.ignore_index, device,
                             prepare=lambda batch: dm.on_after_batch_transfer(batch, 0))
     out = Path(cfg.out)
     metrics = write_segmentation_report(result, names, out, dm.data_cfg.mean, dm.data_cfg.std,

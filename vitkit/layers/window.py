@@ -111,8 +111,9 @@ def shifted_window_mask(padded: tuple[int, int], window: tuple[int, int], shift:
 @dataclass(frozen=True)
 class WindowPlan:
     """How one Swin block windows a map of size (H, W): the window and shift it uses there (a window
-    larger than the map shrinks to it and stops shifting, as in the official code) and the padding
-    that makes the map a whole number of windows."""
+    larger than the map shrinks to it and stops shifting, as in the official classification code; ``fixed``: the
+    window and shift stay, as in the official detection and segmentation backbone) and the padding that makes the map
+    a whole number of windows."""
 
     H: int
     W: int
@@ -120,7 +121,10 @@ class WindowPlan:
     shift: tuple[int, int]
 
     @classmethod
-    def make(cls, H: int, W: int, window: tuple[int, int], shifted: bool) -> WindowPlan:
+    def make(cls, H: int, W: int, window: tuple[int, int], shifted: bool, fixed: bool = False) -> WindowPlan:
+        if fixed:  # the configured window and shift at every size, the map padded to whole windows
+            ws = tuple(window)
+            return cls(H, W, ws, (ws[0] // 2, ws[1] // 2) if shifted else (0, 0))
         if is_symbolic(H, W):  # the export's size range keeps the map at least one window: shift iff larger
             ws = tuple(window)
             shift = tuple(w // 2 * torch.sym_min(n - w, 1) if shifted else 0 for n, w in zip((H, W), ws, strict=True))

@@ -185,8 +185,10 @@ HEADS = {"linear": LinearHead, "upernet": UperNetHead, "dpt": DPTHead}
 class SegmentationModel(nn.Module):
     """``backbone``'s maps at ``indices`` (its ``forward_intermediates``), each through its LayerNorm where
     ``stage_norms`` (Swin's per-stage norms in UperNet, as transformers' ``SwinBackbone`` and mmsegmentation's Swin
-    have them), to ``decode_head``; logits (B, classes, H, W) at the input's size. ``auxiliary_head`` (training
-    only) reads map ``aux_index``. ``norm`` applies the backbone's final norm to every map (DINOv2's heads)."""
+    have them), to ``decode_head``; logits (B, classes, H, W) at the input's size, whatever its size (a ViT's
+    positions resampled to it and its input padded to whole patches, a Swin's maps padded to whole windows).
+    ``auxiliary_head`` (training only) reads map ``aux_index``. ``norm`` applies the backbone's final norm to every
+    map (DINOv2's heads)."""
 
     def __init__(self, backbone: nn.Module, decode_head: nn.Module, indices: Sequence[int], *,
                  auxiliary_head: nn.Module | None = None, aux_index: int = 2, stage_norms: bool = False,
@@ -244,14 +246,33 @@ class SegmentationModel(nn.Module):
                                                    intermediates_only=True)
         return [n(m).permute(0, 3, 1, 2).contiguous() for n, m in zip(self.stage_norms, maps, strict=True)]
 
+    def _padded(self, x: Tensor) -> Tensor:
+        """A plain ViT's input zero-padded at the bottom and right to whole patches (as DINOv2's and mmsegmentation's
+        segmenters pad it); the logits are cut back to the input's size. Swin pads its own maps."""
+        p = self.patch_multiple
+        H, W = x.shape[-2:]
+        if p == 1 or (H % p == 0 and W % p == 0):
+            return x
+        return F.pad(x, (0, -W % p, 0, -H % p))
+
+    @property
+    def patch_multiple(self) -> int:
+        """The multiple a plain ViT backbone's input is padded to (its patch), 1 for a backbone that pads itself."""
+        return self.backbone.patch_size if getattr(self.backbone, "dynamic_img_size", False) else 1
+
     def forward(self, x: Tensor) -> Tensor:
-        return resize(self.decode_head(self._maps(x)), x.shape[-2:])
+        H, W = x.shape[-2:]
+        x = self._padded(x)
+        return resize(self.decode_head(self._maps(x)), x.shape[-2:])[..., :H, :W]
 
     def forward_train(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """(the logits, the auxiliary head's logits or None), both at the input's size."""
+        H, W = x.shape[-2:]
+        x = self._padded(x)
         maps = self._maps(x)
         aux = self.auxiliary_head(maps[self.aux_index]) if self.auxiliary_head is not None else None
-        return resize(self.decode_head(maps), x.shape[-2:]), None if aux is None else resize(aux, x.shape[-2:])
+        return (resize(self.decode_head(maps), x.shape[-2:])[..., :H, :W],
+                None if aux is None else resize(aux, x.shape[-2:])[..., :H, :W])
 
 
 def build_segmenter(backbone: nn.Module, head: str, num_classes: int, indices: Sequence[int] | None = None,
@@ -278,6 +299,8 @@ def build_segmenter(backbone: nn.Module, head: str, num_classes: int, indices: S
         raise ValueError(f"indices must name distinct layers in increasing order (the backbone gives its maps in "
                          f"that order), got {indices}")
     chs = [backbone.feature_info[i]["num_chs"] for i in indices]
+    if hasattr(backbone, "set_dynamic_img_size"):  # a ViT at any size, its positions resampled (Swin pads its maps)
+        backbone.set_dynamic_img_size(True)
     decode = HEADS[head](chs, num_classes, **head_args)
     aux = None
     if head == "upernet" and (auxiliary if auxiliary is not None else hierarchical):

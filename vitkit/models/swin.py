@@ -81,6 +81,11 @@ class SwinConfig(DataConfig):
     # attended as zero vectors (True: the official detection and segmentation backbone's, mmsegmentation's and
     # transformers' Swin, which their UperNet weights were trained with)
     attend_padding: bool = False
+    # every block keeps the configured window and shift whatever its map's size, the map padded to whole windows (the
+    # official detection and segmentation backbone's, mmsegmentation's and transformers' SwinBackbone's rule, the one
+    # their UperNet weights were trained with); False: a window larger than the map shrinks to it and stops shifting
+    # (the classification Swin's, timm's)
+    always_partition: bool = False
 
     def __post_init__(self) -> None:
         check_backend(self.attn_backend)
@@ -166,7 +171,8 @@ class SwinStage(nn.Module):
         super().__init__()
         H, W = self.size = cfg.stage_sizes[i]  # at the configured img_size; the sizes a traced graph is built for
         w = cfg.stage_windows[i]
-        self.window = (min(w[0], H), min(w[1], W))  # a window larger than the map shrinks to it
+        self.always_partition = cfg.always_partition
+        self.window = w if cfg.always_partition else (min(w[0], H), min(w[1], W))  # a larger window shrinks to the map
         self.attend_padding = cfg.attend_padding
         self.grad_checkpointing = False
         v2 = cfg.version == 2
@@ -204,7 +210,7 @@ class SwinStage(nn.Module):
         device = self.blocks[0].attn.proj.weight.device
         prev = None
         for j, blk in enumerate(self.blocks):
-            plan = WindowPlan.make(H, W, self.window, shifted=j % 2 == 1)
+            plan = WindowPlan.make(H, W, self.window, shifted=j % 2 == 1, fixed=self.always_partition)
             mask, keep = plan.mask(device, self.attend_padding), plan.keep(device) if self.attend_padding else None
             blk.attn.plan(plan.window, token_index(prev, plan, device).clone(),
                           None if mask is None else mask.clone(), plan.num_windows)
@@ -230,7 +236,8 @@ class SwinStage(nn.Module):
             if tracing(x):
                 return self.forward_planned(x)
             B, H, W, C = x.shape
-            plans = [WindowPlan.make(H, W, self.window, shifted=j % 2 == 1) for j in range(len(self.blocks))]
+            plans = [WindowPlan.make(H, W, self.window, shifted=j % 2 == 1, fixed=self.always_partition)
+                     for j in range(len(self.blocks))]
             # Tokens stay in window order from block to block: each hand-over (un-shift, re-shift, re-cut)
             # is one gather along the token axis; see WindowPlan.partition/reverse for the same in steps.
             x = x.reshape(B, H * W, C)
@@ -313,9 +320,9 @@ class SwinTransformer(FollowsConfig, nn.Module):
         for stage in self.layers:
             for blk in stage.blocks:
                 blk.attn.backend = check_backend(cfg.attn_backend)
-            if stage.attend_padding != cfg.attend_padding:  # the planned windows' mask and padding follow it
-                stage.attend_padding = cfg.attend_padding
-                stage.plan_windows()
+            if (stage.attend_padding, stage.always_partition) != (cfg.attend_padding, cfg.always_partition):
+                stage.attend_padding, stage.always_partition = cfg.attend_padding, cfg.always_partition
+                stage.plan_windows()  # the planned windows' mask and padding follow them
 
     def set_attn_backend(self, backend: AttnBackend) -> None:
         self.configure(attn_backend=backend)
@@ -462,7 +469,7 @@ class SwinTransformer(FollowsConfig, nn.Module):
         self.configure(window_size=tuple(w[0] if w[0] == w[1] else w for w in windows))
         for stage, (H, W), w in zip(self.layers, self.cfg.stage_sizes, windows, strict=True):
             stage.size = (H, W)
-            stage.set_window((min(w[0], H), min(w[1], W)))
+            stage.set_window(w if stage.always_partition else (min(w[0], H), min(w[1], W)))
 
     @torch.no_grad()
     def attention_maps(self, x: Tensor, stage: int = 0, block: int = 0) -> tuple[Tensor, WindowPlan]:
@@ -473,7 +480,7 @@ class SwinTransformer(FollowsConfig, nn.Module):
             x = st.downsample(x)
             _, H, W, _ = x.shape
             for j, blk in enumerate(st.blocks):
-                plan = WindowPlan.make(H, W, st.window, shifted=j % 2 == 1)
+                plan = WindowPlan.make(H, W, st.window, shifted=j % 2 == 1, fixed=st.always_partition)
                 windows = plan.partition(x)
                 if (i, j) == (stage, block):
                     bias = blk.attn.relative_position_bias(plan.window)[None, None]  # (1, 1, H, N, N)

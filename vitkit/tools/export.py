@@ -115,10 +115,11 @@ def _multiple(model: nn.Module) -> int:
 
 
 def min_size(model: nn.Module) -> tuple[int, int]:
-    """The smallest (H, W) a dynamic-size export takes: one patch for ViT; for Swin, the smallest size at which
-    every stage's map is still at least its window (patch merging halves it, rounding up)."""
+    """The smallest (H, W) a dynamic-size export takes: one patch for ViT, and for a Swin that keeps its windows at
+    every size (``always_partition``: a smaller map is padded); for another Swin, the smallest size at which every
+    stage's map is still at least its window (patch merging halves it, rounding up)."""
     p = int(model.cfg.patch_size)
-    if not is_swin(model):
+    if not is_swin(model) or getattr(model.cfg, "always_partition", False):
         return p, p
 
     def fits(size: int, axis: int) -> bool:

@@ -376,8 +376,14 @@ class TrainingModule(L.LightningModule):
             checkpoint["state_dict"] = swap_ema(checkpoint["state_dict"])
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if self.ema_is_model and "state_dict" in checkpoint:  # the weights being trained back into the model
-            checkpoint["state_dict"] = swap_ema(checkpoint["state_dict"])
+        if self.ema_is_model and "state_dict" in checkpoint:
+            state = checkpoint["state_dict"]
+            if loading_checkpoint():  # to be used: `.model` is the average the run validated, kept and exported, and
+                # so is the EMA; the weights being trained stay in the file, for a run that resumes from it
+                checkpoint["state_dict"] = {**state, **{"ema.module." + k.removeprefix("model."): v
+                                                        for k, v in state.items() if k.startswith("model.")}}
+            else:  # a run resuming: the weights being trained back into the model, the average into the EMA
+                checkpoint["state_dict"] = swap_ema(state)
         # restored here, before the fit loop draws its first shuffle from the global generator; not when the
         # module is only loaded (load_from_checkpoint), which must leave the caller's generators alone
         try:
