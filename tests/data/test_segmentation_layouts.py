@@ -79,7 +79,8 @@ def test_cityscapes_pairs_each_image_with_its_train_ids(tmp_path):
 def test_a_layout_or_class_count_that_is_not_there_is_named(tmp_path):
     with pytest.raises(ValueError, match="layout must be one of folder, ade20k, voc, cityscapes, got 'coco'"):
         SegmentationDataModule(str(tmp_path), layout="coco")
-    with pytest.raises(ValueError, match="give --data.num_classes"):
+    with pytest.raises(UsageError, match="images/train is not a folder: .*the classes are read from its training "
+                                         "masks unless --data.num_classes gives them"):
         SegmentationDataModule(str(tmp_path))
     with pytest.raises(ValueError, match=r"scale must be \[low, high\] with 0 < low <= high .*got \[2.0, 0.5\]"):
         SegmentationDataModule(str(tmp_path), num_classes=3, scale=(2.0, 0.5))

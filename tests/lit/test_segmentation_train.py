@@ -145,8 +145,16 @@ def test_folders_that_are_not_segmentation_data_end_in_one_line(tmp_path):
     Image.new("L", (64, 64), color=12).save(data / "masks" / "val" / "0001.png")
     Image.new("L", (64, 64), color=12).save(data / "masks" / "train" / "0000.png")
     Image.new("L", (64, 64), color=12).save(data / "masks" / "train" / "0001.png")
-    assert "a mask holds class 12; SegmentationDataModule" in error_line_of(base)
-    assert "has 11 classes (0 to 10) and ignore_index 255" in error_line_of(base)
+    assert error_line_of(base) == (f"error: {data}/masks/train/0000.png holds class 12; --data.num_classes is 11 "
+                                   "(classes 0 to 10, and 255 where no class counts, --data.ignore_index)")
+    assert not (tmp_path / "run").exists()  # refused before the trainer: no folder, no config.yaml
+    Image.new("L", (64, 64), color=13).save(data / "masks" / "val" / "0001.png")
+    no_count = [a for a in base if a not in ("--data.num_classes", "11")]  # read from the training masks: 13
+    assert error_line_of(no_count) == (f"error: {data}/masks/val/0001.png holds class 13; --data.num_classes is 13 "
+                                       "(classes 0 to 12, and 255 where no class counts, --data.ignore_index)")
+    classifier = ["train", "fit", "-c", "vit_tiny_digits", "--data", "vitkit.lit.ImageFolderDataModule",
+                  "--data.root", str(data), "--trainer.default_root_dir", str(tmp_path / "run")]
+    assert error_line_of(classifier).startswith(f"error: {data} is a segmentation folder (images/ beside masks/)")
 
 
 def test_the_patch_probe_is_scikit_learns_logistic_regression():

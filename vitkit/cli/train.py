@@ -351,6 +351,7 @@ class VitkitCLI(LightningCLI):
         super().instantiate_classes()
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        self._set_up_data()
         cfg = self._section().trainer
         if not cfg.get("plugins"):
             kwargs.setdefault("plugins", [AtomicCheckpointIO()])
@@ -367,12 +368,21 @@ class VitkitCLI(LightningCLI):
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))  # it needs a logger
         return trainer
 
-    def before_fit(self) -> None:
+    def _set_up_data(self) -> None:
+        """The data of a fit set up before the trainer is built: a folder's errors (a missing mask, a class the masks
+        should not hold) end the command before Lightning prints anything or makes the run's folder."""
         dm = self.datamodule
+        if self.subcommand != "fit" or dm is None:
+            return
         if hasattr(dm, "packed_model"):  # packing (--data.packing) sized for this model, not only its preset's name
             dm.packed_model = getattr(self.model, "model", None)
+        if getattr(dm, "sets_up_locally", False):
+            dm.setup("fit")
+
+    def before_fit(self) -> None:
+        dm = self.datamodule
         if getattr(dm, "sets_up_locally", False):  # a split too small for one batch: refused before anything is
-            dm.setup("fit")  # written (Lightning makes the logger's folder before it sets the data up)
+            # written (Lightning makes the logger's folder before it sets the data up)
             for cb in self.trainer.callbacks:  # a batch fitted to the data first (small_data.StepsPerEpoch)
                 if hasattr(cb, "fit_to_data"):
                     cb.fit_to_data(self.trainer, self.model, dm)

@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
+from vitkit.errors import UsageError
 from vitkit.image_files import IMAGE_SUFFIXES, image_files, is_image_file
 
 Decoder = Literal["pil", "torchvision"]
@@ -34,6 +35,11 @@ def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val"
     if not root.is_dir():
         raise FileNotFoundError(f"ImageFolder root {str(root)!r} does not exist or is not a folder; expected "
                                 f"{root}/{train_dir}/<class>/*.jpg and {root}/{val_dir}/<class>/*.jpg")
+    for top in {root, root / train_dir, root / val_dir}:
+        if (top / "images").is_dir() and (top / "masks").is_dir():
+            raise UsageError(f"{top} is a segmentation folder (images/ beside masks/), not class folders: give it to a "
+                             "segmentation model (a vitkit.lit.Segmenter checkpoint, or --data "
+                             "vitkit.lit.SegmentationDataModule), or a classifier a folder of <class>/<images>")
     splits = {}
     optional = [test_dir] if test_dir and (root / test_dir).is_dir() else []
     for split in (train_dir, val_dir, *optional):

@@ -129,9 +129,11 @@ def read_mask(path: Path) -> Image.Image:
     return mask
 
 
-def check_pairs(pairs: list[tuple[Path, Path]]) -> None:
-    """Every pair's headers, before training: an image PIL cannot open, a mask that is not class indices, or a mask
-    of another size than its image is named (the values are checked as batches arrive)."""
+def check_pairs(pairs: list[tuple[Path, Path]], num_classes: int | None = None, ignore_index: int = 255,
+                layout: str = "folder") -> None:
+    """Every pair, before training: an image PIL cannot open, a mask that is not class indices, a mask of another size
+    than its image, or (given ``num_classes``) a mask value that is neither a class nor ``ignore_index`` is named with
+    its file."""
     for image_path, mask_path in pairs:
         try:
             with Image.open(image_path) as image, Image.open(mask_path) as mask:
@@ -140,8 +142,36 @@ def check_pairs(pairs: list[tuple[Path, Path]]) -> None:
                 if image.size != mask.size:
                     raise UsageError(f"{mask_path} is {mask.size[0]}x{mask.size[1]}, its image {image_path} "
                                      f"{image.size[0]}x{image.size[1]}: a mask has its image's size")
+                if num_classes is None:
+                    continue
+                values = mask_values(mask, layout)
+                bad = values[(values != ignore_index) & (values >= num_classes)]
+                if len(bad):
+                    raise UsageError(f"{mask_path} holds class {int(bad.max())}; --data.num_classes is {num_classes} "
+                                     f"(classes 0 to {num_classes - 1}, and {ignore_index} where no class counts, "
+                                     "--data.ignore_index)")
         except OSError as e:
             raise UsageError(f"cannot read {image_path} or its mask {mask_path}: {e}") from None
+
+
+def mask_values(mask: Image.Image, layout: str = "folder") -> np.ndarray:
+    """The distinct values of a mask, as the layout reads them (ADE20k's one lower, 0 ignored)."""
+    values = np.unique(np.asarray(mask))
+    if layout == "ade20k":
+        values = np.where(values == 0, 255, values - 1)
+    return values
+
+
+def classes_in_masks(pairs: list[tuple[Path, Path]], ignore_index: int = 255, layout: str = "folder") -> int:
+    """The classes a split's masks index: the largest value other than ``ignore_index``, plus one."""
+    top = -1
+    for _, mask_path in pairs:
+        values = mask_values(read_mask(mask_path), layout)
+        values = values[values != ignore_index]
+        top = max(top, int(values.max()) if len(values) else -1)
+    if top < 0:
+        raise UsageError(f"the masks beside {pairs[0][1].parent} hold no class, only {ignore_index} (ignore_index)")
+    return top + 1
 
 
 class JointTransform:

@@ -81,10 +81,8 @@ class SwinConfig(DataConfig):
     # attended as zero vectors (True: the official detection and segmentation backbone's, mmsegmentation's and
     # transformers' Swin, which their UperNet weights were trained with)
     attend_padding: bool = False
-    # every block keeps the configured window and shift whatever its map's size, the map padded to whole windows (the
-    # official detection and segmentation backbone's, mmsegmentation's and transformers' SwinBackbone's rule, the one
-    # their UperNet weights were trained with); False: a window larger than the map shrinks to it and stops shifting
-    # (the classification Swin's, timm's)
+    # the configured window and shift at every map size, padded (the detection and segmentation backbones' rule:
+    # mmsegmentation's, transformers' SwinBackbone); False: a larger window shrinks to the map, unshifted (timm's)
     always_partition: bool = False
 
     def __post_init__(self) -> None:
@@ -172,7 +170,7 @@ class SwinStage(nn.Module):
         H, W = self.size = cfg.stage_sizes[i]  # at the configured img_size; the sizes a traced graph is built for
         w = cfg.stage_windows[i]
         self.always_partition = cfg.always_partition
-        self.window = w if cfg.always_partition else (min(w[0], H), min(w[1], W))  # a larger window shrinks to the map
+        self.window = w if cfg.always_partition else (min(w[0], H), min(w[1], W))
         self.attend_padding = cfg.attend_padding
         self.grad_checkpointing = False
         v2 = cfg.version == 2

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from vitkit.data.segmentation import (
@@ -23,10 +24,13 @@ from vitkit.data.segmentation import (
     MaskFolder,
     OwnSize,
     check_pairs,
+    classes_in_masks,
     has_split,
     mask_columns,
+    mask_pairs,
 )
 from vitkit.data.transforms import data_config, device_batch
+from vitkit.errors import UsageError
 from vitkit.models.config import pair
 
 from .loaders import RankPositions, _TrainValLoaders
@@ -40,8 +44,9 @@ class SegmentationDataModule(_TrainValLoaders):
 
     Args:
         root: the folder that holds ``images/`` and ``masks/`` (or the dataset's folder, for another ``layout``).
-        num_classes: the classes the masks index (0 to num_classes - 1); other values than ``ignore_index`` are
-            refused when a batch holds them. Default: the layout's (ADE20k 150, VOC 21, Cityscapes 19).
+        num_classes: the classes the masks index (0 to num_classes - 1); a mask with another value than these and
+            ``ignore_index`` is named before training. Default: the layout's (ADE20k 150, VOC 21, Cityscapes 19); for
+            a folder, read from the training masks (their largest value other than ``ignore_index``, plus one).
         classes: the classes' names, in index order (default: VOC's and Cityscapes' own, else "0", "1", ...).
         layout: ``folder``, ``ade20k``, ``voc`` or ``cityscapes`` (``vitkit/data/segmentation.py``).
         ignore_index: the mask value of pixels no class counts (255, the ADE20k / VOC / Cityscapes convention).
@@ -71,6 +76,15 @@ class SegmentationDataModule(_TrainValLoaders):
         if not 0 <= ignore_index <= 65535:
             raise ValueError(f"ignore_index must be a mask value, 0 to 65535 (255 by default), got {ignore_index}")
         num_classes = LAYOUT_CLASSES.get(layout) if num_classes is None else num_classes
+        if num_classes is None and layout == "folder" and self.reads_folder:  # the training masks say
+            try:
+                num_classes = classes_in_masks(mask_pairs(root, "train"), ignore_index)
+            except UsageError as e:
+                raise UsageError(f"{e}; the classes are read from its training masks unless --data.num_classes gives "
+                                 "them") from None
+            rank_zero_info(f"data: {num_classes} classes, read from the masks of {Path(root) / 'masks' / 'train'} "
+                           "(--data.num_classes sets them)")
+            self.hparams.num_classes = num_classes  # what the model is linked to, and the checkpoint keeps
         if num_classes is None or num_classes < 1:
             raise ValueError(f"give --data.num_classes, the classes the masks index (1 or more), got {num_classes}")
         classes = classes if classes is not None else LAYOUT_NAMES.get(layout)
@@ -82,8 +96,11 @@ class SegmentationDataModule(_TrainValLoaders):
         self.data_cfg = data_config(model_name, img_size, mean=mean, std=std)
 
     sets_up_locally = True
+    reads_folder = True  # root is a folder of images and masks (a subclass reads another source)
 
     def setup(self, stage: str | None = None) -> None:
+        if hasattr(self, "train_set"):  # once: the CLI sets up before the trainer, to refuse bad data first
+            return
         hp = self.hparams
         train = JointTransform(hp.img_size, True, hp.ignore_index, tuple(hp.scale), hp.hflip, hp.color_jitter)
         evaluate = JointTransform(hp.img_size, False, hp.ignore_index)
@@ -95,8 +112,8 @@ class SegmentationDataModule(_TrainValLoaders):
         (``setup`` checks; another view of a split it set up need not)."""
         hp = self.hparams
         ds = MaskFolder(hp.root, name, transform, hp.layout)
-        if check:
-            check_pairs(ds.pairs)  # before training: the CLI sets up first
+        if check:  # before training: the CLI sets up first
+            check_pairs(ds.pairs, self.num_classes, hp.ignore_index, hp.layout)
         return ds
 
     def has(self, name: str) -> bool:
@@ -179,6 +196,8 @@ class HFSegmentationDataModule(RankPositions, SegmentationDataModule):
             self.rows = {"train": train.select(keep), "val": train.select(held)}
         if test_split is not None and test_split in splits:
             self.rows["test"] = splits[test_split]
+
+    reads_folder = False
 
     @property
     def sets_up_locally(self) -> bool:  # a stream is split by rank, which the trainer knows once fit starts
@@ -266,6 +285,7 @@ class StreamingSegmentationDataModule(RankPositions, SegmentationDataModule):
         self.save_hyperparameters()
 
     sets_up_locally = False  # the index of a remote dataset is read when the loaders are made
+    reads_folder = False
 
     def split(self, name: str, transform: JointTransform | OwnSize, check: bool = True):
         from vitkit.data.streaming import MaskShards
