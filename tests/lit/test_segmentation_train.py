@@ -261,6 +261,21 @@ def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_ru
     assert any(".lora_" in k for k in moved)
 
 
+def test_the_overlay_tints_each_class_and_leaves_the_background_as_it_is(tmp_path):
+    """``predict``'s overlay: class 0 (the palette's black, VOC's background) keeps the image's pixels, every other
+    class is its palette colour blended in at half strength; the mask file holds the indices."""
+    from vitkit.tools.masks import palette, save_mask
+
+    image = Image.fromarray(np.full((4, 6, 3), 200, np.uint8))
+    mask = np.zeros((4, 6), np.int64)
+    mask[2:] = 1
+    mask_file, overlay_file = save_mask(mask, image, tmp_path / "photo", 3)
+    overlay = np.asarray(Image.open(overlay_file), np.float32)
+    assert (overlay[:2] == 200).all()
+    np.testing.assert_allclose(overlay[2:], np.broadcast_to(0.5 * 200 + 0.5 * palette(3)[1], (2, 6, 3)), atol=1)
+    assert (np.array(Image.open(mask_file)) == mask).all()
+
+
 def test_sliding_windows_of_a_pointwise_model_give_its_logits_at_full_size():
     """A 1x1 conv gives each pixel the same logits in every window: sliding (mmsegmentation's grid, windows padded
     past a short side) then equals the model on the whole image, whatever the sizes and strides."""

@@ -25,8 +25,9 @@ from typing import Any
 import lightning as L
 import yaml
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, RichModelSummary
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
+from lightning.pytorch.callbacks import ModelSummary as LightningSummary
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies import Strategy, StrategyRegistry
 from lightning.pytorch.utilities import rank_zero_info
@@ -36,7 +37,7 @@ from vitkit import recipes
 from vitkit.builder import checkpoint_preset
 from vitkit.errors import UsageError, take_traceback_flag, take_verbose_flag
 from vitkit.noise import quiet
-from vitkit.training.callbacks import AtomicCheckpointIO, ModelCheckpoint, TrainingCurves, checkpoints_dir
+from vitkit.training.callbacks import AtomicCheckpointIO, ModelCheckpoint, ModelSummary, TrainingCurves, checkpoints_dir
 from vitkit.training.flat import flat_of
 from vitkit.training.hparams import read_hparams
 from vitkit.training.parts import class_at
@@ -364,6 +365,8 @@ class VitkitCLI(LightningCLI):
         for cb in trainer.checkpoint_callbacks:  # known before fit, so that --ckpt_path last finds last.ckpt
             if isinstance(cb, _LightningModelCheckpoint) and cb.dirpath is None:
                 cb.dirpath = checkpoints_dir(trainer)
+        trainer.callbacks = [ModelSummary(cb._max_depth) if type(cb) in (LightningSummary, RichModelSummary) else cb
+                             for cb in trainer.callbacks]  # no FLOPs column of zeros
         if trainer.loggers and not any(isinstance(cb, LearningRateMonitor) for cb in trainer.callbacks):
             trainer.callbacks.append(LearningRateMonitor(logging_interval="step"))  # it needs a logger
         return trainer

@@ -43,7 +43,8 @@ def mask_of(logits: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 def save_mask(mask: np.ndarray, image: Image.Image, stem: Path, classes: int) -> tuple[Path, Path]:
     """``<stem>_mask.png`` (a palette PNG whose pixel values are the class indices; 16-bit past 256 classes)
-    and ``<stem>_overlay.png`` (the image with each class's colour blended in at half strength)."""
+    and ``<stem>_overlay.png`` (the image with each class's colour blended in at half strength, but class 0's:
+    the palette's black, the background of VOC's convention, leaves the image as it is rather than darken it)."""
     colours = palette(max(classes, 1))
     if classes <= 256:
         out = Image.fromarray(mask.astype(np.uint8), mode="P")
@@ -52,7 +53,8 @@ def save_mask(mask: np.ndarray, image: Image.Image, stem: Path, classes: int) ->
         out = Image.fromarray(mask.astype(np.uint16))
     mask_path, overlay_path = stem.with_name(stem.name + "_mask.png"), stem.with_name(stem.name + "_overlay.png")
     out.save(mask_path)
-    blend = 0.5 * np.asarray(image.convert("RGB"), np.float32) + 0.5 * colours[mask].astype(np.float32)
+    rgb = np.asarray(image.convert("RGB"), np.float32)
+    blend = np.where((mask > 0)[..., None], 0.5 * rgb + 0.5 * colours[mask].astype(np.float32), rgb)
     Image.fromarray(blend.clip(0, 255).astype(np.uint8)).save(overlay_path)
     return mask_path, overlay_path
 

@@ -1,4 +1,4 @@
-"""Checkpoints that never lose work, and the training-curves picture drawn at the end of fit.
+"""Checkpoints that never lose work, the training-curves picture drawn at the end of fit, and the model summary.
 
 * :class:`AtomicCheckpointIO` is the checkpoint writer (a Lightning ``CheckpointIO`` plugin): every
   file is written beside its target and renamed over it, so a process killed during a save leaves the
@@ -19,12 +19,13 @@ import lightning as L
 import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, RichModelSummary
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger as _LightningCSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
 
 log = logging.getLogger(__name__)
 
@@ -240,3 +241,30 @@ class TrainingCurves(Callback):
                 metrics = Path(logger.log_dir) / "metrics.csv"
                 if metrics.exists():
                     log.info("training curves: %s", training_curves(metrics))
+
+
+class ModelSummary(RichModelSummary):
+    """Lightning's model summary at the start of fit, without its FLOPs column where Lightning counted none: it counts
+    them only from a module's ``example_input_array``, and shows 0 for every module without one. ``vitkit bench``
+    and ``vitkit models`` give a model's GMACs."""
+
+    @staticmethod
+    def summarize(summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
+                  model_size: float, total_training_modes: dict[str, int], total_flops: int, **kwargs: Any) -> None:
+        if total_flops:
+            return RichModelSummary.summarize(summary_data, total_parameters, trainable_parameters, model_size,
+                                              total_training_modes, total_flops, **kwargs)
+        from rich import get_console
+        from rich.table import Table
+
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs"]
+        table = Table(header_style=kwargs.get("header_style", "bold magenta"))
+        for name, _ in columns:
+            table.add_column(name or " ", justify="right" if name in ("Params", "Params per Device") else "left")
+        for row in zip(*(values for _, values in columns), strict=True):
+            table.add_row(*row)
+        console = get_console()
+        console.print(table)
+        count = lambda n: get_human_readable_count(int(n)).strip()  # noqa: E731
+        frozen, size = count(total_parameters - trainable_parameters), get_formatted_model_size(model_size)
+        console.print(f"[bold]Params[/]: {count(trainable_parameters)} trainable, {frozen} frozen ({size} MB)")
