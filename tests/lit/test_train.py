@@ -11,6 +11,7 @@ import torch
 import yaml
 
 import vitkit
+from tests.commands import error_line_of
 from vitkit.cli.train import cli_main
 from vitkit.errors import UsageError
 from vitkit.lit import DigitsDataModule, ImageClassifier, ImageFolderDataModule, Recipe, SingleLabel
@@ -407,6 +408,11 @@ def test_test_evaluates_a_held_out_split_and_says_which(tmp_path, caplog):
                         "--model.model_overrides", TINY_VIT, "--data.test_fraction", "0.1", "--ckpt_path", "last"])
     assert "test: evaluating the test split of DigitsDataModule" in caplog.text
     assert "test/top1" in cli.trainer.callback_metrics
+    for other in (["--data.test_fraction", "0.2"], ["--data.seed", "1", "--data.test_fraction", "0.1"]):
+        # another carving of the same digits: its test split holds digits the run trained on
+        line = error_line_of(["train", "test", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"),
+                              *_cpu(tmp_path), "--model.model_overrides", TINY_VIT, *other, "--ckpt_path", "last"])
+        assert "last.ckpt was trained with --data." in line and "holds data that run trained on" in line, line
 
 
 def test_image_folder_test_split(image_folder, tmp_path, caplog):

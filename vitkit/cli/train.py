@@ -402,6 +402,34 @@ class VitkitCLI(LightningCLI):
                     raise UsageError(str(e)) from e
 
 
+    def before_test(self) -> None:
+        self._refuse_a_test_split_it_trained_on()
+
+    def _refuse_a_test_split_it_trained_on(self) -> None:
+        """A data module that carves its test split out of the data (``SPLIT_SETTINGS``: the digits'
+        ``test_fraction``) holds out what the checkpoint's run never saw only with the settings that run split by."""
+        dm, path = self.datamodule, self.config_init["test"].get("ckpt_path")
+        settings = getattr(dm, "SPLIT_SETTINGS", ())
+        if not settings or path is None:
+            return
+        if path in ("last", "best"):
+            callback = self.trainer.checkpoint_callback
+            path = getattr(callback, "best_model_path", "") if path == "best" else \
+                os.path.join(getattr(callback, "dirpath", None) or "", "last.ckpt")
+        if not path or not os.path.isfile(path):
+            return  # Lightning names a missing file
+        trained = read_hparams(path, "datamodule_hyper_parameters")
+        if not trained or trained.get("_class_path", "").rpartition(".")[2] not in ("", type(dm).__name__):
+            return
+        differ = [k for k in settings if k in trained and trained[k] != dm.hparams.get(k)]
+        if differ:
+            was = ", ".join(f"--data.{k} {trained[k]}" for k in differ)
+            now = ", ".join(f"{dm.hparams.get(k)}" for k in differ)
+            raise UsageError(f"{path} was trained with {was}; a test split carved now with {now} holds data that "
+                             f"run trained on: test it with {was}, or hold the test split out when training (fit "
+                             "and test with the same --data settings)")
+
+
 def cli_main(args: list[str] | None = None, run: bool = True, prog: str | None = None) -> LightningCLI:
     """``vitkit train fit -c vit_tiny_digits``; ``args`` replaces sys.argv[1:], ``prog`` names the program in
     ``--help``. Bad input raises: a :class:`~vitkit.errors.UsageError` (or another error ``vitkit.errors.user_error``

@@ -16,14 +16,15 @@ from torch import nn
 from vitkit.distributed import gather_from_ranks
 
 
-def read_hparams(path: Any) -> dict:
-    """A checkpoint file's hyper-parameters, read without its tensors ({} where it has none, or where it is not a
-    file torch reads safely: loading it then says what is wrong)."""
+def read_hparams(path: Any, key: str = "hyper_parameters") -> dict:
+    """A checkpoint file's hyper-parameters (or its data module's, ``key="datamodule_hyper_parameters"``), read
+    without its tensors ({} where it has none, or where it is not a file torch reads safely: loading it then says
+    what is wrong)."""
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - whoever loads the file next names the fault
         return {}
-    return dict(raw.get("hyper_parameters") or {}) if isinstance(raw, dict) else {}
+    return dict(raw.get(key) or {}) if isinstance(raw, dict) else {}
 
 
 def keep_own_hparams(module: L.LightningModule) -> None:

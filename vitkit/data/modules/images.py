@@ -48,6 +48,8 @@ class DigitsDataModule(_TrainValLoaders):
     classes: list[str] = [str(i) for i in range(10)]
     num_classes: int = 10
     sets_up_locally = True
+    # the settings that decide which digits train: a test split is held out only from a run trained with the same
+    SPLIT_SETTINGS = ("val_fraction", "test_fraction", "seed", "train_per_class")
 
     def __init__(self, img_size: int | tuple[int, int] = 32, batch_size: int = 64, num_workers: int = 0,
                  val_fraction: float = 0.2,
