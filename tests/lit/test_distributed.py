@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from .conftest import TINY_VIT, run_in_repo, run_in_turn
 
@@ -84,7 +85,9 @@ def test_a_nan_on_one_rank_is_skipped_by_all_and_an_empty_batch_adds_no_gradient
 @pytest.mark.timeout(600)
 def test_the_vitkit_command_starts_every_rank_of_a_multi_process_run(tmp_path):
     """``vitkit train fit --trainer.devices 2``: Lightning starts rank 1 by running the command line again, which
-    must still be the ``vitkit`` script followed by ``train``."""
+    must still be the ``vitkit`` script followed by ``train``. The LR, given for a total batch (``lr_batch``),
+    follows the run's: 2 processes x batch 32 x 2 accumulated batches, 4 times the recipe's 3e-3 for 32, said at the
+    start and what the optimizer ran."""
     import shutil
     import sys
 
@@ -93,6 +96,13 @@ def test_the_vitkit_command_starts_every_rank_of_a_multi_process_run(tmp_path):
     out = run_in_repo([script, "train", "fit", "--config=vit_tiny_digits", "--trainer.accelerator=cpu",
                        "--trainer.devices=2", "--trainer.strategy=ddp", "--trainer.max_epochs=1",
                        "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1", "--trainer.logger=false",
+                       "--trainer.accumulate_grad_batches=2", "--model.recipe.lr_batch=32",
                        f"--trainer.default_root_dir={tmp_path}", f"--model.model_overrides={TINY_VIT}"], timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "MEMBER: 2/2" in out.stderr and (tmp_path / "checkpoints/last.ckpt").exists()
+    said = out.stdout + out.stderr
+    assert ("lr: 0.003 for a total batch of 32; this run's is 128 (2 process(es) x batch 32 x 2 accumulated): lr "
+            "0.012 (x 128/32)") in said, said[-3000:]
+    saved = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True, map_location="cpu")
+    assert saved["lr_schedulers"][0]["base_lrs"] == [pytest.approx(0.012)] * len(saved["lr_schedulers"][0]["base_lrs"])
+    assert saved["hyper_parameters"]["recipe"]["lr"] == 0.003  # the recipe as given: a resumed run scales it again

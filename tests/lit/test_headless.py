@@ -64,7 +64,8 @@ def fine_tune(family: str, data: Path, root: Path, checkpoint: Path | None, free
                      "--model.model_overrides", str(overrides).replace("'", '"').replace("(", "[").replace(")", "]"),
                      "--model.freeze_backbone", str(freeze).lower(),
                      *(["--model.layer_decay", "null", "--model.lr", "1e-2"] if freeze else  # a linear probe
-                       ["--model.layer_decay", "0.65", "--model.lr", "2e-3"]), "--model.warmup_epochs", "0",
+                       ["--model.layer_decay", "0.65", "--model.lr", "2e-3"]), "--model.recipe.lr_batch", "null",
+                     "--model.warmup_epochs", "0",
                      "--model.mixup", "0", "--model.cutmix", "0", "--trainer.max_epochs", "10",
                      "--trainer.check_val_every_n_epoch", "10",  # only the last epoch's top-1 is read
                      "--data.root", str(data), "--data.img_size", "40", "--data.batch_size", "3",

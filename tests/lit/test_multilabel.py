@@ -39,6 +39,7 @@ def _train_args(train: Path, val: Path, root: Path, overrides: dict = SMALL, *ex
     return ["fit", "-c", "multilabel_finetune", "--model.model_name", "vit_tiny_patch16_224",
             "--model.pretrained", "false", "--model.model_overrides", json.dumps(overrides),
             "--model.layer_decay", "null", "--model.warmup_epochs", "1", "--model.lr", "1e-3",
+            "--model.recipe.lr_batch", "null",
             "--data.train_manifest", str(train), "--data.val_manifest", str(val), "--data.img_size", "32",
             "--data.batch_size", "32", "--data.num_workers", "0", "--data.hflip", "0", "--data.scale", "[0.8,1]",
             "--trainer.accelerator", "cpu", "--trainer.precision", "32-true", "--trainer.default_root_dir", str(root),

@@ -28,6 +28,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torch.optim.swa_utils import get_ema_multi_avg_fn
+from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
 from vitkit.lora import require_backbone
@@ -229,9 +230,29 @@ class TrainingModule(L.LightningModule):
             group["lr"] = base * fn(sched.last_epoch)  # the current step's LR, now that the length is known
 
     def configure_optimizers(self) -> dict:
-        opt, sched = self.recipe.build(self.model, None if self._may_fuse() else False, self.lr_multiplier(),
-                                       self.adapter_lr_scale())
+        opt, sched = self.run_recipe().build(self.model, None if self._may_fuse() else False, self.lr_multiplier(),
+                                             self.adapter_lr_scale())  # min_lr / lr as the recipe's: one schedule
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def run_recipe(self) -> Recipe:
+        """The recipe at this run's total batch (devices x nodes x the data's batch x accumulated batches), its LR
+        scaled from ``recipe.lr_batch``, in one line at the start of the run."""
+        recipe, trainer = self.recipe, self._trainer
+        batch = getattr(getattr(trainer, "datamodule", None), "hparams", {}).get("batch_size") if trainer else None
+        if recipe.lr_batch is None:
+            return recipe
+        if not batch:
+            log.warning("recipe.lr_batch %d: the data module names no batch_size, so the lr stays %.3g",
+                        recipe.lr_batch, recipe.lr)
+            return recipe
+        devices, accumulate = trainer.world_size, trainer.accumulate_grad_batches
+        total = devices * batch * accumulate
+        scaled = recipe.for_batch(total)
+        rule = f"x {total}/{recipe.lr_batch}" if recipe.lr_scaling == "linear" else \
+            f"x sqrt({total}/{recipe.lr_batch})"
+        rank_zero_info(f"lr: {recipe.lr:.3g} for a total batch of {recipe.lr_batch}; this run's is {total} ({devices} "
+                       f"process(es) x batch {batch} x {accumulate} accumulated): lr {scaled.lr:.3g} ({rule})")
+        return scaled
 
     def _may_fuse(self) -> bool:
         """Whether AdamW may be the fused kernel. Not under a gradient scaler (fp16 on GPUs), which must unscale the

@@ -17,6 +17,7 @@ from .optim import ScheduledLR, build_adamw, build_sgd, inverse_sqrt, warmup_cos
 OPTIMIZERS = ("adamw", "sgd")
 DECAYS = ("cosine", "poly", "rsqrt")
 NONFINITE = ("stop", "skip")
+LR_SCALINGS = ("linear", "sqrt")
 
 
 class WarmupSchedule:
@@ -73,7 +74,12 @@ class Recipe:
     None: none; validated beside the model as ``val/top1_ema``, or with ``ema_is_model`` the run's model itself:
     validated, tested and saved as ``model.``), what a non-finite loss does (``nonfinite_loss``: ``stop`` ends the run
     with an error, ``skip`` drops that step on every rank and stops after 10 bad steps in a row) and whether the model
-    runs under ``torch.compile`` (in place: parameter names stay the plain model's)."""
+    runs under ``torch.compile`` (in place: parameter names stay the plain model's).
+
+    ``lr_batch``: the total batch (devices x nodes x batch x accumulated batches) that ``lr`` and ``min_lr`` are
+    given for; a run at another total batch scales both by total / lr_batch (``lr_scaling: linear``, Goyal et al.'s
+    rule, DeiT's and MAE's) or by its square root (``sqrt``, for AdamW at small batches, Malladi et al. 2022;
+    DINOv2's). None: the LR as given, whatever the batch."""
 
     lr: float
     weight_decay: float
@@ -90,10 +96,13 @@ class Recipe:
     ema_is_model: bool = False
     nonfinite_loss: str = "stop"
     compile: bool = False
+    lr_batch: int | None = None
+    lr_scaling: str = "linear"
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS), ("schedule", self.schedule, DECAYS),
-                                     ("nonfinite_loss", self.nonfinite_loss, NONFINITE)):
+                                     ("nonfinite_loss", self.nonfinite_loss, NONFINITE),
+                                     ("lr_scaling", self.lr_scaling, LR_SCALINGS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
         if not self.lr > 0:
@@ -101,6 +110,16 @@ class Recipe:
         steps = self.warmup_steps
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
             raise ValueError(f"warmup_steps must be an integer >= 0 (null: warmup_epochs), got {steps!r}")
+        batch = self.lr_batch
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+            raise ValueError(f"lr_batch must be a total batch of 1 or more (null: the lr as given), got {batch!r}")
+
+    def for_batch(self, total: int) -> Recipe:
+        """The recipe at a run's total batch: ``lr`` and ``min_lr`` scaled from ``lr_batch`` (itself without one)."""
+        if self.lr_batch is None or total == self.lr_batch:
+            return self
+        factor = total / self.lr_batch if self.lr_scaling == "linear" else (total / self.lr_batch) ** 0.5
+        return dataclasses.replace(self, lr=self.lr * factor, min_lr=self.min_lr * factor, lr_batch=total)
 
     def refuse(self, module: str, **why: str) -> None:
         """A ``ValueError`` naming the first field of ``why`` that is set (not its default) and why ``module`` does

@@ -72,8 +72,9 @@ class StepsPerEpoch(L.Callback):
     """At least ``min_steps`` optimizer steps per epoch.
 
     Where the training split holds fewer than
-    ``min_steps`` batches, the batch is lowered to ``len(train) // min_steps`` (at least ``min_batch``) and the
-    module's ``lr`` with it (linearly for SGD, by the square root for AdamW), and the run says so in one line."""
+    ``min_steps`` batches, the batch is lowered to ``len(train) // min_steps`` (at least ``min_batch``), and the run
+    says so in one line. The LR follows by the recipe's own rule (``recipe.lr_batch``); a recipe without one has its
+    ``lr`` lowered here (linearly for SGD, by the square root for AdamW)."""
 
     def __init__(self, min_steps: int = 10, min_batch: int = 4) -> None:
         if min_steps < 1 or min_batch < 1:
@@ -100,6 +101,10 @@ class StepsPerEpoch(L.Callback):
             return
         dm.hparams.batch_size = new
         recipe = getattr(module, "recipe", None)
+        if recipe is not None and recipe.lr_batch is not None:  # the LR follows the run's total batch by the recipe
+            rank_zero_info(f"data: {n} training images give {n // (batch * world)} step(s) of batch {batch} an epoch; "
+                           f"batch {new} gives {n // (new * world)}")
+            return
         lr, sgd = (recipe.lr, recipe.optimizer == "sgd") if recipe is not None else (None, False)
         if lr is not None:  # SGD's LR follows the batch linearly, AdamW's by its square root (Malladi et al., 2022)
             module.recipe = recipe.with_lr(lr * (new / batch if sgd else (new / batch) ** 0.5))
