@@ -50,6 +50,27 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and "attention-map" in out.stdout
 
 
+def test_vitkit_recipes_says_each_recipes_hardware_data_and_time_in_whole_sentences(capsys):
+    """`vitkit recipes`: each recipe's hardware as its trainer section asks for it (a GPU-only recipe says so), its
+    data and time scale from its header, and what it trains in whole sentences (never cut at a line's end)."""
+    import yaml
+
+    from vitkit.cli import main
+    from vitkit.recipes import list_recipes
+
+    assert main(["recipes"]) == 0
+    out = capsys.readouterr().out
+    for name, info in list_recipes().items():
+        trainer = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())["trainer"]
+        gpu_only = trainer.get("accelerator") == "gpu"
+        assert info.hardware.endswith("(GPU only)") == gpu_only and info.data and info.time, (name, info)
+        assert ("CPU" in info.hardware) == (not gpu_only), (name, info)
+        if trainer.get("devices") not in (None, "auto", 1):
+            assert f"{trainer['devices']} GPUs" in info.hardware, (name, info)
+        assert info.summary.endswith((".", ")")) and info.summary[0].isupper(), (name, info.summary)
+        assert f"{name}: {info.hardware}; {info.data}; {info.time}" in out
+
+
 @pytest.mark.slow
 def test_help_and_recipes_answer_without_importing_torch():
     """The first commands a newcomer types answer at once: torch (seconds to import) is imported by the commands
@@ -219,8 +240,9 @@ def test_demo_train_and_recipes_run_from_an_installed_wheel(wheel_site, tmp_path
     listing = _from_wheel(wheel_site, tmp_path, "recipes")
     assert listing.returncode == 0, listing.stderr[-2000:]
     lines = listing.stdout.splitlines()
-    assert len(lines) == len(list((ROOT / "configs").glob("*.yaml"))) + 1
-    assert any(line.startswith("vit_tiny_digits ") and "digits" in line for line in lines)
+    named = [line for line in lines if not line.startswith(" ")][:-1]  # each recipe's line; its prose indented
+    assert len(named) == len(list((ROOT / "configs").glob("*.yaml")))
+    assert any(line.startswith("vit_tiny_digits: CPU") and "digits" in line for line in lines)
     assert str(wheel_site / "vitkit" / "configs") in lines[-1]
 
 

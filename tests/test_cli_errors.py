@@ -112,8 +112,8 @@ def test_the_training_command_ends_bad_input_with_one_line(files, tmp_path, capf
 
 
 def test_a_recipe_for_a_gpu_on_a_cpu_machine_names_the_flags_that_run_it_here(files, tmp_path):
-    """From the shell, as README's fine-tuning command for a backbone file: one line naming what the recipe asks
-    for, what the machine has, and the flags that run it here."""
+    """From the shell, a GPU-only recipe (ImageNet's, on 8 GPUs) on a machine without one: one line naming what the
+    recipe asks for, what the machine has, and the flags that run it here."""
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: the recipe runs")
     data = tmp_path / "data"
@@ -121,7 +121,7 @@ def test_a_recipe_for_a_gpu_on_a_cpu_machine_names_the_flags_that_run_it_here(fi
         for c in ("x", "y"):
             (data / split / c).mkdir(parents=True)
             Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(data / split / c / "0.png")
-    out = forkserver.run(["-m", "vitkit.cli", "train", "fit", "--config", "vit_base_finetune", "--model.model_name",
+    out = forkserver.run(["-m", "vitkit.cli", "train", "fit", "--config", "vit_base_in1k", "--model.model_name",
                           "vit_tiny_patch16_224", "--model.pretrained", "false", "--model.checkpoint", files["export"],
                           "--data.root", str(data), "--trainer.default_root_dir", str(tmp_path / "run")],
                          cwd=tmp_path, env={**os.environ, "VITKIT_TRACEBACK": ""})

@@ -53,16 +53,21 @@ def test_a_hub_dataset_gives_the_pairs_a_folder_gives(tmp_path):
     assert own[0].shape == (3, 48, 48) and own[1].shape == (48, 48)
 
 
-def test_trained_and_evaluated_from_a_hub_dataset_as_from_its_folder(tmp_path, capsys):
+def test_trained_and_evaluated_from_a_hub_dataset_as_from_its_folder(tmp_path, capsys, caplog):
+    """(And a frozen backbone of random weights, no checkpoint or pretrained tag given, is said in one line.)"""
+    import logging
+
     folder = write_digit_masks(tmp_path / "folder", train=8, val=4, size=32, glyph_size=16)
     hub = as_hf(folder, tmp_path / "hub", ("pixel_values", "label"))
-    run = cli_main(["fit", "-c", "seg_linear_probe", "--model.model_name", "vit_tiny_patch16_224",
-                    "--model.model_overrides", TINY_DIGITS_VIT, "--data", "vitkit.lit.HFSegmentationDataModule",
-                    "--data.name", str(hub), "--data.num_classes", str(len(CLASSES)), "--data.img_size", "32",
-                    "--data.batch_size", "4", "--data.num_workers", "0", "--trainer.max_steps", "2",
-                    "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
-                    "--trainer.enable_progress_bar", "false",
-                    "--trainer.default_root_dir", str(tmp_path / "run")])
+    with caplog.at_level(logging.INFO):
+        run = cli_main(["fit", "-c", "seg_linear_probe", "--model.model_name", "vit_tiny_patch16_224",
+                        "--model.model_overrides", TINY_DIGITS_VIT, "--data", "vitkit.lit.HFSegmentationDataModule",
+                        "--data.name", str(hub), "--data.num_classes", str(len(CLASSES)), "--data.img_size", "32",
+                        "--data.batch_size", "4", "--data.num_workers", "0", "--trainer.max_steps", "2",
+                        "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
+                        "--trainer.enable_progress_bar", "false",
+                        "--trainer.default_root_dir", str(tmp_path / "run")])
+    assert "warning: Frozen keeps the backbone's weights, and these are random" in caplog.text
     last = Path(run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
     scores = []
     for data, out in ((["--data", "vitkit.lit.HFSegmentationDataModule", "--data.name", str(hub)], "hub"),

@@ -1,6 +1,9 @@
-"""``vitkit recipes``: the training recipes that ship in the wheel, one line each."""
+"""``vitkit recipes``: the training recipes that ship in the wheel: each one's hardware, data, time scale and what it
+trains."""
 
 from __future__ import annotations
+
+import textwrap
 
 from .common import command_parser
 
@@ -14,8 +17,9 @@ def main(argv: list[str]) -> int:
     from vitkit.recipes import list_recipes, recipes_dir
 
     found = list_recipes()
-    width = max(map(len, found))
-    for name, what in found.items():
-        print(f"{name:<{width}}  {what}")
-    print(f"({len(found)} recipes in {recipes_dir()}; train one with `vitkit train fit --config NAME`)")
+    for name, info in found.items():
+        print(f"{name}: {info.hardware}; {info.data or 'data: see the recipe'}; {info.time or 'time: see the recipe'}")
+        print(textwrap.fill(info.summary, width=110, initial_indent="    ", subsequent_indent="    "))
+    print(f"({len(found)} recipes in {recipes_dir()}; `vitkit train fit -c NAME --print_config` shows one whole, "
+          "`vitkit train fit -c NAME` trains it; GPU only: its trainer asks for accelerator gpu)")
     return 0

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from lightning.pytorch.utilities import rank_zero_info
+
 from vitkit.lora import DEFAULTS as LORA
 from vitkit.lora import LoraSettings, add_lora, check_adaptation
 
@@ -44,8 +46,15 @@ class Adaptation(Part):
         """The weights that train set on ``module.model``."""
 
     def before_fit(self, module) -> None:
-        """The head fitted on the frozen features before the first step of a new run, where asked."""
+        """The head fitted on the frozen features before the first step of a new run, where asked; one line where
+        the backbone that stays frozen has no trained weights."""
         trainer = module.trainer
+        hp = module.hparams
+        keeps = self.frozen or self.head_init == "probe" or isinstance(self, LoRA)
+        if keeps and trainer.ckpt_path is None and not (hp.get("pretrained") or hp.get("checkpoint")):
+            rank_zero_info(f"warning: {type(self).__name__}" + (" with a probe" if self.head_init == "probe" else "") +
+                           " keeps the backbone's weights, and these are random (no --model.checkpoint, no "
+                           "--model.pretrained true): the head learns from features of random weights")
         if self.head_init == "probe" and trainer.ckpt_path is None and not trainer.fast_dev_run:
             module.fit_probe_head()
 

@@ -25,10 +25,10 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 from torch.optim.swa_utils import get_ema_multi_avg_fn
-from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
 from vitkit.lora import require_backbone
