@@ -75,8 +75,9 @@ def test_the_recipe_fits_the_probe_first_and_ends_above_it(backbone, few, tmp_pa
                            "--trainer.default_root_dir", str(run), *CPU], capsys)
     assert status == 0, err
     lines = said.messages
-    assert "data: 100 training images give 3 step(s) of batch 32 an epoch; batch 10 gives 10, at lr 0.000559 " \
-           "(lr x sqrt(10/32))" in lines, lines
+    assert "data: 100 training images give 3 step(s) of batch 32 an epoch; batch 10 gives 10" in lines, lines
+    assert "lr: 0.001 for a total batch of 32; this run's is 10 (1 process(es) x batch 10 x 1 accumulated): lr " \
+           "0.000559 (x sqrt(10/32))" in lines, lines  # the recipe's rule for AdamW on a small batch
     probe_line = next(m for m in lines if m.startswith("probe: "))
     baseline = float(re.search(r"val/top1 (\d\.\d+)", probe_line).group(1))
     # the baseline is the probe `vitkit evaluate --linear-probe` scores on the backbone's features
