@@ -14,20 +14,28 @@ from tests import forkserver
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 RUNNABLE = re.compile(r"<!-- runnable -->\s*```python\n(.*?)```", re.S)
+PYTHON = re.compile(r"(<!-- (?:runnable|tested by (\S+)) -->\s*)?```python\n(.*?)```", re.S)
 BASH = re.compile(r"```bash\n(.*?)```", re.S)
 
 
+LAUNCHER = re.compile(r"^(?:[A-Z_]+=\S+\s+)*(?:srun\s+|torchrun(?:\s+--?[\w-]+(?:[ =](?!\S*train\.py)\S+)?)*\s+)?")
+
+
 def _commands(text: str) -> list[str]:
-    """The vitkit and train.py command lines of the bash blocks (continuations joined, comments dropped)."""
+    """The vitkit and train.py command lines of the bash blocks (continuations joined, comments dropped), also
+    under a launcher (``srun``, ``torchrun ... train.py``, environment variables before them), as the command
+    itself (``vitkit ...`` or ``python train.py ...``)."""
     out = []
     for block in BASH.findall(text):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.strip().removeprefix("$ ")
             line = re.sub(r"\s+#.*$", "", line)
             for part in line.split("&&"):
-                part = part.strip()
-                if part.startswith(("vitkit ", "python train.py ", "srun python train.py ")):
-                    out.append(part.removeprefix("srun "))
+                part = LAUNCHER.sub("", part.strip(), count=1)
+                if part.startswith("train.py "):  # torchrun runs the script itself
+                    part = "python " + part
+                if part.startswith(("vitkit ", "python train.py ")):
+                    out.append(part)
     return out
 
 
@@ -62,6 +70,34 @@ def _env() -> dict:
 def test_the_runnable_python_blocks_run(page, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, page, "exec"), {"__name__": "__docs__"})
+
+
+def test_every_python_block_runs_here_or_names_the_test_that_runs_it():
+    """Each Python block of the manual either runs in the suite as it stands (``<!-- runnable -->``: the test above)
+    or needs what a test builds (weights from the hub cache, a trained checkpoint, an int8 program) and names that
+    test (``<!-- tested by tests/PATH.py::test_name -->``), which must exist."""
+    loose, gone = [], []
+    for page in PAGES:
+        for marker, tested_by, code in PYTHON.findall(page.read_text()):
+            where = f"{page.relative_to(ROOT)}: {code.splitlines()[0]}"
+            if not marker:
+                loose.append(where)
+            elif tested_by:
+                path, _, name = tested_by.partition("::")
+                if not (ROOT / path).is_file() or f"def {name}(" not in (ROOT / path).read_text():
+                    gone.append(f"{where} -> {tested_by}")
+    assert not loose, f"Python blocks neither runnable nor tested by a named test: {loose}"
+    assert not gone, f"Python blocks naming tests that are not there: {gone}"
+
+
+def test_the_tests_the_pages_name_are_there():
+    """A test a page names (``tests/PATH.py`` or ``tests/PATH.py::test_name``) exists, under that name."""
+    missing = []
+    for page in [*PAGES, *sorted((ROOT / "configs").glob("*.yaml"))]:
+        for path, name in re.findall(r"(?<![\w/])(tests/[\w/]+\.py)(?:::(\w+))?", page.read_text()):
+            if not (ROOT / path).is_file() or (name and f"def {name}(" not in (ROOT / path).read_text()):
+                missing.append(f"{page.name}: {path}{'::' + name if name else ''}")
+    assert not missing, missing
 
 
 def _parse_train(args: list[str]) -> None:
