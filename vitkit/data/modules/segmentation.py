@@ -55,7 +55,8 @@ class SegmentationDataModule(_TrainValLoaders):
             ``ratio_range``.
         hflip: the share of training images flipped left-right.
         color_jitter: brightness jitter of the training images (0: none).
-        mean, std: normalisation; default the preset's (``model_name``, linked from the model).
+        mean: normalisation's mean; default the preset's (``model_name``, linked from the model).
+        std: normalisation's standard deviation, as ``mean``.
     """
 
     def __init__(self, root: str, num_classes: int | None = None, classes: list[str] | None = None,
@@ -147,17 +148,22 @@ class HFSegmentationDataModule(RankPositions, SegmentationDataModule):
     Args:
         name: a hub name (``scene_parse_150``, ``segments/sidewalk-semantic``) or a local folder.
         data_files: local parquet or arrow files instead of ``name``.
-        config_name, revision: the dataset's configuration and revision.
-        image_column, mask_column: the two ``Image`` columns (default: the one named like a mask, ``annotation``,
-            ``label``, ``mask``..., and the other).
+        config_name: the dataset's configuration.
+        revision: the dataset's revision.
+        image_column: the ``Image`` column of the images (default: the one not named like a mask).
+        mask_column: the ``Image`` column of the masks (default: the one named like a mask, ``annotation``,
+            ``label``, ``mask``...).
         num_classes: the classes the masks index (required: a mask column does not say).
         reduce_zero_label: ADE20k's convention in the masks (0 ignored, 1..150 become 0..149).
-        train_split, val_split, test_split: the splits' names; without a validation split, ``val_fraction`` of the
-            training rows are held out by ``seed``.
+        train_split: the training split's name.
+        val_split: the validation split's name; without one, ``val_fraction`` of the training rows are held out
+            by ``seed``.
+        test_split: the test split's name.
         streaming: read the rows as a stream (split by rank and loader worker, the training rows shuffled through
             ``shuffle_buffer`` rows from ``seed`` and the epoch, the same number of steps on every rank, and the
             stream's position in the checkpoint); a stream needs a validation split of its own.
-        The rest: as :class:`SegmentationDataModule`'s.
+
+    The other arguments are :class:`SegmentationDataModule`'s.
     """
 
     def __init__(self, name: str | None = None, num_classes: int | None = None, classes: list[str] | None = None,
@@ -262,8 +268,11 @@ class StreamingSegmentationDataModule(RankPositions, SegmentationDataModule):
     Args:
         root: the converted dataset (its ``vitkit_dataset.json`` records the layout the masks came in).
         num_classes: the classes the masks index (required unless the layout has them).
-        seed, cache_dir, max_cache_size: the shuffle's seed, and where litdata caches a remote dataset.
-        The rest: as :class:`SegmentationDataModule`'s.
+        seed: the shuffle's seed.
+        cache_dir: where litdata caches a remote dataset.
+        max_cache_size: how much of it litdata keeps there.
+
+    The other arguments are :class:`SegmentationDataModule`'s.
     """
 
     def __init__(self, root: str, num_classes: int | None = None, classes: list[str] | None = None, seed: int = 0,

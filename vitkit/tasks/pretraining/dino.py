@@ -49,7 +49,8 @@ class DINOPretraining(TrainingModule):
     non-finite steps, exact resume). Logs ``train/loss_*``, ``train/dino``, ``train/ibot``, ``train/koleo``,
     ``val/loss`` and, with ``knn_root``, ``val/knn_top1``.
 
-    Args:
+    Its arguments, in groups:
+
         model_name: the ViT preset; pretrained, checkpoint: start the student and the teacher from those weights
             (a timm tag, any file vitkit reads); the heads are new.
         img_size: the data's resolution (linked from the data module): the global crops' size unless
