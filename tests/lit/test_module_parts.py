@@ -194,3 +194,13 @@ def test_a_segmenters_lora_checkpoint_keeps_what_trained_and_loads_back(tmp_path
     backbone.rename(tmp_path / "moved.safetensors")
     with pytest.raises(FileNotFoundError, match=f"holds LoRA adapters for the backbone {backbone}, which is not there"):
         Segmenter.load_from_checkpoint(last, map_location="cpu")
+
+
+def test_a_probe_for_a_head_it_cannot_fit_is_refused_before_the_backbone_is_built(monkeypatch):
+    """The probe fits the linear head; with DPT or UperNet the line names the setting that trains them instead, and
+    comes before any backbone is built (or its weights read)."""
+    monkeypatch.setattr(vitkit, "create_model", lambda *a, **k: pytest.fail("the backbone was built"))
+    for head in ("dpt", "upernet"):
+        with pytest.raises(ValueError, match=rf"the head is '{head}': give --model.adaptation.head_init random"):
+            Segmenter(model_name="vit_small_patch14_dinov2", head=head, num_classes=3,
+                      adaptation=Full(head_init="probe"))

@@ -107,6 +107,9 @@ class Segmenter(TrainingModule):
                              f"{dice_weight}")
         if num_classes is None or num_classes < 1:
             raise ValueError(f"num_classes must be >= 1 (the data module gives it), got {num_classes}")
+        if self.adaptation.head_init == "probe" and head != "linear":  # before the backbone is built or read
+            raise ValueError(f"head_init 'probe' fits the linear head (a linear regression on the patch features), and "
+                             f"the head is {head!r}: give --model.adaptation.head_init random with it")
         overrides = dict(model_overrides or {})
         if img_size is not None:
             overrides["img_size"] = img_size
@@ -125,10 +128,7 @@ class Segmenter(TrainingModule):
 
     def _adapt(self) -> None:
         """The backbone adapted as the adaptation part says (the head trains under every one)."""
-        hp, how = self.hparams, self.adaptation
-        if how.head_init == "probe" and hp.head != "linear":
-            raise ValueError(f"head_init 'probe' takes the linear head (the probe is a linear regression on the patch "
-                             f"features), got head {hp.head!r}")
+        how = self.adaptation
         if how.head_norm:
             raise ValueError("head_norm is a classifier's probe normalisation; a segmenter's linear head has its own "
                              "BatchNorm")
