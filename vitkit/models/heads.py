@@ -1,0 +1,182 @@
+"""Heads for dense tasks on any backbone's maps (``forward_intermediates``, timm's contract): what segmentation, depth
+and detection heads are built from, in mmsegmentation's parameter names.
+
+* :class:`LinearHead`: DINOv2's linear protocol (Meta's ``BNHead``): the patch maps of one layer, or of several
+  concatenated, a BatchNorm and a 1x1 conv.
+* :class:`UperNetHead`: UperNet (Xiao et al., 2018) on a pyramid of maps (Swin's four stages): a pooling pyramid on
+  the coarsest, a feature pyramid down to the finest, fused; :class:`FCNHead` is its auxiliary head in training.
+* :class:`DPTHead`: DPT (Ranftl et al., 2021) for plain ViTs: four layers' maps reassembled at 1/4 to 1/32 of the
+  input, fused from the coarsest, upsampled.
+
+Each ends in ``conv_seg``, a 1x1 conv to ``num_classes`` channels: classes for segmentation, one channel for depth.
+The names are mmsegmentation's (``conv_seg``, ``bottleneck.conv``, ``bottleneck.bn``), which Meta's DINOv2 head files
+and mmsegmentation checkpoints hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+
+def resize(x: Tensor, size: Sequence[int]) -> Tensor:
+    """Bilinear, corners not aligned (mmsegmentation's, transformers' and Meta's ``resize``); a no-op at the size."""
+    return x if tuple(x.shape[-2:]) == tuple(size) else F.interpolate(x, size=tuple(size), mode="bilinear",
+                                                                       align_corners=False)
+
+
+class ConvModule(nn.Sequential):
+    """Conv (no bias), BatchNorm, ReLU: mmsegmentation's ``ConvModule`` with its children's names."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, padding: int = 0) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, kernel, padding=padding, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+        self.activate = nn.ReLU(inplace=True)
+
+
+class AdaptiveAvgPool(nn.Module):
+    """``nn.AdaptiveAvgPool2d(size)`` as two averaging matrices built from the input's size (bin i of n covers
+    floor(i n / s) to ceil((i + 1) n / s), PyTorch's bins): the same numbers, and an exported graph that computes
+    the bins for each input's size, where ONNX's adaptive pooling keeps the traced size's."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def bins(self, n: int, like: Tensor) -> Tensor:
+        """(size, n): row i averages bin i's positions."""
+        i = torch.arange(self.size, device=like.device)
+        start, end = i * n // self.size, ((i + 1) * n + self.size - 1) // self.size
+        j = torch.arange(n, device=like.device)[None]
+        inside = ((j >= start[:, None]) & (j < end[:, None])).to(like.dtype)
+        return inside / inside.sum(1, keepdim=True)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows, cols = self.bins(x.shape[-2], x), self.bins(x.shape[-1], x)
+        return torch.einsum("ih,bchw,jw->bcij", rows, x, cols)
+
+
+class LinearHead(nn.Module):
+    """A BatchNorm and a 1x1 conv on the maps given, resized to the first one's size and concatenated."""
+
+    def __init__(self, in_channels: Sequence[int], num_classes: int) -> None:
+        super().__init__()
+        self.in_channels = list(in_channels)
+        self.bn = nn.BatchNorm2d(sum(self.in_channels))
+        self.conv_seg = nn.Conv2d(sum(self.in_channels), num_classes, 1)
+
+    def forward(self, maps: Sequence[Tensor]) -> Tensor:
+        x = torch.cat([resize(m, maps[0].shape[-2:]) for m in maps], dim=1)
+        return self.conv_seg(self.bn(x))
+
+
+class UperNetHead(nn.Module):
+    """UperNet: a pooling pyramid (``pool_scales``) on the coarsest map, lateral 1x1 convs on the others, each level
+    adding the coarser one upsampled, every level brought to the finest and fused by a 3x3 conv."""
+
+    def __init__(self, in_channels: Sequence[int], num_classes: int, channels: int = 512,
+                 pool_scales: Sequence[int] = (1, 2, 3, 6), dropout: float = 0.1) -> None:
+        super().__init__()
+        self.in_channels, top = list(in_channels), in_channels[-1]
+        self.psp_modules = nn.ModuleList(nn.Sequential(AdaptiveAvgPool(s), ConvModule(top, channels, 1))
+                                         for s in pool_scales)
+        self.bottleneck = ConvModule(top + len(pool_scales) * channels, channels, 3, padding=1)
+        self.lateral_convs = nn.ModuleList(ConvModule(c, channels, 1) for c in in_channels[:-1])
+        self.fpn_convs = nn.ModuleList(ConvModule(channels, channels, 3, padding=1) for _ in in_channels[:-1])
+        self.fpn_bottleneck = ConvModule(len(in_channels) * channels, channels, 3, padding=1)
+        self.dropout = nn.Dropout2d(dropout)
+        self.conv_seg = nn.Conv2d(channels, num_classes, 1)
+
+    def forward(self, maps: Sequence[Tensor]) -> Tensor:
+        top = maps[-1]
+        pooled = [resize(p(top), top.shape[-2:]) for p in self.psp_modules]
+        levels = [conv(m) for conv, m in zip(self.lateral_convs, maps, strict=False)]
+        levels.append(self.bottleneck(torch.cat([top, *pooled], dim=1)))
+        for i in range(len(levels) - 1, 0, -1):  # top-down: each level takes the coarser one
+            levels[i - 1] = levels[i - 1] + resize(levels[i], levels[i - 1].shape[-2:])
+        outs = [conv(level) for conv, level in zip(self.fpn_convs, levels, strict=False)] + [levels[-1]]
+        fused = self.fpn_bottleneck(torch.cat([resize(o, outs[0].shape[-2:]) for o in outs], dim=1))
+        return self.conv_seg(self.dropout(fused))
+
+
+class FCNHead(nn.Module):
+    """The auxiliary head of UperNet's training: ``num_convs`` 3x3 convs on one map, then a 1x1 conv to classes."""
+
+    def __init__(self, in_channels: int, num_classes: int, channels: int = 256, num_convs: int = 1,
+                 concat_input: bool = False, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.convs = nn.Sequential(*(ConvModule(in_channels if i == 0 else channels, channels, 3, padding=1)
+                                     for i in range(num_convs)))
+        self.conv_cat = ConvModule(in_channels + channels, channels, 3, padding=1) if concat_input else None
+        self.dropout = nn.Dropout2d(dropout)
+        self.conv_seg = nn.Conv2d(channels if num_convs else in_channels, num_classes, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.convs(x)
+        if self.conv_cat is not None:
+            out = self.conv_cat(torch.cat([x, out], dim=1))
+        return self.conv_seg(self.dropout(out))
+
+
+class _ResidualConvUnit(nn.Module):
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.conv2(F.relu(self.conv1(F.relu(x))))
+
+
+class _Fusion(nn.Module):
+    """DPT's fusion block: the coarser path plus this level's map (through a residual unit), a residual unit,
+    upsampled 2x, a 1x1 conv."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.skip = _ResidualConvUnit(channels)
+        self.refine = _ResidualConvUnit(channels)
+        self.project = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x: Tensor, level: Tensor | None = None) -> Tensor:
+        if level is not None:
+            x = resize(x, level.shape[-2:]) + self.skip(level)
+        x = self.refine(x)
+        return self.project(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True))
+
+
+class DPTHead(nn.Module):
+    """DPT on four maps of one plain ViT's resolution (1/patch): reassembled to 4x, 2x, 1x and 1/2x of it (1/4 to
+    1/32 of the input at patch 16), projected to ``channels``, fused from the coarsest, a conv head to classes."""
+
+    def __init__(self, in_channels: Sequence[int], num_classes: int, channels: int = 256,
+                 reassemble: Sequence[int] | None = None, dropout: float = 0.1) -> None:
+        super().__init__()
+        if len(in_channels) != 4:
+            raise ValueError(f"DPTHead takes the maps of 4 layers, got {len(in_channels)}")
+        dim = in_channels[-1]
+        widths = list(reassemble or (dim // 8, dim // 4, dim // 2, dim))
+        self.in_channels = list(in_channels)
+        self.projects = nn.ModuleList(nn.Conv2d(c, w, 1) for c, w in zip(in_channels, widths, strict=True))
+        self.resamples = nn.ModuleList([nn.ConvTranspose2d(widths[0], widths[0], 4, stride=4),
+                                        nn.ConvTranspose2d(widths[1], widths[1], 2, stride=2), nn.Identity(),
+                                        nn.Conv2d(widths[3], widths[3], 3, stride=2, padding=1)])
+        self.levels = nn.ModuleList(nn.Conv2d(w, channels, 3, padding=1, bias=False) for w in widths)
+        self.fusions = nn.ModuleList(_Fusion(channels) for _ in widths)
+        self.head = nn.Sequential(ConvModule(channels, channels, 3, padding=1), nn.Dropout2d(dropout))
+        self.conv_seg = nn.Conv2d(channels, num_classes, 1)
+
+    def forward(self, maps: Sequence[Tensor]) -> Tensor:
+        levels = [lv(rs(pr(m))) for m, pr, rs, lv in zip(maps, self.projects, self.resamples, self.levels,
+                                                          strict=True)]
+        x = self.fusions[3](levels[3])
+        for i in (2, 1, 0):
+            x = self.fusions[i](x, levels[i])
+        return self.conv_seg(self.head(x))
+
+
+HEADS = {"linear": LinearHead, "upernet": UperNetHead, "dpt": DPTHead}
