@@ -160,8 +160,7 @@ def test_train_test_writes_the_same_report_into_the_run_folder(digits_run, tmp_p
     root = Path(digits_run.trainer.default_root_dir)
     cli = cli_main(["test", "--config", str(Path(vitkit.__file__).parents[1] / "configs/vit_tiny_digits.yaml"),
                     "--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.logger", "false",
-                    "--trainer.default_root_dir", str(tmp_path), "--data.test_fraction", "0.1",
-                    "--ckpt_path", str(_ckpt(digits_run))])
+                    "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", str(_ckpt(digits_run))])
     report = json.loads((tmp_path / "evaluation/metrics.json").read_text())
     logged = cli.trainer.callback_metrics
     assert report["top1"] == pytest.approx(float(logged["test/top1"]), abs=1e-6)

@@ -318,7 +318,7 @@ def test_predicts_mode_and_stride_refused_in_one_line(tmp_path):
     assert error_line_of(["predict", str(image), "--model", "vit_tiny_patch16_224", "--mode", "slide", "--stride",
                           "3", "0"]) == "error: --stride takes H W or one number, each 1 or more, got 3 0"
     assert error_line_of(["predict", str(image), "--model", "vit_tiny_patch16_224", "--mode", "slide"]) == \
-        "error: --mode slide applies to a segmenter (a vitkit.lit.Segmenter checkpoint, or its ONNX export)"
+        "error: --mode slide and --stride apply to a segmenter (a vitkit.lit.Segmenter checkpoint, or its ONNX export)"
 
 
 def test_a_resumed_segmentation_run_ends_where_the_uninterrupted_one_does(tmp_path):

@@ -312,7 +312,7 @@ def test_cli_predict_without_the_weights_says_how_to_get_them(hf_cache, tmp_path
 
     assert re.search(f"vitkit download {SWIN_TAG}",
                      error_line_of(["predict", str(tmp_path / "img.png"), "--model", SWIN_TAG]))
-    assert re.search("give --checkpoint FILE, or --model NAME",
+    assert re.search("give --checkpoint FILE, --onnx FILE, or --model NAME",
                      error_line_of(["predict", str(tmp_path / "img.png")]))
 
 

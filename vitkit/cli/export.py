@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from vitkit.errors import UsageError
 
-from .common import OVERRIDES, TOKEN_MERGING, command_parser, load_classifier, parse_overrides, require_classifier
+from .common import OVERRIDES, TOKEN_MERGING, command_parser, parse_overrides
 
 
 def parser():
@@ -110,15 +109,14 @@ def main(argv: list[str]) -> int:
     overrides = parse_overrides(args.overrides)
     if args.img_size:
         overrides["img_size"] = args.img_size[0] if len(args.img_size) == 1 else tuple(args.img_size)
-    if args.token_merging and not Path(args.src).exists():
+    if args.token_merging:
         overrides["token_merging"] = args.token_merging
-    from .predict import segmentation_checkpoint
+    if Path(args.src).exists():  # a model file: its task gives the model to export
+        from vitkit.tasks import registry
 
-    if Path(args.src).exists() and segmentation_checkpoint(args.src) is not None:
-        net = _segmenter(args.src, overrides)
-    elif Path(args.src).exists():
-        args.checkpoint, args.overrides = args.src, json.dumps(overrides)
-        net = load_classifier(args)
+        if args.model:
+            overrides["model"] = args.model
+        net = registry.for_file(args.src, "export_model").function("export_model")(args.src, overrides)
     else:
         net = _named_model(args, overrides)
     out = args.output or f"{net.name}{'.int8' if args.int8 else ''}.{'onnx' if args.format == 'onnx' else 'pt2'}"
@@ -164,19 +162,6 @@ def _packed(args, net, out: str) -> int:
     return 0
 
 
-def _segmenter(path: str, overrides: dict):
-    """The segmentation model of a ``vitkit.lit.Segmenter`` checkpoint, with its class names (for the metadata)."""
-    from vitkit.lit import Segmenter
-
-    if overrides:
-        raise UsageError(f"{path} is a segmentation checkpoint: it exports as it was trained, without --overrides or "
-                         "--img-size (a ViT backbone's export takes any size)")
-    module = Segmenter.load_from_checkpoint(path, map_location="cpu").eval()
-    net = module.evaluated()  # the run's model: its EMA where that is what it validated
-    net.class_names = list(module.hparams.class_names or [str(i) for i in range(net.num_classes)])
-    return net
-
-
 def _named_model(args, overrides: dict):
     """A preset (random weights, for trying the export) or pretrained weights by tag."""
     import vitkit
@@ -195,6 +180,8 @@ def _named_model(args, overrides: dict):
     except KeyError as e:
         raise UsageError(f"{args.src!r} is neither a file nor a model vitkit knows: {e}") from None
     if tagged:
+        from vitkit.tasks.classification.inference import require_classifier
+
         require_classifier(net, name)
     else:
         print(f"{name}: no weights given, so the export holds a random initialisation (give a checkpoint file "

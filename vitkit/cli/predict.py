@@ -1,15 +1,15 @@
-"""``vitkit predict``: the top-k classes of image files, from a checkpoint, a tag or an exported ONNX file; for a
-multi-label classifier, the labels above their thresholds."""
+"""``vitkit predict``: what a model says of image files, from a checkpoint, a tag or an exported ONNX file, through
+its task's predictor (``vitkit.tasks``): a classifier's top-k classes (a multi-label one's labels above their
+thresholds), a segmenter's mask and overlay files."""
 
 from __future__ import annotations
 
 import sys
-
-import numpy as np
+from pathlib import Path
 
 from vitkit.errors import UsageError, one_line
 
-from .common import TOKEN_MERGING, add_model_source, command_parser, image_paths, load_classifier, read_image
+from .common import TOKEN_MERGING, add_model_source, command_parser, image_paths, parse_overrides
 
 
 def parser():
@@ -41,171 +41,68 @@ def main(argv: list[str]) -> int:
     args.images = image_paths(args.images)
     if args.topk is not None and args.topk < 1:
         raise UsageError(f"--topk expects a whole number of classes of 1 or more, got {args.topk}")
-    if args.onnx and args.token_merging:
-        raise UsageError("--token-merging applies to PyTorch models; an ONNX file merges tokens as it was "
-                         "exported (vitkit export --token-merging R)")
     if args.stride is not None and (len(args.stride) > 2 or min(args.stride) < 1):
         raise UsageError(f"--stride takes H W or one number, each 1 or more, got {' '.join(map(str, args.stride))}")
     if args.stride is not None and args.mode != "slide":
         raise UsageError("--stride is the step of --mode slide's windows; give --mode slide with it")
     if args.max_patches is not None and args.max_patches < 1:
         raise UsageError(f"--max-patches expects a number of patches of 1 or more, got {args.max_patches}")
-    if args.checkpoint and not args.onnx and segmentation_checkpoint(args.checkpoint):
-        return predict_masks(args)
-    # an ONNX file runs in onnxruntime on numpy arrays: torch is not imported (benchmarks/startup.py)
-    onnx = onnx_model(args.onnx) if args.onnx else None
-    if onnx is not None and args.max_patches is not None:  # the budget each image is resized within
-        if not onnx.packed:
-            raise UsageError(f"--max-patches with --onnx takes a file exported with --packed; {args.onnx} takes its "
-                             "exported size")
-        onnx.meta["max_patches"] = args.max_patches
-    segmenter = onnx is not None and onnx.meta.get("task") == "segmentation"
-    if args.mode != "whole" and not segmenter:
-        raise UsageError("--mode slide applies to a segmenter (a vitkit.lit.Segmenter checkpoint, or its ONNX export)")
-    if segmenter:
-        stride = None if args.stride is None else (args.stride[0], args.stride[-1])
-        return write_masks(args, onnx.labels or [], lambda image: onnx.segment(image, args.mode, stride))
-    names, probabilities, thresholds = onnx_classifier(onnx) if onnx is not None else torch_classifier(args)
+    task, source = model_source(args.onnx, args.checkpoint, args.model)
+    options = {"topk": args.topk, "max_patches": args.max_patches, "mode": args.mode, "stride": args.stride,
+               "token_merging": args.token_merging, "overrides": parse_overrides(args.overrides), "model": args.model}
+    predictor = task.function("predictor")(source, options)
     failed = 0
     for path in args.images:
         try:
-            p = probabilities(path)
+            image = read_image(path)
         except UsageError as e:  # one image that cannot be read: its line, and on to the next
             print(one_line(e), file=sys.stderr)
             failed += 1
             continue
-        if len(names) < len(p):
-            names = [str(i) for i in range(len(p))]
-        print(f"{path}: {describe(p, names, thresholds, args.topk)}")
+        result = predictor.result(image, predictor.run([predictor.prepare(image)])[0], options)
+        written = write_files(result.files, Path(args.output), Path(path).stem)
+        print(f"{path}: {result.line}" + (f" -> {', '.join(map(str, written))}" if written else ""))
     return 1 if failed else 0
 
 
-def segmentation_checkpoint(path: str) -> dict | None:
-    """The hyper-parameters of ``path`` where it is a checkpoint of ``vitkit.lit.Segmenter`` (its recorded class path
-    says so), else None."""
-    if not path.endswith(".ckpt"):
-        return None
-    import torch
+def model_source(onnx: str | None, checkpoint: str | None, model: str | None):
+    """(the task of the model a command names, and its source: ``("onnx", OnnxModel)``, ``("checkpoint", path)`` or
+    ``("name", tag)``). An ONNX file runs in onnxruntime on numpy arrays: torch is not imported for it."""
+    from vitkit.tasks import registry
 
-    try:
-        hp = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get("hyper_parameters") or {}
-    except Exception:  # noqa: BLE001 - not a checkpoint torch reads safely: the classifier path says what it is
-        return None
-    return dict(hp) if str(hp.get("_class_path", "")).endswith(".Segmenter") else None
-
-
-def predict_masks(args) -> int:
-    """A segmentation checkpoint's masks (``write_masks``)."""
-    from vitkit.evaluation.segmentation import predict_mask
-    from vitkit.lit import Segmenter
-    from vitkit.models.config import pair
-
-    module = Segmenter.load_from_checkpoint(args.checkpoint, map_location="cpu").eval()
-    cfg = module.model.backbone.cfg
-    names = module.hparams.class_names or [str(i) for i in range(module.model.num_classes)]
-    stride = None if args.stride is None else (args.stride[0], args.stride[-1])
-    return write_masks(args, names, lambda image: predict_mask(module, image, pair(cfg.img_size), cfg.mean, cfg.std,
-                                                               args.mode, stride))
+    if onnx:
+        net = onnx_model(onnx)
+        return registry.for_onnx(net.meta), ("onnx", net)
+    if checkpoint:
+        return registry.for_file(checkpoint, "predictor"), ("checkpoint", checkpoint)
+    if model:
+        return registry.other_files(), ("name", model)
+    raise UsageError("give --checkpoint FILE, --onnx FILE, or --model NAME for pretrained weights by name (a timm tag "
+                     "such as vit_base_patch16_224.augreg2_in21k_ft_in1k, or torchvision weights)")
 
 
-def write_masks(args, names: list[str], mask_of) -> int:
-    """Each image's mask (``mask_of(PIL image)``, a class per pixel) and overlay, written under ``--output``; a line
-    per image with its largest classes."""
-    from pathlib import Path
-
+def read_image(path: str):
+    """The image file decoded (PIL), or one line naming it."""
     from PIL import Image, UnidentifiedImageError
 
-    from vitkit.tools.masks import save_mask
-
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    failed = 0
-    for path in args.images:
-        try:
-            image = Image.open(path)
-            image.load()
-        except (OSError, UnidentifiedImageError) as e:
-            print(one_line(UsageError(f"cannot read image {path!r}: {e}")), file=sys.stderr)
-            failed += 1
-            continue
-        mask = mask_of(image)
-        names = names if len(names) > mask.max() else [str(i) for i in range(int(mask.max()) + 1)]
-        mask_file, overlay = save_mask(mask, image, out / Path(path).stem, len(names))
-        counts = np.bincount(mask.ravel(), minlength=len(names)) / mask.size
-        top = ", ".join(f"{names[i]} {counts[i]:.0%}" for i in np.argsort(-counts, kind="stable")[:3] if counts[i])
-        print(f"{path}: {top} -> {mask_file}, {overlay}")
-    return 1 if failed else 0
+    try:
+        image = Image.open(path)
+        image.load()
+    except (OSError, UnidentifiedImageError) as e:
+        raise UsageError(f"cannot read image {path!r}: {e}") from None
+    return image
 
 
-def torch_classifier(args):
-    """(names, image path -> probabilities as a numpy array, the thresholds of a multi-label model or None) of a
-    model vitkit builds."""
-    import torch
-
-    net = load_classifier(args)
-    names = getattr(net, "class_names", None) or [str(i) for i in range(net.cfg.num_classes)]
-    refuse_an_embedding(net, args.model, args.checkpoint)
-    thresholds = getattr(net, "thresholds", None)
-    if args.max_patches is None:  # a model trained on packed batches predicts as it was validated
-        args.max_patches = getattr(net.cfg, "max_patches", None)
-    if args.max_patches is not None:  # the whole image at its aspect ratio, one packed sequence
-        from vitkit.data.packing import packing_for
-
-        try:
-            plan = packing_for(net, None, net.cfg.img_size, args.max_patches, None)
-        except ValueError as e:
-            raise UsageError(str(e).replace("--data.packing", "--max-patches")) from None
-
-    def probabilities(image: str) -> np.ndarray:
-        x, _ = read_image(image, net.cfg) if args.max_patches is None else \
-            read_image(image, net.cfg, plan.eval_transform(net.cfg))
-        if args.max_patches is not None:
-            x = plan.collate([(x[0], 0)])[0]
-        with torch.no_grad():
-            logits = net(x)[0].float()
-        return (logits.sigmoid() if thresholds is not None else logits.softmax(-1)).numpy()
-
-    return names, probabilities, thresholds
-
-
-def describe(p: np.ndarray, names: list[str], thresholds: list[float] | None, topk: int | None) -> str:
-    """One image's line: the top-k classes with their probabilities; for a multi-label model, the labels at or
-    above their thresholds (most probable first; "none" when none is), then the top-k when asked for."""
-    p = np.asarray(p, dtype=np.float64)
-
-    def listing(idx) -> str:
-        return ", ".join(f"{names[i]} {float(p[i]):.3f}" for i in idx)
-
-    top = np.argsort(-p, kind="stable")[:min(topk or 5, len(p))].tolist()
-    if thresholds is None:
-        return listing(top)
-    on = np.flatnonzero(p >= np.asarray(thresholds, dtype=np.float64)).tolist()
-    line = listing(sorted(on, key=lambda i: -float(p[i]))) or "none"
-    return line + (f"  (top {len(top)}: {listing(top)})" if topk else "")
-
-
-def refuse_an_embedding(net, tag: str | None, checkpoint: str | None = None) -> None:
-    """CLIP's image towers (by tag, or from an OpenAI / OpenCLIP / transformers CLIP file) end in CLIP's projection
-    into the image-text space: those outputs are an embedding, not classes (the fine-tuned tags, ``*_ft_in1k``,
-    have a classifier and label names)."""
-    from vitkit.checkpoints.formats import FORMATS
-
-    report = getattr(net, "load_report", None)
-    by_tag = tag and "_clip_" in net.name and "." in tag and "_ft_" not in tag
-    by_file = checkpoint and report is not None and report.format in FORMATS and FORMATS[report.format].embedding_head
-    if not (by_tag or by_file) or getattr(net, "class_names", None):
-        return
-    import timm
-
-    tuned = timm.list_pretrained(f"{net.name}.*_ft_*") if by_tag else []
-    source = f"--model.model_name {tag}" if by_tag else \
-        f"--model.model_name {net.name} --model.pretrained false --model.checkpoint {checkpoint}"
-    what = tag if by_tag else f"{checkpoint} ({report.format})"
-    raise UsageError(f"{what} is CLIP's image tower: its {net.cfg.num_classes} outputs are its image "
-                     "embedding (the projection into CLIP's image-text space), not classes. "
-                     + (f"Take a fine-tuned tag ({', '.join(tuned)}), or fine-tune" if tuned else "Fine-tune")
-                     + f" it: `vitkit train fit -c vit_base_clip_finetune {source} "
-                     "--data.root DATA`")
+def write_files(files: dict[str, bytes], folder: Path, stem: str) -> list[Path]:
+    """A prediction's files (``suffix -> bytes``) as ``folder/<stem><suffix>``."""
+    if not files:
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for suffix, data in files.items():
+        (folder / f"{stem}{suffix}").write_bytes(data)
+        out.append(folder / f"{stem}{suffix}")
+    return out
 
 
 def onnx_model(path: str):
@@ -217,26 +114,3 @@ def onnx_model(path: str):
         raise UsageError(f"--onnx needs onnxruntime ({e}); pip install 'vitkit[export]'") from None
     except Exception as e:  # noqa: BLE001 - onnxruntime's own errors for a missing or damaged file
         raise UsageError(f"cannot load {path!r} in onnxruntime: {e}") from None
-
-
-def onnx_classifier(model):
-    """(names, image path -> probabilities, the thresholds of a multi-label model or None) of an exported ONNX
-    classifier (``onnx_model``), run by onnxruntime."""
-    from PIL import Image, UnidentifiedImageError
-
-    n = model.session.get_outputs()[0].shape[-1]
-    names = model.labels or [str(i) for i in range(n if isinstance(n, int) else 0)]
-
-    def probabilities(image: str) -> np.ndarray:
-        try:
-            img = Image.open(image)
-            x = model.preprocess(img)
-        except (OSError, UnidentifiedImageError) as e:
-            raise UsageError(f"cannot read image {image!r}: {e}") from None
-        logits = model(x)[0].astype(np.float64)
-        if model.thresholds is not None:
-            return 1.0 / (1.0 + np.exp(-logits))
-        e = np.exp(logits - logits.max())
-        return e / e.sum()
-
-    return names, probabilities, model.thresholds

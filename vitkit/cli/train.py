@@ -37,6 +37,7 @@ from vitkit import recipes
 from vitkit.builder import checkpoint_preset
 from vitkit.errors import UsageError, take_traceback_flag, take_verbose_flag
 from vitkit.noise import quiet
+from vitkit.tasks import registry
 from vitkit.training.callbacks import AtomicCheckpointIO, ModelCheckpoint, ModelSummary, TrainingCurves, checkpoints_dir
 from vitkit.training.flat import flat_of
 from vitkit.training.hparams import read_hparams
@@ -45,11 +46,6 @@ from vitkit.training.strategies import settle_interrupted_saves
 
 from .common import usage_error
 from .flat_args import CLASSIFIER, model_class, with_parts
-
-# What a module takes from its data module once the data is built: image classes (and the masks' ignored value),
-# or vocabularies.
-DATA_TO_MODEL = {"num_classes": "num_classes", "classes": "class_names", "ignore_index": "ignore_index",
-                 "src_vocab_size": "src_vocab_size", "tgt_vocab_size": "tgt_vocab_size", "tokenizers": "tokenizers"}
 
 
 def _attribute(name: str):
@@ -277,7 +273,7 @@ class VitkitCLI(LightningCLI):
         parser.set_defaults({"model": {"class_path": self._model_default}})
         parser.link_arguments("data.init_args.img_size", "model.init_args.img_size")
         parser.link_arguments("model.init_args.model_name", "data.init_args.model_name")
-        for source, target in DATA_TO_MODEL.items():  # a module takes those of its own arguments only
+        for source, target in registry.links().items():  # each task's; a module takes those of its own arguments
             parser.link_arguments("data", f"model.init_args.{target}", compute_fn=_attribute(source),
                                   apply_on="instantiate")
 

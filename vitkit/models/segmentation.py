@@ -33,6 +33,7 @@ class SegmentationModel(DenseModel):
         return self.decode_head.conv_seg.out_channels
 
     forward_methods = ("forward_train", "features")  # entry points besides forward (FSDP2 wraps each: sharding.py)
+    task = "segmentation"  # the task whose commands read its exports (vitkit.task metadata)
 
     def forward(self, x: Tensor) -> Tensor:
         H, W = x.shape[-2:]

@@ -78,7 +78,7 @@ def metadata(model: nn.Module, dynamic_size: bool) -> dict[str, str]:
             "vitkit.crop_pct": json.dumps(cfg.crop_pct), "vitkit.interpolation": cfg.interpolation,
             "vitkit.crop_mode": getattr(cfg, "crop_mode", "center"),
             "vitkit.labels": json.dumps(getattr(model, "class_names", None)),
-            "vitkit.task": "segmentation" if hasattr(model, "decode_head") else "classification",
+            "vitkit.task": getattr(model, "task", "classification"),  # the task that reads the file back
             "vitkit.thresholds": json.dumps(_thresholds(model)), **_packed_budget(model, dynamic_size)}
 
 

@@ -41,21 +41,30 @@ def mask_of(logits: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return resize_bilinear(logits.astype(np.float32), size).argmax(0)
 
 
-def save_mask(mask: np.ndarray, image: Image.Image, stem: Path, classes: int) -> tuple[Path, Path]:
-    """``<stem>_mask.png`` (a palette PNG whose pixel values are the class indices; 16-bit past 256 classes)
-    and ``<stem>_overlay.png`` (the image with each class's colour blended in at half strength, but class 0's:
-    the palette's black, the background of VOC's convention, leaves the image as it is rather than darken it)."""
-    colours = palette(max(classes, 1))
+def mask_image(mask: np.ndarray, classes: int):
+    """A mask (H, W) of class indices as a PIL image: a palette PNG whose pixel values are the indices (16-bit past 256
+    classes, without colours)."""
     if classes <= 256:
         out = Image.fromarray(mask.astype(np.uint8), mode="P")
-        out.putpalette(colours.ravel().tolist())
-    else:  # more classes than a palette holds: 16-bit indices, no colours
-        out = Image.fromarray(mask.astype(np.uint16))
-    mask_path, overlay_path = stem.with_name(stem.name + "_mask.png"), stem.with_name(stem.name + "_overlay.png")
-    out.save(mask_path)
+        out.putpalette(palette(max(classes, 1)).ravel().tolist())
+        return out
+    return Image.fromarray(mask.astype(np.uint16))
+
+
+def overlay_image(mask: np.ndarray, image, classes: int):
+    """The image with each class's colour blended in at half strength, but class 0's: the palette's black, the
+    background of VOC's convention, leaves the image as it is rather than darken it."""
     rgb = np.asarray(image.convert("RGB"), np.float32)
+    colours = palette(max(classes, 1))
     blend = np.where((mask > 0)[..., None], 0.5 * rgb + 0.5 * colours[mask].astype(np.float32), rgb)
-    Image.fromarray(blend.clip(0, 255).astype(np.uint8)).save(overlay_path)
+    return Image.fromarray(blend.clip(0, 255).astype(np.uint8))
+
+
+def save_mask(mask: np.ndarray, image: Image.Image, stem: Path, classes: int) -> tuple[Path, Path]:
+    """``<stem>_mask.png`` (:func:`mask_image`) and ``<stem>_overlay.png`` (:func:`overlay_image`)."""
+    mask_path, overlay_path = stem.with_name(stem.name + "_mask.png"), stem.with_name(stem.name + "_overlay.png")
+    mask_image(mask, classes).save(mask_path)
+    overlay_image(mask, image, classes).save(overlay_path)
     return mask_path, overlay_path
 
 

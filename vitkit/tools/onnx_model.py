@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,9 @@ def read_metadata(path: str, meta: dict[str, str]) -> dict[str, Any]:
         if name in ("interpolation", "crop_mode", "task"):
             if name == "crop_mode" and text not in ("center", "squash"):  # models.config.CROP_MODES (torch-free here)
                 raise CheckpointError(f"{path}: its metadata {key} should be center or squash, got {text[:60]!r}")
-            if name == "task" and text not in ("classification", "segmentation"):
-                raise CheckpointError(f"{path}: its metadata {key} should be classification or segmentation, got "
-                                      f"{text[:60]!r}")
+            if name == "task" and not re.fullmatch(r"[a-z][a-z0-9_]{0,63}", text):  # a task's name
+                raise CheckpointError(f"{path}: its metadata {key} should be a task's name (classification, "
+                                      f"segmentation, ...), got {text[:60]!r}")
             out[name] = text
             continue
         try:

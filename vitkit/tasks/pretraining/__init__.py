@@ -1,6 +1,5 @@
 """Pre-training without labels: MAE and SimMIM (``mim.py``), DINO self-distillation (``dino.py``)."""
 
-from .dino import DINOPretraining
-from .mim import MaskedImageModeling
+from vitkit.tasks.protocol import lazy_names
 
-__all__ = ["DINOPretraining", "MaskedImageModeling"]
+__all__, __getattr__ = lazy_names(__name__, {"DINOPretraining": ".dino", "MaskedImageModeling": ".mim"})

@@ -1,6 +1,6 @@
-"""Semantic segmentation: ``Segmenter``, a head (``vitkit.models.segmentation``) on any backbone, trained with
-cross-entropy over the pixels that count, validated by mIoU."""
+"""Semantic segmentation: ``Segmenter``, a head (``vitkit.models.heads``) on any backbone, trained with cross-entropy
+over the pixels that count, validated by mIoU; ``task.py`` declares it to the commands."""
 
-from .segmenter import Segmenter
+from vitkit.tasks.protocol import lazy_names
 
-__all__ = ["Segmenter"]
+__all__, __getattr__ = lazy_names(__name__, {"Segmenter": ".segmenter"})
