@@ -1,8 +1,6 @@
-"""The training recipes: the commented YAML files of ``configs/``, shipped inside the package.
-
-``configs/`` stays at the top of the source tree, where people look for it; the wheel carries the same files as
-``vitkit/configs`` (``pyproject.toml`` maps the one onto the other), so an installed vitkit has its recipes
-too. A recipe is named by its file name without ``.yaml``: ``vitkit train fit --config vit_tiny_digits``.
+"""The training recipes: the commented YAML files of ``vitkit/configs/``, shipped inside the package (``configs/`` at
+the top of the source tree is a link to it, where people look for it). A recipe is named by its file name without
+``.yaml``: ``vitkit train fit --config vit_tiny_digits``.
 """
 
 from __future__ import annotations
@@ -11,16 +9,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGED = Path(__file__).resolve().parent / "configs"  # an installed wheel
-SOURCE = Path(__file__).resolve().parents[1] / "configs"  # a source checkout (and its editable install)
+PACKAGED = Path(__file__).resolve().parent / "configs"
 
 
 def recipes_dir() -> Path:
-    """The folder that holds the recipes: ``vitkit/configs`` of a wheel, ``configs/`` of a source checkout."""
-    for folder in (PACKAGED, SOURCE):
-        if folder.is_dir():
-            return folder
-    raise FileNotFoundError(f"vitkit's recipes are missing: neither {PACKAGED} nor {SOURCE} exists; reinstall vitkit")
+    """The folder that holds the recipes, ``vitkit/configs``."""
+    if not PACKAGED.is_dir():
+        raise FileNotFoundError(f"vitkit's recipes are missing: {PACKAGED} does not exist; reinstall vitkit")
+    return PACKAGED
 
 
 @dataclass(frozen=True)
