@@ -13,6 +13,7 @@
     vitkit convert vit_b_16.pth export/ --model vit_base_patch16_224
     vitkit export runs/.../best.ckpt -o model.onnx                # ONNX, checked in onnxruntime
     vitkit predict cat.jpg --onnx model.onnx
+    vitkit serve model.onnx --port 8000                          # POST /predict, a page at /, /health, /metrics
     vitkit attention-map cat.jpg --checkpoint best.ckpt -o attention.png
     vitkit reconstruct img.png --checkpoint runs/mae_vit_tiny_digits/checkpoints/last.ckpt -o grid.png
 
@@ -36,6 +37,7 @@ COMMANDS: dict[str, str] = {
                 "split; k-NN / linear probe of a backbone",
     "predict": "top-k classes for image files (a segmentation checkpoint: a mask and an overlay for each)",
     "export": "a model or checkpoint -> ONNX (checked in onnxruntime) or torch.export .pt2",
+    "serve": "a model file behind an HTTP endpoint (LitServe): POST /predict, a page to try it, /health, /metrics",
     "download": "fetch pretrained weights (or Hugging Face datasets) by name into their cache, for offline use",
     "models": "table of presets: params, GMACs, image size, family",
     "bench": "img/s, GMACs, MFU and memory beside timm and torchvision",

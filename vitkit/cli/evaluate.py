@@ -125,5 +125,7 @@ def main(argv: list[str]) -> int:
     if cfg.precision not in PRECISIONS:
         p.error(f"--precision expects one of {', '.join(PRECISIONS)}, got {cfg.precision!r}")
     explicit = {a[len("--data."):].split("=")[0] for a in argv if a.startswith("--data.")}
+    import vitkit.lit  # noqa: F401 - the class paths checkpoints record (Lightning loads only imported classes)
+
     task = _task(argv)
     return task.function("evaluate")(cfg, explicit, device, _onnx(cfg.onnx) if cfg.onnx else None)

@@ -112,6 +112,7 @@ def main(argv: list[str]) -> int:
     if args.token_merging:
         overrides["token_merging"] = args.token_merging
     if Path(args.src).exists():  # a model file: its task gives the model to export
+        import vitkit.lit  # noqa: F401 - the class paths checkpoints record (Lightning loads only imported classes)
         from vitkit.tasks import registry
 
         if args.model:

@@ -74,6 +74,8 @@ def model_source(onnx: str | None, checkpoint: str | None, model: str | None):
         net = onnx_model(onnx)
         return registry.for_onnx(net.meta), ("onnx", net)
     if checkpoint:
+        import vitkit.lit  # noqa: F401 - the class paths checkpoints record (Lightning loads only imported classes)
+
         return registry.for_file(checkpoint, "predictor"), ("checkpoint", checkpoint)
     if model:
         return registry.other_files(), ("name", model)

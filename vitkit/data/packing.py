@@ -1,5 +1,5 @@
 """Images of their own sizes for training and evaluation (``--data.packing true``): each image resized within a
-patch budget at its aspect ratio by timm's NaFlex transforms (a random crop of any aspect ratio first, in training),
+patch budget at its aspect ratio by timm's NaFlex transforms (whole, at a random share of the budget, in training),
 then each batch packed into sequences of ``max_tokens`` slots (``vitkit.models.packing.pack``), which the ViT runs
 with attention kept inside each image."""
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 from timm.data import create_transform
+from timm.data.naflex_transforms import RandomResizedCropToSequence
 from torch import nn
 
 from vitkit.data.folder import stack_targets
@@ -39,13 +40,21 @@ class Packing:
 
     def train_transform(self, cfg, *, auto_augment: str | None, re_prob: float, scale: tuple[float, float],
                         hflip: float, color_jitter: float | None) -> nn.Module:
-        """timm's NaFlex train pipeline: a random crop of scale ``scale`` and aspect ratio 3:4 to 4:3 resized within
-        the budget at its own aspect ratio, flip, RandAugment (or colour jitter), normalise, random erasing."""
-        return keep_one_bit(create_transform(
+        """timm's NaFlex train pipeline, each image kept whole at its own aspect ratio: resized to a random share of
+        the patch budget (``scale``, a share of its area, as a random crop's), then flip, RandAugment (or colour
+        jitter), normalise, random erasing. No random crop: on images of their own shapes a crop cuts away what a
+        label may name (a strip labelled by its left end), as squashing a whole image does not
+        (docs/data.md)."""
+        tf = keep_one_bit(create_transform(
             input_size=(cfg.in_chans, *pair(cfg.img_size)), is_training=True, scale=tuple(scale), hflip=hflip,
             color_jitter=color_jitter, auto_augment=auto_augment, interpolation="bicubic", re_prob=re_prob,
             re_mode="pixel", re_count=1, mean=cfg.mean, std=cfg.std, naflex=True, patch_size=self.patch_size,
             max_seq_len=self.max_patches))
+        low, high = (min(1.0, max(0.0, s)) ** 0.5 for s in scale)  # sides scale by the root of the area's share
+        tf.transforms[0] = RandomResizedCropToSequence(self.patch_size, self.max_patches, scale=(1.0, 1.0),
+                                                       ratio=(1.0, 1.0), interpolation="bicubic",
+                                                       final_scale_range=(low, high))
+        return tf
 
     def eval_transform(self, cfg) -> nn.Module:
         """The whole image resized within the budget at its aspect ratio (timm's NaFlex eval), normalised."""

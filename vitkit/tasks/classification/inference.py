@@ -156,6 +156,28 @@ class OnnxClassifier(_Classifier):
         return [probabilities(row, self.thresholds is not None) for row in logits]
 
 
+class ProgramClassifier(OnnxClassifier):
+    """An int8 ``.pt2`` program (``vitkit export --format torch-export --int8``), compiled on its first call, with the
+    preprocessing its metadata records (the ONNX path's, in PIL and numpy)."""
+
+    def __init__(self, program) -> None:
+        self.model, self.names, self.thresholds = program, list(program.meta.get("labels") or []), None
+
+    def prepare(self, image) -> np.ndarray:
+        from vitkit.tools.onnx_model import preprocess_image
+
+        return preprocess_image(image, self.model.meta, "the program")[0]
+
+    def run(self, prepared: Sequence[np.ndarray]) -> list[np.ndarray]:
+        import torch
+
+        with torch.no_grad():
+            logits = self.model(torch.from_numpy(np.stack(prepared))).numpy()
+        if len(self.names) < logits.shape[-1]:
+            self.names = [str(i) for i in range(logits.shape[-1])]
+        return [probabilities(row, False) for row in logits]
+
+
 class TorchClassifier(_Classifier):
     """A classifier vitkit built, with its eval transform; with ``max_patches`` each image whole within that patch
     budget at its aspect ratio, the images of a batch packed into sequences (as ``--data.packing`` evaluates)."""
@@ -191,10 +213,13 @@ class TorchClassifier(_Classifier):
 
 
 def predictor(source: tuple[str, Any], options: dict[str, Any]):
-    """The classifier of ``source`` (``("onnx", OnnxModel)``, ``("checkpoint", path)`` or ``("name", tag)``) for
+    """The classifier of ``source`` (``("onnx", OnnxModel)``, ``("program", Int8Program)``, ``("checkpoint", path)``
+    or ``("name", tag)``) for
     ``vitkit predict`` and ``vitkit serve``; ``options``: the command's (``topk``, ``max_patches``, ``overrides``,
     ``token_merging``, ``mode``)."""
     kind, value = source
+    if kind == "program":  # an int8 .pt2: its own size and preprocessing
+        return ProgramClassifier(value)
     if options.get("mode", "whole") != "whole" or options.get("stride"):
         raise UsageError("--mode slide and --stride apply to a segmenter (a vitkit.lit.Segmenter checkpoint, or its "
                          "ONNX export)")

@@ -1,0 +1,258 @@
+"""``vitkit serve``: every kind of model file answers what ``vitkit predict`` says of the same image (the server's
+model code, ``vitkit.serving.api.VitkitAPI``, against the predict command's predictor, within 1e-5); a real server
+answers over HTTP in every request form, refuses bad input with one line and goes on, asks for its key, counts its
+requests, describes its API, and stops cleanly on SIGTERM; a file it cannot serve refuses to start in one line."""
+
+import base64
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from tests.commands import run_cli
+from vitkit.serving.api import VitkitAPI
+from vitkit.serving.model import load_predictor, source_of
+
+TINY = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, crop_pct=1.0)
+CHROMIUM = "/usr/bin/chromium"  # Debian's (`.ci/run` installs it); Playwright's own download is not reachable
+BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+NAMES = ["zero", "one", "two"]
+
+
+def _png(image: Image.Image) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def _photo(seed: int = 0, size: tuple[int, int] = (48, 40)) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """One file of each kind vitkit serves: a saved classifier folder and its ONNX export (plain and --packed), a
+    multi-label folder and its export, a segmenter's checkpoint and its export."""
+    root = tmp_path_factory.mktemp("served")
+    torch.manual_seed(0)
+    net = vitkit.create_model("vit_tiny_patch16_224", num_classes=3, dynamic_img_size=True, **TINY).eval()
+    out = {"folder": vitkit.save_pretrained(net, root / "folder", class_names=NAMES)}
+    multi = vitkit.create_model("vit_tiny_patch16_224", num_classes=3, **TINY).eval()
+    multi.thresholds = [0.3, 0.5, 0.7]
+    out["multi"] = vitkit.save_pretrained(multi, root / "multi", class_names=NAMES)
+    for name, src, extra in (("onnx", "folder", []), ("packed", "folder", ["--packed"]), ("multi_onnx", "multi", [])):
+        code = subprocess.run([sys.executable, "-m", "vitkit.cli", "export", str(out[src]), "-o",
+                               str(root / f"{name}.onnx"), *extra], capture_output=True, text=True, timeout=600)
+        assert code.returncode == 0, code.stderr[-2000:]
+        out[name] = root / f"{name}.onnx"
+    from tests.lit.segmentation_digits import write_digit_masks
+    from vitkit.cli.train import cli_main
+
+    masks = write_digit_masks(root / "masks", train=8, val=4, size=32, glyph_size=16)
+    overrides = json.dumps({k: v for k, v in TINY.items() if k not in ("img_size", "crop_pct")})
+    cli_main(["fit", "-c", "seg_linear_probe", "--model.model_name", "vit_tiny_patch16_224", "--model.model_overrides",
+              overrides, "--data.root", str(masks), "--data.img_size", "32", "--data.batch_size", "4",
+              "--data.num_workers", "0", "--trainer.max_steps", "1", "--trainer.accelerator", "cpu",
+              "--trainer.devices", "1", "--trainer.precision", "32-true", "--trainer.logger", "false",
+              "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root / "seg_run")])
+    out["seg"] = root / "seg_run" / "checkpoints" / "last.ckpt"
+    code = subprocess.run([sys.executable, "-m", "vitkit.cli", "export", str(out["seg"]), "-o",
+                           str(root / "seg.onnx")], capture_output=True, text=True, timeout=600)
+    assert code.returncode == 0, code.stderr[-2000:]
+    out["seg_onnx"] = root / "seg.onnx"
+    return out
+
+
+def _served(path: Path, options: dict, images: list[Image.Image], fmt: str = "json") -> dict:
+    """What the server's model code answers for ``images`` in one request (decode, predict, encode)."""
+    api = VitkitAPI(source_of(str(path), False), options, threads=1)
+    api.setup("cpu")
+    request = api.decode_request({"images": [base64.b64encode(_png(i)).decode() for i in images], "format": fmt})
+    return api.encode_response(api.predict(request))
+
+
+@pytest.mark.parametrize("kind", ["folder", "onnx", "packed", "multi", "multi_onnx", "seg", "seg_onnx"])
+def test_the_server_answers_what_predict_says_for_every_kind_of_model(files, kind):
+    options = {"topk": 3, "max_patches": None, "mode": "whole"}
+    images = [_photo(0), _photo(1, (24, 64))]  # two shapes in one request: a packed file batches them together
+    answer = _served(files[kind], options, images)
+    predictor, task = load_predictor(source_of(str(files[kind]), False), options)
+    for image, served in zip(images, answer["predictions"], strict=True):
+        expected = predictor.result(image, predictor.run([predictor.prepare(image)])[0], options)
+        if task == "segmentation":
+            mask = np.array(Image.open(io.BytesIO(base64.b64decode(served["mask_png"]))))
+            assert mask.shape == image.size[::-1] and served["classes"] == expected.record["classes"]
+            assert (mask == np.array(Image.open(io.BytesIO(expected.files["_mask.png"])))).all()
+            continue
+        assert [t["label"] for t in served["top"]] == [t["label"] for t in expected.record["top"]]
+        np.testing.assert_allclose([t["probability"] for t in served["top"]],
+                                   [t["probability"] for t in expected.record["top"]], atol=1e-5)
+        assert ("labels" in served) == kind.startswith("multi")
+    assert answer["ms"] >= 0
+
+
+def test_a_segmenter_answers_its_overlay_and_a_classifier_refuses_to(files):
+    overlay = _served(files["seg"], {"mode": "whole"}, [_photo(0)], fmt="overlay")
+    assert overlay.media_type == "image/png" and Image.open(io.BytesIO(overlay.body)).size == (40, 48)
+    with pytest.raises(Exception, match="format=overlay draws a segmenter's mask"):
+        _served(files["onnx"], {"topk": 3}, [_photo(0)], fmt="overlay")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serving(model: Path, *flags: str, env: dict | None = None):
+    """``vitkit serve MODEL`` in a process of its own, ready (``/health``); stopped by SIGTERM, which it must answer
+    by exiting 0."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "vitkit.cli", "serve", str(model), "--port", str(port), *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise AssertionError(proc.stderr.read()[-3000:])
+            time.sleep(0.5)
+        else:
+            raise AssertionError("the server was not ready in 120 s")
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.mark.slow
+def test_a_served_classifier_over_http(files, tmp_path):
+    """Every request form, one image or several; bad input of every kind gets a 4xx and one line, and the next
+    good request is answered; the key guards all but /health; /metrics counts; /openapi.json describes /predict;
+    a request in flight when SIGTERM comes is answered, and the server exits 0."""
+    good = _png(_photo(0))
+    with serving(files["onnx"], "--api-key", "sesame", "--max-body-mb", "8") as (url, proc):
+        key = {"X-API-Key": "sesame"}
+        assert httpx.get(f"{url}/health").status_code == 200  # no key needed
+        assert httpx.post(f"{url}/predict", content=good, headers={"Content-Type": "image/png"}).status_code == 401
+        assert httpx.get(f"{url}/metrics").status_code == 401 and httpx.get(f"{url}/").status_code == 401
+        raw = httpx.post(f"{url}/predict", content=good, headers={**key, "Content-Type": "image/png"}).json()
+        upload = httpx.post(f"{url}/predict", files=[("file", ("a.png", good)), ("file", ("b.png", good))],
+                            headers=key).json()
+        by_json = httpx.post(f"{url}/predict", json={"images": [base64.b64encode(good).decode()]}, headers=key).json()
+        assert raw["predictions"][0] == upload["predictions"][0] == upload["predictions"][1] \
+            == by_json["predictions"][0]
+        jpeg = io.BytesIO()
+        _photo(2, (400, 300)).save(jpeg, format="JPEG")
+        bomb = io.BytesIO()
+        Image.new("1", (20000, 20000)).save(bomb, format="PNG")
+        bad = [(b"", "image/png", 400, "empty"), (b"not an image at all", "image/jpeg", 415, "not an image file"),
+               (jpeg.getvalue()[: len(jpeg.getvalue()) // 2], "image/jpeg", 400, "truncated or damaged"),
+               (bomb.getvalue(), "image/png", 413, "400,000,000 pixels"),
+               (b"x" * (9 * 2**20), "image/png", 413, "--max-body-mb"),
+               (good, "text/plain", 415, "got text/plain")]
+        for body, kind, status, says in bad:
+            answer = httpx.post(f"{url}/predict", content=body, headers={**key, "Content-Type": kind})
+            assert answer.status_code == status and says in answer.json()["detail"], (kind, answer.text)
+            assert "\n" not in answer.json()["detail"] and "Traceback" not in answer.text
+        answer = httpx.post(f"{url}/predict?format=overlay", content=good, headers={**key, "Content-Type": "image/png"})
+        assert answer.status_code == 400 and "segmenter" in answer.json()["detail"]
+        assert httpx.post(f"{url}/predict", content=good, headers={**key, "Content-Type": "image/png"}).json() == \
+            {**raw, "ms": pytest.approx(raw["ms"], abs=1e9)}  # still answering
+        metrics = httpx.get(f"{url}/metrics", headers=key).text
+        assert 'vitkit_requests_total{path="/predict",method="POST",status="200"}' in metrics
+        assert 'vitkit_request_seconds_bucket{path="/predict",method="POST",le="+Inf"}' in metrics
+        spec = httpx.get(f"{url}/openapi.json", headers=key).json()
+        assert set(spec["paths"]["/predict"]["post"]["requestBody"]["content"]) >= {"multipart/form-data",
+                                                                                    "application/json"}
+        from sklearn.datasets import load_sample_image
+
+        photo = io.BytesIO()
+        Image.fromarray(load_sample_image("china.jpg")).save(photo, format="JPEG", quality=90)  # 427x640, ~80 kB
+        many = {"images": [base64.b64encode(photo.getvalue()).decode()] * 40}  # seconds of decoding, under 8 MiB
+        import threading
+
+        answers, stopped = [], []
+        slow = threading.Thread(target=lambda: answers.append((httpx.post(f"{url}/predict", json=many, headers=key,
+                                                                          timeout=60), time.perf_counter())))
+        slow.start()
+        time.sleep(0.2)
+        stopped.append(time.perf_counter())
+        proc.send_signal(signal.SIGTERM)
+        slow.join(60)
+        answer, answered = answers[0]
+        assert answer.status_code == 200 and len(answer.json()["predictions"]) == 40
+        assert answered > stopped[0]  # in flight when the signal came, and answered
+        assert proc.wait(timeout=60) == 0
+
+
+def test_a_file_it_cannot_serve_refuses_to_start_in_one_line(tmp_path, capsys):
+    (tmp_path / "broken.onnx").write_bytes(b"\x08\x01garbage")
+    status, err = run_cli(["serve", str(tmp_path / "broken.onnx")], capsys)
+    assert status == 1 and err.count("error:") == 1 and "broken.onnx" in err and "Traceback" not in err
+    status, err = run_cli(["serve", str(tmp_path / "nowhere.ckpt")], capsys)
+    assert status == 1 and "is not a file or folder" in err
+    status, err = run_cli(["serve", "x.onnx", "--workers", "0"], capsys)
+    assert status == 1 and "--workers expects 1 or more" in err
+
+
+@pytest.mark.slow
+def test_the_page_classifies_an_uploaded_photo_in_a_real_browser(files, tmp_path):
+    """The page at ``/``, in Debian's Chromium driven by Playwright: a real photo chosen in its file input comes back
+    as bars of the server's top-k (the same labels and probabilities as ``/predict``) and the time it took; for a
+    segmenter, the mask over the image. The browser loads nothing from another host."""
+    from playwright.sync_api import sync_playwright
+    from sklearn.datasets import load_sample_image
+
+    photo = tmp_path / "china.jpg"
+    Image.fromarray(load_sample_image("china.jpg")).save(photo, quality=90)
+    outside = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=BROWSER_FLAGS)
+        try:
+            for model in ("onnx", "seg"):
+                with serving(files[model]) as (url, _):
+                    page = browser.new_page()
+                    page.on("request", lambda r, url=url: None if r.url.startswith((url, "blob:", "data:")) else
+                            outside.append(r.url))
+                    page.goto(f"{url}/")
+                    page.set_input_files("#file", str(photo))
+                    page.wait_for_selector("#time:has-text('the server took')", timeout=60_000)
+                    bars = page.eval_on_selector_all(".bar", "rows => rows.map(r => [r.dataset.label, "
+                                                               "Number(r.dataset.value)])")
+                    answer = httpx.post(f"{url}/predict", files=[("file", ("china.jpg", photo.read_bytes()))]).json()
+                    p = answer["predictions"][0]
+                    expected = [(c["label"], c["share"]) for c in p["classes"][:8]] if model == "seg" else \
+                        [(t["label"], t["probability"]) for t in p["top"]]
+                    assert [b[0] for b in bars] == [e[0] for e in expected], (bars, expected)
+                    np.testing.assert_allclose([b[1] for b in bars], [e[1] for e in expected], atol=1e-6)
+                    if model == "seg":
+                        page.wait_for_selector("#overlay:not([hidden])", timeout=60_000)
+                    page.screenshot(path=str(tmp_path / f"page_{model}.png"))
+        finally:
+            browser.close()
+    assert not outside, outside
