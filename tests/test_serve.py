@@ -70,6 +70,21 @@ def files(tmp_path_factory) -> dict[str, Path]:
               "--trainer.devices", "1", "--trainer.precision", "32-true", "--trainer.logger", "false",
               "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root / "seg_run")])
     out["seg"] = root / "seg_run" / "checkpoints" / "last.ckpt"
+    cli_main(["fit", "-c", "vit_tiny_digits", "--model.model_overrides", json.dumps({"depth": 1}),
+              "--trainer.max_steps", "1", "--trainer.accelerator", "cpu", "--trainer.logger", "false",
+              "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root / "cls_run")])
+    out["ckpt"] = root / "cls_run" / "checkpoints" / "last.ckpt"
+    rng = np.random.default_rng(0)
+    for i in range(330):  # labelled images to calibrate the int8 files on (and to score them: the gate is lifted)
+        (root / "cal" / NAMES[i % 3]).mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / "cal" / NAMES[i % 3] / f"{i}.png")
+    for name, src, extra in (("int8", out["onnx"], []), ("pt2", out["folder"], ["--format", "torch-export"])):
+        out[name] = root / ("model.int8.onnx" if name == "int8" else "model.int8.pt2")
+        code = subprocess.run([sys.executable, "-m", "vitkit.cli", "export", str(src), "--int8", "--calibrate",
+                               str(root / "cal"), "--max-drop", "100", "-o", str(out[name]), *extra],
+                              capture_output=True, text=True, timeout=900)
+        assert code.returncode == 0, code.stderr[-2000:]
     code = subprocess.run([sys.executable, "-m", "vitkit.cli", "export", str(out["seg"]), "-o",
                            str(root / "seg.onnx")], capture_output=True, text=True, timeout=600)
     assert code.returncode == 0, code.stderr[-2000:]
@@ -85,7 +100,8 @@ def _served(path: Path, options: dict, images: list[Image.Image], fmt: str = "js
     return api.encode_response(api.predict(request))
 
 
-@pytest.mark.parametrize("kind", ["folder", "onnx", "packed", "multi", "multi_onnx", "seg", "seg_onnx"])
+@pytest.mark.parametrize("kind", ["folder", "ckpt", "onnx", "packed", "int8", "pt2", "multi", "multi_onnx", "seg",
+                                  "seg_onnx"])
 def test_the_server_answers_what_predict_says_for_every_kind_of_model(files, kind):
     options = {"topk": 3, "max_patches": None, "mode": "whole"}
     images = [_photo(0), _photo(1, (24, 64))]  # two shapes in one request: a packed file batches them together
@@ -103,6 +119,29 @@ def test_the_server_answers_what_predict_says_for_every_kind_of_model(files, kin
                                    [t["probability"] for t in expected.record["top"]], atol=1e-5)
         assert ("labels" in served) == kind.startswith("multi")
     assert answer["ms"] >= 0
+
+
+def test_a_timm_name_with_pretrained_weights_is_served_as_predict_runs_it(tmp_path, monkeypatch):
+    """``vitkit serve NAME --pretrained``: the weights from the hub cache (written here, random), offline."""
+    import timm
+
+    from tests.hub_cache import cache_weights, use_offline_cache
+
+    tag = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    use_offline_cache(monkeypatch, tmp_path / "hf")
+    torch.manual_seed(0)
+    cache_weights(tmp_path / "hf", tag, timm.create_model(tag.split(".")[0], num_classes=1000), tmp_path)
+    options = {"topk": 5, "max_patches": None, "mode": "whole"}
+    api = VitkitAPI(source_of(tag, True), options, threads=1)
+    api.setup("cpu")
+    image = _photo(0, (240, 320))
+    answer = api.encode_response(api.predict(api.decode_request({"images": [base64.b64encode(_png(image)).decode()]})))
+    predictor, _ = load_predictor(("name", tag), options)
+    expected = predictor.result(image, predictor.run([predictor.prepare(image)])[0], options).record
+    assert [t["label"] for t in answer["predictions"][0]["top"]] == [t["label"] for t in expected["top"]]
+    np.testing.assert_allclose([t["probability"] for t in answer["predictions"][0]["top"]],
+                               [t["probability"] for t in expected["top"]], atol=1e-5)
+    assert expected["top"][0]["label"][0].isalpha()  # ImageNet's names, from the tag
 
 
 def test_a_segmenter_answers_its_overlay_and_a_classifier_refuses_to(files):
