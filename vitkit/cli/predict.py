@@ -15,7 +15,7 @@ from .common import TOKEN_MERGING, add_model_source, command_parser, image_paths
 def parser():
     p = command_parser("predict")
     p.add_argument("images", nargs="+", help="image files, or folders of them (every image inside, sorted)")
-    add_model_source(p, "any format vitkit reads (a .ckpt keeps the class names)",
+    add_model_source(p, "any format vitkit reads (a .ckpt keeps the class names), or an int8 .pt2 of vitkit export",
                      "without --checkpoint: pretrained weights by name (a timm tag or torchvision weights); with it: "
                      "the preset, for formats that do not record it")
     p.add_argument("--topk", type=int, default=None, help="the K most probable classes (default 5; a multi-label "
@@ -66,13 +66,19 @@ def main(argv: list[str]) -> int:
 
 
 def model_source(onnx: str | None, checkpoint: str | None, model: str | None):
-    """(the task of the model a command names, and its source: ``("onnx", OnnxModel)``, ``("checkpoint", path)`` or
-    ``("name", tag)``). An ONNX file runs in onnxruntime on numpy arrays: torch is not imported for it."""
+    """(the task of the model a command names, and its source: ``("onnx", OnnxModel)``, ``("program", Int8Program)``
+    for an int8 ``.pt2``, ``("checkpoint", path)`` or ``("name", tag)``). An ONNX file runs in onnxruntime on numpy
+    arrays: torch is not imported for it."""
     from vitkit.tasks import registry
 
     if onnx:
         net = onnx_model(onnx)
         return registry.for_onnx(net.meta), ("onnx", net)
+    if checkpoint and checkpoint.endswith(".pt2"):  # an int8 program: its own size and preprocessing
+        from vitkit.tools.quantize_program import load_int8_program
+
+        program = load_int8_program(checkpoint)
+        return registry.for_onnx(program.meta), ("program", program)
     if checkpoint:
         import vitkit.lit  # noqa: F401 - the class paths checkpoints record (Lightning loads only imported classes)
 
