@@ -9,12 +9,14 @@ from vitkit.data.transforms import eval_transform, train_transform
 
 
 def test_randaugment_at_full_magnitude_runs_with_current_pillow():
-    cfg = get_config("vit_tiny_patch16_224", img_size=32)
-    tf = train_transform(cfg, auto_augment="rand-m10-n3-inc1")  # posterize at magnitude 10 keeps 0 bits in timm
-    img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8))
-    for _ in range(300):
-        x = tf(img)
-    assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+    """Center crops and squashed whole images alike (a multi-label image folder squashes)."""
+    for mode in ("center", "squash"):
+        cfg = get_config("vit_tiny_patch16_224", img_size=32, crop_mode=mode)
+        tf = train_transform(cfg, auto_augment="rand-m10-n3-inc1")  # posterize at magnitude 10 keeps 0 bits in timm
+        img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 40, 3), dtype=np.uint8))
+        for _ in range(300):
+            x = tf(img)
+        assert x.shape == (3, 32, 32) and x.dtype == torch.float32, mode
 
 
 def test_eval_transform_resizes_crops_and_normalises():

@@ -89,13 +89,13 @@ def _squash_train(cfg, hflip: float, color_jitter: float | None, auto_augment: s
     elif color_jitter:
         tfl.append(T.ColorJitter(*(float(color_jitter),) * 3))
     if on_device:
-        return T.Compose([*tfl, MaybePILToTensor()])
+        return keep_one_bit(T.Compose([*tfl, MaybePILToTensor()]))
     tfl += [MaybeToTensor(), T.Normalize(cfg.mean, cfg.std)]
     if re_prob > 0:
         from timm.data.random_erasing import RandomErasing
 
         tfl.append(RandomErasing(probability=re_prob, mode="pixel", max_count=1, device="cpu"))
-    return T.Compose(tfl)
+    return keep_one_bit(T.Compose(tfl))
 
 
 def device_batch(x: Tensor, cfg, re_prob: float = 0.0) -> Tensor:

@@ -169,6 +169,9 @@ class SkippingImages(_TrainValLoaders):
         plan = self.pack_plan()
         if plan is not None:  # images of their own sizes: augmented and normalised in the workers
             return plan.train_transform(self.data_cfg, **self.augmentation())
+        if self.hparams.get("scale") is not None and getattr(self.data_cfg, "crop_mode", "center") == "squash":
+            log.warning("--data.scale %s sizes a random crop, and crop_mode squash takes each image whole (no "
+                        "crop): it does not apply; --data.crop_mode center crops", list(self.hparams["scale"]))
         return train_transform(self.data_cfg, **self.augmentation(), on_device=True)
 
     def reset_counts(self) -> None:
