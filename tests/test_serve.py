@@ -147,8 +147,23 @@ def test_a_timm_name_with_pretrained_weights_is_served_as_predict_runs_it(tmp_pa
 def test_a_segmenter_answers_its_overlay_and_a_classifier_refuses_to(files):
     overlay = _served(files["seg"], {"mode": "whole"}, [_photo(0)], fmt="overlay")
     assert overlay.media_type == "image/png" and Image.open(io.BytesIO(overlay.body)).size == (40, 48)
-    with pytest.raises(Exception, match="format=overlay draws a segmenter's mask"):
-        _served(files["onnx"], {"topk": 3}, [_photo(0)], fmt="overlay")
+    refused = _served(files["onnx"], {"topk": 3}, [_photo(0)], fmt="overlay")
+    assert refused.status_code == 400
+    assert "format=overlay draws a segmenter's mask" in json.loads(refused.body)["detail"]
+
+
+def test_a_refused_request_in_a_batch_leaves_its_batch_mates_answered(files):
+    """LitServe answers a whole batch with the error a hook raises: a bad image batched with good ones gets its 4xx
+    alone, and the good ones their predictions."""
+    api = VitkitAPI(source_of(str(files["onnx"]), False), {"topk": 3}, threads=1)
+    api.setup("cpu")
+    good = {"images": [base64.b64encode(_png(_photo(0))).decode()]}
+    requests = [api.decode_request(r) for r in (good, {"images": [base64.b64encode(b"not an image").decode()]},
+                                                {"images": ["***"]}, good)]
+    answers = [api.encode_response(a) for a in api.unbatch(api.predict(api.batch(requests)))]
+    assert [getattr(a, "status_code", 200) for a in answers] == [200, 415, 400, 200]
+    assert answers[0]["predictions"] == answers[3]["predictions"] and len(answers[0]["predictions"][0]["top"]) == 3
+    assert "not an image file" in json.loads(answers[1].body)["detail"]
 
 
 def _free_port() -> int:
@@ -194,7 +209,7 @@ def test_a_served_classifier_over_http(files, tmp_path):
     good request is answered; the key guards all but /health; /metrics counts; /openapi.json describes /predict;
     a request in flight when SIGTERM comes is answered, and the server exits 0."""
     good = _png(_photo(0))
-    with serving(files["onnx"], "--api-key", "sesame", "--max-body-mb", "8") as (url, proc):
+    with serving(files["onnx"], "--api-key", "sesame", "--max-body-mb", "8", "--batch-timeout", "0.2") as (url, proc):
         key = {"X-API-Key": "sesame"}
         assert httpx.get(f"{url}/health").status_code == 200  # no key needed
         assert httpx.post(f"{url}/predict", content=good, headers={"Content-Type": "image/png"}).status_code == 401
@@ -218,6 +233,13 @@ def test_a_served_classifier_over_http(files, tmp_path):
             answer = httpx.post(f"{url}/predict", content=body, headers={**key, "Content-Type": kind})
             assert answer.status_code == status and says in answer.json()["detail"], (kind, answer.text)
             assert "\n" not in answer.json()["detail"] and "Traceback" not in answer.text
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(3) as pool:  # batched together (--batch-timeout 0.2): the bad one is answered alone
+            together = list(pool.map(lambda body: httpx.post(f"{url}/predict", content=body, timeout=30, headers={
+                **key, "Content-Type": "image/png"}), [good, b"not an image at all", good]))
+        assert [a.status_code for a in together] == [200, 415, 200]
+        assert together[0].json()["predictions"] == together[2].json()["predictions"] == raw["predictions"]
         answer = httpx.post(f"{url}/predict?format=overlay", content=good, headers={**key, "Content-Type": "image/png"})
         assert answer.status_code == 400 and "segmenter" in answer.json()["detail"]
         assert httpx.post(f"{url}/predict", content=good, headers={**key, "Content-Type": "image/png"}).json() == \
@@ -263,7 +285,8 @@ def test_a_file_it_cannot_serve_refuses_to_start_in_one_line(tmp_path, capsys):
 def test_the_page_classifies_an_uploaded_photo_in_a_real_browser(files, tmp_path):
     """The page at ``/``, in Debian's Chromium driven by Playwright: a real photo chosen in its file input comes back
     as bars of the server's top-k (the same labels and probabilities as ``/predict``) and the time it took; for a
-    segmenter, the mask over the image. The browser loads nothing from another host."""
+    segmenter, the mask over the image. The browser loads nothing from another host. ``VITKIT_SCREENSHOTS=docs/images``
+    keeps its screenshots for the manual."""
     from playwright.sync_api import sync_playwright
     from sklearn.datasets import load_sample_image
 
@@ -275,7 +298,7 @@ def test_the_page_classifies_an_uploaded_photo_in_a_real_browser(files, tmp_path
         try:
             for model in ("onnx", "seg"):
                 with serving(files[model]) as (url, _):
-                    page = browser.new_page()
+                    page = browser.new_page(viewport={"width": 960, "height": 720})
                     page.on("request", lambda r, url=url: None if r.url.startswith((url, "blob:", "data:")) else
                             outside.append(r.url))
                     page.goto(f"{url}/")
@@ -291,7 +314,8 @@ def test_the_page_classifies_an_uploaded_photo_in_a_real_browser(files, tmp_path
                     np.testing.assert_allclose([b[1] for b in bars], [e[1] for e in expected], atol=1e-6)
                     if model == "seg":
                         page.wait_for_selector("#overlay:not([hidden])", timeout=60_000)
-                    page.screenshot(path=str(tmp_path / f"page_{model}.png"))
+                    shots = Path(os.environ.get("VITKIT_SCREENSHOTS") or tmp_path)  # docs/images: the manual's
+                    page.screenshot(path=str(shots / f"serve_page_{model}.png"))
         finally:
             browser.close()
     assert not outside, outside

@@ -1,6 +1,8 @@
 """The model behind ``vitkit serve``: a LitServe ``LitAPI`` over a task's predictor (``vitkit.tasks.protocol``), the
 same preparation and outputs as ``vitkit predict``. LitServe runs it in its worker processes, batching requests
-(``--max-batch-size``, ``--batch-timeout``); each request holds one image or several, checked as they are decoded."""
+(``--max-batch-size``, ``--batch-timeout``); each request holds one image or several, checked as they are decoded.
+A request refused there is answered alone: LitServe answers a whole batch with the error a hook raises, so the
+hooks carry a refusal to ``encode_response`` as a value instead, and its batch-mates are answered as usual."""
 
 from __future__ import annotations
 
@@ -66,6 +68,12 @@ class VitkitAPI(ls.LitAPI):
         self.predictor.run([self.predictor.prepare(blank)])
 
     def decode_request(self, request: dict, **kwargs: Any) -> dict:
+        try:
+            return self._decode(request)
+        except HTTPException as e:  # this request's answer, not its batch's
+            return {"refused": e}
+
+    def _decode(self, request: dict) -> dict:
         images = request.get("images") if isinstance(request, dict) else None
         if not isinstance(images, list) or not images:
             raise HTTPException(400, "the request holds no image")
@@ -93,10 +101,13 @@ class VitkitAPI(ls.LitAPI):
     def predict(self, requests: list[dict] | dict, **kwargs: Any) -> list[dict] | dict:
         single = isinstance(requests, dict)
         requests = [requests] if single else requests
-        images = [image for r in requests for image in r["images"]]
-        outputs = self.predictor.run([self.predictor.prepare(image) for image in images])
+        images = [image for r in requests if "refused" not in r for image in r["images"]]
+        outputs = self.predictor.run([self.predictor.prepare(image) for image in images]) if images else []
         answers, k = [], 0
         for r in requests:
+            if "refused" in r:
+                answers.append(r)
+                continue
             n = len(r["images"])
             results = [self.predictor.result(image, out, self.options)
                        for image, out in zip(r["images"], outputs[k:k + n], strict=True)]
@@ -110,7 +121,10 @@ class VitkitAPI(ls.LitAPI):
 
     def encode_response(self, output: dict, **kwargs: Any):
         from fastapi import Response
+        from fastapi.responses import JSONResponse
 
+        if "refused" in output:
+            return JSONResponse({"detail": output["refused"].detail}, status_code=output["refused"].status_code)
         if output["format"] == "overlay":
             return Response(output["results"][0].files["_overlay.png"], media_type="image/png",
                             headers={"X-Vitkit-Ms": str(output["ms"])})
