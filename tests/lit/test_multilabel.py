@@ -355,6 +355,8 @@ def test_evaluate_writes_scikit_learns_map_and_predict_prints_the_labels_above_t
     for j, n in enumerate(names):
         assert metrics["per_class"][n]["ap"] == pytest.approx(average_precision_score(y[:, j], p[:, j]), abs=1e-4)
     ckpt = torch.load(learned["ckpt"], map_location="cpu", weights_only=False)
+    validated = next(iter(ckpt["callbacks"][k] for k in ckpt["callbacks"] if k.startswith("ModelCheckpoint")))
+    assert metrics["mAP"] == pytest.approx(float(validated["best_model_score"]), abs=1e-4)  # prepared as validated
     thresholds = np.array(ckpt["multi_label"]["thresholds"])
     assert metrics["thresholds"] == pytest.approx(thresholds.tolist())
     decided = [" ".join(n for n, on in zip(names, row >= thresholds, strict=True) if on) or "-" for row in p]

@@ -57,11 +57,15 @@ def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_
     assert cli.model.num_classes == 3
     assert cli.model.hparams.class_names == ["class_0", "class_1", "class_2"]
     assert cli.trainer.global_step == 2 // cli.trainer.accumulate_grad_batches
-    # the data is prepared as the weights were: mean, std, crop and interpolation of the preset or tag
-    weights = vitkit.get_config(name)
-    data = cli.datamodule.data_cfg
-    assert (data.mean, data.std, data.crop_pct, data.interpolation) == \
-        (weights.mean, weights.std, weights.crop_pct, weights.interpolation)
+    # the data is prepared as the weights were (mean, std, crop and interpolation of the preset or tag) but where the
+    # recipe's data section says otherwise, and the model records what the data used, for predict and exports
+    weights, data = vitkit.get_config(name), cli.datamodule.data_cfg
+    keys = ("mean", "std", "crop_pct", "interpolation")
+    expected = {k: tuple(v) if isinstance(v := cfg["data"]["init_args"].get(k, getattr(weights, k)), list) else v
+                for k in keys}
+    assert {k: getattr(data, k) for k in keys} == expected
+    model_cfg = cli.model.model.cfg
+    assert {k: tuple(v) if isinstance(v := getattr(model_cfg, k), list) else v for k in keys} == expected
     if "finetune" in config.stem:
         report = cli.model.model.load_report  # the tag's weights, with a new head for the folder's 3 classes
         headless = vitkit.get_config(name).num_classes == 0 or bool(from_file)  # DINOv3 ships no head

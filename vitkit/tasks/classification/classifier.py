@@ -206,16 +206,20 @@ class ImageClassifier(TrainingModule):
                              f"{', '.join(off)}; turn it off")
 
     def _keep_crop_mode(self, dm) -> None:
-        """The data's crop_mode (``squash``: the whole image) and with packing its patch budget become the model's, in
-        its config and the checkpoint's overrides, so that predict, evaluate and exports prepare images as this run
-        validated them."""
+        """How the data prepares an image for validation (its crop mode, ``squash``: the whole image; its crop_pct,
+        interpolation, mean and std) and with packing its patch budget become the model's, in its config and the
+        checkpoint's overrides, so that predict, evaluate and exports prepare images as this run validated them."""
         plan = getattr(dm, "pack_plan", lambda: None)()
-        kept = {"crop_mode": getattr(getattr(dm, "data_cfg", None), "crop_mode", None),
-                "max_patches": None if plan is None else plan.max_patches}
-        kept = {k: v for k, v in kept.items() if v is not None and v != getattr(self.model.cfg, k, v)}
+        data = getattr(dm, "data_cfg", None)
+        kept = {k: getattr(data, k, None) for k in ("crop_mode", "crop_pct", "interpolation", "mean", "std")}
+        kept["max_patches"] = None if plan is None else plan.max_patches
+        kept = {k: tuple(v) if isinstance(v, list | tuple) else v for k, v in kept.items() if v is not None}
+        kept = {k: v for k, v in kept.items()
+                if v != (tuple(c) if isinstance(c := getattr(self.model.cfg, k, v), list | tuple) else c)}
         if kept:
             self.model.configure(**kept)
-            self.hparams.model_overrides = {**(self.hparams.model_overrides or {}), **kept}
+            self.hparams.model_overrides = {**(self.hparams.model_overrides or {}),
+                                            **{k: list(v) if isinstance(v, tuple) else v for k, v in kept.items()}}
 
     def fit_probe_head(self) -> None:
         """``head_init="probe"``: the head fitted on the frozen features, its score logged and its model saved."""
