@@ -136,7 +136,7 @@ def test_a_hugging_face_stream_trains_on_packed_images(shapes_folder, tmp_path, 
                     "--model.model_overrides", TINY_VIT, "--data", "vitkit.lit.HFDataModule",
                     "--data.name", str(tmp_path / "saved"), "--data.streaming", "true", "--data.img_size", "32",
                     "--data.batch_size", "8", "--data.num_workers", "0", "--data.packing", "true",
-                    "--data.max_tokens", "40", "--trainer.max_epochs", "12", "--trainer.max_steps", "72"])
+                    "--data.max_tokens", "40", "--trainer.max_epochs", "20", "--trainer.max_steps", "120"])
     assert cli.trainer.callback_metrics["val/top1"] >= 0.9
     x = next(iter(cli.datamodule.train_dataloader()))[0]
     assert isinstance(x, PackedBatch) and len(x) == 8 and x.patches.shape[1] == 40

@@ -5,7 +5,19 @@ built from typed parts: ``labels.py`` (``SingleLabel``, ``MultiLabel``), ``adapt
 ``LoRA``) and ``distill.Teacher``, with the training base's ``Recipe``; ``flat.py`` translates the flat arguments of
 before the parts. ``task.py`` declares the task to the commands."""
 
+from typing import TYPE_CHECKING
+
 from vitkit.tasks.protocol import lazy_names
+
+if TYPE_CHECKING:  # the names as type checkers and the API reference read them
+    from .adaptation import Frozen as Frozen
+    from .adaptation import Full as Full
+    from .adaptation import LoRA as LoRA
+    from .classifier import ImageClassifier as ImageClassifier
+    from .distill import Teacher as Teacher
+    from .labels import MultiLabel as MultiLabel
+    from .labels import SingleLabel as SingleLabel
+    from .small_data import StepsPerEpoch as StepsPerEpoch
 
 __all__, __getattr__ = lazy_names(__name__, {
     "Frozen": ".adaptation", "Full": ".adaptation", "LoRA": ".adaptation", "ImageClassifier": ".classifier",
