@@ -42,6 +42,14 @@ def cpu_slug() -> str:
     return name + (f"-f{family.group(1)}-m{model.group(1)}" if family and model else "")
 
 
+def cpu_family() -> str:
+    """``family F, model M`` of /proc/cpuinfo, which tells CPUs of one model name apart (an EPYC's Zen generation)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    family = re.search(r"^cpu family\s*:\s*(\d+)", info, re.M)
+    model = re.search(r"^model\s*:\s*(\d+)", info, re.M)
+    return f"family {family.group(1) if family else '?'}, model {model.group(1) if model else '?'}"
+
+
 def build(name: str, size: int, train: bool):
     model = vitkit.create_model(name, num_classes=10, img_size=size).train(train)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4) if train else None
@@ -89,10 +97,7 @@ def main() -> None:
     for name, size, train in entries:
         ips = args.batch_size / statistics.median(seconds[(name, size, train)])
         rows.setdefault((name, size), {})["train" if train else "infer"] = ips
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    family = re.search(r"^cpu family\s*:\s*(\d+)", info, re.M)
-    model = re.search(r"^model\s*:\s*(\d+)", info, re.M)
-    lines = [f"CPU: {cpu_name()} (family {family.group(1) if family else '?'}, model {model.group(1) if model else '?'}), "
+    lines = [f"CPU: {cpu_name()} ({cpu_family()}), "
              f"{torch.get_num_threads()} threads; torch {torch.__version__}; fp32, batch {args.batch_size}, median of "
              f"{args.rounds} interleaved rounds of {args.iters} steps; random weights", "",
              "| model | image size | inference img/s | training img/s |", "|---|---|---|---|"]

@@ -247,6 +247,8 @@ def test_a_served_classifier_over_http(files, tmp_path):
         metrics = httpx.get(f"{url}/metrics", headers=key).text
         assert 'vitkit_requests_total{path="/predict",method="POST",status="200"}' in metrics
         assert 'vitkit_request_seconds_bucket{path="/predict",method="POST",le="+Inf"}' in metrics
+        assert httpx.get(f"{url}/info", headers=key).json()["model"] == {"model": files["onnx"].name,
+                                                                          "task": "classification"}
         spec = httpx.get(f"{url}/openapi.json", headers=key).json()
         assert set(spec["paths"]["/predict"]["post"]["requestBody"]["content"]) >= {"multipart/form-data",
                                                                                     "application/json"}
