@@ -68,8 +68,8 @@ def main(argv: list[str]) -> int:
     except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - the loaders' own errors, each naming the file
-        raise UsageError(f"cannot serve {args.model}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}") \
-            from None
+        said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"cannot serve {args.model}: {said}") from None
     del predictor
     key = args.api_key or os.environ.get("VITKIT_API_KEY") or None
     api = VitkitAPI(source, options, threads, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout)
