@@ -233,6 +233,33 @@ def test_a_served_classifier_over_http(files, tmp_path):
             answer = httpx.post(f"{url}/predict", content=body, headers={**key, "Content-Type": kind})
             assert answer.status_code == status and says in answer.json()["detail"], (kind, answer.text)
             assert "\n" not in answer.json()["detail"] and "Traceback" not in answer.text
+        grey = _photo(0).convert("L")  # a 16-bit grey PNG is scaled to 8 bits (Pillow's convert would clip it white)
+        sixteen = io.BytesIO()
+        Image.fromarray(np.asarray(grey, dtype=np.uint16) * 257).save(sixteen, format="PNG")
+        assert Image.open(io.BytesIO(sixteen.getvalue())).mode.startswith("I")
+        as_grey = httpx.post(f"{url}/predict", content=_png(grey), headers={**key, "Content-Type": "image/png"}).json()
+        as_16 = httpx.post(f"{url}/predict", content=sixteen.getvalue(), headers={
+            **key, "Content-Type": "image/png"}).json()
+        assert as_16["predictions"] == as_grey["predictions"]
+        text = base64.encodebytes(good).decode()  # base64 with line breaks, and a data URL, as tools write them
+        for form in (text, "data:image/png;base64," + base64.b64encode(good).decode()):
+            assert httpx.post(f"{url}/predict", json={"image": form}, headers=key).json()["predictions"] == \
+                raw["predictions"]
+        assert httpx.post(f"{url}/predict", content=good, headers={"Authorization": "bearer sesame",
+                                                                    "Content-Type": "image/png"}).status_code == 200
+        tiny = base64.b64encode(_png(Image.new("RGB", (1, 1)))).decode()
+        for body, status, says in (({"images": [tiny] * 65}, 413, "--max-images"),  # many tiny images in a small
+                                   ({"image": tiny, "images": [tiny]}, 400, "one of the two")):  # request: refused
+            answer = httpx.post(f"{url}/predict", json=body, headers=key)
+            assert answer.status_code == status and says in answer.json()["detail"], answer.text
+        answer = httpx.post(f"{url}/predict", files=[("file", (f"{i}.png", _png(Image.new("RGB", (1, 1)))))
+                                                     for i in range(70)], headers=key)
+        assert answer.status_code == 413 and "--max-images" in answer.json()["detail"]
+        half = io.BytesIO()
+        Image.new("1", (5000, 6000)).save(half, format="PNG")  # 30 million pixels: one is served, two are too many
+        halves = {"images": [base64.b64encode(half.getvalue()).decode()] * 2}
+        answer = httpx.post(f"{url}/predict", json=halves, headers=key)
+        assert answer.status_code == 413 and "image 1 brings the request's images to 60,000,000" in answer.text
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(3) as pool:  # batched together (--batch-timeout 0.2): the bad one is answered alone
@@ -283,6 +310,22 @@ def test_a_file_it_cannot_serve_refuses_to_start_in_one_line(tmp_path, capsys):
     assert status == 1 and "is not a file or folder" in err
     status, err = run_cli(["serve", "x.onnx", "--workers", "0"], capsys)
     assert status == 1 and "--workers expects 1 or more" in err
+    import onnx  # an ONNX file vitkit export did not write: no preprocessing recorded, refused before it listens
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])),
+              tmp_path / "foreign.onnx")
+    status, err = run_cli(["serve", str(tmp_path / "foreign.onnx")], capsys)
+    assert status == 1 and err.count("\n") == 1 and "has no vitkit.input_size metadata" in err
+
+    with socket.socket() as held:  # a port another process listens on
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        status, err = run_cli(["serve", str(tmp_path / "foreign.onnx"), "--port", str(port)], capsys)
+    assert status == 1 and f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
 
 
 @pytest.mark.slow

@@ -116,3 +116,23 @@ def test_random_erasing_on_the_device_erases_a_share_of_images_with_noise():
     rows, cols = box.any(1).nonzero().flatten(), box.any(0).nonzero().flatten()
     assert box[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1].all()
     assert torch.equal(device_batch(x, cfg, re_prob=0.0), plain.expand_as(out))
+
+
+def test_a_16_bit_image_is_read_as_its_8_bit_values_by_every_reader(tmp_path):
+    """A 16-bit grey PNG holds the values of its 8-bit twin times 257: the training reader, vitkit predict's reader and
+    the segmentation reader all give the twin's pixels (Pillow's convert("RGB") alone clips them to 255)."""
+    import io
+
+    from vitkit.cli.predict import read_image
+    from vitkit.data.folder import decode
+    from vitkit.data.segmentation import _uint8
+
+    grey = np.random.default_rng(0).integers(0, 256, size=(12, 20), dtype=np.uint8)
+    Image.fromarray(grey.astype(np.uint16) * 257).save(tmp_path / "sixteen.png")
+    assert Image.open(tmp_path / "sixteen.png").mode.startswith("I")
+    twin = np.repeat(grey[..., None], 3, axis=2)
+    assert np.array_equal(np.asarray(decode((tmp_path / "sixteen.png").read_bytes())), twin)
+    assert np.array_equal(np.asarray(read_image(str(tmp_path / "sixteen.png")).convert("RGB")), twin)
+    assert np.array_equal(_uint8(Image.open(tmp_path / "sixteen.png")).permute(1, 2, 0).numpy(), twin)
+    clipped = np.asarray(Image.open(io.BytesIO((tmp_path / "sixteen.png").read_bytes())).convert("RGB"))
+    assert (clipped[grey > 0] == 255).all()  # what the readers mend: Pillow alone whitens every non-zero pixel

@@ -98,7 +98,9 @@ def read_image(path: str):
         image.load()
     except (OSError, UnidentifiedImageError) as e:
         raise UsageError(f"cannot read image {path!r}: {e}") from None
-    return image
+    from vitkit.image_files import eight_bit
+
+    return eight_bit(image)
 
 
 def write_files(files: dict[str, bytes], folder: Path, stem: str) -> list[Path]:

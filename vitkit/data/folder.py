@@ -82,9 +82,11 @@ def decode(data: bytes, decoder: Decoder = "pil"):
         except RuntimeError as e:  # as PIL fails on a damaged file: OSError
             raise OSError(f"cannot decode JPEG data: {e}") from e
         return Image.fromarray(x.permute(1, 2, 0).numpy())  # (H, W, 3) uint8
+    from vitkit.image_files import eight_bit
+
     img = Image.open(BytesIO(data))
     img.load()  # decode now: a truncated file raises here, not later inside a transform
-    return img.convert("RGB")
+    return eight_bit(img).convert("RGB")
 
 
 class SkippingImageFolder(Dataset):

@@ -219,7 +219,9 @@ class OwnSize:
 
 
 def _uint8(image: Image.Image) -> Tensor:
-    return torch.from_numpy(np.array(image.convert("RGB"), dtype=np.uint8)).permute(2, 0, 1).contiguous()
+    from vitkit.image_files import eight_bit
+
+    return torch.from_numpy(np.array(eight_bit(image).convert("RGB"), dtype=np.uint8)).permute(2, 0, 1).contiguous()
 
 
 def _indices(mask: Image.Image) -> Tensor:

@@ -16,13 +16,26 @@ from typing import Any
 import litserve as ls
 from fastapi import HTTPException
 
-MAX_PIXELS = 50_000_000  # a decoded image above this many pixels is refused from its header (a decompression bomb)
+MAX_PIXELS = 50_000_000  # a request's images above this many pixels together are refused from their headers (a
+# decompression bomb, or thousands of images in one small request)
 
 
-def decode_image(data: bytes, where: str, max_pixels: int = MAX_PIXELS):
+def from_base64(text: str) -> bytes:
+    """An image's base64 text as JSON requests carry it: standard or URL-safe, with or without line breaks and
+    padding, or a data URL (``data:image/png;base64,...``)."""
+    if text.startswith("data:") and ";base64," in text[:100]:
+        text = text.split(",", 1)[1]
+    text = "".join(text.split())
+    text += "=" * (-len(text) % 4)
+    if "-" in text or "_" in text:
+        return base64.urlsafe_b64decode(text.encode("ascii"))
+    return base64.b64decode(text, validate=True)
+
+
+def decode_image(data: bytes, where: str, max_pixels: int = MAX_PIXELS, before: int = 0):
     """Bytes of an image file -> the decoded PIL image, or an HTTP 4xx that names what is wrong with it (``where``:
-    which file of the request): empty, not an image, too many pixels (read from the header, before any decoding), or
-    truncated or damaged."""
+    which file of the request): empty, not an image, too many pixels with the request's images ``before`` it (read
+    from the header, before any decoding), or truncated or damaged."""
     from PIL import Image, UnidentifiedImageError
 
     if not data:
@@ -36,12 +49,17 @@ def decode_image(data: bytes, where: str, max_pixels: int = MAX_PIXELS):
     if width * height > max_pixels:
         raise HTTPException(413, f"{where} is {width}x{height} = {width * height:,} pixels, above the "
                             f"{max_pixels:,} the server decodes")
+    if before + width * height > max_pixels:
+        raise HTTPException(413, f"{where} brings the request's images to {before + width * height:,} pixels, above "
+                            f"the {max_pixels:,} the server decodes for one request: send fewer at a time")
     try:
         image.load()
     except Exception as e:  # noqa: BLE001 - Pillow's errors for a truncated or damaged file vary by format
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise HTTPException(400, f"{where} does not decode ({text}): truncated or damaged") from None
-    return image
+    from vitkit.image_files import eight_bit
+
+    return eight_bit(image)
 
 
 class VitkitAPI(ls.LitAPI):
@@ -77,14 +95,16 @@ class VitkitAPI(ls.LitAPI):
         images = request.get("images") if isinstance(request, dict) else None
         if not isinstance(images, list) or not images:
             raise HTTPException(400, "the request holds no image")
-        decoded = []
+        decoded, left = [], self.max_pixels
         for i, text in enumerate(images):
             try:
-                data = base64.b64decode(text, validate=True)
+                data = from_base64(text)
             except (binascii.Error, ValueError, TypeError):
                 raise HTTPException(400, f"image {i} is not base64 (JSON requests carry each image base64-encoded)") \
                     from None
-            decoded.append(decode_image(data, "the image" if len(images) == 1 else f"image {i}", self.max_pixels))
+            decoded.append(decode_image(data, "the image" if len(images) == 1 else f"image {i}", self.max_pixels,
+                                        self.max_pixels - left))
+            left -= decoded[-1].width * decoded[-1].height
         fmt = request.get("format") or "json"
         if fmt not in ("json", "overlay"):
             raise HTTPException(400, f"format must be json or overlay, got {fmt!r}")
@@ -102,7 +122,9 @@ class VitkitAPI(ls.LitAPI):
         single = isinstance(requests, dict)
         requests = [requests] if single else requests
         images = [image for r in requests if "refused" not in r for image in r["images"]]
-        outputs = self.predictor.run([self.predictor.prepare(image) for image in images]) if images else []
+        chunk = max(1, self.max_batch_size)  # a request of many images runs as batches of --max-batch-size
+        outputs = [out for i in range(0, len(images), chunk)
+                   for out in self.predictor.run([self.predictor.prepare(image) for image in images[i:i + chunk]])]
         answers, k = [], 0
         for r in requests:
             if "refused" in r:

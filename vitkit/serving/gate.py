@@ -67,10 +67,13 @@ async def _answer(send: Callable, status: int, body: bytes, content_type: str,
 
 class Gate:
     """The middleware (``LitServer(..., middlewares=[(Gate, {...})])``): ``api_key`` (None: none asked for),
-    ``max_body`` bytes, and what the server's description says of the model (``about``: its task and name)."""
+    ``max_body`` bytes, ``max_images`` a request, and what the server's description says of the model (``about``: its
+    task and name)."""
 
-    def __init__(self, app: Callable[..., Awaitable[Any]], api_key: str | None, max_body: int, about: dict) -> None:
+    def __init__(self, app: Callable[..., Awaitable[Any]], api_key: str | None, max_body: int, about: dict,
+                 max_images: int = 64) -> None:
         self.app, self.api_key, self.max_body, self.about = app, api_key, max_body, about
+        self.max_images = max_images
         self.metrics = Metrics()
         self.page = resources.files("vitkit.serving").joinpath("page.html").read_bytes()
 
@@ -95,7 +98,8 @@ class Gate:
     async def _route(self, scope: dict, receive: Callable, send: Callable, path: str, method: str) -> None:
         headers = {k.decode().lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         if path != "/health" and self.api_key is not None:
-            given = headers.get("x-api-key") or headers.get("authorization", "").removeprefix("Bearer ").strip()
+            scheme, _, token = headers.get("authorization", "").strip().partition(" ")
+            given = headers.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")
             if not given and method == "GET" and path == "/":  # the page in a browser: /?key=KEY
                 from urllib.parse import parse_qs
 
@@ -148,6 +152,12 @@ class Gate:
             if not message.get("more_body"):
                 return b"".join(chunks)
 
+    def _counted(self, images: list) -> list:
+        if len(images) > self.max_images:
+            raise Refused(413, f"the request holds {len(images)} images; the server takes up to {self.max_images} "
+                               "a request (--max-images)")
+        return images
+
     async def _images(self, scope: dict, receive: Callable, headers: dict) -> dict:
         """The request's images as the worker takes them: ``{"images": [base64, ...], "format": ...}``."""
         from urllib.parse import parse_qs
@@ -165,13 +175,17 @@ class Gate:
                 return replay.pop() if replay else {"type": "http.disconnect"}
 
             try:
-                form = await Request(scope, again).form(max_files=64, max_fields=64)
+                form = await Request(scope, again).form(max_files=self.max_images + 1,
+                                                        max_fields=self.max_images + 1)
             except Exception as e:  # noqa: BLE001 - python-multipart's errors for a malformed body
+                if "too many" in str(e).lower():
+                    raise Refused(413, f"the request holds more than {self.max_images} images, the most the server "
+                                       "takes a request (--max-images)") from None
                 raise Refused(400, f"the multipart body does not parse: {e}") from None
             files = [await v.read() for _, v in form.multi_items() if hasattr(v, "read")]
             if not files:
                 raise Refused(400, "the multipart request holds no file: send each image as a file field")
-            return {"images": [base64.b64encode(f).decode() for f in files], "format": fmt}
+            return {"images": [base64.b64encode(f).decode() for f in self._counted(files)], "format": fmt}
         if kind.startswith(IMAGE_TYPES):
             return {"images": [base64.b64encode(await self._body(receive, headers)).decode()], "format": fmt}
         if kind == "application/json":
@@ -180,9 +194,9 @@ class Gate:
             except (ValueError, RecursionError) as e:
                 raise Refused(400, f"the JSON body does not parse: {e}") from None
             images = payload.get("images", [payload.get("image")] if "image" in payload else None) \
-                if isinstance(payload, dict) else None
+                if isinstance(payload, dict) and not {"image", "images"} <= payload.keys() else None
             if not isinstance(images, list) or not images or not all(isinstance(x, str) for x in images):
-                raise Refused(400, 'a JSON request is {"image": BASE64} or {"images": [BASE64, ...]}')
-            return {"images": images, "format": payload.get("format", fmt)}
+                raise Refused(400, 'a JSON request is {"image": BASE64} or {"images": [BASE64, ...]}, one of the two')
+            return {"images": self._counted(images), "format": payload.get("format", fmt)}
         raise Refused(415, f"/predict takes multipart/form-data, image/* or application/octet-stream bytes, or "
                            f"application/json with base64; got {kind or 'no content type'}")

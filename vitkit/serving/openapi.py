@@ -45,9 +45,12 @@ def description(about: dict) -> dict:
                                           "image/png": {"schema": {"type": "string", "format": "binary"}}}},
                               **refusals}}},
             "/health": {"get": {"summary": "ok once the model is loaded and warmed up (no API key needed)",
-                                "responses": {"200": {"description": "ready"}, "503": {"description": "not yet"}}}},
+                                "responses": {"200": {"description": "ready"}, "503": {"description": "a worker is "
+                                                                                                      "not ready"}}}},
             "/metrics": {"get": {"summary": "request counts and latency histograms, Prometheus' text format",
                                  "responses": {"200": {"description": "the metrics"}}}},
+            "/info": {"get": {"summary": "the model file's name and task (model) and LitServe's settings (server)",
+                              "responses": {"200": {"description": "JSON"}}}},
             "/": {"get": {"summary": "a page to try the model in a browser",
                           "responses": {"200": {"description": "HTML"}}}},
         },
