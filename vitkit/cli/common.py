@@ -94,22 +94,10 @@ def load_classifier(args: argparse.Namespace) -> torch.nn.Module:
     if vitkit.family(net.name) == "seq2seq":
         raise UsageError(f"{args.checkpoint} holds an encoder-decoder ({net.name}); this command takes "
                          "classifiers")
+    from vitkit.tasks.classification.inference import require_classifier
+
     require_classifier(net, args.checkpoint or args.model)
     return net
-
-
-def require_classifier(net: torch.nn.Module, source: str) -> None:
-    """Refuse a backbone: a model without a classifier, or with one that the weights did not hold."""
-    report = getattr(net, "load_report", None)
-    if net.cfg.num_classes == 0 or (report is not None and report.new_head):
-        what = "has no classifier head (num_classes=0)" if net.cfg.num_classes == 0 else (
-            f"holds no classifier for the {net.cfg.num_classes} classes asked for (new, untrained: "
-            f"{', '.join(report.new_head)})")
-        raise UsageError(f"{source} {what}: it is a backbone, so there are no classes to predict. Fine-tune "
-                         "it first, e.g. `vitkit train fit -c finetune_small_data --model.model_name "
-                         f"{net.name} --model.pretrained false --model.checkpoint {source} --data.root DATA` (a few "
-                         "labelled images per class; vit_base_finetune for thousands), then use the checkpoint that "
-                         "writes")
 
 
 def read_image(path: str, cfg, transform=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,9 +107,10 @@ def read_image(path: str, cfg, transform=None) -> tuple[torch.Tensor, torch.Tens
     from PIL import Image, UnidentifiedImageError
 
     from vitkit.data.transforms import eval_transform
+    from vitkit.image_files import eight_bit
 
     try:
-        img = Image.open(path).convert("L" if cfg.in_chans == 1 else "RGB")
+        img = eight_bit(Image.open(path)).convert("L" if cfg.in_chans == 1 else "RGB")
     except (OSError, UnidentifiedImageError) as e:
         raise UsageError(f"cannot read image {path!r}: {e}") from None
     x = (eval_transform(cfg) if transform is None else transform)(img)[None]
