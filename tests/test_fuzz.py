@@ -1,9 +1,12 @@
 """Property tests (hypothesis): the attention backends agree on any shapes and masks, Swin takes any
 input size, bad inputs get named errors, and no byte string makes the checkpoint loader crash (damaged copies of
-valid files of every format: ``test_damaged_checkpoints.py``) or the manifest reader.
+valid files of every format: ``test_damaged_checkpoints.py``) or the manifest reader, and any text a request sends
+as an image is decoded or refused with a 4xx by ``vitkit serve``.
 
 How many examples each draws comes from the hypothesis profile (tests/conftest.py): 25, derandomized in
 CI; `pytest -m fuzz` draws 2,000 each."""
+
+import base64
 
 import pytest
 import torch
@@ -115,3 +118,27 @@ def test_any_manifest_reads_or_names_the_file_in_its_error(tmp_path_factory, dat
         return
     assert len(manifest.images) == len(manifest.labels) > 0
     assert all(isinstance(name, str) for row in manifest.labels for name in row)
+
+
+@given(text=st.one_of(st.text(max_size=200), st.binary(max_size=300).map(lambda b: base64.b64encode(b).decode())),
+       prefix=st.sampled_from(["", "data:image/png;base64,", "data:"]))
+@example(text="iVBORw0KGgo", prefix="")  # a PNG's signature, cut short
+def test_any_text_sent_as_an_image_is_decoded_or_refused_with_a_4xx(text, prefix):
+    """What a JSON request carries as an image, any text: ``vitkit serve`` decodes it or answers a 4xx with one line;
+    nothing else escapes the worker's decoding."""
+    import binascii
+
+    from fastapi import HTTPException
+
+    from vitkit.serving.api import decode_image, from_base64
+
+    try:
+        data = from_base64(prefix + text)
+    except (binascii.Error, ValueError, TypeError):
+        return  # the worker answers 400 "image i is not base64"
+    try:
+        image = decode_image(data, "the image", max_pixels=10_000)
+    except HTTPException as e:
+        assert 400 <= e.status_code < 500 and "\n" not in e.detail
+    else:  # within the pixel limit, and 16-bit grey brought to 8 bits
+        assert image.width * image.height <= 10_000 and not image.mode.startswith("I")

@@ -95,7 +95,7 @@ class VitkitAPI(ls.LitAPI):
         images = request.get("images") if isinstance(request, dict) else None
         if not isinstance(images, list) or not images:
             raise HTTPException(400, "the request holds no image")
-        decoded, left = [], self.max_pixels
+        decoded, pixels = [], 0
         for i, text in enumerate(images):
             try:
                 data = from_base64(text)
@@ -103,8 +103,8 @@ class VitkitAPI(ls.LitAPI):
                 raise HTTPException(400, f"image {i} is not base64 (JSON requests carry each image base64-encoded)") \
                     from None
             decoded.append(decode_image(data, "the image" if len(images) == 1 else f"image {i}", self.max_pixels,
-                                        self.max_pixels - left))
-            left -= decoded[-1].width * decoded[-1].height
+                                        pixels))
+            pixels += decoded[-1].width * decoded[-1].height
         fmt = request.get("format") or "json"
         if fmt not in ("json", "overlay"):
             raise HTTPException(400, f"format must be json or overlay, got {fmt!r}")
