@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import vitkit
-from vitkit.tools.bench import cpu_name, publish
+from vitkit.benchmarking.bench import cpu_name, publish
 
 # (preset, image sizes): the small ViTs, the backbones the small-data recipes start from, and Swin-T
 ENTRIES = [

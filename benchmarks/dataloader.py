@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vitkit.tools.bench import write_rows
+from vitkit.benchmarking.bench import write_rows
 
 COLUMNS = ["loader", "decoder", "workers", "img_per_s", "img_per_s_per_worker", "vs_imagefolder_pil", "first_batch_s",
            "classes_per_batch", "images",

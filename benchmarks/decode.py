@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import vitkit
-from vitkit.tools.bench import write_rows
+from vitkit.benchmarking.bench import write_rows
 
 COLUMNS = ["model", "batch_size", "src_len", "new_tokens", "beam_size", "cache", "tokens_per_s", "tokens_per_s_min",
            "tokens_per_s_max", "ms_per_token", "speedup_vs_uncached", "device", "torch"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from vitkit.tools.bench import device_name
+from vitkit.benchmarking.bench import device_name
 
 
 def _peak_bytes(device: torch.device) -> int:

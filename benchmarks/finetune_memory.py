@@ -32,7 +32,7 @@ def probe(model: str, way: str, batch: int, warmup: int, steps: int, device: str
           rank: int = 8) -> dict:
     """One (model, way) in this process: peak memory (MiB) and the median step time (s)."""
     import vitkit
-    from vitkit.lora import LoraSettings, add_lora
+    from vitkit.models.lora import LoraSettings, add_lora
 
     net = vitkit.create_model(model, num_classes=10, img_size=img_size).to(device).train()
     if way.startswith("lora"):

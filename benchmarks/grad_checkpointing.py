@@ -23,7 +23,7 @@ import timm
 import torch
 
 import vitkit
-from vitkit.tools.flops import saved_activations_mib
+from vitkit.benchmarking.flops import saved_activations_mib
 
 
 def peak_rss_mib(library: str, model: str, batch: int, grad_ckpt: bool) -> float:

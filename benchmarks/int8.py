@@ -27,10 +27,10 @@ import numpy as np
 import torch
 
 import vitkit
+from vitkit.benchmarking.bench import publish
+from vitkit.deploy.export import INPUT, OPSET, export_onnx, prepare
+from vitkit.deploy.quantize import CalibrationBatches, int8_fixed_size, linear_nodes, write_int8
 from vitkit.models.config import pair
-from vitkit.tools.bench import publish
-from vitkit.tools.export import INPUT, OPSET, export_onnx, prepare
-from vitkit.tools.quantize import CalibrationBatches, int8_fixed_size, linear_nodes, write_int8
 
 
 def _onnx(path: Path, threads: int) -> Callable[[np.ndarray], None]:
@@ -91,8 +91,8 @@ def _pt2e(model: torch.nn.Module, calibration: np.ndarray, autotune: bool) -> di
     ``load_int8_program`` runs it (``pt2e``: bf16 between the int8 products where the CPU has native bf16), with
     float32 between them (``pt2e_f32``, where that differs), and with ``autotune`` as ``load_int8_program(path,
     autotune=True)`` runs it (``pt2e_autotune``)."""
-    from vitkit.tools.quantize import QuantizationRefused
-    from vitkit.tools.quantize_program import bf16_between, convert, int8_kernels, numpy_runner
+    from vitkit.deploy.quantize import QuantizationRefused
+    from vitkit.deploy.quantize_program import bf16_between, convert, int8_kernels, numpy_runner
 
     try:
         graph = convert(prepare(model, False)[0], calibration, [])
@@ -108,7 +108,7 @@ def _pt2e(model: torch.nn.Module, calibration: np.ndarray, autotune: bool) -> di
 def _compiled_fp32(model: torch.nn.Module) -> Callable[[np.ndarray], None]:
     """The fp32 model the int8 program is quantized from (the export's copy), compiled the same way: what the int8
     program's speed-up is measured against in its own runtime."""
-    from vitkit.tools.quantize_program import numpy_runner
+    from vitkit.deploy.quantize_program import numpy_runner
 
     return numpy_runner(prepare(model, False)[0], compile=True)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 import vitkit
-from vitkit.tools.flops import count_gmacs_of, saved_activations_mib
+from vitkit.benchmarking.flops import count_gmacs_of, saved_activations_mib
 from vitkit.training.optim import build_adamw
 
 

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
+from vitkit.benchmarking.bench import device_name, publish
 from vitkit.checkpoints.formats import to_vitkit
 from vitkit.models.packing import budget_size, from_naflex, pack
-from vitkit.tools.bench import device_name, publish
 
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins", "moon", "page", "brick", "grass", "gravel",
           "hubble_deep_field", "immunohistochemistry", "text")
@@ -99,8 +99,8 @@ def onnx_entries(model, chunks: list[list[torch.Tensor]], images: list[torch.Ten
     sequences of each of ``lengths`` patches, and the per-image export (dynamic height and width) one image a call."""
     import tempfile
 
-    from vitkit.tools.export import OnnxModel, export_onnx
-    from vitkit.tools.export_packed import export_packed
+    from vitkit.deploy.export import OnnxModel, export_onnx
+    from vitkit.deploy.export_packed import export_packed
 
     tmp, prefix = Path(tempfile.mkdtemp()), model.num_prefix_tokens
     export_packed(model, tmp / "packed.onnx")

@@ -21,8 +21,8 @@ import torch
 from packing import PHOTOS, photographs  # benchmarks/packing.py, beside this script
 from PIL import Image
 
+from vitkit.benchmarking.bench import device_name, publish
 from vitkit.cli.train import cli_main
-from vitkit.tools.bench import device_name, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = {"packed": ["--data.packing", "true", "--data.max_tokens", "195"],  # 3 budgets of 64 patches and a prefix

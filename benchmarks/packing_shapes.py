@@ -30,8 +30,8 @@ from packing import PHOTOS, photographs  # benchmarks/packing.py, beside this sc
 from PIL import Image
 
 import vitkit.data.packing as packing
+from vitkit.benchmarking.bench import device_name, publish
 from vitkit.cli.train import cli_main
-from vitkit.tools.bench import device_name, publish
 
 REAL = Path("~/.cache/vitkit-real").expanduser()
 MODES = {"packed, whole": ["--data.packing", "true"], "squashed": ["--data.crop_mode", "squash"],

@@ -19,10 +19,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
 
 import vitkit
+from vitkit.benchmarking.bench import device_name
 from vitkit.cli.train import cli_main
 from vitkit.evaluation.metrics import knn_top1
 from vitkit.lit import DigitsDataModule
-from vitkit.tools.bench import device_name
 
 # recipe, extra arguments, the pooling the method's features are read with (MAE and SimMIM average their patch
 # tokens, as they fine-tune; DINO's class token is what its heads train)

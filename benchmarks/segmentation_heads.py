@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 import vitkit
+from vitkit.benchmarking.bench import device_name
+from vitkit.benchmarking.flops import count_gmacs_of
 from vitkit.models.segmentation import build_segmenter
-from vitkit.tools.bench import device_name
-from vitkit.tools.flops import count_gmacs_of
 
 # (backbone, its input size, head, indices, the head's arguments): the heads as their recipes build them
 ENTRIES = [

@@ -241,7 +241,7 @@ def main() -> None:
     import psutil
     import torch
 
-    from vitkit.tools.bench import cpu_name, publish
+    from vitkit.benchmarking.bench import cpu_name, publish
 
     names, files = photographs()
     vitkit_serve = [sys.executable, "-m", "vitkit.cli", "serve"]

@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         base = ddp.get((r["model"], r["rank"]))
         r.update(state_vs_ddp=round(r["state_mb"] / base, 3) if base else None,
                  device=platform.processor() or platform.machine(), torch=torch.__version__)
-    from vitkit.tools.bench import write_rows
+    from vitkit.benchmarking.bench import write_rows
 
     out = Path(a.out)
     write_rows(rows, out, COLUMNS)

@@ -50,7 +50,7 @@ def _model(folder: Path) -> tuple[Path, Path]:
     from PIL import Image
 
     import vitkit
-    from vitkit.tools.export import export_onnx
+    from vitkit.deploy.export import export_onnx
 
     torch.manual_seed(0)
     model = vitkit.create_model("vit_tiny_patch16_224", img_size=32, num_classes=10, depth=2).eval()

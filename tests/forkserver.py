@@ -6,7 +6,7 @@ one that is to import huggingface_hub under settings of its own for a server tha
 
 :func:`popen` takes what ``subprocess.Popen`` takes for ``python ARGS`` (a script, ``-m module`` or ``-c code``)
 and returns an object with Popen's ``pid``, ``poll``, ``wait``, ``communicate``, ``send_signal``, ``kill`` and
-``returncode``; the timeout of :func:`run` (and of ``tests/lit/conftest.launch``) raises :class:`Hung`, whose
+``returncode``; the timeout of :func:`run` (and of ``tests/tasks/conftest.launch``) raises :class:`Hung`, whose
 message shows each process's Python stacks. The child is a fork of the server (one per test process, started on
 first use), with the environment, working directory and arguments it was given, and its output captured to files.
 Where the environment differs in a variable that is read while those libraries import (``ATEN_CPU_CAPABILITY``,

@@ -258,7 +258,7 @@ def test_a_recipe_by_name_and_an_unknown_one(tmp_path):
 def test_the_learning_rate_panel_draws_the_heads_rate_and_says_the_layers_are_decayed(tmp_path):
     """With layer decay, the most decayed group's LR is far below the head's: the panel draws the largest (the base)
     and says how many groups sit below it."""
-    from vitkit.tools.plots import learning_rate_series
+    from vitkit.evaluation.plots import learning_rate_series
 
     rows = [{"step": "0", "lr-AdamW/pg1": "1e-6", "lr-AdamW/pg2": "1e-3", "lr-AdamW/pg3": "1e-3"},
             {"step": "1", "lr-AdamW/pg1": "2e-6", "lr-AdamW/pg2": "2e-3", "lr-AdamW/pg3": "2e-3"}]
@@ -274,7 +274,7 @@ def test_the_curves_keep_their_titles_whole_and_draw_the_probe(tmp_path, monkeyp
     import matplotlib.figure
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from vitkit.tools.plots import training_curves
+    from vitkit.evaluation.plots import training_curves
 
     groups = [f"lr-AdamW/pg{i}" for i in range(1, 27)]
     rows = [{"step": "0", "val/probe_baseline": "0.86"}] + [

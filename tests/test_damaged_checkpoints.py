@@ -46,7 +46,7 @@ def _recorded(path: Path):  # a file that records its model
 
 
 def _onnx(path: Path):  # what `vitkit predict --onnx` does: load, read the metadata, preprocess, run
-    from vitkit.tools.export import OnnxModel
+    from vitkit.deploy.export import OnnxModel
 
     model = OnnxModel(path)
     return model(model.preprocess(Image.new("RGB", (40, 40), (90, 30, 200))))
@@ -120,7 +120,7 @@ def _write_export_folder(folder: Path) -> Path:
 
 
 def _write_onnx(folder: Path) -> Path:
-    from vitkit.tools.export import export_onnx
+    from vitkit.deploy.export import export_onnx
 
     export_onnx(_tiny(), folder / "w.onnx", dynamic_size=False)
     return folder / "w.onnx"
@@ -130,8 +130,8 @@ def _write_int8_program(folder: Path) -> Path:
     """An int8 .pt2 as ``vitkit export --format torch-export --int8`` writes it (its gate and timing left out)."""
     import json
 
-    from vitkit.tools.export import metadata, prepare
-    from vitkit.tools.quantize_program import _save, convert
+    from vitkit.deploy.export import metadata, prepare
+    from vitkit.deploy.quantize_program import _save, convert
 
     m, _ = prepare(_tiny(), False)
     x = np.random.default_rng(0).standard_normal((8, 3, 32, 32)).astype(np.float32)
@@ -141,7 +141,7 @@ def _write_int8_program(folder: Path) -> Path:
 
 
 def _int8_program(path: Path):  # what load_int8_program reads: the program and its metadata (compiled when called)
-    from vitkit.tools.quantize_program import load_int8_program
+    from vitkit.deploy.quantize_program import load_int8_program
 
     return load_int8_program(path).meta
 

@@ -14,7 +14,7 @@ import torch
 
 import vitkit
 from vitkit import family
-from vitkit.tools.export import (
+from vitkit.deploy.export import (
     ExportError,
     OnnxModel,
     export_onnx,
@@ -183,7 +183,7 @@ def test_the_onnx_preprocessing_without_torch_is_the_eval_transform(image_size, 
     from PIL import Image
 
     from vitkit.data.transforms import eval_transform
-    from vitkit.tools.onnx_model import OnnxModel
+    from vitkit.deploy.onnx_model import OnnxModel
 
     rng = np.random.default_rng(sum(image_size))
     image = Image.fromarray(rng.integers(0, 256, (*image_size[::-1], 3), dtype=np.uint8))
@@ -203,7 +203,7 @@ def test_predict_onnx_imports_neither_torch_nor_lightning(tmp_path):
     """`vitkit predict --onnx` in a fresh interpreter: the export runs in onnxruntime on numpy arrays."""
     from PIL import Image
 
-    from vitkit.tools.export import export_onnx
+    from vitkit.deploy.export import export_onnx
 
     m = vitkit.create_model("vit_small_patch16_224", img_size=32, num_classes=3, **TINY_VIT).eval()
     export_onnx(m, tmp_path / "m.onnx")
@@ -226,7 +226,7 @@ def test_predict_onnx_imports_neither_torch_nor_lightning(tmp_path):
 
 
 def test_onnxruntime_peer_in_the_benchmark_runs_vitkits_export():
-    from vitkit.tools.bench import OnnxRuntimeModule
+    from vitkit.benchmarking.bench import OnnxRuntimeModule
 
     ort_net = OnnxRuntimeModule("vit_tiny_patch16_224", depth=1, img_size=64)
     x = torch.randn(2, 3, 64, 64)

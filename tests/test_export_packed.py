@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import vitkit
+from vitkit.deploy.export import ExportError, OnnxModel
+from vitkit.deploy.export_packed import export_packed
 from vitkit.layers.resample import resample_weights
 from vitkit.models.packing import pack
-from vitkit.tools.export import ExportError, OnnxModel
-from vitkit.tools.export_packed import export_packed
 
 from .commands import error_line_of
 

@@ -53,7 +53,7 @@ if __name__ == "__main__":
 
 @pytest.mark.skipif(forkserver.DISABLED, reason="VITKIT_TEST_FORKSERVER=0: every process a fresh interpreter")
 def test_a_child_that_hangs_shows_where_it_and_its_workers_stand(tmp_path):
-    """What a multi-process test reports when its processes run past the timeout (tests/lit/conftest.launch)."""
+    """What a multi-process test reports when its processes run past the timeout (tests/tasks/conftest.launch)."""
     (tmp_path / "hangs.py").write_text(HANGS)
     proc = forkserver.popen([str(tmp_path / "hangs.py")], cwd=tmp_path)
     try:

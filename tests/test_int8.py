@@ -18,8 +18,8 @@ import vitkit
 from tests.commands import error_line_of, run_cli
 from vitkit.checkpoints.load import save_pretrained
 from vitkit.cli import main
-from vitkit.tools.export import export_onnx
-from vitkit.tools.onnx_model import OnnxModel
+from vitkit.deploy.export import export_onnx
+from vitkit.deploy.onnx_model import OnnxModel
 
 pytestmark = pytest.mark.slow
 SIZE = 16
@@ -120,7 +120,7 @@ def test_the_gate_refuses_an_int8_model_that_loses_accuracy_and_names_the_layer(
     if fmt == "onnx":
         facts = json.loads({p.key: p.value for p in onnx.load(str(out)).metadata_props}["vitkit.int8"])
     else:
-        from vitkit.tools.quantize_program import load_int8_program
+        from vitkit.deploy.quantize_program import load_int8_program
 
         facts = load_int8_program(out).meta["int8"]
     assert facts["kept"] == ["blocks.0.mlp.fc2", "blocks.1.mlp.fc2"]
@@ -185,7 +185,7 @@ def test_int8_from_a_model_file_writes_a_swin_at_its_own_size(name, size, traine
 def test_a_pt2_int8_program_keeps_the_accuracy_and_its_metadata(trained, tmp_path, capsys):
     """--format torch-export --int8: PyTorch's x86 quantizer writes a .pt2 whose linear layers run int8 once compiled,
     gated on the same held-out digits, with the model's labels and preprocessing."""
-    from vitkit.tools.quantize_program import bf16_between, int8_kernels, load_int8_program
+    from vitkit.deploy.quantize_program import bf16_between, int8_kernels, load_int8_program
 
     fp32, _, cal = trained
     out = tmp_path / "int8.pt2"
@@ -235,7 +235,7 @@ def test_a_model_trained_on_packed_batches_is_calibrated_and_gated_on_images_of_
     """A model whose run trained on packed batches takes each image whole within its patch budget: the int8 export
     calibrates on, and its gate scores, the images at their own shapes (the fp32 file's preprocessing), one at a
     time."""
-    from vitkit.tools.quantize import calibration_set, top1
+    from vitkit.deploy.quantize import calibration_set, top1
 
     _, _, cal = trained
     net = vitkit.create_model("vit_tiny_patch16_224", img_size=SIZE, patch_size=4, embed_dim=64, depth=2,
@@ -266,8 +266,8 @@ def test_the_exported_scores_are_a_bmm_of_the_scaled_queries_with_the_same_numbe
     """The reference path's scores are ``bmm(q · scale, kᵀ)``, with no ``baddbmm`` whose unread input inductor would
     write out at the scores' size in every block: what the exports hold. The export gives the model's logits, in
     float32 and under bf16 autocast (no float32 checks left in the int8 flow's copy)."""
-    from vitkit.tools.export import prepare
-    from vitkit.tools.quantize_program import _any_float
+    from vitkit.deploy.export import prepare
+    from vitkit.deploy.quantize_program import _any_float
 
     torch.manual_seed(0)
     net = vitkit.create_model("vit_tiny_patch16_224", img_size=SIZE, patch_size=4, embed_dim=64, depth=2,

@@ -59,7 +59,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
                                str(root / f"{name}.onnx"), *extra], capture_output=True, text=True, timeout=600)
         assert code.returncode == 0, code.stderr[-2000:]
         out[name] = root / f"{name}.onnx"
-    from tests.lit.segmentation_digits import write_digit_masks
+    from tests.tasks.segmentation_digits import write_digit_masks
     from vitkit.cli.train import cli_main
 
     masks = write_digit_masks(root / "masks", train=8, val=4, size=32, glyph_size=16)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from . import moved
+
 __version__ = "0.1.0"
+
+moved.install()  # vitkit.tools.export, vitkit.lora, ...: the modules at their new paths
 
 # Each public name and the module that defines it. They, and the subpackages (vitkit.models, vitkit.lit, ...), are
 # imported when first used: `vitkit --help` and `vitkit recipes` answer without loading torch.

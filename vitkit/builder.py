@@ -13,12 +13,15 @@ from typing import Any
 
 from torch import nn
 
+from vitkit.errors import UsageError, UsageTypeError
+
 from .checkpoints import hub
 from .checkpoints.adapt import classifier_names
+from .checkpoints.adapters import merge_checkpoint
 from .checkpoints.files import WEIGHT_SUFFIXES, CheckpointError
 from .checkpoints.load import Checkpoint, CheckpointMismatchError, load_checkpoint, load_heads, read_checkpoint
 from .checkpoints.match import fitting_presets
-from .lora import merge_checkpoint
+from .checkpoints.names import _weights_config, capabilities, family, get_config, preset_of  # noqa: F401
 from .models.config import pair
 from .models.features import FeatureNet, default_out_indices
 from .models.mim import MAEConfig, MaskedAutoencoder, SimMIM, SimMIMConfig
@@ -26,44 +29,6 @@ from .models.registry import check_fields, find
 from .models.segmentation import SegmentationModel, build_segmenter
 
 log = logging.getLogger(__name__)
-
-
-def preset_of(name: str) -> str:
-    """The preset behind a name: itself, or the preset of a timm tag ('vit_small_patch16_224.augreg_in1k'),
-    torchvision weights ('ViT_B_16_Weights.IMAGENET1K_V1') or a hub repo ('hf-hub:timm/...')."""
-    if name.startswith("hf-hub:") or hub.TV_WEIGHTS.match(name):
-        source = hub.resolve(name)
-        if source.preset:
-            return source.preset
-        ck = read_checkpoint(source.fetch())
-        if ck.model_name is None:
-            raise ValueError(f"{name}: the repo's config.json names no architecture")
-        return ck.model_name
-    return hub.split_tag(name)[0] if "." in name else name
-
-
-def family(name: str) -> str:
-    """'vit', 'swin' or 'seq2seq' for a preset name or a pretrained name."""
-    return find(preset_of(name))[0]
-
-
-def get_config(name: str, **overrides: Any):
-    """The config of preset ``name`` with any of its fields overridden by keyword. A pretrained name
-    (``vit_small_patch16_224.augreg_in1k``, ``ViT_B_16_Weights.IMAGENET1K_V1``) gives the config its
-    weights were trained with: their image size, classes, mean, std, crop_pct and interpolation."""
-    _, cfg_cls, _, preset = find(preset_of(name))
-    check_fields(name, cfg_cls, overrides)
-    weights = _weights_config(hub.resolve(name).config, preset) if "." in name and not name.startswith("hf-hub:") \
-        else {}
-    return cfg_cls(**{**preset, **weights, **overrides})
-
-
-def _weights_config(config: dict, preset: dict) -> dict:
-    """Config fields of a timm tag or torchvision weights, as overrides of the preset (no download)."""
-    config = dict(config)
-    if pair(config["img_size"]) == pair(preset.get("img_size", 224)):
-        del config["img_size"]  # the preset's own, as it wrote it
-    return config
 
 
 @dataclasses.dataclass
@@ -90,7 +55,7 @@ def _plan(name: str | None, pretrained: bool | str, checkpoint, overrides: dict[
         else:  # the folder's config, random weights (timm's semantics)
             ck = read_checkpoint(folder)
             if ck.model_name is None:
-                raise ValueError(f"{folder} does not record which model it holds ({ck.format} format)")
+                raise UsageError(f"{folder} does not record which model it holds ({ck.format} format)")
             plan.name, plan.overrides = ck.model_name, {**_recorded(ck, ck.model_name), **plan.overrides}
     elif isinstance(pretrained, (str, os.PathLike)):
         plan.checkpoint = pretrained
@@ -181,7 +146,7 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
         plan.name = plan.name or ck.model_name or matched_preset(ck)
         plan.overrides = {**_checked_record(ck, plan.name, plan.overrides), **plan.overrides}
     if plan.name is None:
-        raise TypeError("create_model needs a preset name (or a checkpoint that records one)")
+        raise UsageTypeError("create_model needs a preset name (or a checkpoint that records one)")
     model = _build(plan, ck, bool(overrides))
     model.name = plan.name
     model.class_names = plan.label_names
@@ -202,7 +167,7 @@ def create_model(name: str | None = None, *, pretrained: bool | str = False,
     if features_only:
         return _features(model, out_indices, output_fmt, feature_cls, dict(feature_cfg or {}))
     if feature_cls is not None or feature_cfg:
-        raise TypeError("feature_cls and feature_cfg apply with features_only=True")
+        raise UsageTypeError("feature_cls and feature_cfg apply with features_only=True")
     return model
 
 
@@ -229,7 +194,7 @@ def _features(model: nn.Module, out_indices: int | tuple[int, ...] | None, outpu
     output_fmt = feature_cfg.pop("output_fmt", output_fmt)
     feature_cls = asked or "getter"
     if feature_cls not in FEATURE_CLASSES:
-        raise ValueError(f"feature_cls must be one of {FEATURE_CLASSES}, got {feature_cls!r}")
+        raise UsageError(f"feature_cls must be one of {FEATURE_CLASSES}, got {feature_cls!r}")
     if feature_cls == "getter":  # asked for by name: NCHW maps, as timm's getter gives (Swin's default: NHWC)
         return FeatureNet(model, out_indices, output_fmt or ("NCHW" if asked else None), **feature_cfg)
     from timm.models import FeatureGraphNet, FeatureHookNet
@@ -312,22 +277,25 @@ def create_mim(name: str | None = None, *, objective: str | None = None, pretrai
     ck = read_checkpoint(checkpoint) if checkpoint is not None else None
     name = name or (ck.model_name if ck is not None else None)
     if name is None:
-        raise TypeError("create_mim needs an encoder preset name (or a checkpoint that records one)")
-    fam = family(name)
+        raise UsageTypeError("create_mim needs an encoder preset name (or a checkpoint that records one)")
+    takes = capabilities(name).mim
     recorded_objective = ck.objective if ck is not None and ck.objective in ("mae", "simmim") else None  # not DINO's
-    objective = objective or recorded_objective or ("simmim" if fam == "swin" else "mae")
+    objective = objective or recorded_objective or (takes[0] if takes else "mae")
     if objective not in ("mae", "simmim"):
-        raise ValueError(f"objective must be 'mae' or 'simmim', got {objective!r}")
-    if objective == "mae" and fam != "vit":
-        raise ValueError(f"MAE drops the hidden patches, which {name}'s windows cannot do (they partition the whole "
+        raise UsageError(f"objective must be 'mae' or 'simmim', got {objective!r}")
+    if objective == "mae" and takes == ("simmim",):
+        raise UsageError(f"MAE drops the hidden patches, which {name}'s windows cannot do (they partition the whole "
                          "grid): pre-train Swin with SimMIM (objective='simmim')")
+    if objective not in takes:
+        raise UsageError(f"{name} is not pre-trained with {objective.upper()}: its family takes "
+                         f"{', '.join(takes) or 'no masked image modeling'}")
     cfg_cls = MAEConfig if objective == "mae" else SimMIMConfig
     fields = {f.name for f in dataclasses.fields(cfg_cls)} - {"encoder", "encoder_overrides"}
     recorded = ck.head_config if ck is not None and ck.objective == objective else {}
     settings = {k: v for k, v in {**recorded, **(mim or {})}.items() if k in fields}
     unknown = sorted(set(mim or {}) - fields)
     if unknown:
-        raise TypeError(f"{cfg_cls.__name__} has no field(s) {unknown}; it has {sorted(fields)}")
+        raise UsageTypeError(f"{cfg_cls.__name__} has no field(s) {unknown}; it has {sorted(fields)}")
     encoder = create_model(name, pretrained=pretrained, checkpoint=ck, num_classes=0, **overrides)
     cfg = cfg_cls(encoder=encoder.name, encoder_overrides=dict(overrides), **settings)
     model = (MaskedAutoencoder if objective == "mae" else SimMIM)(cfg, encoder)

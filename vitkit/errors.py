@@ -2,20 +2,17 @@
 
 vitkit's commands end bad input (an argument, a file, a config value, an override, a trainer this machine cannot
 run) with ``error: ...`` and exit status 1; ``--traceback`` (or ``VITKIT_TRACEBACK=1``) shows the traceback instead.
-What vitkit itself checked is such an error: :class:`UsageError` (raised by the commands, the tools and the parsers),
-its other exception types, and a ValueError, TypeError or OSError raised in vitkit's code. Anything else is a fault
-to report, and keeps its traceback. One place turns them into the line: ``vitkit.cli.guarded``, by :func:`error_line`.
+Such input is what vitkit checked and refused with :class:`UsageError` or one of its kinds below (each also the
+built-in error a Python caller expects: a :class:`MissingFileError` is a FileNotFoundError). Anything else, a
+ValueError from inside vitkit included, is a fault to report and keeps its traceback. One place turns them into the
+line: ``vitkit.cli.guarded``, by :func:`error_line`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
-from pathlib import Path
-from types import TracebackType
 
-PACKAGE_DIR = str(Path(__file__).resolve().parent)  # vitkit/
 TRACEBACK_FLAG, TRACEBACK_ENV = "--traceback", "VITKIT_TRACEBACK"
 VERBOSE_FLAG = "--verbose"
 
@@ -26,29 +23,34 @@ class UsageError(ValueError):
     there."""
 
 
-class CheckpointError(ValueError):
+class UsageTypeError(UsageError, TypeError):
+    """A value of the wrong kind (an argument, a part, a tensor's dtype)."""
+
+
+class MissingFileError(UsageError, FileNotFoundError):
+    """A file or folder the user named that is not there, or lacks what it should hold."""
+
+
+class ExistingFileError(UsageError, FileExistsError):
+    """A file or folder in the way of what a command would write."""
+
+
+class MissingPackageError(UsageError, ImportError):
+    """An optional dependency a feature needs, with the ``pip install`` that adds it."""
+
+
+class CheckpointError(UsageError):
     """A path that does not hold a readable checkpoint (missing, truncated, corrupt or of unknown layout)."""
 
 
-def _raised_by_vitkit(tb: TracebackType | None) -> bool:
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code.co_filename.startswith(PACKAGE_DIR)
-
-
 def user_error(e: BaseException | None) -> BaseException | None:
-    """The error vitkit raised about the user's input inside ``e``, following what it was raised from (jsonargparse
-    wraps whatever a class raises while it is built in a "Does not validate against any of the Union subtypes"
-    error); None when ``e`` is not about such input."""
-    # the hub's error only where its module was imported (it loads torch, which `vitkit predict --onnx` and
-    # `vitkit --help` do without); where it was not, nothing raised one
-    hub = sys.modules.get("vitkit.checkpoints.hub")
-    ours = (UsageError, CheckpointError, *((hub.MissingWeightsError,) if hub is not None else ()))
+    """The :class:`UsageError` inside ``e``, following what it was raised from (jsonargparse wraps whatever a class
+    raises while it is built in a "Does not validate against any of the Union subtypes" error); None when ``e`` is
+    not about the user's input."""
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, ours) or (
-                isinstance(e, (ValueError, TypeError, OSError, ImportError)) and _raised_by_vitkit(e.__traceback__)):
+        if isinstance(e, UsageError):
             return e
         e = e.__cause__ or e.__context__
     return None
@@ -83,8 +85,8 @@ def take_traceback_flag(argv: list[str]) -> list[str]:
 def take_verbose_flag(argv: list[str]) -> list[str]:
     """``argv`` without ``--verbose``; given, vitkit's own log shows its DEBUG lines (the paths of skipped files,
     the attention path each kind of call runs), in this process and the loader workers it forks, and the other
-    libraries' lines that vitkit's commands hide (``vitkit/noise.py``): ``VITKIT_VERBOSE=1``, which the processes a
-    multi-device run starts inherit."""
+    libraries' lines that vitkit's commands hide (``vitkit/library_output.py``): ``VITKIT_VERBOSE=1``, which the
+    processes a multi-device run starts inherit."""
     if VERBOSE_FLAG in argv:
         os.environ["VITKIT_VERBOSE"] = "1"
         logger = logging.getLogger("vitkit")

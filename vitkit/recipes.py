@@ -9,13 +9,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from vitkit.errors import MissingFileError
+
 PACKAGED = Path(__file__).resolve().parent / "configs"
 
 
 def recipes_dir() -> Path:
     """The folder that holds the recipes, ``vitkit/configs``."""
     if not PACKAGED.is_dir():
-        raise FileNotFoundError(f"vitkit's recipes are missing: {PACKAGED} does not exist; reinstall vitkit")
+        raise MissingFileError(f"vitkit's recipes are missing: {PACKAGED} does not exist; reinstall vitkit")
     return PACKAGED
 
 

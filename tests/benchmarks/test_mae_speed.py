@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from tests.lit.conftest import ROOT
+from tests.tasks.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import mae_speed  # noqa: E402

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from tests import forkserver
+from vitkit.benchmarking import bench as throughput
 from vitkit.cli import bench as command
 from vitkit.errors import UsageError
-from vitkit.tools import bench as throughput
 
 _RUN = subprocess.run
 
@@ -53,7 +53,7 @@ def test_smoke_run_writes_csv_json_markdown_and_chart(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name,published", [("vit_base_patch16_224", 17.58), ("swin_tiny_patch4_window7_224", 4.51)])
 def test_gmacs_match_published_counts(name, published):
     import vitkit
-    from vitkit.tools.flops import count_gmacs
+    from vitkit.benchmarking.flops import count_gmacs
 
     gmacs = count_gmacs(vitkit.create_model(name))
     assert abs(gmacs - published) / published < 0.03, gmacs
@@ -91,7 +91,7 @@ def test_rounds_alternate_the_order_of_the_entries():
 
     import torch
 
-    from vitkit.tools.timing import Entry, time_rounds
+    from vitkit.benchmarking.timing import Entry, time_rounds
 
     ran = []
     entries = [Entry(lib, "m", "train", 1, factory=None, step=lambda lib=lib: ran.append(lib)) for lib in "abc"]

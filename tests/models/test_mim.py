@@ -207,7 +207,7 @@ def test_the_reconstruction_grid_holds_each_image_exactly_in_its_row_and_column(
     import numpy as np
     from PIL import Image
 
-    from vitkit.tools.plots import GRID_GAP, cell_scale, reconstruction_grid
+    from vitkit.evaluation.plots import GRID_GAP, cell_scale, reconstruction_grid
 
     g = torch.Generator().manual_seed(0)
     rows = [torch.rand(3, channels, size, size, generator=g) for _ in range(3)]

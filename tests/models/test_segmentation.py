@@ -293,9 +293,9 @@ def test_segmentation_files_that_do_not_fit_are_named(tmp_path, upernet):
 
 
 def test_a_vit_segmenter_exports_to_onnx_at_any_size(tmp_path):
-    """(UperNet's pooling pyramid exports at any size too: the learning test in tests/lit exports one.)"""
-    from vitkit.tools.export import export_onnx
-    from vitkit.tools.onnx_model import OnnxModel
+    """(UperNet's pooling pyramid exports at any size too: the learning test in tests/tasks exports one.)"""
+    from vitkit.deploy.export import export_onnx
+    from vitkit.deploy.onnx_model import OnnxModel
 
     backbone = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, depth=1, img_size=64)
     model = build_segmenter(backbone, "linear", 4).eval()

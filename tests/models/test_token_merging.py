@@ -201,7 +201,7 @@ def test_export_and_predict_take_token_merging_and_agree(tmp_path, capsys):
         images.append(str(tmp_path / f"{i}.png"))
         Image.fromarray(np.random.default_rng(i).integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(images[-1])
     assert main(["export", str(tmp_path / "ckpt"), "-o", str(tmp_path / "m.onnx"), "--token-merging", "6"]) == 0
-    out = capsys.readouterr().out  # checked in onnxruntime; at the model's size unless asked (see tools/export.py)
+    out = capsys.readouterr().out  # checked in onnxruntime; at the model's size unless asked (see deploy/export.py)
     assert "max |diff| against PyTorch" in out and "dynamic: batch;" in out
     assert main(["predict", *images, "--onnx", str(tmp_path / "m.onnx"), "--topk", "3"]) == 0
     onnx_lines = capsys.readouterr().out
@@ -217,7 +217,7 @@ def test_export_and_predict_take_token_merging_and_agree(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_onnx_export_with_dynamic_sizes_merges_as_pytorch_does_even_where_fewer_pairs_are_left(tmp_path):
-    from vitkit.tools.export import OnnxModel, export_onnx
+    from vitkit.deploy.export import OnnxModel, export_onnx
 
     m = _model(depth=1, token_merging=12)
     report = export_onnx(m, tmp_path / "m.onnx", dynamic_size=True)

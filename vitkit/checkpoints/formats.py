@@ -19,6 +19,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from vitkit.errors import UsageError
+
 Rules = list[tuple[str, str | Callable[[re.Match], str]]]  # (pattern, replacement) for re.sub
 
 # Wrappers that training scripts put around the weights, in the order they are looked for.
@@ -286,7 +288,7 @@ def _timm_naflex(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     projection over each patch's pixels in (row, column, channel) order, which is vitkit's patch convolution
     (D, C, p, p) laid out again. The channel count is the first of 3, 1, 4, 2 that leaves square patches."""
     if "embeds.pos_embed_y" in sd or "embeds.norm.weight" in sd or "embeds.norm_input.weight" in sd:
-        raise ValueError("this NaFlexViT file has factorized positions or a norm on the patch embedding "
+        raise UsageError("this NaFlexViT file has factorized positions or a norm on the patch embedding "
                          "(embeds.pos_embed_y / embeds.norm), which vitkit does not build; its naflexvit_* "
                          "presets take learned 2-D positions")
     out = {k: v for k, v in sd.items() if not k.startswith("embeds.")}
@@ -296,7 +298,7 @@ def _timm_naflex(sd: dict[str, Tensor]) -> dict[str, Tensor]:
         if w.shape[1] % chans == 0 and p * p * chans == w.shape[1]:
             break
     else:
-        raise ValueError(f"embeds.proj.weight {tuple(w.shape)}: its {w.shape[1]} inputs are no square patch of "
+        raise UsageError(f"embeds.proj.weight {tuple(w.shape)}: its {w.shape[1]} inputs are no square patch of "
                          "1 to 4 channels")
     out["patch_embed.proj.weight"] = w.reshape(w.shape[0], p, p, chans).permute(0, 3, 1, 2).contiguous()
     if "embeds.proj.bias" in sd:

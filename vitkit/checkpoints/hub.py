@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from vitkit.errors import MissingFileError, UsageError
+
 from ..models.registry import find
 
 log = logging.getLogger(__name__)
@@ -41,7 +43,7 @@ TORCHVISION_MODELS: dict[str, str] = {
 }
 
 
-class MissingWeightsError(FileNotFoundError):
+class MissingWeightsError(MissingFileError):
     """Pretrained weights that are not in the local cache and cannot be downloaded from here."""
 
 
@@ -102,7 +104,7 @@ class Pretrained:
     def download(self) -> Path:
         """Fetch into the cache (after a quick check that a download can start at all)."""
         if self.unreadable:
-            raise ValueError(self.unreadable)
+            raise UsageError(self.unreadable)
         why = _why_offline(self.repo_id is not None, self.url)
         if why:
             raise self.missing(why)
@@ -231,7 +233,7 @@ def _timm(name: str, any_architecture: bool = False) -> Pretrained:
         cfg = None
     if cfg is None or (tag is None and not known):
         tags = ", ".join(k.split(".", 1)[1] for k in known) or "none"
-        raise ValueError(f"timm knows no pretrained weights {name!r}; the tags of {preset} are: {tags}")
+        raise UsageError(f"timm knows no pretrained weights {name!r}; the tags of {preset} are: {tags}")
     pcfg = cfg.to_dict()
     full = f"{preset}.{pcfg['tag']}" if pcfg.get("tag") else preset
     config = {"num_classes": pcfg["num_classes"], "img_size": tuple(pcfg["input_size"][1:])}
@@ -273,10 +275,10 @@ def _torchvision(name: str) -> Pretrained:
     try:
         weights = get_weight(name)
     except (ValueError, KeyError, AttributeError) as e:
-        raise ValueError(f"torchvision has no weights {name!r} ({e})") from None
+        raise UsageError(f"torchvision has no weights {name!r} ({e})") from None
     builder = TV_WEIGHTS.match(name).group(1).lower()
     if builder not in TORCHVISION_MODELS:
-        raise ValueError(f"{name}: vitkit has no counterpart of torchvision's {builder}; it reads the weights of "
+        raise UsageError(f"{name}: vitkit has no counterpart of torchvision's {builder}; it reads the weights of "
                          f"{', '.join(TORCHVISION_MODELS)}")
     preset = TORCHVISION_MODELS[builder]
     t = weights.transforms()

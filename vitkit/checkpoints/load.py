@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitkit.errors import UsageError
+
 from ..models.config import CROP_MODES
 from ..models.registry import preset_config
 from .adapt import adapt, classifier_names, head_keys, headless
@@ -48,7 +50,7 @@ class Checkpoint:
     objective: str | None = None
     head_config: dict[str, Any] = field(default_factory=dict)
     # a LoRA run's hyper-parameters: the state dict holds its adapters and head, which ``create_model`` merges into
-    # the backbone they name (vitkit/lora.py)
+    # the backbone they name (vitkit/checkpoints/adapters.py)
     lora: dict[str, Any] | None = None
     # a multi-label classifier's per-class decision thresholds (its outputs are sigmoids), as the file records them
     thresholds: list[float] | None = None
@@ -177,7 +179,7 @@ def _interpret(path: str | os.PathLike, weights: Path, config: dict | None, raw:
 
 
 def lora_arguments(hp: dict) -> dict[str, Any] | None:
-    """A LoRA run's adapter arguments as ``lora_*`` keys (``vitkit.lora.settings_of`` reads them): a classifier's
+    """A LoRA run's adapter arguments as ``lora_*`` keys (``vitkit.models.lora.settings_of`` reads them): a classifier's
     ``adaptation`` part of kind LoRA, or the flat ``lora_*`` arguments of a segmenter or of a classifier before its
     parts; None for a run without adapters."""
     part = hp.get("adaptation")
@@ -272,7 +274,7 @@ def timm_args(model: nn.Module) -> tuple[str, dict]:
     """(preset name, the arguments timm's ``create_model`` takes to build the same architecture)."""
     name = getattr(model, "name", None)
     if name is None:
-        raise ValueError("save_pretrained needs a model made by vitkit.create_model (it records the preset name)")
+        raise UsageError("save_pretrained needs a model made by vitkit.create_model (it records the preset name)")
     cfg, preset = dataclasses.asdict(model.cfg), dataclasses.asdict(preset_config(name))
     changed = {k: cfg[k] for k in TIMM_ARGS if k in cfg and cfg[k] != preset[k]}
     return name, {"num_classes": cfg["num_classes"], **changed}

@@ -39,13 +39,13 @@ def fitting_presets(ck: Checkpoint) -> list[str]:
     classes = ck.num_classes
     scored = []
     for family in ("vit", "swin"):
-        for name in FAMILIES[family][2]:
+        for name in FAMILIES[family].presets:
             cfg = preset_config(name)
             if _facts_of(family, cfg) != facts:
                 continue
             extra = {} if classes is None else {"num_classes": classes}
             with torch.device("meta"):
-                model = FAMILIES[family][1](preset_config(name, **extra))
+                model = FAMILIES[family].model(preset_config(name, **extra))
             model.name = name
             try:
                 _, report = fit(model, ck)

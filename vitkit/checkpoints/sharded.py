@@ -24,6 +24,8 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
+from vitkit.errors import UsageError
+
 from .files import SAFE_GLOBALS, CheckpointError, UnsafeCheckpointError, read_file
 
 # What a ``.metadata`` pickle may import: torch's checkpoint metadata classes and the few torch and pathlib names
@@ -55,7 +57,7 @@ def _check_memo(data: bytes) -> None:
     8 GiB. A pickle that a Pickler wrote numbers its memo entries in order."""
     for count, (op, arg, _) in enumerate(pickletools.genops(io.BytesIO(data)), 1):
         if op.name in _MEMO_OPS and (not isinstance(arg, int) or not 0 <= arg <= count):
-            raise ValueError(f"memo index {arg} at opcode {count} ({op.name})")
+            raise UsageError(f"memo index {arg} at opcode {count} ({op.name})")
 
 
 def read_metadata(folder: Path) -> Metadata:

@@ -90,10 +90,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
 
 
 def guarded(run: Callable[[], int]) -> int:
-    """``run()`` with other libraries' routine lines hidden (``vitkit/noise.py``); an error about the user's input
-    ends it with its one ``error:`` line on stderr and status 1. The one place where a command's error is said."""
+    """``run()`` with other libraries' routine lines hidden (``vitkit/library_output.py``); an error about the user's
+    input ends it with its one ``error:`` line on stderr and status 1. The one place where a command's error is said."""
     from vitkit.errors import error_line
-    from vitkit.noise import quiet
+    from vitkit.library_output import quiet
 
     try:
         with quiet():

@@ -18,7 +18,7 @@ def parser():
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    from vitkit.tools.plots import attention_rollout, overlay, swin_window_attention
+    from vitkit.evaluation.plots import attention_rollout, overlay, swin_window_attention
 
     net = load_classifier(args)
     x, shown = read_image(args.image, net.cfg)

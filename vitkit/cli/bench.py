@@ -1,5 +1,5 @@
 """``vitkit bench``: img/s, GMACs, MFU and peak memory of vitkit presets beside timm and torchvision, measured in
-one process (``vitkit/tools/bench.py``); with ``--checkpoint``, the token-merging curve of a trained ViT."""
+one process (``vitkit/benchmarking/bench.py``); with ``--checkpoint``, the token-merging curve of a trained ViT."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     import torch
 
     import vitkit
-    from vitkit.builder import family
-    from vitkit.tools.bench import PRECISIONS
+    from vitkit.benchmarking.bench import PRECISIONS
+    from vitkit.checkpoints.names import capabilities
 
     if args.precision not in PRECISIONS:
         p.error(f"argument --precision: invalid choice: {args.precision!r} (choose from {', '.join(PRECISIONS)})")
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [m for m in args.models if m not in vitkit.list_models()]
     if unknown:
         p.error(f"unknown vitkit preset(s) {unknown}; see vitkit.list_models()")
-    not_vit = [m for m in args.models if any(args.token_merging) and family(m) != "vit"]
+    not_vit = [m for m in args.models if any(args.token_merging) and not capabilities(m).token_merging]
     if not_vit:
         p.error(f"--token-merging is for ViT/DeiT presets only (Swin keeps a fixed token grid): {not_vit}")
     return args
@@ -72,7 +72,7 @@ def measure(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     import torch
 
-    from vitkit.tools.bench import markdown_table, mem_probe, run, write_outputs
+    from vitkit.benchmarking.bench import markdown_table, mem_probe, run, write_outputs
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -91,8 +91,8 @@ def measure(argv: list[str] | None = None) -> list[dict]:
 
 
 def merging_curve(args) -> list[dict]:
-    from vitkit.tools import merging
-    from vitkit.tools.bench import write_rows
+    from vitkit.benchmarking import merging
+    from vitkit.benchmarking.bench import write_rows
 
     out = args.out or Path("bench/token_merging.csv")
     rows = merging.curve(args)

@@ -77,6 +77,7 @@ def parse_overrides(text: str) -> dict:
 def load_classifier(args: argparse.Namespace) -> torch.nn.Module:
     """The classifier ``--checkpoint`` / ``--model`` / ``--overrides`` (and ``--token-merging``) name, in eval mode."""
     import vitkit
+    from vitkit.checkpoints.names import capabilities
 
     if args.checkpoint is None and args.model is None:
         raise UsageError("give --checkpoint FILE, or --model NAME for pretrained weights by name "
@@ -91,7 +92,7 @@ def load_classifier(args: argparse.Namespace) -> torch.nn.Module:
         if "token_merging" not in overrides:
             raise
         raise UsageError(f"--token-merging {args.token_merging}: {e}") from None
-    if vitkit.family(net.name) == "seq2seq":
+    if not capabilities(net.name).images:
         raise UsageError(f"{args.checkpoint} holds an encoder-decoder ({net.name}); this command takes "
                          "classifiers")
     from vitkit.tasks.classification.inference import require_classifier

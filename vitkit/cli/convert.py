@@ -55,7 +55,7 @@ def _adapter(src: str, dst: Path) -> int:
 
     import vitkit
     from vitkit.checkpoints.adapt import classifier_names
-    from vitkit.lora import adapted_model, run_settings, save_adapter
+    from vitkit.checkpoints.adapters import adapted_model, run_settings, save_adapter
 
     raw = torch.load(src, map_location="cpu", weights_only=True) if Path(src).is_file() else {}
     hp = raw.get("hyper_parameters") or {} if isinstance(raw, dict) else {}

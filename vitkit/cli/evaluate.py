@@ -102,7 +102,7 @@ def _task(argv: list[str]):
 @functools.cache
 def _onnx(path: str):
     """The export at ``path`` in onnxruntime, loaded once however often the command asks."""
-    from vitkit.tools.onnx_model import OnnxModel
+    from vitkit.deploy.onnx_model import OnnxModel
 
     return OnnxModel(path)
 

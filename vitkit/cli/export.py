@@ -23,10 +23,10 @@ def parser():
     p.add_argument("--token-merging", type=int, default=0, metavar="R", help=TOKEN_MERGING)
     p.add_argument("--packed", action="store_true", help="a ViT classifier on packed batches: images of their own "
                    "sizes in sequences, the sequence count and length and the image count dynamic (inputs patches, "
-                   "image, index, grids; vitkit/tools/export_packed.py)")
+                   "image, index, grids; vitkit/deploy/export_packed.py)")
     p.add_argument("--opset", type=int, default=18, help="ONNX opset, 18 or newer")
     p.add_argument("--atol", type=float, default=1e-4, help="largest difference to PyTorch the check accepts")
-    q = p.add_argument_group("int8 (vitkit/tools/quantize.py; SRC may also be an fp32 .onnx written by vitkit export)")
+    q = p.add_argument_group("int8 (vitkit/deploy/quantize.py; SRC may also be an fp32 .onnx written by vitkit export)")
     q.add_argument("--int8", nargs="?", const="static", choices=("static", "dynamic"), default=None,
                    help="quantize the linear layers to int8: static (calibrated activation ranges, the default) or "
                    "dynamic (ONNX only); softmax, LayerNorm and the attention's products stay in float. With "
@@ -64,7 +64,7 @@ def _check_int8(args) -> None:
 
 
 def _int8(args, fp32: str, out: str) -> int:
-    from vitkit.tools.quantize import QuantizationRefused, quantize_int8
+    from vitkit.deploy.quantize import QuantizationRefused, quantize_int8
 
     try:
         report = quantize_int8(fp32, out, args.calibrate, mode=args.int8, calibration=args.calibration_size,
@@ -76,9 +76,9 @@ def _int8(args, fp32: str, out: str) -> int:
 
 
 def _int8_program(args, net, out: str) -> int:
-    from vitkit.tools.export import ExportError
-    from vitkit.tools.quantize import QuantizationRefused
-    from vitkit.tools.quantize_program import quantize_program
+    from vitkit.deploy.export import ExportError
+    from vitkit.deploy.quantize import QuantizationRefused
+    from vitkit.deploy.quantize_program import quantize_program
 
     try:
         report = quantize_program(net, out, args.calibrate, calibration=args.calibration_size, max_drop=args.max_drop,
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
         if not Path(args.src).is_file():
             raise UsageError(f"{args.src} does not exist")
         return _int8(args, args.src, args.output or f"{Path(args.src).stem}.int8.onnx")
-    from vitkit.tools.export import ExportError, export_onnx, export_program
+    from vitkit.deploy.export import ExportError, export_onnx, export_program
 
     if args.output:  # before the model is built: a folder on the way that is a file
         parent = Path(args.output).parent
@@ -121,7 +121,7 @@ def main(argv: list[str]) -> int:
     else:
         net = _named_model(args, overrides)
     out = args.output or f"{net.name}{'.int8' if args.int8 else ''}.{'onnx' if args.format == 'onnx' else 'pt2'}"
-    from vitkit.tools.quantize import int8_fixed_size
+    from vitkit.deploy.quantize import int8_fixed_size
 
     dynamic = False if args.fixed_size or (args.int8 and int8_fixed_size(net)) else None
     if args.packed:
@@ -150,8 +150,8 @@ def main(argv: list[str]) -> int:
 
 
 def _packed(args, net, out: str) -> int:
-    from vitkit.tools.export import ExportError
-    from vitkit.tools.export_packed import export_packed
+    from vitkit.deploy.export import ExportError
+    from vitkit.deploy.export_packed import export_packed
 
     try:
         print(export_packed(net, out, fmt=args.format, opset=args.opset, atol=args.atol))

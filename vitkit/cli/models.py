@@ -17,8 +17,8 @@ def main(argv: list[str]) -> int:
     import torch
 
     import vitkit
+    from vitkit.benchmarking.flops import count_gmacs_of
     from vitkit.models.config import pair
-    from vitkit.tools.flops import count_gmacs_of
 
     rows = []
     for name in vitkit.list_models(args.pattern):

@@ -20,7 +20,7 @@ def parser():
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     import vitkit
-    from vitkit.tools.plots import pos_embed_similarity
+    from vitkit.evaluation.plots import pos_embed_similarity
 
     net = load_classifier(args)
     if not hasattr(net, "pos_embed"):

@@ -75,7 +75,7 @@ def model_source(onnx: str | None, checkpoint: str | None, model: str | None):
         net = onnx_model(onnx)
         return registry.for_onnx(net.meta), ("onnx", net)
     if checkpoint and checkpoint.endswith(".pt2"):  # an int8 program: its own size and preprocessing
-        from vitkit.tools.quantize_program import load_int8_program
+        from vitkit.deploy.quantize_program import load_int8_program
 
         program = load_int8_program(checkpoint)
         return registry.for_onnx(program.meta), ("program", program)
@@ -116,9 +116,9 @@ def write_files(files: dict[str, bytes], folder: Path, stem: str) -> list[Path]:
 
 
 def onnx_model(path: str):
-    """An exported model in onnxruntime (``vitkit/tools/onnx_model.py``)."""
+    """An exported model in onnxruntime (``vitkit/deploy/onnx_model.py``)."""
     try:
-        from vitkit.tools.onnx_model import OnnxModel
+        from vitkit.deploy.onnx_model import OnnxModel
         return OnnxModel(path)
     except ImportError as e:
         raise UsageError(f"--onnx needs onnxruntime ({e}); pip install 'vitkit[export]'") from None

@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     import vitkit
-    from vitkit.tools.plots import draw_reconstructions
+    from vitkit.evaluation.plots import draw_reconstructions
 
     mim = {"mask_ratio": args.mask_ratio} if args.mask_ratio is not None else {}
     net = vitkit.create_mim(args.model, checkpoint=args.checkpoint, objective=args.objective, mim=mim,

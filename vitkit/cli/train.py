@@ -36,7 +36,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from vitkit import recipes
 from vitkit.builder import checkpoint_preset
 from vitkit.errors import UsageError, take_traceback_flag, take_verbose_flag
-from vitkit.noise import quiet
+from vitkit.library_output import quiet
 from vitkit.tasks import registry
 from vitkit.training.callbacks import AtomicCheckpointIO, ModelCheckpoint, ModelSummary, TrainingCurves, checkpoints_dir
 from vitkit.training.flat import flat_of
@@ -103,7 +103,7 @@ def strategy_from_path(path: str) -> Strategy:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
         names = ", ".join(StrategyRegistry.available_strategies())
-        raise ValueError(f"--trainer.strategy {path}: expected a registered strategy name ({names}) or the class "
+        raise UsageError(f"--trainer.strategy {path}: expected a registered strategy name ({names}) or the class "
                          f"path of a Lightning Strategy; {e}") from None
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
         raise UsageError(f"--trainer.strategy {path}: expected a subclass of lightning's Strategy, got {cls!r}")
@@ -428,8 +428,8 @@ class VitkitCLI(LightningCLI):
 
 def cli_main(args: list[str] | None = None, run: bool = True, prog: str | None = None) -> LightningCLI:
     """``vitkit train fit -c vit_tiny_digits``; ``args`` replaces sys.argv[1:], ``prog`` names the program in
-    ``--help``. Bad input raises: a :class:`~vitkit.errors.UsageError` (or another error ``vitkit.errors.user_error``
-    knows as such), which ``vitkit.cli.main`` turns into the command's one ``error:`` line."""
+    ``--help``. Bad input raises a :class:`~vitkit.errors.UsageError` (or one of its kinds), which ``vitkit.cli.main``
+    turns into the command's one ``error:`` line."""
     with quiet(sys.argv if args is None else args):
         return VitkitCLI(args=args, run=run, **({"parser_kwargs": {"prog": prog}} if prog else {}))
 

@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
-from vitkit.errors import UsageError
+from vitkit.errors import MissingFileError, UsageError
 from vitkit.image_files import IMAGE_SUFFIXES, image_files, is_image_file
 
 Decoder = Literal["pil", "torchvision"]
@@ -33,8 +33,8 @@ def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val"
 
     ``test_dir`` is checked like the others when that folder exists; it is optional."""
     if not root.is_dir():
-        raise FileNotFoundError(f"ImageFolder root {str(root)!r} does not exist or is not a folder; expected "
-                                f"{root}/{train_dir}/<class>/*.jpg and {root}/{val_dir}/<class>/*.jpg")
+        raise MissingFileError(f"ImageFolder root {str(root)!r} does not exist or is not a folder; expected "
+                               f"{root}/{train_dir}/<class>/*.jpg and {root}/{val_dir}/<class>/*.jpg")
     for top in {root, root / train_dir, root / val_dir}:
         if (top / "images").is_dir() and (top / "masks").is_dir():
             raise UsageError(f"{top} is a segmentation folder (images/ beside masks/), not class folders: give it to a "
@@ -45,23 +45,23 @@ def scan_image_folder(root: Path, train_dir: str = "train", val_dir: str = "val"
     for split in (train_dir, val_dir, *optional):
         d = root / split
         if not d.is_dir():
-            raise FileNotFoundError(f"missing {str(d)!r}: expected {root}/{split}/<class>/<images>")
+            raise MissingFileError(f"missing {str(d)!r}: expected {root}/{split}/<class>/<images>")
         classes = _class_dirs(d)
         if not classes:
-            raise ValueError(f"{str(d)!r} has no class folders: expected {d}/<class>/<images>")
+            raise UsageError(f"{str(d)!r} has no class folders: expected {d}/<class>/<images>")
         empty = [c for c in classes if not any(is_image_file(f) for f in (d / c).rglob("*") if f.is_file())]
         if empty:
-            raise ValueError(f"class folder(s) without images in {str(d)!r}: {empty} "
+            raise UsageError(f"class folder(s) without images in {str(d)!r}: {empty} "
                              f"(image extensions: {', '.join(IMAGE_SUFFIXES)})")
         splits[split] = classes
     if splits[train_dir] != splits[val_dir]:
         only_t = sorted(set(splits[train_dir]) - set(splits[val_dir]))
         only_v = sorted(set(splits[val_dir]) - set(splits[train_dir]))
-        raise ValueError(f"train and val class folders differ in {str(root)!r}: only in {train_dir}: {only_t}; "
+        raise UsageError(f"train and val class folders differ in {str(root)!r}: only in {train_dir}: {only_t}; "
                          f"only in {val_dir}: {only_v}")
     for split in optional:
         if splits[split] != splits[train_dir]:
-            raise ValueError(f"{split} class folders differ from {train_dir} in {str(root)!r}: "
+            raise UsageError(f"{split} class folders differ from {train_dir} in {str(root)!r}: "
                              f"{splits[split]} vs {splits[train_dir]}")
     return splits[train_dir]
 
@@ -137,10 +137,10 @@ def stack_targets(ys: list) -> Tensor:
 def scan_unlabeled(root: Path) -> list[Path]:
     """Every image file under ``root``, at any depth (no class folders needed), sorted; refuses a folder with none."""
     if not root.is_dir():
-        raise FileNotFoundError(f"image folder {str(root)!r} does not exist or is not a folder")
+        raise MissingFileError(f"image folder {str(root)!r} does not exist or is not a folder")
     files = image_files(root)
     if not files:
-        raise ValueError(f"no images under {str(root)!r} (looked at every depth for {', '.join(IMAGE_SUFFIXES)})")
+        raise UsageError(f"no images under {str(root)!r} (looked at every depth for {', '.join(IMAGE_SUFFIXES)})")
     return files
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from vitkit.errors import MissingFileError, MissingPackageError, UsageError
 from vitkit.image_files import IMAGE_SUFFIXES
 
 from .folder import Decoder, decode
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".tar": "webdataset"}
 
 
-class MissingDatasetError(FileNotFoundError):
+class MissingDatasetError(MissingFileError):
     """A hub dataset that is not in the datasets cache and cannot be downloaded (offline, or no network)."""
 
 
@@ -36,7 +37,8 @@ def require() -> None:
     try:
         import datasets  # noqa: F401
     except ImportError:
-        raise ImportError("reading Hugging Face datasets needs the datasets library: pip install 'vitkit[hf]'") \
+        raise MissingPackageError(
+            "reading Hugging Face datasets needs the datasets library: pip install 'vitkit[hf]'") \
             from None
 
 
@@ -67,7 +69,7 @@ def _builder_of(data_files: str | list[str] | dict) -> str:
         return BUILDERS[suffix]
     if suffix in IMAGE_SUFFIXES or Path(first).is_dir() or suffix == ".zip":
         return "imagefolder"
-    raise ValueError(f"--data.data_files {first!r}: expected parquet, arrow, webdataset (.tar) or image files")
+    raise UsageError(f"--data.data_files {first!r}: expected parquet, arrow, webdataset (.tar) or image files")
 
 
 def open_dataset(name: str | None, *, config_name: str | None = None, revision: str | None = None,
@@ -84,7 +86,7 @@ def open_dataset(name: str | None, *, config_name: str | None = None, revision: 
         return dict(datasets.load_dataset(_builder_of(data_files), name=config_name, data_files=data_files,
                                           streaming=streaming))
     if name is None:
-        raise ValueError("give --data.name (a hub dataset or a local folder) or --data.data_files")
+        raise UsageError("give --data.name (a hub dataset or a local folder) or --data.data_files")
     path = Path(os.path.expanduser(name))
     if path.is_dir():
         if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():  # save_to_disk
@@ -94,7 +96,7 @@ def open_dataset(name: str | None, *, config_name: str | None = None, revision: 
                     for k, v in splits.items()}
         return dict(datasets.load_dataset(str(path), name=config_name, streaming=streaming))
     if path.exists() or os.sep in name and not _hub_like(name):
-        raise FileNotFoundError(f"{argument} {name!r} is neither a folder nor a hub dataset name")
+        raise MissingFileError(f"{argument} {name!r} is neither a folder nor a hub dataset name")
     return _from_hub(name, config_name, revision, streaming, instead)
 
 
@@ -108,24 +110,24 @@ def open_splits(name: str | None, data_files: Any, *, config_name: str | None, r
 
     where = name if name is not None else str(data_files)
     if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        raise UsageError(f"val_fraction must be in (0, 1), got {val_fraction}")
     try:
         splits = open_dataset(name, config_name=config_name, revision=revision, data_files=data_files,
                               streaming=streaming)
     except (MissingDatasetError, ValueError, FileNotFoundError) as e:
         if "corresponds to no data" in str(e):  # the datasets library on files without a row
-            raise ValueError(f"{where} has no rows") from None
+            raise UsageError(f"{where} has no rows") from None
         if isinstance(e, MissingDatasetError) or "vitkit" in type(e).__module__ or "--data." in str(e):
             raise
-        raise ValueError(f"{where} cannot be opened by the datasets library: {one_line(e)[7:]}") from None
+        raise UsageError(f"{where} cannot be opened by the datasets library: {one_line(e)[7:]}") from None
     if train_split not in splits:
-        raise ValueError(f"{where} has no split {train_split!r} (--data.train_split); its splits are "
+        raise UsageError(f"{where} has no split {train_split!r} (--data.train_split); its splits are "
                          f"{', '.join(splits) or 'none'}")
     if val_split == "validation" and val_split not in splits:  # the other names datasets give it
         val_split = next((k for k in ("val", "valid") if k in splits), val_split)
     for arg, split, default in (("val_split", val_split, "validation"), ("test_split", test_split, "test")):
         if split is not None and split not in splits and split != default:
-            raise ValueError(f"{where} has no split {split!r} (--data.{arg}); its splits are {', '.join(splits)}")
+            raise UsageError(f"{where} has no split {split!r} (--data.{arg}); its splits are {', '.join(splits)}")
     return splits, val_split
 
 
@@ -219,33 +221,33 @@ def find_columns(features, image_column: str | None, label_column: str | None, w
     import datasets
 
     if features is None:
-        raise ValueError(f"{where}: the dataset does not declare its columns; name them with --data.image_column "
+        raise UsageError(f"{where}: the dataset does not declare its columns; name them with --data.image_column "
                          "and --data.label_column")
     columns = describe_columns(features)
     for arg, col in (("image_column", image_column), ("label_column", label_column)):
         if col is not None and col not in features:
-            raise ValueError(f"{where}: --data.{arg} {col!r} is not a column; its columns are {columns}")
+            raise UsageError(f"{where}: --data.{arg} {col!r} is not a column; its columns are {columns}")
     images = [k for k, v in features.items() if isinstance(v, datasets.Image)]
     if image_column is None:
         if len(images) != 1:
-            raise ValueError(f"{where} has {'no' if not images else len(images)} image column(s), expected one; "
+            raise UsageError(f"{where} has {'no' if not images else len(images)} image column(s), expected one; "
                              f"its columns are {columns}" + ("; name one with --data.image_column" if images else ""))
         image_column = images[0]
     elif not isinstance(features[image_column], (datasets.Image, datasets.Value)) or \
             isinstance(features[image_column], datasets.Value) and features[image_column].dtype not in ("binary",
                                                                                                            "string"):
-        raise ValueError(f"{where}: --data.image_column {image_column!r} is {_kind(features[image_column])}, not "
+        raise UsageError(f"{where}: --data.image_column {image_column!r} is {_kind(features[image_column])}, not "
                          f"images; its columns are {columns}")
     labels = [k for k, v in features.items() if isinstance(v, datasets.ClassLabel) or
               isinstance(v, datasets.List) and isinstance(v.feature, datasets.ClassLabel)]
     if label_column is None:
         if len(labels) != 1:
-            raise ValueError(f"{where} has {'no' if not labels else len(labels)} ClassLabel column(s), expected one; "
+            raise UsageError(f"{where} has {'no' if not labels else len(labels)} ClassLabel column(s), expected one; "
                              f"its columns are {columns}; name the label column with --data.label_column")
         label_column = labels[0]
     feature = features[label_column]
     if not (_label_value(feature) or multi_label(feature)):
-        raise ValueError(f"{where}: --data.label_column {label_column!r} is {_kind(feature)}, not a label (a "
+        raise UsageError(f"{where}: --data.label_column {label_column!r} is {_kind(feature)}, not a label (a "
                          f"ClassLabel, integers or strings, or a list of those or a multi-hot list for several "
                          f"labels per image); its columns are {columns}")
     return image_column, label_column
@@ -264,13 +266,13 @@ def class_names(ds, label_column: str, given: list[str] | None, where: str) -> l
     if given:
         return list(given)
     if isinstance(ds, datasets.IterableDataset):
-        raise ValueError(f"{where}: the label column {label_column!r} holds {feature.dtype} values, and a stream "
+        raise UsageError(f"{where}: the label column {label_column!r} holds {feature.dtype} values, and a stream "
                          "cannot be read through to find its classes; give them with --data.classes")
     values = ds.unique(label_column)
     if feature.dtype.startswith(("int", "uint")):
         top = max(values) if values else -1
         if min(values, default=0) < 0:
-            raise ValueError(f"{where}: the label column {label_column!r} holds negative labels")
+            raise UsageError(f"{where}: the label column {label_column!r} holds negative labels")
         return [str(i) for i in range(top + 1)]
     return sorted(values)
 
@@ -285,21 +287,21 @@ def _multi_label_names(ds, label_column: str, given: list[str] | None, where: st
         return list(feature.feature.names)
     if _multi_hot(feature):
         if feature.length < 0 and not given:
-            raise ValueError(f"{where}: the multi-hot column {label_column!r} does not declare its length; name the "
+            raise UsageError(f"{where}: the multi-hot column {label_column!r} does not declare its length; name the "
                              "classes with --data.classes")
         if given and feature.length > 0 and len(given) != feature.length:
-            raise ValueError(f"{where}: --data.classes names {len(given)} classes, the multi-hot column "
+            raise UsageError(f"{where}: --data.classes names {len(given)} classes, the multi-hot column "
                              f"{label_column!r} has {feature.length}")
         return list(given) if given else [str(i) for i in range(feature.length)]
     if given:
         return list(given)
     if isinstance(ds, datasets.IterableDataset):
-        raise ValueError(f"{where}: the label column {label_column!r} holds lists of {feature.feature.dtype}, and a "
+        raise UsageError(f"{where}: the label column {label_column!r} holds lists of {feature.feature.dtype}, and a "
                          "stream cannot be read through to find its classes; give them with --data.classes")
     values = sorted({v for row in ds[label_column] for v in (row or [])})
     if feature.feature.dtype.startswith(("int", "uint")):
         if values and values[0] < 0:
-            raise ValueError(f"{where}: the label column {label_column!r} holds negative labels")
+            raise UsageError(f"{where}: the label column {label_column!r} holds negative labels")
         return [str(i) for i in range((values[-1] + 1) if values else 0)]
     return [str(v) for v in values]
 
@@ -315,7 +317,7 @@ def multi_hot_of(feature, classes: list[str]):
         def dense(value) -> torch.Tensor:
             row = torch.tensor([float(v) for v in value or []])
             if len(row) != c:
-                raise ValueError(f"a multi-hot label of {len(row)} values, expected one per class ({c})")
+                raise UsageError(f"a multi-hot label of {len(row)} values, expected one per class ({c})")
             return row
         return dense
     index = None if isinstance(feature.feature, datasets.ClassLabel) or feature.feature.dtype.startswith(
@@ -326,7 +328,7 @@ def multi_hot_of(feature, classes: list[str]):
         for v in value or []:
             j = int(v) if index is None else index.get(v)
             if j is None or not 0 <= j < c:
-                raise ValueError(f"label {v!r} is not one of the {c} classes")
+                raise UsageError(f"label {v!r} is not one of the {c} classes")
             row[j] = 1.0
         return row
 
@@ -347,7 +349,7 @@ def label_index(feature, classes: list[str]):
         try:
             return index[value]
         except KeyError:
-            raise ValueError(f"label {value!r} is not one of the {len(classes)} classes") from None
+            raise UsageError(f"label {value!r} is not one of the {len(classes)} classes") from None
 
     return lookup
 

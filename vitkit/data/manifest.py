@@ -14,6 +14,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from vitkit.errors import MissingFileError, UsageError
+
 from .folder import Decoder, _read_image
 
 log = logging.getLogger(__name__)
@@ -60,12 +62,12 @@ def _rows(path: Path, image_column: str, label_column: str):
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(f"{path} line {n}: not a JSON object ({e.msg})") from None
+                    raise UsageError(f"{path} line {n}: not a JSON object ({e.msg})") from None
                 if not isinstance(row, dict):
-                    raise ValueError(f"{path} line {n}: expected a JSON object with {image_column!r} and "
+                    raise UsageError(f"{path} line {n}: expected a JSON object with {image_column!r} and "
                                      f"{label_column!r}, got a JSON {type(row).__name__}")
                 if label_column not in row:
-                    raise ValueError(f"{path} line {n}: no {label_column!r} field (an image without labels has an "
+                    raise UsageError(f"{path} line {n}: no {label_column!r} field (an image without labels has an "
                                      "empty list)")
                 yield f"line {n}", row.get(image_column), row[label_column]
         return
@@ -74,7 +76,7 @@ def _rows(path: Path, image_column: str, label_column: str):
         header = reader.fieldnames or []
         missing = [c for c in (image_column, label_column) if c not in header]
         if missing:
-            raise ValueError(f"{path}: no column {' or '.join(map(repr, missing))} in its header {header}; expected "
+            raise UsageError(f"{path}: no column {' or '.join(map(repr, missing))} in its header {header}; expected "
                              f"{image_column!r} (image paths) and {label_column!r} (label names), or name yours "
                              "with --data.image_column / --data.label_column")
         for n, row in enumerate(reader, 2):  # line 1 is the header
@@ -88,8 +90,8 @@ def read_manifest(path: str | Path, image_column: str = "image", label_column: s
     there, ends in one line naming the row and the file."""
     path = Path(os.path.expanduser(path))
     if not path.is_file():
-        raise FileNotFoundError(f"manifest {str(path)!r} does not exist or is not a file; expected a CSV or JSON-lines "
-                                f"file with an {image_column!r} and a {label_column!r} column")
+        raise MissingFileError(f"manifest {str(path)!r} does not exist or is not a file; expected a CSV or JSON-lines "
+                               f"file with an {image_column!r} and a {label_column!r} column")
     images, labels, lines = [], [], []
     try:
         for where, image, cell in _rows(path, image_column, label_column):
@@ -97,9 +99,9 @@ def read_manifest(path: str | Path, image_column: str = "image", label_column: s
             labels.append(_split_labels(cell, separator))
             lines.append(where)
     except (UnicodeDecodeError, csv.Error) as e:
-        raise ValueError(f"{path} is not a CSV or JSON-lines text file in UTF-8 ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{path} is not a CSV or JSON-lines text file in UTF-8 ({type(e).__name__}: {e})") from None
     if not images:
-        raise ValueError(f"{path} lists no images")
+        raise UsageError(f"{path} lists no images")
     return Manifest(path, images, labels, lines, label_column)
 
 
@@ -107,9 +109,9 @@ def _image_path(manifest: Path, where: str, image, column: str) -> Path:
     """A row's image file, relative to the manifest's folder; an empty path or a missing file ends in one line."""
     written = "" if image is None else str(image).strip()
     if not written:
-        raise ValueError(f"{manifest} {where}, column {column!r}: the {column!r} path is empty")
+        raise UsageError(f"{manifest} {where}, column {column!r}: the {column!r} path is empty")
     if "\0" in written:
-        raise ValueError(f"{manifest} {where}, column {column!r}: the {column!r} path {written!r} holds a NUL byte")
+        raise UsageError(f"{manifest} {where}, column {column!r}: the {column!r} path {written!r} holds a NUL byte")
     file = Path(os.path.expanduser(written))  # "~name/..." of no user here stays as written, and is not there
     file = file if file.is_absolute() else manifest.parent / file
     try:
@@ -117,7 +119,7 @@ def _image_path(manifest: Path, where: str, image, column: str) -> Path:
     except OSError:  # a path the system cannot hold (too long)
         exists = False
     if not exists:
-        raise FileNotFoundError(f"{manifest} {where}, column {column!r}: image {str(file)!r} does not exist")
+        raise MissingFileError(f"{manifest} {where}, column {column!r}: image {str(file)!r} does not exist")
     return file
 
 
@@ -128,11 +130,11 @@ def check_rows(manifest: Manifest, classes: list[str], multi_label: bool) -> Non
         unknown = [name for name in row if name not in known]
         if unknown:
             shown = ", ".join(classes[:20]) + (", ..." if len(classes) > 20 else "")
-            raise ValueError(f"{manifest.where(i)}: label {unknown[0]!r} is not one of the {len(classes)} classes "
+            raise UsageError(f"{manifest.where(i)}: label {unknown[0]!r} is not one of the {len(classes)} classes "
                              f"({shown}); image {str(manifest.images[i])!r}")
         if not multi_label and len(row) != 1:
             what = "no label" if not row else f"{len(row)} labels ({' '.join(row)})"
-            raise ValueError(f"{manifest.where(i)}: {what}; a single-label manifest needs one per row "
+            raise UsageError(f"{manifest.where(i)}: {what}; a single-label manifest needs one per row "
                              f"(--data.multi_label true takes several, or none); image {str(manifest.images[i])!r}")
 
 

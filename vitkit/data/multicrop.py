@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitkit.errors import UsageError
+
 # RGB -> YIQ and back: hue is the angle of (I, Q), so a hue shift is a rotation of that plane
 RGB_TO_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
 GREY = torch.tensor([0.299, 0.587, 0.114])
@@ -48,20 +50,20 @@ class MultiCrop:
 
     def __post_init__(self) -> None:
         if self.global_crops < 1 or self.local_crops < 0 or self.global_crops + self.local_crops < 2:
-            raise ValueError(f"multi-crop needs a global crop and two crops at least, got {self.global_crops} global "
+            raise UsageError(f"multi-crop needs a global crop and two crops at least, got {self.global_crops} global "
                              f"and {self.local_crops} local")
         if min(self.global_size, self.local_size) < 1:
-            raise ValueError(f"crop sizes must be >= 1 px, got global_size={self.global_size}, "
+            raise UsageError(f"crop sizes must be >= 1 px, got global_size={self.global_size}, "
                              f"local_size={self.local_size}")
         probabilities = {"jitter": self.jitter, "grey": self.grey, "solarize": self.solarize,
                          **{f"blur[{i}]": b for i, b in enumerate(self.blur)}}
         for name, prob in probabilities.items():
             if not 0 <= prob <= 1:
-                raise ValueError(f"{name} is a probability, in [0, 1], got {prob}")
+                raise UsageError(f"{name} is a probability, in [0, 1], got {prob}")
         for name in ("global_scale", "local_scale"):
             lo, hi = getattr(self, name)
             if not 0 < lo <= hi <= 1:
-                raise ValueError(f"{name} must be (low, high) with 0 < low <= high <= 1, got {(lo, hi)}")
+                raise UsageError(f"{name} must be (low, high) with 0 < low <= high <= 1, got {(lo, hi)}")
 
     def __call__(self, images: Tensor, mean: Tensor, std: Tensor,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
@@ -87,9 +89,9 @@ class MultiCrop:
                generator: torch.Generator | None = None) -> tuple[list[Tensor], list[Tensor]]:
         """:meth:`__call__` for images of their own sizes (normalised (c, H, W) each): every crop keeps its own
         aspect ratio, resized to the largest size within the patch budget of a ``global_size`` (or ``local_size``)
-        square crop (:func:`~vitkit.budget.budget_size`). Returns the global crops and the local crops, view by
+        square crop (:func:`~vitkit.patch_budget.budget_size`). Returns the global crops and the local crops, view by
         view (crop ``v·B + b`` of image b), normalised alike."""
-        from vitkit.budget import budget_size
+        from vitkit.patch_budget import budget_size
 
         mean, std = mean.view(1, -1, 1, 1), std.view(1, -1, 1, 1)
         pixels = [img[None].float() * std + mean for img in images]

@@ -14,6 +14,7 @@ from torch import nn
 
 from vitkit.data.folder import stack_targets
 from vitkit.data.transforms import keep_one_bit
+from vitkit.errors import UsageError
 from vitkit.models.config import pair
 from vitkit.models.packing import PackedBatch, pack
 
@@ -31,10 +32,10 @@ class Packing:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.drop < 1.0:
-            raise ValueError(f"--data.token_drop is the share of each image's patches left out in training, in "
+            raise UsageError(f"--data.token_drop is the share of each image's patches left out in training, in "
                              f"[0, 1); got {self.drop}")
         if self.max_tokens < self.max_patches + self.prefix:
-            raise ValueError(f"--data.max_tokens {self.max_tokens} is smaller than one image's budget of "
+            raise UsageError(f"--data.max_tokens {self.max_tokens} is smaller than one image's budget of "
                              f"{self.max_patches} patches and {self.prefix} prefix token(s); give at least "
                              f"{self.max_patches + self.prefix}, or a smaller --data.max_patches")
 
@@ -85,7 +86,7 @@ def packing_for(model, model_name: str | None, img_size, max_patches: int | None
     sequence by default: one budget and its prefix."""
     patch, prefix = _geometry(model, model_name)
     if drop and hasattr(model, "token_drop_refusal"):  # a model that hides patches of its own (MAE, DINO)
-        raise ValueError(model.token_drop_refusal(drop))
+        raise UsageError(model.token_drop_refusal(drop))
     h, w = pair(img_size)
     budget = max_patches if max_patches is not None else (h // patch) * (w // patch)
     return Packing(patch, budget, max_tokens if max_tokens is not None else budget + prefix, prefix, drop)
@@ -97,14 +98,14 @@ def _geometry(model, model_name: str | None) -> tuple[int, int]:
     if model is not None:
         if not hasattr(model, "forward_packed"):
             reason = getattr(model, "cannot_pack", None)
-            raise ValueError(f"--data.packing: {reason}" if reason else swin.replace("Swin", type(model).__name__))
+            raise UsageError(f"--data.packing: {reason}" if reason else swin.replace("Swin", type(model).__name__))
         return model.patch_size, model.num_prefix_tokens
     if model_name is None:
-        raise ValueError("--data.packing needs the model's patch size: give --data.model_name (the CLI links it from "
+        raise UsageError("--data.packing needs the model's patch size: give --data.model_name (the CLI links it from "
                          "the model)")
     from vitkit.models.registry import preset_config
 
     cfg = preset_config(model_name)
     if not hasattr(cfg, "class_token"):
-        raise ValueError(swin)
+        raise UsageError(swin)
     return cfg.patch_size, int(cfg.class_token) + int(cfg.distilled) + cfg.reg_tokens

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from vitkit.errors import ExistingFileError, MissingFileError, UsageError
 from vitkit.image_files import image_files
 
 from .folder import decode, scan_image_folder
@@ -83,9 +84,9 @@ def _check_mask(data: bytes, size: tuple[int, int]) -> None:
 
     with Image.open(io.BytesIO(data)) as mask:
         if mask.mode not in MASK_MODES:
-            raise ValueError(f"the mask is a {mask.mode} image, not class indices (a single-channel or palette PNG)")
+            raise UsageError(f"the mask is a {mask.mode} image, not class indices (a single-channel or palette PNG)")
         if mask.size != size:
-            raise ValueError(f"the mask is {mask.size[0]}x{mask.size[1]}, its image {size[0]}x{size[1]}")
+            raise UsageError(f"the mask is {mask.size[0]}x{mask.size[1]}, its image {size[0]}x{size[1]}")
         mask.load()
 
 
@@ -146,7 +147,7 @@ def _dataset_inputs(name: str, splits: tuple[str, ...], seed: int, image_column:
     names = {"train": ["train"], "val": ["validation", "val", "valid"], "test": ["test"]}
     found = {s: next((k for k in names[s] if k in opened), None) for s in splits}
     if found.get("train") is None or found.get("val") is None:
-        raise ValueError(f"{name}: expected a train and a validation split, its splits are {', '.join(opened)}")
+        raise UsageError(f"{name}: expected a train and a validation split, its splits are {', '.join(opened)}")
     train = opened[found["train"]]
     image_column, label_column = find_columns(train.features, image_column, label_column, name)
     classes = class_names(train, label_column, None, name)
@@ -211,8 +212,8 @@ def _conversion_inputs(source: str | Path, splits: tuple[str, ...], seed: int, i
         classes = scan_image_folder(root, "train", "val", "test" if "test" in present else None)
         return str(root), classes, False, {s: _split_inputs(root, s, classes, seed) for s in present}, None
     if "train" not in manifests or "val" not in manifests:
-        raise FileNotFoundError(f"{root} has no train/ folder, and manifests for {', '.join(manifests)} only; "
-                                "expected train.csv and val.csv (or .jsonl)")
+        raise MissingFileError(f"{root} has no train/ folder, and manifests for {', '.join(manifests)} only; "
+                               "expected train.csv and val.csv (or .jsonl)")
     return (str(root), *_manifest_inputs(manifests, seed), None)
 
 
@@ -293,20 +294,20 @@ def _check_output(out: Path, started: dict[str, Any], workers: int | None, overw
     if overwrite and out.exists():
         shutil.rmtree(out)
     if (out / MARKER).exists():
-        raise FileExistsError(f"{out} already holds a complete converted dataset ({MARKER}); pass --overwrite to "
-                              "convert again, or choose another output folder")
+        raise ExistingFileError(f"{out} already holds a complete converted dataset ({MARKER}); pass --overwrite to "
+                                "convert again, or choose another output folder")
     if out.exists() and any(out.iterdir()):
         if not (out / INPUTS).exists():
-            raise FileExistsError(f"{out} is not empty and was not started by prepare-data; choose an empty or new "
-                                  "folder, or pass --overwrite to delete what is there")
+            raise ExistingFileError(f"{out} is not empty and was not started by prepare-data; choose an empty or new "
+                                    "folder, or pass --overwrite to delete what is there")
         recorded_inputs = json.loads((out / INPUTS).read_text())
         if recorded_inputs.get("format") != FORMAT:
-            raise FileExistsError(f"{out} holds an unfinished conversion by an earlier vitkit, which wrote the files "
-                                  "class after class; pass --overwrite to convert again in a shuffled order")
+            raise ExistingFileError(f"{out} holds an unfinished conversion by an earlier vitkit, which wrote the files "
+                                    "class after class; pass --overwrite to convert again in a shuffled order")
         if {k: v for k, v in recorded_inputs.items() if k != "workers"} != started:
-            raise FileExistsError(f"{out} holds an unfinished conversion of other files (another root, classes, "
-                                  "file list or seed); pass --overwrite to start again, or choose another output "
-                                  "folder")
+            raise ExistingFileError(f"{out} holds an unfinished conversion of other files (another root, classes, "
+                                    "file list or seed); pass --overwrite to start again, or choose another output "
+                                    "folder")
         recorded = recorded_inputs.get("workers")
         if workers not in (None, recorded):
             log.warning("resuming with the %d workers the conversion started with (litdata's checkpoints are per "
@@ -342,12 +343,12 @@ def read_dataset_info(location: str) -> dict[str, Any]:
     would hold one or two classes each, and a model trained on them stays at chance."""
     info = _read_marker(location)
     if info.get("format", 1) < 2:
-        raise ValueError(
+        raise UsageError(
             f"{location} was converted by an earlier vitkit, which wrote each split class after class: streamed "
             "batches would hold one or two classes each and training would stay at chance. Convert it again, "
             f"in a shuffled order: `vitkit prepare-data {info.get('root', 'IMAGE_ROOT')} {location} --overwrite`")
     if info["format"] > FORMAT:
-        raise ValueError(f"{location} was written in dataset format {info['format']} by a newer vitkit; this one "
+        raise UsageError(f"{location} was written in dataset format {info['format']} by a newer vitkit; this one "
                          f"reads format {FORMAT}: upgrade vitkit")
     return info
 
@@ -358,12 +359,12 @@ def _read_marker(location: str) -> dict[str, Any]:
         if not path.exists():
             folder = path.parent
             if (folder / INPUTS).exists():
-                raise FileNotFoundError(f"{folder} is an unfinished conversion (no {MARKER}); run the same "
-                                        f"`vitkit prepare-data IMAGE_ROOT {folder}` again to finish it")
+                raise MissingFileError(f"{folder} is an unfinished conversion (no {MARKER}); run the same "
+                                       f"`vitkit prepare-data IMAGE_ROOT {folder}` again to finish it")
             hint = (f"; it looks like an image folder: convert it with `vitkit prepare-data {folder} OUT`, or read "
                     "it as it is with ImageFolderDataModule") if (folder / "train").is_dir() else ""
-            raise FileNotFoundError(f"{folder} is not a converted dataset (no {MARKER}); write one with "
-                                    f"`vitkit prepare-data IMAGE_ROOT OUT`{hint}")
+            raise MissingFileError(f"{folder} is not a converted dataset (no {MARKER}); write one with "
+                                   f"`vitkit prepare-data IMAGE_ROOT OUT`{hint}")
         return json.loads(path.read_text())
     import fsspec  # object stores through their fsspec filesystems (s3fs, gcsfs, adlfs), as the user installed them
 
@@ -372,5 +373,5 @@ def _read_marker(location: str) -> dict[str, Any]:
         with fsspec.open(url, "rb") as f:
             return json.load(f)
     except Exception as e:
-        raise FileNotFoundError(f"cannot read {url} ({type(e).__name__}: {e}); a dataset written by `vitkit "
-                                "prepare-data` and uploaded whole has it") from e
+        raise MissingFileError(f"cannot read {url} ({type(e).__name__}: {e}); a dataset written by `vitkit "
+                               "prepare-data` and uploaded whole has it") from e

@@ -22,6 +22,8 @@ import torch
 from litdata import StreamingDataLoader, StreamingDataset
 from PIL import Image
 
+from vitkit.errors import UsageError
+
 from .folder import Decoder, decode
 from .segmentation import reduce_zero_label
 
@@ -185,7 +187,7 @@ class EvenBatches:
     def restore(self, position: dict[str, Any]) -> None:
         """Continue from ``position`` at the next ``iter()``."""
         if position["length"] != self.length:
-            raise ValueError(f"the checkpoint's loader position is for {position['length']} batches per epoch, this "
+            raise UsageError(f"the checkpoint's loader position is for {position['length']} batches per epoch, this "
                              f"loader has {self.length}: resume with the batch size, number of workers and number "
                              "of ranks the checkpoint was written with")
         self._resume = position

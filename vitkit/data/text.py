@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from vitkit.errors import MissingFileError, UsageError
+
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = (PAD, BOS, EOS, UNK)  # ids 0, 1, 2, 3: the presets' pad_id, bos_id, eos_id
 
@@ -29,9 +31,9 @@ class Tokenizer:
 
     def __init__(self, vocab: list[str], level: str = "char") -> None:
         if level not in ("char", "word"):
-            raise ValueError(f"tokenizer level must be 'char' or 'word', got {level!r}")
+            raise UsageError(f"tokenizer level must be 'char' or 'word', got {level!r}")
         if tuple(vocab[:4]) != SPECIALS:
-            raise ValueError(f"vocabulary must start with {SPECIALS}, got {vocab[:4]}")
+            raise UsageError(f"vocabulary must start with {SPECIALS}, got {vocab[:4]}")
         self.vocab, self.level = list(vocab), level
         self.index = {t: i for i, t in enumerate(self.vocab)}
 
@@ -84,7 +86,7 @@ def synthetic_pairs(task: str, n: int, min_len: int, max_len: int, symbols: str,
     """Random strings over ``symbols`` and their copy, reversal or sorted form."""
     ops = {"copy": lambda s: s, "reverse": lambda s: s[::-1], "sort": lambda s: "".join(sorted(s))}
     if task not in ops:
-        raise ValueError(f"task must be one of {sorted(ops)} or 'tsv', got {task!r}")
+        raise UsageError(f"task must be one of {sorted(ops)} or 'tsv', got {task!r}")
     rng = random.Random(seed)
     out = []
     for _ in range(n):
@@ -97,17 +99,17 @@ def read_tsv(path: str | Path) -> list[tuple[str, str]]:
     """``source<TAB>target`` per line; a line without exactly one tab is an error that names it."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"TSV file {str(path)!r} does not exist")
+        raise MissingFileError(f"TSV file {str(path)!r} does not exist")
     pairs = []
     with path.open(newline="", encoding="utf-8") as f:
         for n, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), 1):
             if not row:
                 continue
             if len(row) != 2:
-                raise ValueError(f"{path}:{n}: expected 'source<TAB>target', got {len(row)} field(s): {row!r:.80}")
+                raise UsageError(f"{path}:{n}: expected 'source<TAB>target', got {len(row)} field(s): {row!r:.80}")
             pairs.append((row[0], row[1]))
     if not pairs:
-        raise ValueError(f"{path} holds no source/target pairs")
+        raise UsageError(f"{path} holds no source/target pairs")
     return pairs
 
 
@@ -137,7 +139,7 @@ class DigitStrings(Dataset):
         self.labels, self.n, self.max_digits = labels, n, max_digits
         self.height, self.width, self.seed = height, width, seed
         if max_digits * height > width:
-            raise ValueError(f"{max_digits} digits of {height}px do not fit in width {width}")
+            raise UsageError(f"{max_digits} digits of {height}px do not fit in width {width}")
 
     def __len__(self) -> int:
         return self.n

@@ -12,7 +12,9 @@ from timm.data import create_transform
 from timm.data.auto_augment import AugmentOp
 from torch import Tensor, nn
 
-from ..builder import get_config
+from vitkit.errors import UsageError
+
+from ..checkpoints.names import get_config
 from ..models.config import CROP_MODES, IMAGENET, pair
 
 # The train-augmentation arguments of the image data modules, passed to ``train_transform`` as they are.
@@ -30,7 +32,7 @@ def default_augment(img_size: int | tuple[int, int], **given) -> dict:
     of the image or more and nothing else (an 8 % crop, a flip or RandAugment destroys a 28 px digit)."""
     jitter = given.get("color_jitter", "auto")
     if isinstance(jitter, str) and jitter != "auto":
-        raise ValueError(f"color_jitter expects a number, 'auto' (by image size) or null (off), got {jitter!r}")
+        raise UsageError(f"color_jitter expects a number, 'auto' (by image size) or null (off), got {jitter!r}")
     base = SMALL_AUGMENT if min(pair(img_size)) < SMALL_IMAGE else IMAGENET_AUGMENT
     auto = {"auto_augment": "auto", "color_jitter": "auto"}  # None is a value of these two: off
     return {k: base[k] if given.get(k, auto.get(k)) == auto.get(k) else given[k] for k in TRAIN_AUGMENT}
@@ -142,7 +144,7 @@ def data_config(model_name: str | None, img_size: int | tuple[int, int], **given
     fields["crop_mode"] = getattr(base, "crop_mode", "center")
     fields.update({k: v for k, v in given.items() if v is not None})
     if fields["crop_mode"] not in CROP_MODES:
-        raise ValueError(f"crop_mode must be one of {', '.join(CROP_MODES)}, got {fields['crop_mode']!r}")
+        raise UsageError(f"crop_mode must be one of {', '.join(CROP_MODES)}, got {fields['crop_mode']!r}")
     return SimpleNamespace(img_size=check_size(img_size), in_chans=3, **fields)
 
 
@@ -152,7 +154,7 @@ def check_size(img_size) -> int | tuple[int, int]:
         isinstance(img_size, (tuple, list)) and len(img_size) == 2 and \
         all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in img_size)
     if not ok:
-        raise ValueError(f"img_size must be a positive int or two of them (H W, e.g. [224, 448]), got {img_size!r}")
+        raise UsageError(f"img_size must be a positive int or two of them (H W, e.g. [224, 448]), got {img_size!r}")
     return img_size if isinstance(img_size, int) else (int(img_size[0]), int(img_size[1]))
 
 

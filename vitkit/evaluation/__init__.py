@@ -10,7 +10,8 @@
 The command that loads a model and data and runs these is ``vitkit evaluate`` (``vitkit/cli/evaluate.py``).
 """
 
-from .metrics import Predictions, fit_linear_probe, knn_top1, linear_probe_top1, scores, summary
+from .metrics import Predictions, knn_top1, scores, summary
+from .probe import fit_linear_probe, linear_probe_top1
 from .report import write_backbone_report, write_report
 
 __all__ = ["Predictions", "fit_linear_probe", "knn_top1", "linear_probe_top1", "scores", "summary",

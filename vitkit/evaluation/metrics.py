@@ -81,68 +81,6 @@ def knn_top1(train: Tensor, train_labels: Tensor, val: Tensor, val_labels: Tenso
     return correct / len(val)
 
 
-def linear_probe_top1(train: Tensor, train_labels: Tensor, val: Tensor, val_labels: Tensor) -> float:
-    """scikit-learn's logistic regression on standardised features (the L-BFGS solver, L2 at C=1)."""
-    return _linear_probe(train, train_labels).score(val.float().numpy(), val_labels.numpy())
-
-
-def _linear_probe(train: Tensor, train_labels: Tensor):
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
-    return probe.fit(train.float().numpy(), train_labels.numpy())
-
-
-def fit_linear_probe(train: Tensor, train_labels: Tensor, val: Tensor, val_labels: Tensor,
-                     num_classes: int) -> tuple[Tensor, Tensor, float]:
-    """The probe of :func:`linear_probe_top1` as a linear head over the raw features, the standardisation folded
-    in: (weight (num_classes, dim), bias (num_classes,), its top-1 on ``val``). A class without training samples
-    gets the lowest logit."""
-    probe = _linear_probe(train, train_labels)
-    scaler, lr = probe[0], probe[1]
-    coef, icpt = torch.as_tensor(lr.coef_, dtype=torch.float64), torch.as_tensor(lr.intercept_, dtype=torch.float64)
-    if len(lr.classes_) == 2:  # one row for class 1 against class 0: logits (0, z) rank as (-z/2, z/2)
-        coef, icpt = torch.cat([-coef, coef]) / 2, torch.cat([-icpt, icpt]) / 2
-    w = coef / torch.as_tensor(scaler.scale_, dtype=torch.float64)
-    b = icpt - w @ torch.as_tensor(scaler.mean_, dtype=torch.float64)
-    weight = torch.zeros(num_classes, train.shape[1], dtype=torch.float64)
-    bias = torch.full((num_classes,), float(b.min()) - 10, dtype=torch.float64)
-    idx = torch.as_tensor(lr.classes_, dtype=torch.long)
-    weight[idx], bias[idx] = w, b
-    return weight.float(), bias.float(), float(probe.score(val.float().numpy(), val_labels.numpy()))
-
-
-def fit_multilabel_probe(train: Tensor, train_y: Tensor, val: Tensor, val_y: Tensor) -> tuple[Tensor, Tensor, float]:
-    """One logistic regression per class on standardised features (as :func:`fit_linear_probe`), for multi-hot
-    targets (N, C), folded into a linear head over the raw features: (weight (C, dim), bias (C,), its mAP on
-    ``val``). A class that is always or never present in ``train`` gets a constant logit (+10 or -10)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
-    from torchmetrics.functional.classification import multilabel_average_precision
-
-    scaler = StandardScaler().fit(train.float().numpy())
-    z = scaler.transform(train.float().numpy())
-    c = train_y.shape[1]
-    scale = torch.as_tensor(scaler.scale_, dtype=torch.float64)
-    shift = torch.as_tensor(scaler.mean_, dtype=torch.float64)
-    weight = torch.zeros(c, train.shape[1], dtype=torch.float64)
-    bias = torch.zeros(c, dtype=torch.float64)
-    for j in range(c):
-        y = train_y[:, j].numpy() > 0.5
-        if y.all() or not y.any():
-            bias[j] = 10.0 if y.all() else -10.0
-            continue
-        lr = LogisticRegression(max_iter=2000).fit(z, y)
-        weight[j] = torch.as_tensor(lr.coef_[0], dtype=torch.float64) / scale
-        bias[j] = float(lr.intercept_[0]) - weight[j] @ shift
-    weight, bias = weight.float(), bias.float()
-    probs = (val.float() @ weight.T + bias).sigmoid()
-    score = float(multilabel_average_precision(probs, val_y.long(), num_labels=c, average="macro"))
-    return weight, bias, score
-
-
 def summary(result: dict) -> str:
     """The overall scores, the five weakest classes (by F1) and the five most confused pairs."""
     lines = [f"top-1 {result['top1']:.4f}  top-5 {result['top5']:.4f}  macro F1 {result['macro']['f1']:.4f}  "

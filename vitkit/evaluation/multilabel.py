@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from vitkit.checkpoints.files import write_json
+from vitkit.errors import UsageError
 
 from .metrics import MISTAKES, Predictions
 from .pictures import image_grid, pr_curves_picture
@@ -44,7 +45,7 @@ def choose_thresholds(probs: Tensor, targets: Tensor, mode: ThresholdMode = "per
     maximum F1 for each class (0.5 for a class without a positive), ``global`` one threshold of maximum micro F1
     for every class, ``fixed`` 0.5."""
     if mode not in THRESHOLD_MODES:
-        raise ValueError(f"thresholds must be one of {', '.join(THRESHOLD_MODES)}, got {mode!r}")
+        raise UsageError(f"thresholds must be one of {', '.join(THRESHOLD_MODES)}, got {mode!r}")
     c = probs.shape[1]
     if mode == "fixed" or len(probs) == 0:
         return torch.full((c,), 0.5)

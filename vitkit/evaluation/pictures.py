@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from vitkit.tools.plots import pyplot
+from vitkit.evaluation.plots import pyplot
 
 from .metrics import ECE_BINS, MATRIX_CLASSES
 

@@ -8,10 +8,12 @@ import sys
 import torch
 from torch import Tensor
 
+from vitkit.errors import UsageError
 from vitkit.models.packing import PackedBatch
 
 from . import multilabel as ml
-from .metrics import Predictions, knn_top1, linear_probe_top1
+from .metrics import Predictions, knn_top1
+from .probe import linear_probe_top1
 from .report import display_stats
 
 
@@ -106,7 +108,7 @@ def backbone_scores(model, dm, ds, device: torch.device, knn: bool, linear_probe
     """k-NN (DINO's vote) and logistic-regression top-1 of ``model.features`` over ``ds``, fitted on the data
     module's train split."""
     if not hasattr(model, "features"):
-        raise ValueError("--knn and --linear-probe need a PyTorch model (--checkpoint or --model), not --onnx")
+        raise UsageError("--knn and --linear-probe need a PyTorch model (--checkpoint or --model), not --onnx")
     train, train_y = features(model, dm, dm.train_set, device)
     val, val_y = features(model, dm, ds, device)
     result: dict = {"train_samples": len(train_y), "samples": len(val_y), "feature_dim": train.shape[1]}

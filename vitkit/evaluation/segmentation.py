@@ -1,5 +1,5 @@
 """A segmentation model over one image: the class of every pixel at the image's own size (the mask and overlay files
-are ``vitkit/tools/masks.py``'s); the confusion matrix and scores, and ``vitkit evaluate``'s report."""
+are ``vitkit/masks.py``'s); the confusion matrix and scores, and ``vitkit evaluate``'s report."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 from torch.nn import functional as F
 
-from vitkit.tools.masks import palette, save_mask, slide_stride, windows  # noqa: F401 (numpy's own there)
+from vitkit.errors import UsageError
+from vitkit.masks import palette, save_mask, slide_stride, windows  # noqa: F401 (numpy's own there)
 
 MODES = ("whole", "slide")
 
@@ -24,7 +25,7 @@ def segment_logits(model: torch.nn.Module, x: torch.Tensor, size: tuple[int, int
     over ``x`` as it is, ``stride`` apart (default two thirds of the size), the logits of overlapping windows
     averaged (mmsegmentation's ``slide`` mode); a window past a short side is padded and its padding cut away."""
     if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise UsageError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     h, w = x.shape[-2:]
     if mode == "whole":
         logits = model(F.interpolate(x, size=size, mode="bilinear", align_corners=False)).float()

@@ -88,7 +88,7 @@ def window_stride(stride: int | list[int] | None) -> tuple[int, int] | None:
         return None
     stride = [stride] if isinstance(stride, int) else stride
     if len(stride) not in (1, 2):
-        raise ValueError(f"--stride takes one number or [H, W], got {stride}")
+        raise UsageError(f"--stride takes one number or [H, W], got {stride}")
     return (stride[0], stride[-1])
 
 
@@ -97,7 +97,7 @@ def pick_split(dm, split: str | None) -> tuple[str, Any]:
     if split is None:
         return ("test", test) if test is not None else ("val", dm.val_set)
     if split == "test" and test is None:
-        raise ValueError(f"{dm.describe()} has no test split; give --split val")
+        raise UsageError(f"{dm.describe()} has no test split; give --split val")
     if split not in ("test", "val", "train"):
-        raise ValueError(f"--split {split!r}: expected test, val or train")
+        raise UsageError(f"--split {split!r}: expected test, val or train")
     return split, {"test": test, "val": dm.val_set, "train": getattr(dm, "train_set", None)}[split]

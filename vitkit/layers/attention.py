@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import UsageError
 from . import autotune
 from .kernels import _compiled_flex, _warn_flex_fallback, _warn_flex_unsupported, flex_runs_on_cpu
 from .masks import causal, fold, merge
@@ -40,7 +41,7 @@ AttnBackend = Literal["auto", "sdpa", "math", "flex"]
 
 def check_backend(backend: str) -> str:
     if backend not in ATTN_BACKENDS:
-        raise ValueError(f"attn_backend must be one of {ATTN_BACKENDS}, got {backend!r}")
+        raise UsageError(f"attn_backend must be one of {ATTN_BACKENDS}, got {backend!r}")
     return backend
 
 
@@ -122,7 +123,7 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, c: _Call) -> tuple[Tensor, None]:
     from torch.nn.attention.flex_attention import create_block_mask
 
     if c.dropout_p:
-        raise ValueError("attn_backend='flex' does not support attention dropout; use 'sdpa'")
+        raise UsageError("attn_backend='flex' does not support attention dropout; use 'sdpa'")
     bias, attn_mask, key_padding_mask, B, G = c.bias, c.attn_mask, c.key_padding_mask, c.B, c.G
     H, N, M = q.shape[1], c.N, c.M
     score_mod = None
@@ -223,7 +224,7 @@ class Attention(nn.Module):
         super().__init__()
         num_kv_heads = num_kv_heads or num_heads
         if dim % num_heads or num_heads % num_kv_heads:
-            raise ValueError(f"dim ({dim}) must be divisible by num_heads ({num_heads}), and num_heads a multiple "
+            raise UsageError(f"dim ({dim}) must be divisible by num_heads ({num_heads}), and num_heads a multiple "
                              f"of num_kv_heads ({num_kv_heads})")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
         self.scale = self.head_dim**-0.5

@@ -6,6 +6,8 @@ import math
 
 from torch import Tensor, nn
 
+from vitkit.errors import UsageError
+
 from .attention import Attention
 from .kv_cache import MemoryKV
 
@@ -49,7 +51,7 @@ class CrossAttention(Attention):
             k, v = cache.k, cache.v
         else:
             if memory is None:
-                raise ValueError("cross-attention needs a memory tensor (B, M, C)")
+                raise UsageError("cross-attention needs a memory tensor (B, M, C)")
             k, v = self.project_kv(memory)  # (B, Hkv, M, D)
             if cache is not None:
                 cache.k, cache.v = k, v

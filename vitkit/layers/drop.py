@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from vitkit.errors import UsageError
+
 
 class DropPath(nn.Module):
     """Stochastic depth (Huang et al., 2016): zero a residual branch per sample, rescale the rest."""
@@ -11,7 +13,7 @@ class DropPath(nn.Module):
     def __init__(self, p: float = 0.0) -> None:
         super().__init__()
         if not 0.0 <= p < 1.0:
-            raise ValueError(f"drop path rate must be in [0, 1), got {p}")
+            raise UsageError(f"drop path rate must be in [0, 1), got {p}")
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:

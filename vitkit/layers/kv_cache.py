@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from vitkit.errors import UsageError
+
 
 class KVCache:
     """Keys and values of past decoder steps in pre-allocated buffers (B, Hkv, S, D), written in place.
@@ -65,10 +67,10 @@ class KVCache:
 
     def _check_room(self, T: int) -> None:
         if self.window is None and self._written + T > self.size:
-            raise ValueError(f"the KV cache holds {self.size} tokens; {self._written} are written and a step "
+            raise UsageError(f"the KV cache holds {self.size} tokens; {self._written} are written and a step "
                              f"of {T} more does not fit (start the decoding state with a larger size)")
         if self.window is not None and T > 1 and self._written + T > self.window:
-            raise ValueError(f"with a sliding window of {self.window} a cached step past the window takes one "
+            raise UsageError(f"with a sliding window of {self.window} a cached step past the window takes one "
                              f"token, got {T}")
         self._written += T
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from vitkit.errors import UsageError
+
 
 def causal(N: int, M: int, device: torch.device) -> Tensor:
     """(N, M) bool, query i sits at key position M - N + i (bottom-right aligned)."""
@@ -42,7 +44,7 @@ def merge(bias: Tensor | None, attn_mask: Tensor | None, key_padding_mask: Tenso
     if key_padding_mask is not None:
         if list(key_padding_mask.shape) != [B, M]:
             shape = ", ".join([str(s) for s in key_padding_mask.shape])
-            raise ValueError(f"key_padding_mask must have shape (B, M) = ({B}, {M}), got ({shape})")
+            raise UsageError(f"key_padding_mask must have shape (B, M) = ({B}, {M}), got ({shape})")
         pad = ~key_padding_mask[:, None, None, None, :]  # (B, 1, 1, 1, M)
         keep = pad if keep is None else keep & pad
     if is_causal and (keep is not None or bias is not None):

@@ -8,11 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit.errors import UsageError
+
 
 def sinusoidal_1d(num_positions: int, dim: int, base: float = 10000.0) -> Tensor:
     """Vaswani et al. (2017): PE[p, 2i] = sin(p / base^(2i/d)), PE[p, 2i+1] = cos(...); (P, dim)."""
     if dim % 2:
-        raise ValueError(f"sinusoidal embedding needs an even dim, got {dim}")
+        raise UsageError(f"sinusoidal embedding needs an even dim, got {dim}")
     pos = torch.arange(num_positions, dtype=torch.float32)[:, None]  # (P, 1)
     inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(base) / dim))  # (dim/2,)
     pe = torch.empty(num_positions, dim)
@@ -25,7 +27,7 @@ def sincos_2d(grid_size: tuple[int, int], dim: int, temperature: float = 10000.0
     """Fixed 2-D sin-cos embedding (MAE, He et al., 2022): half the channels encode the row, half the
     column; returns (h·w, dim) in row-major patch order."""
     if dim % 4:
-        raise ValueError(f"2-D sin-cos embedding needs dim divisible by 4, got {dim}")
+        raise UsageError(f"2-D sin-cos embedding needs dim divisible by 4, got {dim}")
     h, w = grid_size
     ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32),
                             indexing="ij")
@@ -51,10 +53,10 @@ def resample_abs_pos_embed(
     if old_size is None:
         side = math.isqrt(n)
         if side * side != n:
-            raise ValueError(f"cannot infer a square grid from {n} position tokens; pass old_size")
+            raise UsageError(f"cannot infer a square grid from {n} position tokens; pass old_size")
         old_size = (side, side)
     if old_size[0] * old_size[1] != n:
-        raise ValueError(f"old_size {old_size} does not match {n} position tokens")
+        raise UsageError(f"old_size {old_size} does not match {n} position tokens")
     symbolic = any(isinstance(s, torch.SymInt) for s in new_size)  # traced for export: comparing would pin the size
     if not symbolic and tuple(old_size) == tuple(new_size):
         if crop is None or tuple(crop) == tuple(new_size):
@@ -124,7 +126,7 @@ def resize_rel_pos_table(table: Tensor, new_window: tuple[int, int],
     elif L == dst[0] * dst[1]:
         src = dst
     else:
-        raise ValueError(f"cannot tell the window of a relative-position table with {L} rows")
+        raise UsageError(f"cannot tell the window of a relative-position table with {L} rows")
     if src == dst:
         return table
     wy = _linear_weights(_geometric_positions(src[0], dst[0]),
@@ -171,7 +173,7 @@ def rope_2d_angles(rows: Tensor, cols: Tensor, height: Tensor, width: Tensor, he
     """:func:`rope_2d`'s angles (..., D/2) of patches at ``rows`` and ``cols`` of grids ``height`` x ``width``
     (integer tensors of one shape: a packed batch's slots have grids of their own)."""
     if head_dim % 4:
-        raise ValueError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
+        raise UsageError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
     periods = temperature ** (2.0 * torch.arange(head_dim // 4, dtype=torch.float32) / (head_dim // 2))  # (D/4,)
     ys = (rows.float() + 0.5) / height * 2.0 - 1.0  # patch centres in [-1, 1]
     xs = (cols.float() + 0.5) / width * 2.0 - 1.0
@@ -197,7 +199,7 @@ def rope_axial_angles(rows: Tensor, cols: Tensor, height: Tensor, width: Tensor,
     """:func:`rope_axial`'s angles (..., D) of patches at ``rows`` and ``cols`` of grids ``height`` x ``width``
     (as :func:`rope_2d_angles`)."""
     if head_dim % 4:
-        raise ValueError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
+        raise UsageError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
     bands = 1.0 / temperature ** (torch.arange(head_dim // 4, dtype=torch.float32) / (head_dim // 4))  # (D/4,)
     ys, xs = rows.float(), cols.float()
     if ref_grid is not None:
@@ -216,7 +218,7 @@ class RopeMixed(nn.Module):
     def __init__(self, depth: int, num_heads: int, head_dim: int, temperature: float = 10.0) -> None:
         super().__init__()
         if head_dim % 4:
-            raise ValueError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
+            raise UsageError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
         mag = temperature ** (-torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim)  # (D/4,)
         turn = torch.rand(depth, num_heads, 1) * 2 * math.pi
         fx = torch.cat([mag * turn.cos(), mag * (turn + math.pi / 2).cos()], dim=-1)  # (depth, heads, D/2)

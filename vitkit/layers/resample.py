@@ -1,11 +1,13 @@
 """The weights of PyTorch's antialiased resize (``F.interpolate(..., antialias=True)``, bilinear and bicubic) as a
 function of tensors: the resize of learned positions to each image's own grid in a traced graph where the grids are
-data (``tools/export_packed.py``). One axis; the 2-D resize is separable."""
+data (``deploy/export_packed.py``). One axis; the 2-D resize is separable."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from vitkit.errors import UsageError
 
 _AA_TAPS = {"bilinear": 2, "bicubic": 4}  # the antialiased filters' support, in input samples at scale 1
 
@@ -27,7 +29,7 @@ def resample_weights(index: Tensor, out_size: Tensor, in_size: int, mode: str = 
     Sizes and indices are tensors, so a traced graph computes the weights of any output size (a packed batch's
     per-image grids); one axis of the separable 2-D resize."""
     if mode not in _AA_TAPS:
-        raise ValueError(f"resample_weights takes the antialiased {' or '.join(_AA_TAPS)} resize, got {mode!r}")
+        raise UsageError(f"resample_weights takes the antialiased {' or '.join(_AA_TAPS)} resize, got {mode!r}")
     scale = in_size / out_size.float()  # area_pixel_compute_scale without align_corners
     support = _AA_TAPS[mode] * 0.5 * scale.clamp(min=1)
     inv = 1 / scale.clamp(min=1)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from vitkit.errors import UsageError, UsageTypeError
+
 TokenMerging = int | tuple[int, float] | list[int]
 
 
@@ -23,22 +25,22 @@ def merge_schedule(r: TokenMerging, depth: int) -> list[int]:
     """Tokens merged in each of ``depth`` blocks: an int for every block; ``(r, inflection)`` ToMe's linear
     schedule (r·(1 - inflection) in the first block up to r·(1 + inflection) in the last); a list, one per block."""
     if isinstance(r, bool) or not isinstance(r, (int, tuple, list)):
-        raise TypeError(f"token_merging must be an int, an (r, inflection) pair or a list of ints per block, "
-                        f"got {r!r}")
+        raise UsageTypeError(f"token_merging must be an int, an (r, inflection) pair or a list of ints per block, "
+                             f"got {r!r}")
     if isinstance(r, int):
         out = [r] * depth
     elif isinstance(r, tuple):
         if len(r) != 2:
-            raise ValueError(f"token_merging as a tuple is (r, inflection), got {r!r}")
+            raise UsageError(f"token_merging as a tuple is (r, inflection), got {r!r}")
         lo = int(r[0] * (1.0 - r[1]))
         hi = 2 * r[0] - lo
         out = [int(lo + (hi - lo) * i / max(depth - 1, 1)) for i in range(depth)]
     else:
         if len(r) > depth or not all(isinstance(v, int) and not isinstance(v, bool) for v in r):
-            raise ValueError(f"token_merging as a list gives one int per block (at most {depth}), got {r!r}")
+            raise UsageError(f"token_merging as a list gives one int per block (at most {depth}), got {r!r}")
         out = list(r) + [0] * (depth - len(r))
     if any(v < 0 for v in out):
-        raise ValueError(f"token_merging must not be negative, got {r!r}")
+        raise UsageError(f"token_merging must not be negative, got {r!r}")
     return out
 
 

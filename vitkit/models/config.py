@@ -9,6 +9,8 @@ from typing import Any, Literal, get_args
 import torch
 from torch import Tensor
 
+from vitkit.errors import UsageError, UsageTypeError
+
 IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 INCEPTION = dict(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 CLIP = dict(mean=(0.48145466, 0.4578275, 0.40821073), std=(0.26862954, 0.26130258, 0.27577711))  # OpenAI's
@@ -60,7 +62,7 @@ class FollowsConfig:
         known = {f.name for f in dataclasses.fields(self.cfg)}
         unknown = sorted(set(fields) - known)
         if unknown:
-            raise ValueError(f"{type(self.cfg).__name__} has no field(s) {unknown}")
+            raise UsageError(f"{type(self.cfg).__name__} has no field(s) {unknown}")
         self.cfg.__dict__.update(fields)
         self.read_config()
 
@@ -81,15 +83,15 @@ def check_image(x: Tensor, in_chans: int, size: tuple[int, int] | None, model: s
     """Raise a readable error for input that the model cannot take; ``size=None`` accepts any H, W."""
     expected = f"(B, {in_chans}, H, W)" if size is None else f"(B, {in_chans}, {size[0]}, {size[1]})"
     if x.dim() != 4:
-        raise ValueError(f"{model} expects a batch of images {expected}, got a {x.dim()}-D tensor "
+        raise UsageError(f"{model} expects a batch of images {expected}, got a {x.dim()}-D tensor "
                          f"of shape {shape_of(x)}")
     if not torch.is_floating_point(x):
-        raise TypeError(f"{model} expects floating-point images (normalised, e.g. float32), got {x.dtype}; "
-                        "convert with x.float() and normalise with the model's mean/std")
+        raise UsageTypeError(f"{model} expects floating-point images (normalised, e.g. float32), got {x.dtype}; "
+                             "convert with x.float() and normalise with the model's mean/std")
     if x.shape[0] == 0:
-        raise ValueError(f"{model} got an empty batch: shape {shape_of(x)}")
+        raise UsageError(f"{model} got an empty batch: shape {shape_of(x)}")
     if x.shape[1] != in_chans:
-        raise ValueError(f"{model} expects {in_chans} input channels {expected}, got {x.shape[1]} "
+        raise UsageError(f"{model} expects {in_chans} input channels {expected}, got {x.shape[1]} "
                          f"channels in shape {shape_of(x)}")
     # The finiteness check reads a value back to the host: free on CPU, a sync on every step on a GPU, so it
     # runs on CPU only (on a GPU a NaN input shows up as a non-finite loss, which training reports). One sum
@@ -98,15 +100,15 @@ def check_image(x: Tensor, in_chans: int, size: tuple[int, int] | None, model: s
     if x.device.type == "cpu" and not compiling and not bool(torch.isfinite(x.sum())):
         nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
         if nan or inf:  # else finite values whose sum overflowed
-            raise ValueError(f"{model} got non-finite input: {nan} NaN and {inf} Inf value(s) in a batch of shape "
+            raise UsageError(f"{model} got non-finite input: {nan} NaN and {inf} Inf value(s) in a batch of shape "
                              f"{shape_of(x)}; expected finite, normalised pixel values")
     if size is not None and (x.shape[-2] != size[0] or x.shape[-1] != size[1]):
-        raise ValueError(f"{model} expects images of shape {expected}, got {shape_of(x)}; "
+        raise UsageError(f"{model} expects images of shape {expected}, got {shape_of(x)}; "
                          f"create the model with img_size=({x.shape[-2]}, {x.shape[-1]}) to change it")
 
 
 def check_multiple(x: Tensor, patch: int) -> None:
     """With dynamic_img_size: any height and width that are multiples of the patch size."""
     if x.shape[-2] % patch or x.shape[-1] % patch:
-        raise ValueError(f"VisionTransformer with dynamic_img_size takes any height and width that are "
+        raise UsageError(f"VisionTransformer with dynamic_img_size takes any height and width that are "
                          f"multiples of the patch size {patch}, got {shape_of(x)}")

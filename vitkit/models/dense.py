@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from vitkit.errors import UsageError
+
 
 class DenseModel(nn.Module):
     """A backbone and the maps a head reads: ``indices`` of its ``feature_info``, each through its LayerNorm where
@@ -103,10 +105,10 @@ def layer_indices(backbone: nn.Module, indices: Sequence[int] | None, count: int
         indices = list(range(n)) if is_hierarchical(backbone) or n < count else spread
     wrong = [i for i in indices if not -n <= i < n]
     if wrong:
-        raise ValueError(f"indices {wrong} are not layers of {getattr(backbone, 'name', 'the backbone')}, which has "
+        raise UsageError(f"indices {wrong} are not layers of {getattr(backbone, 'name', 'the backbone')}, which has "
                          f"{n} (0 to {n - 1}, or -1 for the last)")
     indices = [i % n for i in indices]
     if any(a >= b for a, b in zip(indices, indices[1:], strict=False)):
-        raise ValueError(f"indices must name distinct layers in increasing order (the backbone gives its maps in "
+        raise UsageError(f"indices must name distinct layers in increasing order (the backbone gives its maps in "
                          f"that order), got {indices}")
     return indices

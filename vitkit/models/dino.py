@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from vitkit.errors import UsageError
+
 from .encoders import vision_encoder
 from .packing import PackedBatch, class_tokens
 from .vit import VisionTransformer
@@ -49,7 +51,7 @@ class DINOHead(nn.Module):
                  layers: int = 3, norm_last_layer: bool = True) -> None:
         super().__init__()
         if layers < 1:
-            raise ValueError(f"a DINO head has at least one layer, got layers={layers}")
+            raise UsageError(f"a DINO head has at least one layer, got layers={layers}")
         dims = [in_dim] + [hidden_dim] * (layers - 1) + [bottleneck_dim]
         mlp: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(dims[:-1], dims[1:], strict=True)):
@@ -110,7 +112,7 @@ class TeacherTargets(nn.Module):
                  centering: Literal["mean", "sinkhorn"] = "mean") -> None:
         super().__init__()
         if centering not in ("mean", "sinkhorn"):
-            raise ValueError(f"centering must be 'mean' or 'sinkhorn', got {centering!r}")
+            raise UsageError(f"centering must be 'mean' or 'sinkhorn', got {centering!r}")
         self.student_temp, self.centering = student_temp, centering
         self.center = Center(out_dim, center_momentum)
 
@@ -137,7 +139,7 @@ class DINOLoss(TeacherTargets):
         """``teacher``: G tensors (B, K), one per global view; ``student``: V >= G tensors (B, K), the same global
         views first, then the local ones. A view is never compared with itself."""
         if len(student) < len(teacher) or len(student) < 2:
-            raise ValueError(f"DINOLoss needs the teacher's global views among the student's and two views at "
+            raise UsageError(f"DINOLoss needs the teacher's global views among the student's and two views at "
                              f"least, got {len(teacher)} teacher and {len(student)} student views")
         t = self.teacher_probs(torch.stack(teacher), teacher_temp)  # (G, B, K)
         s = self.student_log_probs(torch.stack(student))  # (V, B, K)
@@ -159,7 +161,7 @@ class IBOTPatchLoss(TeacherTargets):
         ``mask``: (B, N) (or (B, h, w)) bool, True where the student saw the mask token."""
         mask = mask.flatten(1)
         if teacher.shape != student.shape:
-            raise ValueError(f"iBOT takes teacher and student logits at the same masked patches, got "
+            raise UsageError(f"iBOT takes teacher and student logits at the same masked patches, got "
                              f"{tuple(teacher.shape)} and {tuple(student.shape)}")
         ce = -(self.teacher_probs(teacher, teacher_temp) * self.student_log_probs(student)).sum(-1)  # (M,)
         weight = (1 / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(mask)[mask]
@@ -204,16 +206,16 @@ class DINOConfig:
     def __post_init__(self) -> None:
         for name in ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise UsageError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.student_temp <= 0:
-            raise ValueError(f"student_temp must be > 0, got {self.student_temp}")
+            raise UsageError(f"student_temp must be > 0, got {self.student_temp}")
         lo, hi = self.mask_ratio
         if not 0 <= lo <= hi < 1:
-            raise ValueError(f"mask_ratio must be (low, high) with 0 <= low <= high < 1, got {self.mask_ratio}")
+            raise UsageError(f"mask_ratio must be (low, high) with 0 <= low <= high < 1, got {self.mask_ratio}")
         if not 0 <= self.mask_probability <= 1:
-            raise ValueError(f"mask_probability must be in [0, 1], got {self.mask_probability}")
+            raise UsageError(f"mask_probability must be in [0, 1], got {self.mask_probability}")
         if self.centering not in ("mean", "sinkhorn"):
-            raise ValueError(f"centering must be 'mean' or 'sinkhorn', got {self.centering!r}")
+            raise UsageError(f"centering must be 'mean' or 'sinkhorn', got {self.centering!r}")
 
 
 @dataclass
@@ -236,10 +238,10 @@ class DINO(nn.Module):
         if encoder is None:
             encoder = vision_encoder(cfg.encoder, **{"dynamic_img_size": True, **cfg.encoder_overrides})
         if not isinstance(encoder, VisionTransformer) or not encoder.cfg.class_token:
-            raise ValueError(f"DINO trains a ViT with a class token, got {type(encoder).__name__}"
+            raise UsageError(f"DINO trains a ViT with a class token, got {type(encoder).__name__}"
                              + (" without one" if isinstance(encoder, VisionTransformer) else ""))
         if encoder.merging:
-            raise ValueError("DINO reads every patch token (iBOT): turn token merging off (token_merging=0)")
+            raise UsageError("DINO reads every patch token (iBOT): turn token merging off (token_merging=0)")
         encoder.set_dynamic_img_size(True)  # global and local crops differ in size: positions follow each input
         C = encoder.num_features
         head = dict(hidden_dim=cfg.hidden_dim, bottleneck_dim=cfg.bottleneck_dim, layers=cfg.head_layers,

@@ -7,6 +7,8 @@ from typing import Any
 
 from torch import nn
 
+from vitkit.errors import UsageError
+
 from .swin import SwinConfig, SwinTransformer
 from .swin_presets import SWIN_PRESETS
 from .vit import VisionTransformer, ViTConfig
@@ -21,5 +23,5 @@ def vision_encoder(name: str, **overrides: Any) -> nn.Module:
             net = model_cls(cfg_cls(**{**presets[name], **overrides, "num_classes": 0}))
             net.name = name
             return net
-    raise ValueError(f"vision_encoder {name!r} is not a ViT or Swin preset (vitkit.list_models('vit*'), "
+    raise UsageError(f"vision_encoder {name!r} is not a ViT or Swin preset (vitkit.list_models('vit*'), "
                      "vitkit.list_models('swin*'))")

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit.errors import UsageError
+
 
 def take_indices(num: int, indices: int | Sequence[int] | None) -> tuple[list[int], int]:
     """(absolute indices, largest) of the blocks/stages to return: all for None, the last n for an int,
@@ -20,7 +22,7 @@ def take_indices(num: int, indices: int | Sequence[int] | None) -> tuple[list[in
         indices = num
     if isinstance(indices, int):
         if not 0 < indices <= num:
-            raise ValueError(f"the last {indices} of {num} blocks/stages: expected 1 to {num}")
+            raise UsageError(f"the last {indices} of {num} blocks/stages: expected 1 to {num}")
         taken = list(range(num - indices, num))
     else:
         taken = []
@@ -70,7 +72,7 @@ class FeatureNet(nn.Module):
         fmts = model.output_fmts
         self.output_fmt = output_fmt or fmts[0]
         if self.output_fmt not in fmts:
-            raise ValueError(f"{model.name}: output_fmt must be one of {fmts}, got {output_fmt!r}")
+            raise UsageError(f"{model.name}: output_fmt must be one of {fmts}, got {output_fmt!r}")
         self.out_indices = model.prune_intermediate_layers(default_out_indices(model, out_indices),
                                                            prune_norm=not norm)
         self.feature_info = FeatureInfo(model.feature_info[i] for i in self.out_indices)

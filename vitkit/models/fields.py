@@ -10,6 +10,8 @@ import types
 import typing
 from typing import Any, Literal, Union
 
+from vitkit.errors import UsageError
+
 # the smallest value of the numeric fields that count something: the same name means the same in every family
 AT_LEAST_ONE = {"img_size", "patch_size", "in_chans", "embed_dim", "depth", "depths", "num_heads", "num_kv_heads",
                 "window_size", "pretrained_window_sizes", "src_vocab_size", "tgt_vocab_size", "d_model", "d_ff",
@@ -111,13 +113,13 @@ def check_values(owner: str, cfg_cls: type, values: dict[str, Any]) -> None:
             raise error(f"{owner}: {name} must be {wanted}, got {_shown(value)}")
         nums = _numbers(value)
         if name in AT_LEAST_ONE and any(n < 1 for n in nums):
-            raise ValueError(f"{owner}: {name} must be >= 1, got {_shown(value)}")
+            raise UsageError(f"{owner}: {name} must be >= 1, got {_shown(value)}")
         if name in AT_LEAST_ZERO and any(n < 0 for n in nums):
-            raise ValueError(f"{owner}: {name} must be >= 0, got {_shown(value)}")
+            raise UsageError(f"{owner}: {name} must be >= 0, got {_shown(value)}")
         if name in RATES and any(not 0 <= n < 1 for n in nums):
-            raise ValueError(f"{owner}: {name} must be in [0, 1), got {_shown(value)}")
+            raise UsageError(f"{owner}: {name} must be in [0, 1), got {_shown(value)}")
         if name in POSITIVE and any(n <= 0 for n in nums):
-            raise ValueError(f"{owner}: {name} must be > 0, got {_shown(value)}")
+            raise UsageError(f"{owner}: {name} must be > 0, got {_shown(value)}")
 
 
 def _shown(value: Any) -> str:

@@ -21,6 +21,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from vitkit.errors import UsageError
+
 
 def resize(x: Tensor, size: Sequence[int]) -> Tensor:
     """Bilinear, corners not aligned (mmsegmentation's, transformers' and Meta's ``resize``); a no-op at the size."""
@@ -157,7 +159,7 @@ class DPTHead(nn.Module):
                  reassemble: Sequence[int] | None = None, dropout: float = 0.1) -> None:
         super().__init__()
         if len(in_channels) != 4:
-            raise ValueError(f"DPTHead takes the maps of 4 layers, got {len(in_channels)}")
+            raise UsageError(f"DPTHead takes the maps of 4 layers, got {len(in_channels)}")
         dim = in_channels[-1]
         widths = list(reassemble or (dim // 8, dim // 4, dim // 2, dim))
         self.in_channels = list(in_channels)

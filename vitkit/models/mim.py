@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit.errors import UsageError
+
 from ..layers import Attention, AttnBackend, Block, Mlp, sincos_2d
 from .config import check_image, pair
 from .encoders import vision_encoder
@@ -54,10 +56,10 @@ class MAEConfig:
     def __post_init__(self) -> None:
         check_ratio(self.mask_ratio)
         if self.decoder_embed_dim % self.decoder_num_heads:
-            raise ValueError(f"decoder_embed_dim {self.decoder_embed_dim} must be divisible by decoder_num_heads "
+            raise UsageError(f"decoder_embed_dim {self.decoder_embed_dim} must be divisible by decoder_num_heads "
                              f"{self.decoder_num_heads}")
         if self.decoder_depth < 1:
-            raise ValueError(f"decoder_depth must be >= 1, got {self.decoder_depth}")
+            raise UsageError(f"decoder_depth must be >= 1, got {self.decoder_depth}")
 
 
 @dataclass
@@ -73,12 +75,12 @@ class SimMIMConfig:
     def __post_init__(self) -> None:
         check_ratio(self.mask_ratio)
         if self.mask_patch_size < 1:
-            raise ValueError(f"mask_patch_size must be >= 1, got {self.mask_patch_size}")
+            raise UsageError(f"mask_patch_size must be >= 1, got {self.mask_patch_size}")
 
 
 def check_ratio(ratio: float) -> None:
     if not 0 < ratio < 1:
-        raise ValueError(f"mask_ratio must be in (0, 1): a fraction of the patches to hide, got {ratio}")
+        raise UsageError(f"mask_ratio must be in (0, 1): a fraction of the patches to hide, got {ratio}")
 
 
 @dataclass
@@ -109,7 +111,7 @@ def check_divides(images: Tensor, block: int, what: str) -> None:
     """An image must hold a whole number of patches (MAE) or mask blocks (SimMIM), and at least one."""
     H, W = images.shape[-2:]
     if H < block or W < block or H % block or W % block:
-        raise ValueError(f"masked image modeling takes images whose sides are multiples of the {what} ({block} px), "
+        raise UsageError(f"masked image modeling takes images whose sides are multiples of the {what} ({block} px), "
                          f"at least one; got {H}x{W}")
 
 
@@ -121,12 +123,12 @@ class MaskedAutoencoder(nn.Module):
         self.cfg = cfg
         encoder = encoder if encoder is not None else vision_encoder(cfg.encoder, **cfg.encoder_overrides)
         if isinstance(encoder, SwinTransformer):
-            raise ValueError(f"MAE drops the hidden patches, which {cfg.encoder}'s windows cannot do (they partition "
+            raise UsageError(f"MAE drops the hidden patches, which {cfg.encoder}'s windows cannot do (they partition "
                              "the whole grid): pre-train Swin with SimMIM (--model.objective simmim)")
         if not isinstance(encoder, VisionTransformer):
-            raise ValueError(f"MAE pre-trains a ViT, got {type(encoder).__name__}")
+            raise UsageError(f"MAE pre-trains a ViT, got {type(encoder).__name__}")
         if encoder.merging:
-            raise ValueError("MAE encodes a random subset of the patches: turn token merging off (token_merging=0)")
+            raise UsageError("MAE encodes a random subset of the patches: turn token merging off (token_merging=0)")
         self.encoder = encoder
         C, Cd, p = encoder.num_features, cfg.decoder_embed_dim, encoder.patch_size
         self.patch_size, self.in_chans = p, encoder.in_chans
@@ -162,7 +164,7 @@ class MaskedAutoencoder(nn.Module):
         kept. Returns the kept indices (B, K), the mask (B, N) (1: hidden) and the order that restores (B, N)."""
         K = int(N * (1 - self.cfg.mask_ratio))
         if K < 1:
-            raise ValueError(f"mask_ratio {self.cfg.mask_ratio} of {N} patches leaves none visible")
+            raise UsageError(f"mask_ratio {self.cfg.mask_ratio} of {N} patches leaves none visible")
         noise = torch.rand(B, N, device=device) if noise is None else noise.to(device)
         shuffle = noise.argsort(dim=1)
         restore = shuffle.argsort(dim=1)
@@ -221,7 +223,7 @@ class MaskedAutoencoder(nn.Module):
         P = self.encoder.num_prefix_tokens
         if batch.prefix != P or bool(((batch.index >= P) & (batch.image >= 0)).sum() != sum(
                 h * w for h, w in batch.grids)):
-            raise ValueError(f"MAE takes packed batches of every patch of each image, with {P} prefix token(s): "
+            raise UsageError(f"MAE takes packed batches of every patch of each image, with {P} prefix token(s): "
                              "pack without token dropping (--data.token_drop 0; MAE's mask_ratio drops patches)")
         visible = pack(batch.images(), self.patch_size, batch.patches.shape[1], P, self.cfg.mask_ratio, generator)
         latent = self.decoder_embed(self.encoder.packed_tokens(visible))  # (S', L', Cd)
@@ -287,14 +289,14 @@ class SimMIM(nn.Module):
         self.cfg = cfg
         encoder = encoder if encoder is not None else vision_encoder(cfg.encoder, **cfg.encoder_overrides)
         if not isinstance(encoder, (SwinTransformer, VisionTransformer)):
-            raise ValueError(f"SimMIM pre-trains a Swin or a ViT, got {type(encoder).__name__}")
+            raise UsageError(f"SimMIM pre-trains a Swin or a ViT, got {type(encoder).__name__}")
         self.encoder = encoder
         swin = isinstance(encoder, SwinTransformer)
         p = encoder.patch_size
         self.patch_size = p
         self.stride = p * 2 ** (len(encoder.cfg.depths) - 1) if swin else p  # pixels per final-map position
         if cfg.mask_patch_size % p:
-            raise ValueError(f"mask_patch_size {cfg.mask_patch_size} must be a multiple of the encoder's patch size "
+            raise UsageError(f"mask_patch_size {cfg.mask_patch_size} must be a multiple of the encoder's patch size "
                              f"{p}")
         check_divides(torch.empty(1, 1, *pair(encoder.cfg.img_size)), cfg.mask_patch_size,
                       "mask block (mask_patch_size)")
@@ -340,7 +342,7 @@ class SimMIM(nn.Module):
         B, c, H, W = images.shape
         mask = self.random_mask(B, (H, W), images.device) if mask is None else mask.to(images.device).bool()
         if mask.shape != (B, (H // self.patch_size) * (W // self.patch_size)):
-            raise ValueError(f"mask must be (B, N) = ({B}, {(H // self.patch_size) * (W // self.patch_size)}) for "
+            raise UsageError(f"mask must be (B, N) = ({B}, {(H // self.patch_size) * (W // self.patch_size)}) for "
                              f"{H}x{W} images, got {tuple(mask.shape)}")
         pred = self.decoder(self.encode(images, mask))  # (B, c, H, W)
         p = self.patch_size

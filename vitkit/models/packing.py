@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitkit.budget import budget_size
+from vitkit.errors import UsageError
 from vitkit.layers.pos_embed import rope_tables
+from vitkit.patch_budget import budget_size
 
 
 @dataclass
@@ -55,7 +56,7 @@ class PackedBatch:
             p = math.isqrt(self.patches.shape[-1] // c)
             if p * p * c == self.patches.shape[-1]:
                 return c
-        raise ValueError(f"patches of {self.patches.shape[-1]} values are no square patch of 1 to 4 channels")
+        raise UsageError(f"patches of {self.patches.shape[-1]} values are no square patch of 1 to 4 channels")
 
     def to(self, device: torch.device | str) -> PackedBatch:
         return dataclasses.replace(self, patches=self.patches.to(device), image=self.image.to(device),
@@ -88,14 +89,14 @@ def pack(images: list[Tensor], patch_size: int, max_tokens: int, prefix: int = 1
     decreasing), a new sequence where none has. ``drop``: each image loses that share of its patches, drawn at random
     by ``generator`` (NaViT's token dropping; at least one patch stays), its other patches keeping their places."""
     if not images:
-        raise ValueError("pack takes at least one image")
+        raise UsageError("pack takes at least one image")
     if not 0.0 <= drop < 1.0:
-        raise ValueError(f"drop is the share of each image's patches left out, in [0, 1); got {drop}")
+        raise UsageError(f"drop is the share of each image's patches left out, in [0, 1); got {drop}")
     kept = []
     for i, img in enumerate(images):
         if img.dim() != 3 or img.shape[-2] % patch_size or img.shape[-1] % patch_size or \
                 img.shape[0] != images[0].shape[0]:
-            raise ValueError(f"image {i}: expected (C, H, W) with H and W multiples of the patch size {patch_size} "
+            raise UsageError(f"image {i}: expected (C, H, W) with H and W multiples of the patch size {patch_size} "
                              f"and image 0's {images[0].shape[0]} channels, got {tuple(img.shape)}")
         n = (img.shape[-2] // patch_size) * (img.shape[-1] // patch_size)
         keep = max(1, round(n * (1 - drop)))
@@ -103,7 +104,7 @@ def pack(images: list[Tensor], patch_size: int, max_tokens: int, prefix: int = 1
     sizes = [prefix + len(k) for k in kept]
     if max(sizes) > max_tokens:
         i = max(range(len(sizes)), key=sizes.__getitem__)
-        raise ValueError(f"max_tokens {max_tokens} is smaller than image {i}'s {sizes[i]} tokens "
+        raise UsageError(f"max_tokens {max_tokens} is smaller than image {i}'s {sizes[i]} tokens "
                          f"({tuple(images[i].shape[-2:])} in {patch_size} px patches, with {prefix} prefix); give "
                          f"at least {max(sizes)}, or smaller images")
     room: list[int] = []
@@ -137,14 +138,14 @@ def from_naflex(batch: dict[str, Tensor], patch_size: int, prefix: int) -> Packe
     of one image a sequence, its padding marked: ``forward_packed`` of it gives timm's outputs for that batch."""
     missing = [k for k in ("patches", "patch_coord", "patch_valid") if k not in batch]
     if missing:
-        raise ValueError(f"a NaFlex batch holds patches, patch_coord and patch_valid; this one lacks {missing}")
+        raise UsageError(f"a NaFlex batch holds patches, patch_coord and patch_valid; this one lacks {missing}")
     patches, coord, valid = batch["patches"], batch["patch_coord"].long(), batch["patch_valid"].bool()
     chans = patches.shape[-1] // patch_size ** 2 if patches.dim() == 3 else 0
     if not chans or chans * patch_size ** 2 != patches.shape[-1]:
-        raise ValueError(f"NaFlex patches must be (B, N, {patch_size}·{patch_size}·C) for the model's "
+        raise UsageError(f"NaFlex patches must be (B, N, {patch_size}·{patch_size}·C) for the model's "
                          f"{patch_size}-px patches, got {tuple(patches.shape)}")
     if not bool(valid.any(dim=1).all()):
-        raise ValueError("a NaFlex batch row has no valid patch (patch_valid all False)")
+        raise UsageError("a NaFlex batch row has no valid patch (patch_valid all False)")
     B, N, P = patches.shape
     pixels = patches.reshape(B, N, patch_size, patch_size, chans).permute(0, 1, 4, 2, 3).reshape(B, N, P)
     rows = coord[..., 0].masked_fill(~valid, -1).amax(dim=1) + 1
@@ -166,7 +167,7 @@ def embed_packed(model, batch: PackedBatch, mask: Tensor | None = None,
     ``mask`` ((S, L) bool), the patches there are ``mask_token`` ((C,) or broadcastable) before their positions
     (DINO's iBOT)."""
     if batch.prefix != model.num_prefix_tokens:
-        raise ValueError(f"the batch was packed with {batch.prefix} prefix token(s); {_name(model)} has "
+        raise UsageError(f"the batch was packed with {batch.prefix} prefix token(s); {_name(model)} has "
                          f"{model.num_prefix_tokens}: pack with prefix={model.num_prefix_tokens}")
     proj = model.patch_embed.proj
     is_patch = batch.index >= batch.prefix
@@ -218,7 +219,7 @@ def _slots_of_grid(batch: PackedBatch, grid: tuple[int, int]) -> Tensor:
 def _slot_tables(model, batch: PackedBatch, x: Tensor) -> tuple[Tensor, Tensor]:
     """Each slot's RoPE row, from the tables of its image's grid (padding: no rotation)."""
     if model.rope is not None:
-        raise ValueError(f"{_name(model)}: packing takes fixed RoPE tables (dinov3, axial); learned per-block "
+        raise UsageError(f"{_name(model)}: packing takes fixed RoPE tables (dinov3, axial); learned per-block "
                          "frequencies (rope 'mixed') are not packed")
     cos = sin = None
     for grid in set(batch.grids):
@@ -240,7 +241,7 @@ def pool_packed(model, x: Tensor, batch: PackedBatch) -> Tensor:
     other = "distilled heads" if model.head_dist is not None else \
         None if pool in ("token", "avg", "max", "avgmax", "map") else repr(pool)
     if other is not None:
-        raise ValueError(f"{_name(model)}: packed batches pool by the class token, avg, max, avgmax or map; not "
+        raise UsageError(f"{_name(model)}: packed batches pool by the class token, avg, max, avgmax or map; not "
                          f"{other}")
     flat, image, index = x.reshape(-1, x.shape[-1]), batch.image.reshape(-1), batch.index.reshape(-1)
     if model.attn_pool is not None:
@@ -285,7 +286,7 @@ class PackCollate:
     def __init__(self, patch_size: int, max_tokens: int, max_patches: int, prefix: int = 1,
                  drop: float = 0.0) -> None:
         if max_patches + prefix > max_tokens:
-            raise ValueError(f"max_tokens {max_tokens} is smaller than one image's {max_patches} patches and "
+            raise UsageError(f"max_tokens {max_tokens} is smaller than one image's {max_patches} patches and "
                              f"{prefix} prefix token(s); give max_tokens >= {max_patches + prefix}")
         self.patch_size, self.max_tokens, self.max_patches, self.prefix = patch_size, max_tokens, max_patches, prefix
         self.drop = drop

@@ -1,4 +1,5 @@
-"""The preset table: model names (timm's) -> (config class, model class, preset fields), and nothing else.
+"""The preset table: model names (timm's) -> their family (config class, model class, preset fields, and what the
+family can do), and nothing else.
 
 Nothing here reads weights or resolves pretrained tags: ``vitkit.create_model`` (``vitkit/builder.py``) builds
 models and loads weights above this table, as timm's builder sits above its registry.
@@ -9,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
+
+from vitkit.errors import UsageError, UsageTypeError
 
 from .fields import check_values
 from .seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
@@ -20,29 +23,46 @@ from .swin_presets import SWIN_PRESETS
 from .vit import VisionTransformer, ViTConfig
 from .vit_presets import VIT_PRESETS
 
-# family -> (config class, model class, presets keyed by timm's names)
-FAMILIES: dict[str, tuple[type, type[nn.Module], dict[str, dict]]] = {
-    "vit": (ViTConfig, VisionTransformer, VIT_PRESETS),
-    "swin": (SwinConfig, SwinTransformer, SWIN_PRESETS),
-    "seq2seq": (Seq2SeqConfig, Seq2SeqTransformer, SEQ2SEQ_PRESETS),
+
+class Family(NamedTuple):
+    """A family of presets and what it can do. The code that would branch on a family's name asks here instead, so
+    that a new family is its model module, its presets and one row below."""
+
+    config: type
+    model: type[nn.Module]
+    presets: dict[str, dict]  # keyed by timm's names
+    images: bool = True  # an image encoder: classifiers, segmenters, teachers and image-to-text take it
+    mim: tuple[str, ...] = ()  # the masked-image-modelling objectives it pre-trains with, its default first
+    dino: bool = False  # DINO self-distillation (a class token beside the patch tokens)
+    token_merging: bool = False  # ToMe (a token sequence; a fixed grid of windows has no place for merged tokens)
+    # the sizes a dynamic-size export takes: "patch_multiples" (any multiple of the patch), "padded" (any size from
+    # the model's min_input_size(), padded inside and traced size-obliviously), None: no export
+    export_sizes: str | None = None
+
+
+FAMILIES: dict[str, Family] = {
+    "vit": Family(ViTConfig, VisionTransformer, VIT_PRESETS, mim=("mae", "simmim"), dino=True, token_merging=True,
+                  export_sizes="patch_multiples"),
+    "swin": Family(SwinConfig, SwinTransformer, SWIN_PRESETS, mim=("simmim",), export_sizes="padded"),
+    "seq2seq": Family(Seq2SeqConfig, Seq2SeqTransformer, SEQ2SEQ_PRESETS, images=False),
 }
 
 
 def list_models(pattern: str = "*") -> list[str]:
     """Preset names matching a glob pattern, sorted."""
-    names = [n for _, _, presets in FAMILIES.values() for n in presets]
+    names = [n for f in FAMILIES.values() for n in f.presets]
     return sorted(fnmatch.filter(names, pattern))
 
 
 def find(preset: str) -> tuple[str, type, type[nn.Module], dict]:
     """(family, config class, model class, preset fields) of a preset name; a readable error for others."""
-    for fam, (cfg_cls, model_cls, presets) in FAMILIES.items():
-        if preset in presets:
-            return fam, cfg_cls, model_cls, presets[preset]
+    for fam, f in FAMILIES.items():
+        if preset in f.presets:
+            return fam, f.config, f.model, f.presets[preset]
     names = list_models()  # names it begins, then the nearest by spelling, else those sharing its first word
     close = [n for n in names if n.startswith(preset)] + difflib.get_close_matches(preset, names, n=6, cutoff=0.6)
     close = list(dict.fromkeys(close))[:6] or fnmatch.filter(names, f"*{preset.split('_')[0]}*")[:8]
-    raise ValueError(f"unknown model {preset!r}; vitkit.list_models() lists all {len(list_models())}"
+    raise UsageError(f"unknown model {preset!r}; vitkit.list_models() lists all {len(list_models())}"
                      + (f" (similar: {', '.join(close)})" if close else ""))
 
 
@@ -51,11 +71,11 @@ def check_fields(name: str, cfg_cls: type, overrides: dict[str, Any]) -> None:
     values of the wrong type or range, naming what the field takes (``fields.check_values``)."""
     fields = {f.name for f in dataclasses.fields(cfg_cls)}
     if "token_merging" in overrides and "token_merging" not in fields:
-        raise ValueError(f"{name}: token merging is for ViT/DeiT presets only; a {cfg_cls.__name__[:-6]} keeps a "
+        raise UsageError(f"{name}: token merging is for ViT/DeiT presets only; a {cfg_cls.__name__[:-6]} keeps a "
                          "fixed token grid (Swin's windows partition it), so merged tokens have no place in it")
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise TypeError(f"{name}: unknown config field(s) {unknown}; {cfg_cls.__name__} has {sorted(fields)}")
+        raise UsageTypeError(f"{name}: unknown config field(s) {unknown}; {cfg_cls.__name__} has {sorted(fields)}")
     check_values(name, cfg_cls, overrides)
 
 

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
+from vitkit.errors import UsageError
+
 from .dense import DenseModel, is_hierarchical, layer_indices
 from .heads import HEADS, AdaptiveAvgPool, ConvModule, DPTHead, FCNHead, LinearHead, UperNetHead, resize
 
@@ -59,7 +61,7 @@ def build_segmenter(backbone: nn.Module, head: str, num_classes: int, indices: S
     norms and the auxiliary FCN head (``aux_args``: :class:`FCNHead`'s) on the third map unless ``auxiliary`` is
     False; ``head_args`` go to the head."""
     if head not in HEADS:
-        raise ValueError(f"head must be one of {sorted(HEADS)}, got {head!r}")
+        raise UsageError(f"head must be one of {sorted(HEADS)}, got {head!r}")
     hierarchical = is_hierarchical(backbone)
     indices = layer_indices(backbone, indices, 1 if head == "linear" else 4)
     chs = [backbone.feature_info[i]["num_chs"] for i in indices]

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit.errors import UsageError
+
 from ..layers import (
     Attention,
     AttnBackend,
@@ -72,13 +74,13 @@ class Seq2SeqConfig:
     def __post_init__(self) -> None:
         check_backend(self.attn_backend)
         if self.pos_encoding not in ("sinusoidal", "learned", "rope", "alibi"):
-            raise ValueError(f"pos_encoding must be sinusoidal, learned, rope or alibi, got {self.pos_encoding!r}")
+            raise UsageError(f"pos_encoding must be sinusoidal, learned, rope or alibi, got {self.pos_encoding!r}")
         if self.norm not in ("post", "pre"):
-            raise ValueError(f"norm must be 'post' or 'pre', got {self.norm!r}")
+            raise UsageError(f"norm must be 'post' or 'pre', got {self.norm!r}")
         if self.d_model % self.num_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+            raise UsageError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
-            raise ValueError(f"share_embeddings needs one vocabulary, got src {self.src_vocab_size} "
+            raise UsageError(f"share_embeddings needs one vocabulary, got src {self.src_vocab_size} "
                              f"and tgt {self.tgt_vocab_size}")
 
 
@@ -110,7 +112,7 @@ class Positions(nn.Module):
             self.table = nn.Parameter(torch.randn(cfg.max_len, cfg.d_model) * 0.02)
         elif self.kind == "rope":
             if head_dim % 2:
-                raise ValueError(f"rope needs an even head dim, got {head_dim}")
+                raise UsageError(f"rope needs an even head dim, got {head_dim}")
             inv = 1.0 / 10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (D/2,)
             self.register_buffer("inv_freq", inv, persistent=False)
         else:
@@ -121,7 +123,7 @@ class Positions(nn.Module):
         """Embeddings (B, T, C) of the tokens at ``positions`` (T,) -> (B, T, C)."""
         if self.kind in ("sinusoidal", "learned"):
             if not torch.compiler.is_compiling() and int(positions[-1]) >= self.max_len:
-                raise ValueError(f"sequence of {int(positions[-1]) + 1} tokens is longer than max_len={self.max_len}")
+                raise UsageError(f"sequence of {int(positions[-1]) + 1} tokens is longer than max_len={self.max_len}")
             x = x + self.table[positions].to(x.dtype)
         return self.drop(x)
 
@@ -234,7 +236,7 @@ class Seq2SeqTransformer(nn.Module):
             feats = self.vision.forward_features(src)  # (B, N, C) for ViT, (B, h, w, C) for Swin
             return feats.flatten(1, -2), None
         if src.dim() != 2 or src.dtype not in (torch.long, torch.int, torch.int32):
-            raise ValueError(f"source must be token ids (B, S) of an integer dtype, got {src.dtype} {tuple(src.shape)}")
+            raise UsageError(f"source must be token ids (B, S) of an integer dtype, got {src.dtype} {tuple(src.shape)}")
         pad = _padding(src, self.cfg.pad_id)
         pos = torch.arange(src.shape[1], device=src.device)
         rope, bias = self.src_pos.rope(pos), self.src_pos.alibi(pos, pos, causal=False)

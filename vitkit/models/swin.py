@@ -1,12 +1,11 @@
 """Swin Transformer (Liu et al., 2021) and Swin V2 (Liu et al., 2022) on the shared attention core, timm-compatible.
 
-A Swin block is the pre-norm :class:`vitkit.layers.Block` run on windows (:class:`WindowBlock` only adds
-the relative-position bias of its window): layer norm and MLP act per token, so cutting the map into (shifted)
-windows before the block and stitching it after is the same as windowing only the attention. Windows are
-folded into the attention's group axis, so the relative position bias and the shift mask broadcast over the
-batch inside the fused kernel. Swin V2 is the same stack with other parts: cosine attention with a continuous
-position bias (:class:`CosineWindowAttention`), residual post-norm blocks and merging that normalises after the
-reduction.
+A Swin block is the pre-norm :class:`vitkit.layers.Block` run on windows (:class:`WindowBlock` only adds the
+relative-position bias of its window): layer norm and MLP act per token, so cutting the map into (shifted) windows
+before the block and stitching it after is the same as windowing only the attention. Windows are folded into the
+attention's group axis, so the relative position bias and the shift mask broadcast over the batch inside the fused
+kernel. Swin V2 is the same stack with other parts: cosine attention with a continuous position bias
+(:class:`CosineWindowAttention`), residual post-norm blocks and merging that normalises after the reduction.
 """
 
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from ..errors import UsageError
 from ..layers import AttnBackend, Mlp, PatchEmbed, drop_path_rates
 from ..layers.attention import check_backend
 from ..layers.block import WindowBlock
@@ -50,7 +50,7 @@ POOLS = ("avg", "max", "avgmax", "")  # "": no pooling, the head sees the (B, H,
 
 def check_padding(cfg) -> None:
     if cfg.attend_padding and cfg.version == 2:
-        raise ValueError("attend_padding is Swin V1's (pre-norm blocks); Swin V2 masks its padding")
+        raise UsageError("attend_padding is Swin V1's (pre-norm blocks); Swin V2 masks its padding")
 
 
 @dataclass
@@ -89,18 +89,18 @@ class SwinConfig(DataConfig):
         check_backend(self.attn_backend)
         self.depths, self.num_heads = tuple(self.depths), tuple(self.num_heads)
         if len(self.depths) != len(self.num_heads):
-            raise ValueError(f"depths {self.depths} and num_heads {self.num_heads} need one entry per stage")
+            raise UsageError(f"depths {self.depths} and num_heads {self.num_heads} need one entry per stage")
         if not isinstance(self.window_size, int) and len(self.window_size) != len(self.depths):
-            raise ValueError(f"window_size {self.window_size} needs one entry per stage ({len(self.depths)})")
+            raise UsageError(f"window_size {self.window_size} needs one entry per stage ({len(self.depths)})")
         if self.global_pool not in POOLS:
-            raise ValueError(f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
+            raise UsageError(f"global_pool must be one of {POOLS}, got {self.global_pool!r}")
         if self.version not in (1, 2):
-            raise ValueError(f"version must be 1 or 2 (Swin V2), got {self.version!r}")
+            raise UsageError(f"version must be 1 or 2 (Swin V2), got {self.version!r}")
         check_padding(self)
         if self.pretrained_window_sizes is not None:
             self.pretrained_window_sizes = tuple(self.pretrained_window_sizes)
             if len(self.pretrained_window_sizes) != len(self.depths):
-                raise ValueError(f"pretrained_window_sizes {self.pretrained_window_sizes} needs one entry per stage "
+                raise UsageError(f"pretrained_window_sizes {self.pretrained_window_sizes} needs one entry per stage "
                                  f"({len(self.depths)})")
 
     @property
@@ -375,7 +375,7 @@ class SwinTransformer(FollowsConfig, nn.Module):
         """A new, freshly initialised head for ``num_classes`` (0: none, forward returns pooled features)."""
         if global_pool is not None:
             if global_pool not in POOLS:
-                raise ValueError(f"global_pool must be one of {POOLS}, got {global_pool!r}")
+                raise UsageError(f"global_pool must be one of {POOLS}, got {global_pool!r}")
             self.configure(global_pool=global_pool)
         self.configure(num_classes=num_classes)
         self.head.fc = new_head(self.num_features, num_classes, self.patch_embed.proj.weight)
@@ -400,7 +400,7 @@ class SwinTransformer(FollowsConfig, nn.Module):
         outputs are (B, C, h, w) for ``NCHW`` and (B, h, w, C) for ``NHWC``; ``norm`` applies the final
         norm to the last stage's (the only one it is sized for)."""
         if output_fmt not in self.output_fmts:
-            raise ValueError(f"output_fmt must be one of {self.output_fmts}, got {output_fmt!r}")
+            raise UsageError(f"output_fmt must be one of {self.output_fmts}, got {output_fmt!r}")
         taken, last = take_indices(len(self.layers), indices)
         x = self.embed_patches(x)
         out, final = [], len(self.layers) - 1
@@ -447,7 +447,7 @@ class SwinTransformer(FollowsConfig, nn.Module):
         if chosen is None and window_ratio is not None:
             ratios = (window_ratio,) * n if isinstance(window_ratio, int) else tuple(window_ratio)
             if len(ratios) != n:
-                raise ValueError(f"window_ratio {window_ratio} needs one entry per stage ({n})")
+                raise UsageError(f"window_ratio {window_ratio} needs one entry per stage ({n})")
         if patch_size is not None and patch_size != self.cfg.patch_size:
             resize_patch_conv(self.patch_embed, patch_size)
             self.configure(patch_size=patch_size)
@@ -496,5 +496,5 @@ def _per_stage(window: int | Sequence, n: int) -> tuple[tuple[int, int], ...]:
     if len(window) == 2 and n != 2 and all(isinstance(w, int) for w in window):
         return (window,) * n
     if len(window) != n:
-        raise ValueError(f"window_size {window}: expected an int, an (h, w) pair or one entry per stage ({n})")
+        raise UsageError(f"window_size {window}: expected an int, an (h, w) pair or one entry per stage ({n})")
     return tuple(pair(w) for w in window)

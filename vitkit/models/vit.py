@@ -11,6 +11,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vitkit.errors import UsageError
+
 from ..layers import Attention, AttnBackend, Block, Mlp, PatchEmbed, ResPostNormBlock, drop_path_rates, sincos_2d
 from ..layers.attention import check_backend
 from ..layers.attention_pool import AttentionPool
@@ -310,10 +312,10 @@ class VisionTransformer(FollowsConfig, nn.Module):
         """A new, freshly initialised head for ``num_classes`` (0: none, forward returns pooled features)."""
         if global_pool is not None:
             if global_pool not in POOLS or (global_pool == "token" and self.cls_token is None):
-                raise ValueError(f"global_pool must be one of {POOLS} ('token' needs the class token), "
+                raise UsageError(f"global_pool must be one of {POOLS} ('token' needs the class token), "
                                  f"got {global_pool!r}")
             if global_pool == "map" and self.attn_pool is None:
-                raise ValueError("global_pool='map' needs an attention pool, which only a model built with "
+                raise UsageError("global_pool='map' needs an attention pool, which only a model built with "
                                  "global_pool='map' has (its weights come with the checkpoint)")
             if global_pool != "map":
                 self.attn_pool = None  # as timm: another pooling drops the attention pool
@@ -347,7 +349,7 @@ class VisionTransformer(FollowsConfig, nn.Module):
         ``bipartite_merge`` leaves them), and ``NCHW`` the full (B, C, h, w) grid in which every patch shows the
         merged token it is part of (a token that holds k patches appears at all k)."""
         if output_fmt not in self.output_fmts:
-            raise ValueError(f"output_fmt must be one of {self.output_fmts}, got {output_fmt!r}")
+            raise UsageError(f"output_fmt must be one of {self.output_fmts}, got {output_fmt!r}")
         taken, last = take_indices(len(self.blocks), indices)
         B, _, H, W = x.shape
         x, rope = self._embed(x)
@@ -418,7 +420,7 @@ class VisionTransformer(FollowsConfig, nn.Module):
         """A packed batch -> its normed tokens (S, L, C), slot by slot: the blocks' output before pooling (MAE's
         encoder and DINO read it); the patches of ``mask`` ((S, L) bool) replaced by ``mask_token``."""
         if self.merging:
-            raise ValueError("token merging removes tokens per sequence, not per packed image: turn it off "
+            raise UsageError("token merging removes tokens per sequence, not per packed image: turn it off "
                              "(set_token_merging(0)) to pack")
         x, rope = embed_packed(self, batch, mask, mask_token)
         mask = batch.attn_mask()

@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from typing import Literal
 
+from vitkit.errors import UsageError
+
 from ..layers import AttnBackend
 from ..layers.attention import check_backend
 from ..layers.mlp import ACTIVATIONS
@@ -14,7 +16,7 @@ def check_token_merging(r: TokenMerging, depth: int, rope: str) -> None:
     """A valid merging value (``merge_schedule`` checks its form), and absolute positions to merge under."""
     merge_schedule(r, depth)
     if r and rope:
-        raise ValueError(f"token_merging needs a ViT with absolute positions: RoPE (rope={rope!r} here) rotates q "
+        raise UsageError(f"token_merging needs a ViT with absolute positions: RoPE (rope={rope!r} here) rotates q "
                          "and k by each token's grid position, which a merged token no longer has")
 
 
@@ -79,20 +81,20 @@ class ViTConfig(DataConfig):
                                ("mlp_layer", ("mlp", "swiglu")), ("pos_embed", ("learn", "sincos", "none")),
                                ("rope", ("", "dinov3", "axial", "mixed"))):
             if getattr(self, field) not in allowed:
-                raise ValueError(f"{field} must be one of {allowed}, got {getattr(self, field)!r}")
+                raise UsageError(f"{field} must be one of {allowed}, got {getattr(self, field)!r}")
         if self.global_pool == "token" and not self.class_token:
-            raise ValueError("global_pool='token' needs class_token=True")
+            raise UsageError("global_pool='token' needs class_token=True")
         if self.distilled and (not self.class_token or self.global_pool != "token"):
-            raise ValueError("distilled=True (DeiT's distillation token) needs class_token=True and "
+            raise UsageError("distilled=True (DeiT's distillation token) needs class_token=True and "
                              f"global_pool='token', got class_token={self.class_token}, "
                              f"global_pool={self.global_pool!r}")
         if self.mlp_norm and self.mlp_layer != "swiglu":
-            raise ValueError("mlp_norm=True (a norm on the hidden units) needs mlp_layer='swiglu'")
+            raise UsageError("mlp_norm=True (a norm on the hidden units) needs mlp_layer='swiglu'")
         check_token_merging(self.token_merging, self.depth, self.rope)
         if min(pair(self.img_size)) < self.patch_size:
-            raise ValueError(f"img_size {pair(self.img_size)} is smaller than patch_size {self.patch_size}")
+            raise UsageError(f"img_size {pair(self.img_size)} is smaller than patch_size {self.patch_size}")
         if self.pos_grid is not None and (self.pos_embed != "learn" or not self.dynamic_img_size):
-            raise ValueError(f"pos_grid={self.pos_grid} keeps learned positions apart from img_size's grid and "
+            raise UsageError(f"pos_grid={self.pos_grid} keeps learned positions apart from img_size's grid and "
                              "resamples them to each input: it needs pos_embed='learn' and dynamic_img_size=True, "
                              f"got pos_embed={self.pos_embed!r}, dynamic_img_size={self.dynamic_img_size}")
 

@@ -32,13 +32,13 @@ def load_predictor(source: tuple[str, str], options: dict[str, Any], threads: in
 
         torch.set_num_threads(threads)
     if kind == "onnx":
-        from vitkit.tools.onnx_model import OnnxModel
+        from vitkit.deploy.onnx_model import OnnxModel
 
         net = OnnxModel(value, threads=threads)
         task = registry.for_onnx(net.meta)
         return task.function("predictor")(("onnx", net), options), task.name
     if kind == "program":
-        from vitkit.tools.quantize_program import load_int8_program
+        from vitkit.deploy.quantize_program import load_int8_program
 
         program = load_int8_program(value)
         task = registry.for_onnx(program.meta)

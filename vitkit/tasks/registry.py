@@ -11,7 +11,7 @@ import importlib.metadata
 import importlib.util
 import pkgutil
 
-from vitkit.errors import CheckpointError, UsageError
+from vitkit.errors import CheckpointError, UsageError, UsageTypeError
 
 from .protocol import Task
 
@@ -34,9 +34,9 @@ def tasks() -> dict[str, Task]:
 
 def _add(found: dict[str, Task], task: object, where: str) -> None:
     if not isinstance(task, Task):
-        raise TypeError(f"{where} declares {task!r}, not a vitkit.tasks.protocol.Task")
+        raise UsageTypeError(f"{where} declares {task!r}, not a vitkit.tasks.protocol.Task")
     if task.name in found:
-        raise ValueError(f"two tasks are named {task.name!r} ({where} and an earlier one); a task's name is its own")
+        raise UsageError(f"two tasks are named {task.name!r} ({where} and an earlier one); a task's name is its own")
     found[task.name] = task
 
 

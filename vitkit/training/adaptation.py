@@ -16,8 +16,9 @@ from typing import Any, ClassVar, Literal
 
 from lightning.pytorch.utilities import rank_zero_info
 
-from vitkit.lora import DEFAULTS as LORA
-from vitkit.lora import LoraSettings, add_lora, check_adaptation
+from vitkit.errors import UsageError, UsageTypeError
+from vitkit.models.lora import DEFAULTS as LORA
+from vitkit.models.lora import LoraSettings, add_lora, check_adaptation
 
 from .parts import Part
 
@@ -35,10 +36,10 @@ class Adaptation(Part):
 
     def __init__(self, head_init: HeadInit = "random", head_norm: bool = False) -> None:
         if type(self) is Adaptation:
-            raise TypeError("adaptation: choose Full, Frozen or LoRA (Adaptation is what they share)")
+            raise UsageTypeError("adaptation: choose Full, Frozen or LoRA (Adaptation is what they share)")
         self.head_init, self.head_norm = head_init, head_norm
         if head_init not in HEAD_INITS or (head_init == "probe" and (head_norm or self.frozen)):
-            raise ValueError(f"head_init must be 'random' or 'probe' (without head_norm or freeze_backbone: the probe "
+            raise UsageError(f"head_init must be 'random' or 'probe' (without head_norm or freeze_backbone: the probe "
                              f"is the fitted head), got {head_init!r} for {type(self).__name__}; where a recipe "
                              "fits the probe first, give --model.adaptation.head_init random too")
 
@@ -101,7 +102,8 @@ class LoRA(Adaptation):
     ``alpha``: the adapters' scale is alpha / rank (None: the rank); ``dropout`` on their input; ``parts``: ``qkv``,
     or ``qv`` to adapt only the query and value rows of a fused qkv; ``lr_scale``: their LR is the recipe's x this,
     without layer decay (they start from zero in every block). The checkpoint holds what trained and names the
-    backbone, whose weights the module reads again when it loads. The defaults stand in ``vitkit.lora.DEFAULTS``."""
+    backbone, whose weights the module reads again when it loads. The defaults stand in
+    ``vitkit.models.lora.DEFAULTS``."""
 
     def __init__(self, rank: int, alpha: float | None = LORA.alpha, dropout: float = LORA.dropout,
                  targets: list[str] | None = None, parts: str = LORA.parts, lr_scale: float = 10.0,
@@ -110,7 +112,7 @@ class LoRA(Adaptation):
         self.rank, self.alpha, self.dropout, self.targets, self.parts = rank, alpha, dropout, targets, parts
         self.lr_scale = lr_scale
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"LoRA adapts the backbone with adapters of rank >= 1 (lora_rank), got {rank!r}; without "
+            raise UsageError(f"LoRA adapts the backbone with adapters of rank >= 1 (lora_rank), got {rank!r}; without "
                              "adapters, train the whole model or freeze the backbone")
         self.settings = LoraSettings(rank, alpha, dropout, list(targets) if targets else list(LORA.targets), parts)
         check_adaptation(self.settings, False, lr_scale)

@@ -31,7 +31,8 @@ from torch.distributed.tensor import DTensor
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torchmetrics import MeanMetric
 
-from vitkit.lora import require_backbone
+from vitkit.checkpoints.adapters import require_backbone
+from vitkit.errors import UsageError
 
 from .flat import Flat
 from .hparams import gather_rng_states, keep_own_hparams, read_hparams, restore_rng_states, seed_rank
@@ -114,9 +115,9 @@ class TrainingModule(L.LightningModule):
         the run's model: what evaluation (``eval()`` mode) runs and what the checkpoint holds as ``model.``; the
         weights being trained ride in its ``ema.module.`` entries, put back where they were when a run resumes."""
         if is_model and not decay:
-            raise ValueError("ema_is_model validates and saves the EMA of the weights; give ema_decay too (e.g. 0.9)")
+            raise UsageError("ema_is_model validates and saves the EMA of the weights; give ema_decay too (e.g. 0.9)")
         if decay and not 0 < decay < 1:
-            raise ValueError(f"ema_decay must be in (0, 1) (the weight kept of the average at each step; null: no "
+            raise UsageError(f"ema_decay must be in (0, 1) (the weight kept of the average at each step; null: no "
                              f"EMA), got {decay!r}")
         self.ema = EMA(self.model, decay) if decay else None
         self.ema_is_model = is_model
@@ -222,7 +223,7 @@ class TrainingModule(L.LightningModule):
             return
         total = self.trainer.estimated_stepping_batches
         if not 0 < total < float("inf"):  # a stream's epoch has no length before it is read
-            raise ValueError("the training data is a stream, whose length the LR schedule cannot know: give "
+            raise UsageError("the training data is a stream, whose length the LR schedule cannot know: give "
                              "--trainer.max_steps N, the optimizer steps of the whole run (the warmup then takes "
                              "warmup_epochs x N / max_epochs of them)")
         sched.schedule.set_length(max(1, int(total)), self.trainer.max_epochs)

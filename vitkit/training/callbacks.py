@@ -27,6 +27,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
 
+from vitkit.errors import ExistingFileError, UsageTypeError
+
 log = logging.getLogger(__name__)
 
 
@@ -41,7 +43,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if not isinstance(get_filesystem(path), LocalFileSystem):
             return super().save_checkpoint(checkpoint, path, storage_options)
         if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
+            raise UsageTypeError(f"{type(self).__name__} takes no storage_options, got {storage_options!r}")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -154,7 +156,7 @@ class ModelCheckpoint(_LightningModelCheckpoint):
         """Refuse a new fit (``ckpt_path`` None) into a folder that already holds another run's last.ckpt."""
         self.resolve_dirpath(trainer)
         if self.keep_last and not trainer.fast_dev_run and ckpt_path is None and os.path.exists(self.last_path):
-            raise FileExistsError(
+            raise ExistingFileError(
                 f"{self.last_path} belongs to an earlier run in {trainer.default_root_dir!r}; a new run there "
                 "would replace it. Resume that run with --ckpt_path last, or start this one elsewhere with "
                 "--trainer.default_root_dir DIR (or delete the folder).")
@@ -233,7 +235,7 @@ class TrainingCurves(Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or trainer.fast_dev_run:
             return
-        from vitkit.tools.plots import training_curves
+        from vitkit.evaluation.plots import training_curves
 
         for logger in trainer.loggers:
             if isinstance(logger, _LightningCSVLogger):

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vitkit.errors import UsageError
-from vitkit.lora import check_adaptation, settings_of
+from vitkit.models.lora import check_adaptation, settings_of
 
 from .adaptation import Frozen, Full, LoRA
 from .parts import class_at
@@ -59,7 +59,7 @@ class Flat:
         keeps the part's default."""
         for key in self.switches:
             if key in args and not isinstance(args[key], bool):
-                raise ValueError(f"{key} must be true or false, got {args[key]!r}")
+                raise UsageError(f"{key} must be true or false, got {args[key]!r}")
         out = {k: v for k, v in args.items() if k not in self.names}
         recipe = {k: args[k] for k in RECIPE_FIELDS if k in args}
         if recipe:

@@ -16,6 +16,8 @@ import importlib
 import inspect
 from typing import Any, TypeVar
 
+from vitkit.errors import UsageError, UsageTypeError
+
 P = TypeVar("P", bound="Part")
 
 
@@ -63,9 +65,9 @@ def part_from(value: Any, base: type[P], default: P | None = None) -> P | None:
         path = str(value["class_path"])
         cls = class_at(path) if path.startswith("vitkit.") else None
         if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise ValueError(f"{value['class_path']!r} is not a kind of {base.__name__} vitkit has")
+            raise UsageError(f"{value['class_path']!r} is not a kind of {base.__name__} vitkit has")
         return cls(**dict(value.get("init_args") or {}))
-    raise TypeError(f"expected a {base.__name__} (or its class_path and init_args), got {value!r}")
+    raise UsageTypeError(f"expected a {base.__name__} (or its class_path and init_args), got {value!r}")
 
 
 def config_of(value: Any) -> Any:

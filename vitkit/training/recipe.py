@@ -12,6 +12,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from vitkit.errors import UsageError
+
 from .optim import ScheduledLR, build_adamw, build_sgd, inverse_sqrt, warmup_cosine, warmup_poly
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -31,7 +33,7 @@ class WarmupSchedule:
     def __init__(self, warmup_epochs: float, min_lr_ratio: float, decay: str = "cosine", power: float = 0.9,
                  warmup_steps: int | None = None) -> None:
         if decay not in DECAYS:
-            raise ValueError(f"schedule must be one of {', '.join(DECAYS)}, got {decay!r}")
+            raise UsageError(f"schedule must be one of {', '.join(DECAYS)}, got {decay!r}")
         self.warmup_epochs, self.min_lr_ratio, self.decay, self.power = warmup_epochs, min_lr_ratio, decay, power
         self.warmup_steps = warmup_steps
         self.total: int | None = None
@@ -104,15 +106,15 @@ class Recipe:
                                      ("nonfinite_loss", self.nonfinite_loss, NONFINITE),
                                      ("lr_scaling", self.lr_scaling, LR_SCALINGS)):
             if value not in allowed:
-                raise ValueError(f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
+                raise UsageError(f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
         if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+            raise UsageError(f"lr must be > 0, got {self.lr!r}")
         steps = self.warmup_steps
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
-            raise ValueError(f"warmup_steps must be an integer >= 0 (null: warmup_epochs), got {steps!r}")
+            raise UsageError(f"warmup_steps must be an integer >= 0 (null: warmup_epochs), got {steps!r}")
         batch = self.lr_batch
         if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
-            raise ValueError(f"lr_batch must be a total batch of 1 or more (null: the lr as given), got {batch!r}")
+            raise UsageError(f"lr_batch must be a total batch of 1 or more (null: the lr as given), got {batch!r}")
 
     def for_batch(self, total: int) -> Recipe:
         """The recipe at a run's total batch: ``lr`` and ``min_lr`` scaled from ``lr_batch`` (itself without one)."""
@@ -126,7 +128,7 @@ class Recipe:
         not take it."""
         for name, reason in why.items():
             if getattr(self, name) != getattr(Recipe, name):
-                raise ValueError(f"{module} takes no recipe.{name} ({reason}), got {getattr(self, name)!r}")
+                raise UsageError(f"{module} takes no recipe.{name} ({reason}), got {getattr(self, name)!r}")
 
     def with_lr(self, lr: float) -> Recipe:
         """The same recipe at another peak LR (a callback that changes the batch changes it before fit)."""

@@ -13,6 +13,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
+from vitkit.errors import UsageError
 from vitkit.layers import Block
 
 # Lightning's precision names -> FSDP2's policy: parameters gathered in the low precision, gradients reduced in
@@ -35,7 +36,7 @@ def shard(model: nn.Module, mesh, precision: str = "32-true", *, activation_chec
     policy = mixed_precision(precision)
     if activation_checkpointing:
         if not hasattr(model, "set_grad_checkpointing"):
-            raise ValueError(f"{type(model).__name__} has no per-block activation checkpointing "
+            raise UsageError(f"{type(model).__name__} has no per-block activation checkpointing "
                              "(set_grad_checkpointing); turn activation_checkpointing off")
         model.set_grad_checkpointing(True)
     for module in model.modules():

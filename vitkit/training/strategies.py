@@ -11,6 +11,8 @@ from typing import Any
 
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy, StrategyRegistry
 
+from vitkit.errors import UsageError
+
 
 class FSDP2Strategy(ModelParallelStrategy):
     """FSDP2: each rank holds a shard of every block.
@@ -115,7 +117,7 @@ class BlockFSDPStrategy(FSDPStrategy):
     """Retired: vitkit's large-model path is FSDP2 (:class:`FSDP2Strategy`), which runs on CPU processes too."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # a Strategy, so that a recipe naming it gets here
-        raise ValueError("vitkit.lit.strategies.BlockFSDPStrategy (FSDP1) is retired; use FSDP2 in its place: "
+        raise UsageError("vitkit.lit.strategies.BlockFSDPStrategy (FSDP1) is retired; use FSDP2 in its place: "
                          "`strategy: {class_path: vitkit.lit.FSDP2Strategy, init_args: "
                          "{activation_checkpointing: true}}` (see configs/vit_large_in1k_fsdp.yaml)")
 

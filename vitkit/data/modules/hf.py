@@ -25,6 +25,7 @@ from vitkit.data.hf import (
     multi_label,
     open_splits,
 )
+from vitkit.errors import UsageError
 
 from .images import SkippingImages
 from .loaders import RankPositions
@@ -55,7 +56,7 @@ class HFDataModule(RankPositions, SkippingImages):
                  shuffle_buffer: int = 10_000, decoder: Decoder = "pil", **image_args) -> None:
         super().__init__(**image_args)
         if shuffle_buffer < 1:
-            raise ValueError(f"shuffle_buffer must be >= 1 (rows held for shuffling a stream), got {shuffle_buffer}")
+            raise UsageError(f"shuffle_buffer must be >= 1 (rows held for shuffling a stream), got {shuffle_buffer}")
         self.where = name if name is not None else str(data_files)
         self.splits, self.hparams.val_split = open_splits(
             name, data_files, config_name=config_name, revision=revision, streaming=streaming,
@@ -66,7 +67,7 @@ class HFDataModule(RankPositions, SkippingImages):
         self.num_classes = len(self.classes)
         self.multi_label = multi_label(train.features[self.label_column])  # multi-hot targets
         if not streaming and len(train) == 0:
-            raise ValueError(f"{self.where}: the split {train_split!r} has no rows")
+            raise UsageError(f"{self.where}: the split {train_split!r} has no rows")
 
     def describe(self) -> str:
         return self.where
@@ -74,7 +75,7 @@ class HFDataModule(RankPositions, SkippingImages):
     def label_counts(self) -> tuple[torch.Tensor, int]:
         """How many training rows carry each class (C,), and how many there are (for BCE's ``pos_weight``)."""
         if self.hparams.streaming:
-            raise ValueError(f"{self.where}: pos_weight counts the labels of every training row, which a stream "
+            raise UsageError(f"{self.where}: pos_weight counts the labels of every training row, which a stream "
                              "cannot be read through for; leave pos_weight off")
         if not hasattr(self, "train_set"):
             self.setup("fit")
@@ -101,7 +102,7 @@ class HFDataModule(RankPositions, SkippingImages):
         train, val = self.splits[hp.train_split], self.splits.get(hp.val_split)
         if val is None:
             if hp.streaming:
-                raise ValueError(f"{self.where} has no split {hp.val_split!r}, and a stream cannot be carved; name "
+                raise UsageError(f"{self.where} has no split {hp.val_split!r}, and a stream cannot be carved; name "
                                  f"one with --data.val_split (its splits are {', '.join(self.splits)})")
             keep, held = carve(len(train), hp.val_fraction, hp.seed)
             train, val = train.select(keep), train.select(held)

@@ -32,6 +32,7 @@ from vitkit.data.transforms import (
     random_affine,
     train_transform,
 )
+from vitkit.errors import UsageError
 from vitkit.models.config import CropMode, pair
 
 from .loaders import _TrainValLoaders
@@ -59,7 +60,7 @@ class DigitsDataModule(_TrainValLoaders):
         super().__init__()
         self.save_hyperparameters()
         if train_per_class is not None and train_per_class < 1:
-            raise ValueError(f"train_per_class must be >= 1 (or null: every training digit), got {train_per_class}")
+            raise UsageError(f"train_per_class must be >= 1 (or null: every training digit), got {train_per_class}")
         self.data_cfg = data_config(model_name, img_size, mean=mean, std=std)
 
     def _tensors(self) -> tuple[Tensor, Tensor]:
@@ -130,11 +131,11 @@ class SkippingImages(_TrainValLoaders):
                                     interpolation=interpolation, crop_mode=crop_mode)
         self.augmentation()  # a value that is none of the field's refused now, not at the first epoch
         if not packing and (max_patches is not None or max_tokens is not None or token_drop):
-            raise ValueError("--data.max_patches, --data.max_tokens and --data.token_drop are for packed batches: add "
+            raise UsageError("--data.max_patches, --data.max_tokens and --data.token_drop are for packed batches: add "
                              "--data.packing true")
         for name, value in (("max_patches", max_patches), ("max_tokens", max_tokens)):
             if value is not None and value < 1:
-                raise ValueError(f"--data.{name} must be >= 1, got {value}")
+                raise UsageError(f"--data.{name} must be >= 1, got {value}")
 
     packed_model = None  # the model packed batches are for, where no trainer holds it (``vitkit evaluate``)
 
@@ -262,7 +263,7 @@ class UnlabeledImageDataModule(SkippingImages):
                  **image_args) -> None:
         super().__init__(**image_args)
         if not 0 <= val_fraction < 1:
-            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+            raise UsageError(f"val_fraction must be in [0, 1), got {val_fraction}")
         self.root = Path(os.path.expanduser(root))
         self.files = scan_unlabeled(self.root)
 
@@ -307,7 +308,7 @@ class ManifestDataModule(SkippingImages):
                  **image_args) -> None:
         super().__init__(**image_args)
         if not label_separator:
-            raise ValueError("label_separator must not be empty (a space by default)")
+            raise UsageError("label_separator must not be empty (a space by default)")
         read = dict(image_column=image_column, label_column=label_column, separator=label_separator)
         self.manifests = {"train": read_manifest(train_manifest, **read), "val": read_manifest(val_manifest, **read)}
         if test_manifest:
@@ -321,9 +322,9 @@ class ManifestDataModule(SkippingImages):
             self.data_cfg.crop_mode = "squash"
         self.classes = list(classes) if classes else train.names()
         if not self.classes:
-            raise ValueError(f"{train.path}: no row has a label, and no --data.classes were given")
+            raise UsageError(f"{train.path}: no row has a label, and no --data.classes were given")
         if len(set(self.classes)) != len(self.classes):
-            raise ValueError(f"--data.classes names a class twice: {self.classes}")
+            raise UsageError(f"--data.classes names a class twice: {self.classes}")
         for manifest in self.manifests.values():
             check_rows(manifest, self.classes, self.multi_label)
         self.num_classes = len(self.classes)

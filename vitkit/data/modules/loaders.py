@@ -14,6 +14,8 @@ from lightning.fabric.utilities.data import suggested_max_num_workers
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from vitkit.errors import UsageError
+
 MAX_WORKERS = 10  # per device, where num_workers is left to the machine (None)
 
 
@@ -79,7 +81,7 @@ def check_one_batch(samples: int, batch_size: int, trainer: L.Trainer | None, wh
     if per_rank >= batch_size:
         return
     ranks = f" on {world} ranks ({per_rank} per rank)" if world > 1 else ""
-    raise ValueError(f"the training split of {where} has {samples} sample(s){ranks}, fewer than one batch of "
+    raise UsageError(f"the training split of {where} has {samples} sample(s){ranks}, fewer than one batch of "
                      f"{batch_size}; the last incomplete batch of an epoch is dropped, so nothing would train. Lower "
                      f"--data.batch_size to {max(1, per_rank)} or less, or add images")
 
@@ -187,6 +189,6 @@ class RankPositions:
         positions, self._resume = self._resume, None
         world = self.trainer.world_size if self.trainer is not None else 1
         if len(positions) != world:
-            raise ValueError(f"the checkpoint holds the streaming loader positions of {len(positions)} rank(s), "
+            raise UsageError(f"the checkpoint holds the streaming loader positions of {len(positions)} rank(s), "
                              f"this run has {world}: resume on as many ranks as the run that wrote it")
         self._train_loader.restore(positions[self.trainer.global_rank if self.trainer is not None else 0])

@@ -68,14 +68,14 @@ class SegmentationDataModule(_TrainValLoaders):
         super().__init__()
         self.save_hyperparameters()
         if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+            raise UsageError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         if not (len(scale) == 2 and 0 < scale[0] <= scale[1]):
-            raise ValueError(f"scale must be [low, high] with 0 < low <= high (the training resize over img_size), got "
+            raise UsageError(f"scale must be [low, high] with 0 < low <= high (the training resize over img_size), got "
                              f"{list(scale)}")
         if not 0 <= hflip <= 1 or not 0 <= color_jitter < 1:
-            raise ValueError(f"hflip must be in [0, 1] and color_jitter in [0, 1), got {hflip} and {color_jitter}")
+            raise UsageError(f"hflip must be in [0, 1] and color_jitter in [0, 1), got {hflip} and {color_jitter}")
         if not 0 <= ignore_index <= 65535:
-            raise ValueError(f"ignore_index must be a mask value, 0 to 65535 (255 by default), got {ignore_index}")
+            raise UsageError(f"ignore_index must be a mask value, 0 to 65535 (255 by default), got {ignore_index}")
         num_classes = LAYOUT_CLASSES.get(layout) if num_classes is None else num_classes
         if num_classes is None and layout == "folder" and self.reads_folder:  # the training masks say
             try:
@@ -87,10 +87,10 @@ class SegmentationDataModule(_TrainValLoaders):
                            "(--data.num_classes sets them)")
             self.hparams.num_classes = num_classes  # what the model is linked to, and the checkpoint keeps
         if num_classes is None or num_classes < 1:
-            raise ValueError(f"give --data.num_classes, the classes the masks index (1 or more), got {num_classes}")
+            raise UsageError(f"give --data.num_classes, the classes the masks index (1 or more), got {num_classes}")
         classes = classes if classes is not None else LAYOUT_NAMES.get(layout)
         if classes is not None and len(classes) != num_classes:
-            raise ValueError(f"classes names {len(classes)} classes; num_classes is {num_classes}")
+            raise UsageError(f"classes names {len(classes)} classes; num_classes is {num_classes}")
         self.num_classes = num_classes
         self.classes = list(classes or map(str, range(num_classes)))
         self.ignore_index = ignore_index
@@ -131,7 +131,7 @@ class SegmentationDataModule(_TrainValLoaders):
         x, y = batch
         bad = (y != self.hparams.ignore_index) & ((y < 0) | (y >= self.num_classes))
         if bad.any():
-            raise ValueError(f"a mask holds class {int(y[bad][0])}; {self.describe()} has {self.num_classes} classes "
+            raise UsageError(f"a mask holds class {int(y[bad][0])}; {self.describe()} has {self.num_classes} classes "
                              f"(0 to {self.num_classes - 1}) and ignore_index {self.hparams.ignore_index}")
         return device_batch(x, self.data_cfg, 0.0), y
 
@@ -179,9 +179,9 @@ class HFSegmentationDataModule(RankPositions, SegmentationDataModule):
         from vitkit.data.hf import carve, open_splits
 
         if num_classes is None:
-            raise ValueError("give --data.num_classes, the classes the masks index (a mask column does not say)")
+            raise UsageError("give --data.num_classes, the classes the masks index (a mask column does not say)")
         if shuffle_buffer < 1:
-            raise ValueError(f"shuffle_buffer must be >= 1 (rows held for shuffling a stream), got {shuffle_buffer}")
+            raise UsageError(f"shuffle_buffer must be >= 1 (rows held for shuffling a stream), got {shuffle_buffer}")
         super().__init__(str(name if name is not None else data_files), num_classes, classes, "folder", ignore_index,
                          img_size, batch_size, num_workers, model_name, scale, hflip, color_jitter, mean, std,
                          pin_memory)
@@ -195,7 +195,7 @@ class HFSegmentationDataModule(RankPositions, SegmentationDataModule):
         if val_split in splits:
             self.rows = {"train": train, "val": splits[val_split]}
         elif streaming:
-            raise ValueError(f"{self.where} has no split {val_split!r}, and a stream cannot be carved; name one with "
+            raise UsageError(f"{self.where} has no split {val_split!r}, and a stream cannot be carved; name one with "
                              f"--data.val_split (its splits are {', '.join(splits)})")
         else:  # held out of train, the same rows on every rank and run
             keep, held = carve(len(train), val_fraction, seed)
@@ -286,7 +286,7 @@ class StreamingSegmentationDataModule(RankPositions, SegmentationDataModule):
         where = root if "://" in root else str(Path(os.path.expanduser(root)).resolve())
         self.info = read_dataset_info(where)
         if not self.info.get("masks"):
-            raise ValueError(f"{root} holds images with class labels, not masks: stream it with "
+            raise UsageError(f"{root} holds images with class labels, not masks: stream it with "
                              "--data vitkit.lit.StreamingImageDataModule")
         self.info.setdefault("layout", "folder")  # a marker that does not say: the folder layout's masks
         super().__init__(where, num_classes, classes, self.info["layout"], ignore_index, img_size, batch_size,

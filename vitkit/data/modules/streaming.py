@@ -19,6 +19,7 @@ from litdata import StreamingDataLoader
 from vitkit.data.folder import Decoder
 from vitkit.data.shards import read_dataset_info
 from vitkit.data.streaming import EvenBatches, ImageShards
+from vitkit.errors import UsageError
 
 from .images import SkippingImages
 from .loaders import RankPositions
@@ -42,7 +43,7 @@ class StreamingImageDataModule(RankPositions, SkippingImages):
         self.root = root if "://" in root else str(Path(os.path.expanduser(root)).resolve())
         self.info = read_dataset_info(self.root)
         if self.info.get("masks"):
-            raise ValueError(f"{root} holds images with masks: stream it with "
+            raise UsageError(f"{root} holds images with masks: stream it with "
                              "--data vitkit.lit.StreamingSegmentationDataModule and --model vitkit.lit.Segmenter")
         self.classes = self.info["classes"]
         self.num_classes = len(self.classes)
@@ -51,7 +52,7 @@ class StreamingImageDataModule(RankPositions, SkippingImages):
     def label_counts(self) -> tuple[torch.Tensor, int]:
         """How many training samples carry each class, as the conversion counted them (for ``pos_weight``)."""
         if "label_counts" not in self.info:
-            raise ValueError(f"{self.root} records no label counts (a single-label conversion); leave pos_weight off")
+            raise UsageError(f"{self.root} records no label counts (a single-label conversion); leave pos_weight off")
         return torch.tensor(self.info["label_counts"], dtype=torch.float32), self.info["splits"]["train"]["samples"]
 
     def split_location(self, split: str) -> str:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from vitkit.data.text import SPECIALS, DigitStrings, PairSet, Tokenizer, collate_text, read_tsv, synthetic_pairs
+from vitkit.errors import UsageError
 
 from .loaders import _TrainValLoaders
 
@@ -35,7 +36,7 @@ class Seq2SeqDataModule(_TrainValLoaders):
         self.save_hyperparameters()
         if task == "tsv":
             if not train_path or not val_path:
-                raise ValueError("task='tsv' needs train_path and val_path")
+                raise UsageError("task='tsv' needs train_path and val_path")
             self.train_pairs, self.val_pairs = read_tsv(train_path), read_tsv(val_path)
         else:
             self.train_pairs = synthetic_pairs(task, num_train, min_len, max_len, symbols, seed)

@@ -10,6 +10,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 import vitkit
+from vitkit.checkpoints.names import capabilities
+from vitkit.errors import UsageError
 from vitkit.training.base import EMA, TrainingModule
 from vitkit.training.callbacks import probe_path
 from vitkit.training.hparams import record_config
@@ -30,8 +32,8 @@ log = logging.getLogger(__name__)
 
 def _build_model(name: str, pretrained: bool, checkpoint: str | None, num_classes: int | None,
                  img_size: int | tuple[int, int] | None, overrides: dict[str, Any] | None) -> nn.Module:
-    if vitkit.family(name) == "seq2seq":
-        raise ValueError(f"{name!r} is an encoder-decoder preset; train it with "
+    if not capabilities(name).images:
+        raise UsageError(f"{name!r} is an encoder-decoder preset; train it with "
                          "--model vitkit.lit.Seq2SeqModule (class_path: vitkit.lit.Seq2SeqModule in a config)")
     overrides = dict(overrides or {})
     if num_classes is not None:
@@ -128,10 +130,10 @@ class ImageClassifier(TrainingModule):
     def _check_parts(self) -> None:
         """What no part can say alone."""
         if self.labels.multi_label and self.distill is not None:
-            raise ValueError("distillation with multi_label is not built: a teacher's softmax over classes is not a "
+            raise UsageError("distillation with multi_label is not built: a teacher's softmax over classes is not a "
                              "target for several independent labels; train without a teacher")
         if self.recipe.ema_is_model and self.adaptation.head_norm:
-            raise ValueError("ema_is_model and head_norm: the probe's normalisation is folded into the model that "
+            raise UsageError("ema_is_model and head_norm: the probe's normalisation is folded into the model that "
                              "trains; keep one of them")
 
     def adapter_lr_scale(self) -> float:
@@ -202,7 +204,7 @@ class ImageClassifier(TrainingModule):
                  ("the MAE head norm (--model.adaptation.head_norm false)", self.head_norm is not None))
         off = [name for name, on in parts if on]
         if off:
-            raise ValueError(f"--data.packing: packed batches of images of their own sizes cannot run "
+            raise UsageError(f"--data.packing: packed batches of images of their own sizes cannot run "
                              f"{', '.join(off)}; turn it off")
 
     def _keep_crop_mode(self, dm) -> None:

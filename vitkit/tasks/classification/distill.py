@@ -30,6 +30,8 @@ import vitkit
 from vitkit.checkpoints import CheckpointError, hub
 from vitkit.checkpoints.files import WEIGHT_SUFFIXES, read_file
 from vitkit.checkpoints.hub import MissingWeightsError
+from vitkit.checkpoints.names import capabilities
+from vitkit.errors import UsageError
 from vitkit.training.base import loading_checkpoint
 
 log = logging.getLogger(__name__)
@@ -50,12 +52,12 @@ def check_distillation(kind: str | None, teacher: str | None, alpha: float, tau:
     """The distillation that runs: ``kind``, or ``hard`` (DeiT's) with a teacher and ``none`` without."""
     kind = kind or ("hard" if teacher else "none")
     if kind not in ("hard", "soft", "none"):
-        raise ValueError(f"distillation must be 'hard', 'soft' or 'none', got {kind!r}")
+        raise UsageError(f"distillation must be 'hard', 'soft' or 'none', got {kind!r}")
     if kind != "none" and not teacher:
-        raise ValueError(f"distillation={kind!r} learns from a teacher: give --model.teacher.name (a vitkit preset "
+        raise UsageError(f"distillation={kind!r} learns from a teacher: give --model.teacher.name (a vitkit preset "
                          "or timm tag, a timm model name, or a checkpoint file)")
     if not 0 <= alpha <= 1 or tau <= 0:
-        raise ValueError(f"distill_alpha must be in [0, 1] and distill_tau > 0, got {alpha} and {tau}")
+        raise UsageError(f"distill_alpha must be in [0, 1] and distill_tau > 0, got {alpha} and {tau}")
     return kind
 
 
@@ -66,7 +68,7 @@ def build_teacher(teacher: str, checkpoint: str | None = None) -> tuple[nn.Modul
     except (MissingWeightsError, CheckpointError):
         raise
     except (RuntimeError, ValueError, TypeError, KeyError, OSError) as e:
-        raise ValueError(f"--model.teacher.name {teacher!r}"
+        raise UsageError(f"--model.teacher.name {teacher!r}"
                          + (f" with --model.teacher.checkpoint {checkpoint!r}" if checkpoint else "")
                          + f" cannot be built: {_gist(e)}") from None
     model.eval().requires_grad_(False)
@@ -123,7 +125,7 @@ def _timm_from_file(name: str, path: Path) -> nn.Module:
 
 def _vitkit_knows(name: str) -> bool:
     try:
-        return vitkit.family(name) in ("vit", "swin")
+        return capabilities(name).images
     except (ValueError, KeyError):
         return False
 
@@ -179,7 +181,7 @@ class Teacher:
 
     def __post_init__(self) -> None:
         if self.distillation not in ("hard", "soft"):
-            raise ValueError(f"a teacher's distillation must be 'hard' or 'soft', got {self.distillation!r} (no "
+            raise UsageError(f"a teacher's distillation must be 'hard' or 'soft', got {self.distillation!r} (no "
                              "distillation: no teacher)")
         check_distillation(self.distillation, self.name, self.alpha, self.tau)
 
@@ -198,7 +200,7 @@ class Teacher:
             return
         classes = classes_of(model)
         if classes != module.num_classes:
-            raise ValueError(f"the teacher {self.name!r} predicts {classes} classes, the data has {module.num_classes}:"
+            raise UsageError(f"the teacher {self.name!r} predicts {classes} classes, the data has {module.num_classes}:"
                              " a teacher must classify the same classes (fine-tune it on the data first)")
         object.__setattr__(module, "_teacher", model)  # not a submodule (see the class docstring)
         cfg = module.model.cfg
@@ -211,7 +213,7 @@ class Teacher:
         """The teacher on the student's device (and, for a *-true precision, its dtype); the student's normalisation
         the data module's."""
         if module._teacher is None:
-            raise ValueError(f"the teacher {self.name!r} was not there when this checkpoint was loaded "
+            raise UsageError(f"the teacher {self.name!r} was not there when this checkpoint was loaded "
                              f"({getattr(module, '_teacher_missing', 'not built')}); distillation needs it to train: "
                              "put it back, or name another with --model.teacher.name")
         dtype = next(module.model.parameters()).dtype

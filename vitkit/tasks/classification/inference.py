@@ -20,6 +20,7 @@ def load_classifier(model: str | None, checkpoint: str | None, overrides: dict |
     """The classifier a checkpoint (any format vitkit reads) or a name (a preset, a timm tag, torchvision weights)
     gives, in eval mode; a backbone, an encoder-decoder or a wrong ``token_merging`` is refused in one line."""
     import vitkit
+    from vitkit.checkpoints.names import capabilities
 
     if checkpoint is None and model is None:
         raise UsageError("give --checkpoint FILE, or --model NAME for pretrained weights by name "
@@ -33,7 +34,7 @@ def load_classifier(model: str | None, checkpoint: str | None, overrides: dict |
         if "token_merging" not in overrides:
             raise
         raise UsageError(f"--token-merging {token_merging}: {e}") from None
-    if vitkit.family(net.name) == "seq2seq":
+    if not capabilities(net.name).images:
         raise UsageError(f"{checkpoint} holds an encoder-decoder ({net.name}); this command takes classifiers")
     require_classifier(net, checkpoint or model)
     return net
@@ -164,7 +165,7 @@ class ProgramClassifier(OnnxClassifier):
         self.model, self.names, self.thresholds = program, list(program.meta.get("labels") or []), None
 
     def prepare(self, image) -> np.ndarray:
-        from vitkit.tools.onnx_model import preprocess_image
+        from vitkit.deploy.onnx_model import preprocess_image
 
         return preprocess_image(image, self.model.meta, "the program")[0]
 

@@ -15,6 +15,7 @@ from timm.data.mixup import mixup_target
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitkit.errors import UsageError, UsageTypeError
 from vitkit.evaluation import multilabel as ml
 from vitkit.evaluation.metrics import Predictions
 from vitkit.training.parts import Part
@@ -34,7 +35,7 @@ class Labels(Part):
     def __init__(self, label_smoothing: float = 0.1, mixup: float = 0.0, cutmix: float = 0.0, mixup_prob: float = 1.0,
                  mixup_switch_prob: float = 0.5) -> None:
         if type(self) is Labels:
-            raise TypeError("labels: choose SingleLabel or MultiLabel (Labels is what they share)")
+            raise UsageTypeError("labels: choose SingleLabel or MultiLabel (Labels is what they share)")
         self.label_smoothing, self.mixup, self.cutmix = label_smoothing, mixup, cutmix
         self.mixup_prob, self.mixup_switch_prob = mixup_prob, mixup_switch_prob
 
@@ -66,7 +67,7 @@ class SingleLabel(Labels):
 
     def check_data(self, module, dm) -> None:
         if getattr(dm, "multi_label", False):
-            raise ValueError(f"{dm.describe() if hasattr(dm, 'describe') else type(dm).__name__} gives several labels "
+            raise UsageError(f"{dm.describe() if hasattr(dm, 'describe') else type(dm).__name__} gives several labels "
                              "per image (multi-hot targets); train with --model.labels MultiLabel")
 
     def train_loss(self, module, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -140,9 +141,9 @@ class MultiLabel(Labels):
         super().__init__(label_smoothing, mixup, cutmix, mixup_prob, mixup_switch_prob)
         self.loss, self.pos_weight, self.thresholds = loss, pos_weight, thresholds
         if self.loss not in ("bce", "asl"):
-            raise ValueError(f"multi_label_loss must be 'bce' or 'asl', got {self.loss!r}")
+            raise UsageError(f"multi_label_loss must be 'bce' or 'asl', got {self.loss!r}")
         if self.thresholds not in ml.THRESHOLD_MODES:
-            raise ValueError(f"thresholds must be one of {', '.join(ml.THRESHOLD_MODES)}, got {self.thresholds!r}")
+            raise UsageError(f"thresholds must be one of {', '.join(ml.THRESHOLD_MODES)}, got {self.thresholds!r}")
 
     def attach(self, module) -> None:
         """The module's Mixup of multi-hot rows, its metrics, thresholds and the validation predictions they are

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MultilabelAveragePrecision, MultilabelF1Score
 
 from vitkit.distributed import gather_from_ranks
+from vitkit.errors import UsageError
 
 MultiLabelLoss = Literal["bce", "asl"]
 CHECKPOINT_KEY = "multi_label"  # {"thresholds": [...], "threshold_mode": ...} beside the state dict
@@ -44,11 +45,11 @@ def pos_weight_of(dm: L.LightningDataModule | None, num_classes: int) -> Tensor:
     """Each class's negatives over its positives in the training set (a class without a positive counts one), from
     the data module's ``label_counts()``."""
     if dm is None or not hasattr(dm, "label_counts"):
-        raise ValueError(f"pos_weight needs the training set's label counts, which {type(dm).__name__} does not give; "
+        raise UsageError(f"pos_weight needs the training set's label counts, which {type(dm).__name__} does not give; "
                          "use a ManifestDataModule or an HFDataModule, or leave pos_weight off")
     counts, n = dm.label_counts()
     if len(counts) != num_classes:
-        raise ValueError(f"the data counts {len(counts)} classes, the model has {num_classes}")
+        raise UsageError(f"the data counts {len(counts)} classes, the model has {num_classes}")
     weight = (n - counts) / counts.clamp_min(1)
     rank_zero_info(f"pos_weight: negatives / positives per class, from {n} training images "
                    f"(from {float(weight.min()):.2f} to {float(weight.max()):.2f})")

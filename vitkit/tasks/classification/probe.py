@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitkit.errors import UsageError
+
 RAW = "head_norm.raw."  # the head as trained, beside the folded one, in a checkpoint's state dict
 
 
@@ -21,7 +23,7 @@ class HeadNorm(nn.Module):
         super().__init__()
         head = model.get_classifier()
         if not isinstance(head, nn.Linear) or getattr(model, "head_dist", None) is not None:
-            raise ValueError("--model.head_norm takes a model with one linear head (a distilled model's two heads "
+            raise UsageError("--model.head_norm takes a model with one linear head (a distilled model's two heads "
                              "or a headless model have none to put it before)")
         self.norm = nn.BatchNorm1d(head.in_features, affine=False, eps=1e-6)
 

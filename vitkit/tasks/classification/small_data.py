@@ -20,8 +20,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from vitkit.data.transforms import eval_transform
-from vitkit.evaluation.metrics import fit_linear_probe, fit_multilabel_probe
+from vitkit.errors import UsageError
 from vitkit.evaluation.predict import pooled_features as backbone_features
+from vitkit.evaluation.probe import fit_linear_probe, fit_multilabel_probe
 
 
 def eval_views(dm: L.LightningDataModule):
@@ -30,10 +31,10 @@ def eval_views(dm: L.LightningDataModule):
         dm.setup("fit")
     train = getattr(dm, "train_set", None)
     if train is None or not hasattr(train, "__len__") or not hasattr(dm, "data_cfg"):
-        raise ValueError(f"head_init 'probe' fits the head on the features of every training image, which needs an "
+        raise UsageError(f"head_init 'probe' fits the head on the features of every training image, which needs an "
                          f"image data module with a map-style training split; {type(dm).__name__} has none")
     if not hasattr(train, "with_transform"):
-        raise ValueError(f"head_init 'probe': the training split of {type(dm).__name__} cannot be read in the eval "
+        raise UsageError(f"head_init 'probe': the training split of {type(dm).__name__} cannot be read in the eval "
                          "transform; give an ImageFolderDataModule or an HFDataModule")
     view = dm.eval_transform() if hasattr(dm, "eval_transform") else eval_transform(dm.data_cfg)  # packed or not
     return train.with_transform(view), dm.val_set
@@ -52,7 +53,7 @@ def fit_head(model: nn.Module, dm: L.LightningDataModule, device: torch.device, 
     run validates by."""
     head = model.get_classifier()
     if not isinstance(head, nn.Linear) or getattr(model, "head_dist", None) is not None:
-        raise ValueError("head_init 'probe' takes a model with one linear head")
+        raise UsageError("head_init 'probe' takes a model with one linear head")
     train_view, val = eval_views(dm)
     train, train_y = pooled_features(model, dm, train_view, device)
     val_x, val_y = pooled_features(model, dm, val, device)
@@ -78,7 +79,7 @@ class StepsPerEpoch(L.Callback):
 
     def __init__(self, min_steps: int = 10, min_batch: int = 4) -> None:
         if min_steps < 1 or min_batch < 1:
-            raise ValueError(f"StepsPerEpoch takes min_steps >= 1 and min_batch >= 1, got {min_steps}, {min_batch}")
+            raise UsageError(f"StepsPerEpoch takes min_steps >= 1 and min_batch >= 1, got {min_steps}, {min_batch}")
         self.min_steps, self.min_batch = min_steps, min_batch
         self.done = False
 

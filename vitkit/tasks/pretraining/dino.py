@@ -22,7 +22,9 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 import vitkit
+from vitkit.checkpoints.names import capabilities
 from vitkit.data.multicrop import MultiCrop
+from vitkit.errors import MissingFileError, UsageError
 from vitkit.models.dino import DINO, DINOConfig
 from vitkit.models.packing import PackedBatch, pack
 from vitkit.training.base import TrainingModule
@@ -140,28 +142,28 @@ class DINOPretraining(TrainingModule):
         local_size = local_size or max(p, round(global_size * 3 / 7 / p) * p)  # 96 px at 224
         for name, crop in (("global_size", global_size), ("local_size", local_size)):
             if crop > size:
-                raise ValueError(f"{name}={crop} is larger than the images ({size} px, img_size): DINO's crops are "
+                raise UsageError(f"{name}={crop} is larger than the images ({size} px, img_size): DINO's crops are "
                                  f"cut from them, at most {size} px")
         if local_size > global_size:
-            raise ValueError(f"local_size={local_size} is larger than global_size={global_size}: the local crops "
+            raise UsageError(f"local_size={local_size} is larger than global_size={global_size}: the local crops "
                              "are the small views")
         return global_size, local_size
 
     def _build(self) -> DINO:
         hp = self.hparams
-        if vitkit.family(hp.model_name) != "vit":
-            raise ValueError(f"DINO trains a ViT preset (its class and patch tokens), got {hp.model_name!r}")
+        if not capabilities(hp.model_name).dino:
+            raise UsageError(f"DINO trains a ViT preset (its class and patch tokens), got {hp.model_name!r}")
         if not 0 <= hp.momentum_teacher <= 1:
-            raise ValueError(f"momentum_teacher must be in [0, 1], got {hp.momentum_teacher}")
+            raise UsageError(f"momentum_teacher must be in [0, 1], got {hp.momentum_teacher}")
         if min(hp.teacher_temp, hp.warmup_teacher_temp) <= 0:
-            raise ValueError(f"the teacher's temperatures must be > 0, got teacher_temp={hp.teacher_temp}, "
+            raise UsageError(f"the teacher's temperatures must be > 0, got teacher_temp={hp.teacher_temp}, "
                              f"warmup_teacher_temp={hp.warmup_teacher_temp}")
         if hp.knn_root is not None:  # refused now, not at the first validation
             root = Path(os.path.expanduser(hp.knn_root))
             missing = [s for s in ("train", "val") if not (root / s).is_dir()]
             if missing:
-                raise FileNotFoundError(f"knn_root {root} has no {' or '.join(s + '/' for s in missing)} folder: the "
-                                        "k-NN monitor reads root/train/<class>/* and root/val/<class>/*")
+                raise MissingFileError(f"knn_root {root} has no {' or '.join(s + '/' for s in missing)} folder: the "
+                                       "k-NN monitor reads root/train/<class>/* and root/val/<class>/*")
         overrides = dict(hp.model_overrides or {})
         if hp.img_size is not None:
             overrides["img_size"] = hp.img_size
@@ -290,7 +292,7 @@ class DINOPretraining(TrainingModule):
 
     def _knn_sets(self):
         if self.hparams.knn_root is None:
-            raise ValueError("knn_score needs knn_root, a folder with train/<class>/* and val/<class>/*")
+            raise UsageError("knn_score needs knn_root, a folder with train/<class>/* and val/<class>/*")
         if self._knn is None:
             from vitkit.data.folder import SkippingImageFolder
             from vitkit.data.transforms import eval_transform

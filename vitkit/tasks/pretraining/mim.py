@@ -18,8 +18,10 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 import vitkit
+from vitkit.checkpoints.names import capabilities
+from vitkit.errors import UsageError
+from vitkit.evaluation.plots import draw_reconstructions
 from vitkit.models.packing import PackedBatch
-from vitkit.tools.plots import draw_reconstructions
 from vitkit.training.base import TrainingModule
 from vitkit.training.flat import Flat
 from vitkit.training.recipe import Recipe
@@ -89,13 +91,13 @@ class MaskedImageModeling(TrainingModule):
         self.use_recipe(recipe)
         self.recipe.refuse("masked image modeling", ema_is_model="it validates and saves the weights being trained; "
                            "an EMA beside them is ema_decay")
-        if vitkit.family(model_name) not in ("vit", "swin"):
-            raise ValueError(f"masked image modeling pre-trains a ViT or a Swin preset, got {model_name!r}")
+        if not capabilities(model_name).mim:
+            raise UsageError(f"masked image modeling pre-trains a ViT or a Swin preset, got {model_name!r}")
         overrides = dict(model_overrides or {})
         if img_size is not None:
             overrides["img_size"] = img_size
         given = {k: getattr(self.hparams, k) for k in MIM_FIELDS if getattr(self.hparams, k) is not None}
-        objective = objective or ("simmim" if vitkit.family(model_name) == "swin" else "mae")
+        objective = objective or capabilities(model_name).mim[0]
         self.model = vitkit.create_mim(model_name, objective=objective, pretrained=pretrained,
                                        checkpoint=checkpoint, mim=given, **overrides)
         self.hparams.objective = objective  # what ran, for the checkpoint (and its readers)

@@ -46,7 +46,7 @@ class _Segmenter:
     names: list[str]
 
     def result(self, image, mask: np.ndarray, options: dict[str, Any]) -> Prediction:
-        from vitkit.tools.masks import mask_image, overlay_image
+        from vitkit.masks import mask_image, overlay_image
 
         names = self.names if len(self.names) > mask.max() else [str(i) for i in range(int(mask.max()) + 1)]
         shares = np.bincount(mask.ravel(), minlength=len(names)) / mask.size

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 import vitkit
+from vitkit.errors import UsageError
 from vitkit.evaluation.segmentation import scores
 from vitkit.models.segmentation import build_segmenter
 from vitkit.training.adaptation import Adaptation, Full
@@ -26,7 +27,7 @@ from vitkit.training.hparams import record_config
 from vitkit.training.parts import config_of, part_from
 from vitkit.training.recipe import Recipe
 
-from .probe import fit_probe_head
+from .probe_first import fit_probe_head
 
 
 def dice_loss(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
@@ -103,12 +104,12 @@ class Segmenter(TrainingModule):
         self.adaptation = part_from(adaptation, Adaptation, Full())
         self.hparams.adaptation = config_of(self.adaptation)  # plain values, as the recipe's
         if aux_weight < 0 or dice_weight < 0:
-            raise ValueError(f"aux_weight and dice_weight must be >= 0 (0: no such term), got {aux_weight} and "
+            raise UsageError(f"aux_weight and dice_weight must be >= 0 (0: no such term), got {aux_weight} and "
                              f"{dice_weight}")
         if num_classes is None or num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1 (the data module gives it), got {num_classes}")
+            raise UsageError(f"num_classes must be >= 1 (the data module gives it), got {num_classes}")
         if self.adaptation.head_init == "probe" and head != "linear":  # before the backbone is built or read
-            raise ValueError(f"head_init 'probe' fits the linear head (a linear regression on the patch features), and "
+            raise UsageError(f"head_init 'probe' fits the linear head (a linear regression on the patch features), and "
                              f"the head is {head!r}: give --model.adaptation.head_init random with it")
         overrides = dict(model_overrides or {})
         if img_size is not None:
@@ -130,7 +131,7 @@ class Segmenter(TrainingModule):
         """The backbone adapted as the adaptation part says (the head trains under every one)."""
         how = self.adaptation
         if how.head_norm:
-            raise ValueError("head_norm is a classifier's probe normalisation; a segmenter's linear head has its own "
+            raise UsageError("head_norm is a classifier's probe normalisation; a segmenter's linear head has its own "
                              "BatchNorm")
         how.apply(self)
 

@@ -117,7 +117,7 @@ def test_upernet_learns_digit_masks_on_the_digits_backbone(digits_run, tmp_path,
     status, err = run_cli(["export", str(Path(run.trainer.checkpoint_callback.dirpath) / "last.ckpt"), "-o",
                            str(tmp_path / "seg.onnx")], capsys)  # checked in onnxruntime at 3 shapes, or refused
     assert status == 0, err
-    from vitkit.tools.onnx_model import OnnxModel
+    from vitkit.deploy.onnx_model import OnnxModel
 
     onnx = OnnxModel(tmp_path / "seg.onnx")  # UperNet's pooling pyramid computes its bins for each size
     assert onnx.meta["task"] == "segmentation" and onnx.labels == CLASSES and onnx.meta["dynamic_size"] is True
@@ -155,31 +155,6 @@ def test_folders_that_are_not_segmentation_data_end_in_one_line(tmp_path):
     classifier = ["train", "fit", "-c", "vit_tiny_digits", "--data", "vitkit.lit.ImageFolderDataModule",
                   "--data.root", str(data), "--trainer.default_root_dir", str(tmp_path / "run")]
     assert error_line_of(classifier).startswith(f"error: {data} is a segmentation folder (images/ beside masks/)")
-
-
-def test_the_patch_probe_is_scikit_learns_logistic_regression():
-    """With one class per patch, the soft-target regression is scikit-learn's multinomial LogisticRegression at C=1
-    on standardised features; folded into the linear head, the head gives its probabilities."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
-
-    from vitkit.models.segmentation import LinearHead
-    from vitkit.tasks.segmentation.probe import fit_soft_logistic, set_linear_head
-
-    g = torch.Generator().manual_seed(0)
-    centres = torch.randn(3, 6, generator=g) * 2
-    y = torch.randint(0, 3, (400,), generator=g)
-    x = (centres[y] + torch.randn(400, 6, generator=g) * 1.5 + torch.tensor([5.0, -3, 0, 0, 10, 1])).double()
-    weight, bias, mean, std = fit_soft_logistic(x, torch.nn.functional.one_hot(y, 3).float())
-    scaler = StandardScaler().fit(x.numpy())
-    peer = LogisticRegression(C=1.0, max_iter=5000, tol=1e-10).fit(scaler.transform(x.numpy()), y.numpy())
-    expected = peer.predict_proba(scaler.transform(x.numpy()))
-    head = LinearHead([6], 3).eval()
-    set_linear_head(head, weight, bias, mean, std)
-    with torch.no_grad():
-        ours = head([x.float().T.reshape(1, 6, 20, 20)]).softmax(1).reshape(3, 400).T.double()
-    np.testing.assert_allclose(ours.numpy(), expected, atol=1e-4)
-    assert not np.allclose(expected, 1 / 3, atol=0.1)  # the classes are told apart: a regression that moved
 
 
 @pytest.mark.slow
@@ -242,8 +217,8 @@ def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_ru
         expected = last if mode == "resized" else json.loads((tmp_path / "whole" / "metrics.json").read_text())["mIoU"]
         assert scored == pytest.approx(expected, abs=1e-3), mode
 
+    from vitkit.deploy.onnx_model import OnnxModel
     from vitkit.lit import Segmenter
-    from vitkit.tools.onnx_model import OnnxModel
 
     loaded, onnx = Segmenter.load_from_checkpoint(folder / "last.ckpt").eval(), OnnxModel(tmp_path / "seg.onnx")
     g = torch.Generator().manual_seed(0)
@@ -264,7 +239,7 @@ def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_ru
 def test_the_overlay_tints_each_class_and_leaves_the_background_as_it_is(tmp_path):
     """``predict``'s overlay: class 0 (the palette's black, VOC's background) keeps the image's pixels, every other
     class is its palette colour blended in at half strength; the mask file holds the indices."""
-    from vitkit.tools.masks import palette, save_mask
+    from vitkit.masks import palette, save_mask
 
     image = Image.fromarray(np.full((4, 6, 3), 200, np.uint8))
     mask = np.zeros((4, 6), np.int64)
@@ -280,7 +255,7 @@ def test_sliding_windows_of_a_pointwise_model_give_its_logits_at_full_size():
     """A 1x1 conv gives each pixel the same logits in every window: sliding (mmsegmentation's grid, windows padded
     past a short side) then equals the model on the whole image, whatever the sizes and strides."""
     from vitkit.evaluation.segmentation import segment_logits, windows
-    from vitkit.tools.masks import slide_logits
+    from vitkit.masks import slide_logits
 
     assert windows(70, 32, 20) == [(0, 32), (20, 52), (38, 70)] and windows(20, 32, 20) == [(0, 20)]
     model = torch.nn.Conv2d(3, 5, 1)
@@ -337,7 +312,7 @@ def test_a_resumed_segmentation_run_ends_where_the_uninterrupted_one_does(tmp_pa
                          "--trainer.logger", "false", "--trainer.default_root_dir", str(root), *extra])
 
     full = fit(tmp_path / "full")
-    fit(tmp_path / "resumed", "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch", "--trainer.callbacks.epoch",
+    fit(tmp_path / "resumed", "--trainer.callbacks+=tests.tasks.ddp_probe.StopAfterEpoch", "--trainer.callbacks.epoch",
         "2")
     resumed = fit(tmp_path / "resumed", "--ckpt_path", "last")
     assert resumed.trainer.global_step == full.trainer.global_step == 16

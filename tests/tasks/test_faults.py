@@ -81,7 +81,7 @@ def _digits_fit(tmp_path: Path, *extra: str):
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     import sys
 
-    sys.path.insert(0, str(ROOT / "tests" / "lit"))
+    sys.path.insert(0, str(ROOT / "tests" / "tasks"))
     with pytest.raises(FloatingPointError, match=r"non-finite training loss \(nan\) at global step 4.*left as it was"):
         _digits_fit(tmp_path, "--trainer.callbacks+=ddp_probe.PoisonWeights", "--trainer.callbacks.step", "4")
     ckpt = torch.load(tmp_path / "checkpoints/last.ckpt", weights_only=True)
@@ -92,7 +92,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
 def test_nan_loss_skip_policy_drops_one_bad_step_and_finishes(tmp_path, caplog):
     import sys
 
-    sys.path.insert(0, str(ROOT / "tests" / "lit"))
+    sys.path.insert(0, str(ROOT / "tests" / "tasks"))
     with caplog.at_level(logging.WARNING):
         cli = _digits_fit(tmp_path, "--model.nonfinite_loss", "skip",
                           "--trainer.callbacks+=ddp_probe.NanLogitsOnce", "--trainer.callbacks.step", "4")
@@ -104,7 +104,7 @@ def test_nan_loss_skip_policy_drops_one_bad_step_and_finishes(tmp_path, caplog):
 def test_nan_loss_skip_policy_drops_steps_then_gives_up(tmp_path, caplog):
     import sys
 
-    sys.path.insert(0, str(ROOT / "tests" / "lit"))
+    sys.path.insert(0, str(ROOT / "tests" / "tasks"))
     with caplog.at_level(logging.WARNING), pytest.raises(FloatingPointError, match="11 steps in a row"):
         _digits_fit(tmp_path, "--model.nonfinite_loss", "skip", "--trainer.max_epochs", "6",
                     "--trainer.callbacks+=ddp_probe.PoisonWeights", "--trainer.callbacks.step", "4")

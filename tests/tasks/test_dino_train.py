@@ -87,7 +87,7 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_does(tmp_path):
     """Crops, masks, the teacher's average and the centers of a resumed run are those of the uninterrupted run."""
     args = ["--trainer.max_epochs", "4", "--trainer.deterministic", "true"]
     full = _fit(tmp_path / "full", *args)
-    _fit(tmp_path / "resumed", *args, "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch",
+    _fit(tmp_path / "resumed", *args, "--trainer.callbacks+=tests.tasks.ddp_probe.StopAfterEpoch",
          "--trainer.callbacks.epoch", "2")
     resumed = _fit(tmp_path / "resumed", *args, "--ckpt_path", "last")
     assert resumed.trainer.global_step == full.trainer.global_step == 12

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from vitkit.errors import UsageError
+
 
 def palette(n: int) -> np.ndarray:
     """(n, 3) uint8 colours, Pascal VOC's (class 0 black), which tell neighbouring classes apart."""
@@ -79,7 +81,7 @@ def slide_stride(size: tuple[int, int], stride: tuple[int, int] | None) -> tuple
     """The windows' step: ``stride``, or two thirds of the model's ``size``; a step of 0 or past the size refused."""
     sh, sw = stride or (max(1, size[0] * 2 // 3), max(1, size[1] * 2 // 3))
     if sh < 1 or sw < 1 or sh > size[0] or sw > size[1]:
-        raise ValueError(f"stride must be from 1 to the model's size {size[0]}x{size[1]}, got {sh}x{sw}")
+        raise UsageError(f"stride must be from 1 to the model's size {size[0]}x{size[1]}, got {sh}x{sw}")
     return sh, sw
 
 

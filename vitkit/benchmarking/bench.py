@@ -30,11 +30,11 @@ import torch
 from torch import nn
 
 import vitkit
+from vitkit.benchmarking.flops import count_gmacs_of, count_params
+from vitkit.benchmarking.timing import Entry, prepare, sync, time_rounds, warm_up
 from vitkit.checkpoints.formats import to_vitkit
 from vitkit.checkpoints.hub import TORCHVISION_MODELS
 from vitkit.models.config import pair
-from vitkit.tools.flops import count_gmacs_of, count_params
-from vitkit.tools.timing import Entry, prepare, sync, time_rounds, warm_up
 
 # vitkit preset -> torchvision builder name, for the architectures torchvision has
 TORCHVISION = {preset: builder for builder, preset in TORCHVISION_MODELS.items()}
@@ -86,7 +86,7 @@ class OnnxRuntimeModule(nn.Module):
         super().__init__()
         import tempfile
 
-        from vitkit.tools.export import OnnxModel, export_onnx
+        from vitkit.deploy.export import OnnxModel, export_onnx
 
         self._dir = tempfile.TemporaryDirectory()
         path = Path(self._dir.name) / f"{name}.onnx"

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import math
 
+from vitkit.errors import UsageError
+
 
 def budget_size(height: int, width: int, patch_size: int, max_patches: int) -> tuple[int, int]:
     """Where a NaFlex loader resizes an image of ``height`` x ``width`` to: the largest scale at which the sides,
     each rounded up to whole patches (at least one), hold at most ``max_patches`` patches (timm's
     ``get_image_size_for_seq``)."""
     if max_patches < 1:
-        raise ValueError(f"max_patches must be >= 1, got {max_patches}")
+        raise UsageError(f"max_patches must be >= 1, got {max_patches}")
 
     def grid(scale: float) -> tuple[int, int]:
         return max(1, math.ceil(height * scale / patch_size)), max(1, math.ceil(width * scale / patch_size))

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitkit.errors import UsageError
 from vitkit.layers.pos_embed import rope_2d_angles, rope_axial_angles
 from vitkit.layers.resample import resample_weights
 from vitkit.models.packing import PackedBatch, pack
@@ -193,7 +194,7 @@ def export_packed(model: nn.Module, path: str | os.PathLike, *, fmt: str = "onnx
     """Write ``model``'s packed forward (:class:`PackedGraph`) as ONNX (``fmt="onnx"``) or a .pt2, the sequence
     count, the sequence length and the image count dynamic; check it on two packings against ``forward_packed``."""
     if fmt == "onnx" and opset < 18:
-        raise ValueError(f"opset must be 18 or newer, got {opset}")
+        raise UsageError(f"opset must be 18 or newer, got {opset}")
     m, _ = prepare(model, True)
     graph = PackedGraph(m).eval()
     first, *_ = batches = _check_batches(m)

@@ -14,7 +14,7 @@ from tests import forkserver
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_VIT = '{"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}'
-PROBES = {"PYTHONPATH": str(ROOT / "tests" / "lit")}  # the test callbacks (ddp_probe) for the processes tests start
+PROBES = {"PYTHONPATH": str(ROOT / "tests" / "tasks")}  # the test callbacks (ddp_probe) for the processes tests start
 
 
 @pytest.fixture(autouse=True)
@@ -130,9 +130,9 @@ def run_on_two_nodes(args: list[str], env: dict | None = None, timeout: int = 30
 
 def run_in_turn(runs: list[list[str]], folder: Path, devices: int = 2, timeout: int = 800) -> list:
     """The training command's runs (``fit ...`` argument lists) one after another in one set of ``devices``
-    processes on one node (``tests/lit/in_turn.py``); the processes' CompletedProcess, each checked for exit 0."""
+    processes on one node (``tests/tasks/in_turn.py``); the processes' CompletedProcess, each checked for exit 0."""
     (folder / "runs.json").write_text(json.dumps(runs))
-    done = launch([str(ROOT / "tests/lit/in_turn.py"), str(folder / "runs.json")], 1, devices,
+    done = launch([str(ROOT / "tests/tasks/in_turn.py"), str(folder / "runs.json")], 1, devices,
                   env=PROBES, timeout=timeout)
     for rank in done:
         assert rank.returncode == 0, rank.stderr[-3000:]

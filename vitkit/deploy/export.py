@@ -33,10 +33,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitkit.errors import UsageError
 from vitkit.models.config import pair
-from vitkit.models.registry import find
 
-from .onnx_model import OnnxModel, read_metadata  # noqa: F401 - OnnxModel: vitkit.tools.export's name too
+from .onnx_model import OnnxModel, read_metadata  # noqa: F401 - OnnxModel: vitkit.deploy.export's name too
 
 OPSET = 18
 ATOL = 1e-4
@@ -102,16 +102,25 @@ def _net(model: nn.Module) -> nn.Module:
     return getattr(model, "backbone", model)
 
 
-def is_swin(model: nn.Module) -> bool:
-    """Whether the network an export takes its sizes from (``_net``) is a Swin."""
-    from vitkit.models.swin import SwinTransformer
+def export_sizes(model: nn.Module) -> str | None:
+    """The sizes the family of the network an export takes its sizes from (``_net``) exports at
+    (``Family.export_sizes``): "patch_multiples", "padded", or None where it does not export."""
+    from vitkit.models.registry import FAMILIES
 
-    return isinstance(_net(model), SwinTransformer)
+    net = _net(model)
+    fams = sorted(FAMILIES.values(), key=lambda f: type(net) is not f.model)  # its own family before a parent's
+    return next((f.export_sizes for f in fams if isinstance(net, f.model)), None)
+
+
+def padded(model: nn.Module) -> bool:
+    """Whether the network pads any input size to its patches and windows (Swin) instead of taking multiples of the
+    patch (ViT)."""
+    return export_sizes(model) == "padded"
 
 
 def _multiple(model: nn.Module) -> int:
-    """What height and width must be a multiple of: ViT's patch; Swin pads to it."""
-    return 1 if is_swin(model) else int(model.cfg.patch_size)
+    """What height and width must be a multiple of: the patch, or 1 where the network pads to it."""
+    return 1 if padded(model) else int(model.cfg.patch_size)
 
 
 def min_size(model: nn.Module) -> tuple[int, int]:
@@ -119,7 +128,7 @@ def min_size(model: nn.Module) -> tuple[int, int]:
     every size (``always_partition``: a smaller map is padded); for another Swin, the smallest size at which every
     stage's map is still at least its window (patch merging halves it, rounding up)."""
     p = int(model.cfg.patch_size)
-    if not is_swin(model) or getattr(model.cfg, "always_partition", False):
+    if not padded(model) or getattr(model.cfg, "always_partition", False):
         return p, p
 
     def fits(size: int, axis: int) -> bool:
@@ -136,15 +145,16 @@ def min_size(model: nn.Module) -> tuple[int, int]:
 def prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bool]:
     """An eval, float32 copy on the CPU whose attention runs the reference path (matmul + softmax, what ONNX
     runs anyway; the fused SDPA node does not survive export's decomposition for windowed attention)."""
-    kind = find(model.name)[0]
-    if kind not in ("vit", "swin"):
-        raise ExportError(f"export takes ViT and Swin classifiers and segmenters; {model.name} is a {kind} model")
+    kind = export_sizes(model)
+    if kind is None:
+        raise ExportError(f"export takes ViT and Swin classifiers and segmenters; {model.name} is a "
+                          f"{type(_net(model)).__name__}")
     if dynamic_size is None:  # dynamic, except with token merging (see the module docstring): the exporter's
         # symbolic token counts nest each block's min(r, half the patches)
         dynamic_size = not getattr(_net(model), "merging", False)
     m = copy.deepcopy(model).float().cpu().eval()
     m.set_attn_backend("math")
-    if kind == "vit":
+    if kind == "patch_multiples":
         m.set_dynamic_img_size(dynamic_size)
     return m, dynamic_size
 
@@ -155,7 +165,7 @@ def _dims(model: nn.Module, dynamic_size: bool) -> tuple[dict[int, Any], list[st
         return {0: batch}, ["batch"]
     h, w = pair(model.cfg.img_size)
     names = ["batch", "height", "width"]
-    if is_swin(model):  # any size from the smallest that keeps every stage's window
+    if padded(model):  # any size from the smallest that keeps every stage's window
         (h0, w0) = min_size(model)
         return ({0: batch, 2: torch.export.Dim("height", min=h0, max=max(1024, 4 * h)),
                  3: torch.export.Dim("width", min=w0, max=max(1024, 4 * w))}, names)
@@ -173,7 +183,7 @@ def _tracing(model: nn.Module, dynamic_size: bool):
     # if it disappears, and older torch gets the ExportError below)
     import torch.fx.experimental._config as fx_config
 
-    if dynamic_size and is_swin(model):
+    if dynamic_size and padded(model):
         if not hasattr(fx_config, "backed_size_oblivious"):
             raise ExportError(f"{model.name}: dynamic height and width for Swin need a PyTorch with size-oblivious "
                               f"export (torch {torch.__version__} has none); export a fixed size (--fixed-size)")
@@ -185,7 +195,7 @@ def _check_inputs(model: nn.Module, dynamic_size: bool) -> list[torch.Tensor]:
     cfg, g = model.cfg, torch.Generator().manual_seed(0)
     h, w = pair(cfg.img_size)
     shapes = [(1, cfg.in_chans, h, w), (3, cfg.in_chans, h, w)]
-    if dynamic_size and is_swin(model):  # another, non-square size: one more row in the last stage (Swin-T at
+    if dynamic_size and padded(model):  # another, non-square size: one more row in the last stage (Swin-T at
         # 224 -> 257: the last stage now shifts), and a narrower width that every stage pads
         cell, w0 = cfg.patch_size * 2 ** (len(_net(model).layers) - 1), min_size(model)[1]
         shapes.append((2, cfg.in_chans, h + cell + 1, max(w0, w - cfg.patch_size - 1)))
@@ -221,7 +231,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike, *, dynamic_size: bool
     import onnx
 
     if opset < 18:
-        raise ValueError(f"opset must be 18 or newer, got {opset}")
+        raise UsageError(f"opset must be 18 or newer, got {opset}")
     m, dynamic_size, dims, dynamic, x = _example(model, dynamic_size)
     try:
         with _tracing(m, dynamic_size):

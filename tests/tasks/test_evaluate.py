@@ -188,7 +188,7 @@ def test_bad_input_gets_one_line(digits_run, tmp_path, capfd):
         line = one_error_line(*run_cli(["evaluate", *args, "-o", str(tmp_path / "out")], capfd))
         assert says in line, line
     pytest.importorskip("onnxruntime")
-    from vitkit.tools.export import export_onnx
+    from vitkit.deploy.export import export_onnx
 
     net = vitkit.create_model("vit_tiny_patch16_224", num_classes=10, **DEMO).eval()
     export_onnx(net, tmp_path / "plain.onnx", dynamic_size=False)  # its size does not matter here

@@ -1,4 +1,4 @@
-"""``python tests/lit/in_turn.py RUNS.json``: the training command once for each argument list in RUNS.json, one
+"""``python tests/tasks/in_turn.py RUNS.json``: the training command once for each argument list in RUNS.json, one
 after another in this process, so that a test's multi-process runs start their processes (and join the process
 group) once. Start it on every rank (``conftest.launch``). An argument ``glob:PATTERN`` is the one path that
 matches PATTERN when its run starts (a checkpoint an earlier run wrote). After each run, rank 0 writes

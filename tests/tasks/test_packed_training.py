@@ -164,7 +164,7 @@ def test_mae_pretrains_on_packed_images_of_their_own_shapes(shapes_folder, tmp_p
     reconstruction loss falls on the held-out images; SimMIM and token dropping are refused in one line."""
     import torch
 
-    from tests.lit.test_mim_train import TINY_DECODER
+    from tests.tasks.test_mim_train import TINY_DECODER
 
     def fit(*extra: str):
         return cli_main(["fit", "-c", "mae_vit_tiny_digits", *_cpu(tmp_path), "--model.model_overrides", TINY_VIT,
@@ -193,8 +193,8 @@ def test_dino_pretrains_on_crops_of_their_own_shapes_packed(shapes_folder, tmp_p
     """The DINO recipe on packed images: each global and local crop keeps its own aspect ratio within the patch
     budget of a square crop, the crops are packed (several to a sequence) with iBOT's hidden patches, and the loss on
     the held-out images falls as the student learns to match its teacher."""
-    from tests.lit.test_dino_train import TINY_HEAD
-    from tests.lit.test_dino_train import _cpu as dino_cpu
+    from tests.tasks.test_dino_train import TINY_HEAD
+    from tests.tasks.test_dino_train import _cpu as dino_cpu
 
     cli = cli_main(["fit", "-c", "dino_vit_tiny_digits", *dino_cpu(tmp_path), "--model.model_overrides", TINY_VIT,
                     *TINY_HEAD, "--model.local_size", "16", "--data", "vitkit.lit.UnlabeledImageDataModule",
@@ -223,7 +223,7 @@ def test_the_probe_fits_the_head_on_each_images_own_features_when_packed(shapes_
     import torch
 
     import vitkit
-    from vitkit.evaluation.metrics import fit_linear_probe
+    from vitkit.evaluation.probe import fit_linear_probe
     from vitkit.lit import ImageFolderDataModule
     from vitkit.tasks.classification.small_data import eval_views, fit_head, pooled_features
 

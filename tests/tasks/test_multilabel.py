@@ -386,7 +386,7 @@ def test_an_onnx_export_and_a_converted_folder_keep_the_thresholds_and_predict_t
     status, _ = run_cli(["export", str(learned["ckpt"]), "-o", str(onnx)], capsys)
     assert status == 0
     ckpt = torch.load(learned["ckpt"], map_location="cpu", weights_only=False)
-    from vitkit.tools.export import OnnxModel
+    from vitkit.deploy.export import OnnxModel
 
     assert OnnxModel(str(onnx)).thresholds == pytest.approx(ckpt["multi_label"]["thresholds"])
     images = sorted((learned["root"] / "data/images").glob("val_*.png"))[:6]

@@ -195,12 +195,13 @@ FUSED_WITH_BIASES = ("eva02_tiny_patch14_224",)
 def test_lora_merges_to_the_same_logits_and_its_adapter_folder_loads_in_peft(name, tmp_path):
     """The merged model loads strictly into timm's model of the preset and gives the adapted model's logits; the
     adapter folder, put by peft onto timm's model with the backbone's weights, gives them too, and so does vitkit's
-    own reading of it (:func:`vitkit.lora.load_adapter`). Adapters on the query and value rows alone, and for two
-    presets on the MLP too (EVA-02's SwiGLU halves, which timm packs into one layer)."""
+    own reading of it (:func:`vitkit.checkpoints.adapters.load_adapter`). Adapters on the query and value rows
+    alone, and for two presets on the MLP too (EVA-02's SwiGLU halves, which timm packs into one layer)."""
     from peft import PeftModel
 
     from vitkit.checkpoints.adapt import classifier_names
-    from vitkit.lora import DEFAULT_TARGETS, LoraSettings, add_lora, load_adapter, merge_lora, save_adapter
+    from vitkit.checkpoints.adapters import load_adapter, save_adapter
+    from vitkit.models.lora import DEFAULT_TARGETS, LoraSettings, add_lora, merge_lora
 
     torch.manual_seed(0)
     kw = {**TINY[name], "num_classes": 3}
@@ -319,7 +320,8 @@ def test_bad_lora_settings_end_in_one_line(backbone, few, tmp_path, capsys, args
 
 
 def test_an_adapter_timm_would_ignore_is_refused(tmp_path):
-    from vitkit.lora import LoraSettings, add_lora, save_adapter
+    from vitkit.checkpoints.adapters import save_adapter
+    from vitkit.models.lora import LoraSettings, add_lora
 
     model = vitkit.create_model("eva02_tiny_patch14_224", **TINY["eva02_tiny_patch14_224"], num_classes=3)
     add_lora(model, LoraSettings(rank=4))
@@ -332,7 +334,8 @@ def test_an_adapter_vitkits_fused_layers_cannot_hold_is_refused(tmp_path):
     """timm's EVA-02 B adapted with a different lora_A on q_proj and v_proj: vitkit's one qkv cannot take it."""
     from safetensors.torch import save_file
 
-    from vitkit.lora import LoraSettings, add_lora, load_adapter, save_adapter
+    from vitkit.checkpoints.adapters import load_adapter, save_adapter
+    from vitkit.models.lora import LoraSettings, add_lora
 
     kw = {**TINY["eva02_base_patch14_224"], "num_classes": 3}
     model = vitkit.create_model("eva02_base_patch14_224", **kw)
@@ -347,7 +350,8 @@ def test_an_adapter_vitkits_fused_layers_cannot_hold_is_refused(tmp_path):
 
 
 def test_an_adapter_folder_for_another_model_is_refused_in_one_line(tmp_path):
-    from vitkit.lora import LoraSettings, add_lora, load_adapter, save_adapter
+    from vitkit.checkpoints.adapters import load_adapter, save_adapter
+    from vitkit.models.lora import LoraSettings, add_lora
 
     small = vitkit.create_model("vit_small_patch16_224", **TINY["vit_small_patch16_224"], num_classes=3)
     add_lora(small, LoraSettings(rank=4))

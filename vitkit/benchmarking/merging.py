@@ -18,10 +18,11 @@ import torch
 from torch import nn
 
 import vitkit
+from vitkit.benchmarking.flops import count_gmacs
+from vitkit.benchmarking.timing import Entry, time_rounds, warm_up
+from vitkit.checkpoints.names import capabilities
 from vitkit.errors import UsageError
 from vitkit.models.config import pair
-from vitkit.tools.flops import count_gmacs
-from vitkit.tools.timing import Entry, time_rounds, warm_up
 
 COLUMNS = ["model", "token_merging", "tokens_last_block", "img_per_s", "gmacs", "top1", "top1_drop", "val_images",
            "batch_size", "device"]
@@ -92,7 +93,7 @@ def images_per_second(model: nn.Module, args, shape: tuple[int, ...]) -> dict[in
 def curve(args) -> list[dict]:
     """One row per r: speed, GMACs and top-1 of the checkpoint's model with r token pairs merged per block."""
     model = vitkit.create_model(checkpoint=args.checkpoint).eval()
-    if vitkit.family(model.name) != "vit":
+    if not capabilities(model.name).token_merging:
         raise UsageError(f"token merging is for ViT/DeiT models; {args.checkpoint} holds {model.name}")
     loader = validation_loader(args.checkpoint, args.val_dir, model, args.batch_sizes[0])
     shape = (model.cfg.in_chans, *pair(model.cfg.img_size))

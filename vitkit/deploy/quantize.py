@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from vitkit.errors import UsageError
 from vitkit.image_files import is_image_file
 
 from .onnx_model import OnnxModel
@@ -41,7 +42,7 @@ METHODS = ("minmax", "entropy", "percentile")
 MIN_HELD_OUT = 100  # images the gate scores: 0.5 points is then one image in 200 at most
 
 
-class QuantizationRefused(ValueError):
+class QuantizationRefused(UsageError):
     """The int8 model lost more than allowed, or the input cannot be calibrated on; nothing was written."""
 
 
@@ -206,11 +207,12 @@ def batch1_ms(models: list, x: Inputs, rounds: int = 5, runs: int = 10) -> list[
 
 
 def int8_fixed_size(model) -> bool:
-    """Whether ``model``'s int8 export is written at its own size: a Swin's, whose shifted-window masks and gathers
-    are then constants instead of float work in every block (a ViT's dynamic graph runs as fast as its fixed one)."""
-    from .export import is_swin
+    """Whether ``model``'s int8 export is written at its own size: a padded one's (Swin), whose shifted-window masks
+    and gathers are then constants instead of float work in every block (a ViT's dynamic graph runs as fast as its
+    fixed one)."""
+    from .export import padded
 
-    return is_swin(model)
+    return padded(model)
 
 
 def write_int8(src: str, dst: Path, mode: str, reader, nodes: list[str], method: str) -> None:

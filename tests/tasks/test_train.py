@@ -91,7 +91,7 @@ def _fit(tmp_path: Path, *extra: str):
 def test_resume_from_last_continues_step_schedule_and_weights(tmp_path):
     full = _fit(tmp_path / "full", "--trainer.max_epochs", "4")
     half = _fit(tmp_path / "resumed", "--trainer.max_epochs", "4",
-                "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch", "--trainer.callbacks.epoch", "2")
+                "--trainer.callbacks+=tests.tasks.ddp_probe.StopAfterEpoch", "--trainer.callbacks.epoch", "2")
     assert (tmp_path / "resumed/checkpoints/last.ckpt").exists()
     resumed = _fit(tmp_path / "resumed", "--trainer.max_epochs", "4", "--ckpt_path", "last")
     assert half.trainer.global_step == 6
@@ -340,7 +340,7 @@ def test_an_encoder_decoder_preset_in_the_classifier_is_named(tmp_path):
 def test_ema_updates_once_per_optimizer_step_and_never_for_a_skipped_one(tmp_path):
     import sys
 
-    sys.path.insert(0, str(ROOT / "tests" / "lit"))
+    sys.path.insert(0, str(ROOT / "tests" / "tasks"))
     cli = _fit(tmp_path / "accumulate", "--model.ema_decay", "0.9", "--trainer.accumulate_grad_batches", "2",
                "--trainer.max_epochs", "2")  # 3 batches per epoch: 2 optimizer steps each
     assert cli.trainer.global_step == 4 and int(cli.model.ema.updates) == 4
@@ -357,7 +357,7 @@ def test_an_ema_that_is_the_model_is_what_evaluation_runs_and_the_checkpoint_hol
     predict, evaluate and export read), and a resumed run trains the weights it was training, exactly."""
     ema = ("--model.ema_decay", "0.5", "--model.ema_is_model", "true", "--trainer.max_epochs", "2")
     full = _fit(tmp_path / "full", *ema)
-    _fit(tmp_path / "resumed", *ema, "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch",
+    _fit(tmp_path / "resumed", *ema, "--trainer.callbacks+=tests.tasks.ddp_probe.StopAfterEpoch",
          "--trainer.callbacks.epoch", "1")
     resumed = _fit(tmp_path / "resumed", *ema, "--ckpt_path", "last")
     assert resumed.trainer.global_step == full.trainer.global_step == 6

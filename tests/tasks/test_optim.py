@@ -45,7 +45,7 @@ def test_lora_adapters_train_at_their_own_rate_without_layer_decay():
     """Adapters start from zero in every block: each gets lr x adapter_scale, the first block's as the last's,
     while the head keeps lr and the frozen weights are in no group."""
     pytest.importorskip("peft")
-    from vitkit.lora import DEFAULT_TARGETS, LoraSettings, add_lora
+    from vitkit.models.lora import DEFAULT_TARGETS, LoraSettings, add_lora
 
     m = vitkit.create_model("vit_tiny_patch16_224", depth=4, img_size=32, num_classes=3)
     add_lora(m, LoraSettings(4, None, 0.0, list(DEFAULT_TARGETS), "qkv"))

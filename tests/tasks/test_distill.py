@@ -169,7 +169,7 @@ def test_a_distilled_student_predicts_exports_and_evaluates_with_its_heads_avera
     """Trained with a teacher through the command, the DeiT student's checkpoint loads without the teacher, gives
     the average of its two heads, and exports to ONNX with the same logits."""
     pytest.importorskip("onnxruntime")
-    from vitkit.tools.export import OnnxModel, export_onnx
+    from vitkit.deploy.export import OnnxModel, export_onnx
 
     cli_main(["fit", "-c", "vit_tiny_digits", *_cpu(tmp_path), "--trainer.max_steps", "2",
               "--trainer.limit_val_batches", "1", "--model.model_name", "deit_tiny_distilled_patch16_224",

@@ -138,7 +138,7 @@ def test_a_resumed_pretraining_run_ends_where_the_uninterrupted_one_does(tmp_pat
     """The masks, augmentation and schedule of a resumed run are those the uninterrupted run drew."""
     full = _mim_fit(tmp_path / "full", "--trainer.max_epochs", "4")
     _mim_fit(tmp_path / "resumed", "--trainer.max_epochs", "4",
-             "--trainer.callbacks+=tests.lit.ddp_probe.StopAfterEpoch", "--trainer.callbacks.epoch", "2")
+             "--trainer.callbacks+=tests.tasks.ddp_probe.StopAfterEpoch", "--trainer.callbacks.epoch", "2")
     resumed = _mim_fit(tmp_path / "resumed", "--trainer.max_epochs", "4", "--ckpt_path", "last")
     assert resumed.trainer.global_step == full.trainer.global_step == 12
     for (k, a), b in zip(resumed.model.state_dict().items(), full.model.state_dict().values(), strict=True):
@@ -147,12 +147,12 @@ def test_a_resumed_pretraining_run_ends_where_the_uninterrupted_one_does(tmp_pat
 
 def test_a_nan_step_is_skipped_and_the_run_goes_on(tmp_path):
     cli = _mim_fit(tmp_path, "--trainer.max_epochs", "2", "--model.nonfinite_loss", "skip",
-                   "--trainer.callbacks+=tests.lit.ddp_probe.NanLogitsOnce", "--trainer.callbacks.step", "2")
+                   "--trainer.callbacks+=tests.tasks.ddp_probe.NanLogitsOnce", "--trainer.callbacks.step", "2")
     assert cli.trainer.global_step == 6 and cli.model.bad_steps == 0
     assert all(torch.isfinite(p).all() for p in cli.model.parameters())
     with pytest.raises(FloatingPointError, match="non-finite training loss"):
         _mim_fit(tmp_path / "stop", "--trainer.max_epochs", "1",
-                 "--trainer.callbacks+=tests.lit.ddp_probe.NanLogitsOnce", "--trainer.callbacks.step", "1")
+                 "--trainer.callbacks+=tests.tasks.ddp_probe.NanLogitsOnce", "--trainer.callbacks.step", "1")
 
 
 def _place(arg: str, places: dict) -> str:

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from vitkit.budget import budget_size
-from vitkit.errors import CheckpointError
+from vitkit.errors import CheckpointError, UsageError, UsageTypeError
+from vitkit.patch_budget import budget_size
 
 # what each vitkit.* metadata entry of an export holds, as (JSON type check, what the message says it should be)
 _METADATA = {
@@ -120,7 +120,7 @@ class OnnxModel:
                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
         self.meta = read_metadata(self.path, meta)
         self.name = meta.get("vitkit.model", Path(self.path).stem)
-        self.packed = bool(self.meta.get("packed"))  # inputs patches, image, index, grids (tools/export_packed.py)
+        self.packed = bool(self.meta.get("packed"))  # inputs patches, image, index, grids (deploy/export_packed.py)
         if self.packed and not {"patch_size", "prefix"} <= self.meta.keys():
             raise CheckpointError(f"{self.path} takes packed batches but records no vitkit.patch_size and "
                                   "vitkit.prefix metadata: re-export it with `vitkit export --packed`")
@@ -158,10 +158,10 @@ class OnnxModel:
         else:
             ok_size = x.ndim == 4 and all(n % k == 0 and n >= lo for n, lo in zip(x.shape[2:], (h0, w0), strict=True))
         if x.dtype != np.float32:
-            raise TypeError(f"{self.path} expects {self.expected()}, got dtype {x.dtype}; normalise the pixels "
-                            "with the model's mean/std (OnnxModel.preprocess does) and pass float32")
+            raise UsageTypeError(f"{self.path} expects {self.expected()}, got dtype {x.dtype}; normalise the pixels "
+                                 "with the model's mean/std (OnnxModel.preprocess does) and pass float32")
         if x.ndim != 4 or x.shape[1] != c or not ok_size or x.shape[0] == 0:
-            raise ValueError(f"{self.path} expects {self.expected()}, got shape {tuple(x.shape)}")
+            raise UsageError(f"{self.path} expects {self.expected()}, got shape {tuple(x.shape)}")
         if self.packed:  # each image one sequence of its own
             return self.run_packed(*pack_arrays(x, self.meta["patch_size"], self.meta["prefix"]))
         return self._run({self.input.name: x}, tuple(x.shape))
@@ -171,7 +171,7 @@ class OnnxModel:
         patches (S, L, P) float32, image and index (S, L) int64, grids (images, 2) int64) -> logits (images,
         classes), in image order."""
         if not self.packed:
-            raise ValueError(f"{self.path} takes images {self.expected()}, not packed batches: export with --packed")
+            raise UsageError(f"{self.path} takes images {self.expected()}, not packed batches: export with --packed")
         arrays = {"patches": patches, "image": image, "index": index, "grids": grids}
         want = {"patches": (3, np.float32), "image": (2, np.int64), "index": (2, np.int64), "grids": (2, np.int64)}
         ok = all(a.ndim == want[k][0] and a.dtype == want[k][1] for k, a in arrays.items()) and \
@@ -179,12 +179,12 @@ class OnnxModel:
             int(image.max(initial=-1)) < len(grids)
         if not ok:
             got = ", ".join(f"{k} {tuple(a.shape)} {a.dtype}" for k, a in arrays.items())
-            raise ValueError(f"{self.path} expects patches (S, L, P) float32, image and index (S, L) int64 (image ids "
+            raise UsageError(f"{self.path} expects patches (S, L, P) float32, image and index (S, L) int64 (image ids "
                              f"below the number of grids) and grids (images, 2) int64; got {got}")
         shown, cells = image >= 0, grids.prod(-1)[image.clip(0)]  # each slot's image's patch count
         if image.min(initial=0) < -1 or grids.min() < 1 or (index[~shown] != -1).any() or \
                 (index[shown] < 0).any() or (index[shown] >= self.meta["prefix"] + cells[shown]).any():
-            raise ValueError(f"{self.path}: a packed batch's image ids are -1 (padding) or below {len(grids)}, its "
+            raise UsageError(f"{self.path}: a packed batch's image ids are -1 (padding) or below {len(grids)}, its "
                              f"grids positive, and each slot's index -1 for padding, else below its image's "
                              f"{self.meta['prefix']} prefix token(s) and rows x columns patches (models.packing.pack "
                              "writes them so); these are not")
@@ -206,10 +206,10 @@ class OnnxModel:
         """A segmenter's class for each pixel of a PIL image (H, W), as ``vitkit predict`` computes it with the
         PyTorch model: ``whole``, the image resized to the exported size (bilinear) and normalised, the logits
         resized back to the image's size (bilinear) before the argmax; ``slide``, windows of the exported size over
-        the image as it is, ``stride`` apart, the logits of overlapping windows averaged (``tools/masks.py``)."""
+        the image as it is, ``stride`` apart, the logits of overlapping windows averaged (``vitkit/masks.py``)."""
         from PIL import Image
 
-        from .masks import mask_of, slide_logits
+        from vitkit.masks import mask_of, slide_logits
 
         c, h, w = self.meta["input_size"]
         rgb = image.convert("RGB")
