@@ -50,7 +50,8 @@ def test_upernet_on_swin_gives_transformers_logits(upernet):
         expected = theirs(pixel_values=x).logits
         maps = theirs.backbone(x).feature_maps
         expected_aux = F.interpolate(theirs.auxiliary_head(maps), size=(224, 224), mode="bilinear")
-        logits, aux = ours.forward_train(x)
+        out = ours.forward_train(x)
+        logits, aux = out.logits, out.aux_logits
     assert expected.abs().max() > 1  # weights that make a wrong key visible
     torch.testing.assert_close(ours(x), expected, atol=1e-4, rtol=0)
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)

@@ -382,7 +382,7 @@ class VitkitCLI(LightningCLI):
         dm = self.datamodule
         if getattr(dm, "sets_up_locally", False):  # a split too small for one batch: refused before anything is
             # written (Lightning makes the logger's folder before it sets the data up)
-            for cb in self.trainer.callbacks:  # a batch fitted to the data first (small_data.StepsPerEpoch)
+            for cb in self.trainer.callbacks:  # a batch fitted to the data first (training.steps.StepsPerEpoch)
                 if hasattr(cb, "fit_to_data"):
                     cb.fit_to_data(self.trainer, self.model, dm)
             try:

@@ -21,13 +21,21 @@ from vitkit.tasks.classification import (
     LoRA,
     MultiLabel,
     SingleLabel,
-    StepsPerEpoch,
     Teacher,
 )
 from vitkit.tasks.pretraining import DINOPretraining, MaskedImageModeling
 from vitkit.tasks.segmentation import Segmenter
 from vitkit.tasks.text import Seq2SeqModule
-from vitkit.training import EMA, AtomicCheckpointIO, CSVLogger, FSDP2Strategy, ModelCheckpoint, Recipe, TrainingCurves
+from vitkit.training import (
+    EMA,
+    AtomicCheckpointIO,
+    CSVLogger,
+    FSDP2Strategy,
+    ModelCheckpoint,
+    Recipe,
+    StepsPerEpoch,
+    TrainingCurves,
+)
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DigitsDataModule", "FSDP2Strategy",
            "Frozen", "Full", "LoRA", "MultiLabel", "Recipe", "SingleLabel", "Teacher",

@@ -7,6 +7,7 @@ transformers' ``UperNetForSemanticSegmentation`` and mmsegmentation's files onto
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from torch import Tensor, nn
 
@@ -17,6 +18,16 @@ from .heads import HEADS, AdaptiveAvgPool, ConvModule, DPTHead, FCNHead, LinearH
 
 __all__ = ["HEADS", "AdaptiveAvgPool", "ConvModule", "DPTHead", "FCNHead", "LinearHead", "SegmentationModel",
            "UperNetHead", "build_segmenter", "resize"]
+
+
+@dataclass
+class SegmentationOutput:
+    """What a segmenter's training forward gives (as transformers' ``SemanticSegmenterOutput``): the logits (B, K,
+    H, W), the auxiliary head's (or None), and the loss where the task has computed it."""
+
+    logits: Tensor
+    aux_logits: Tensor | None = None
+    loss: Tensor | None = None
 
 
 class SegmentationModel(DenseModel):
@@ -42,14 +53,14 @@ class SegmentationModel(DenseModel):
         x = self._padded(x)
         return resize(self.decode_head(self._maps(x)), x.shape[-2:])[..., :H, :W]
 
-    def forward_train(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
-        """(the logits, the auxiliary head's logits or None), both at the input's size."""
+    def forward_train(self, x: Tensor) -> SegmentationOutput:
+        """The logits and the auxiliary head's (or None), both at the input's size."""
         H, W = x.shape[-2:]
         x = self._padded(x)
         maps = self._maps(x)
         aux = self.auxiliary_head(maps[self.aux_index]) if self.auxiliary_head is not None else None
-        return (resize(self.decode_head(maps), x.shape[-2:])[..., :H, :W],
-                None if aux is None else resize(aux, x.shape[-2:])[..., :H, :W])
+        return SegmentationOutput(resize(self.decode_head(maps), x.shape[-2:])[..., :H, :W],
+                                  None if aux is None else resize(aux, x.shape[-2:])[..., :H, :W])
 
 
 def build_segmenter(backbone: nn.Module, head: str, num_classes: int, indices: Sequence[int] | None = None,

@@ -2,7 +2,7 @@
 base (``vitkit.training``) and the data modules beside their readers (``vitkit.data.modules``):
 
 * ``classification``: one label or several per image, small labelled sets (the probe first), distillation,
-  linear probing (``ImageClassifier``, ``StepsPerEpoch``);
+  linear probing (``ImageClassifier``);
 * ``pretraining``: MAE and SimMIM (``MaskedImageModeling``), DINO (``DINOPretraining``);
 * ``segmentation``: a class per pixel (``Segmenter``);
 * ``text``: the encoder-decoder, on text or on images (``Seq2SeqModule``).

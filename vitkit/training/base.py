@@ -133,6 +133,22 @@ class TrainingModule(L.LightningModule):
         if self.ema is not None:
             self.ema.module.load_state_dict(self.model.state_dict())
 
+    def keep_probe(self, score: float, name: str, what: str) -> None:
+        """A head fitted by the probe before the first step: the EMA restarted from it, its validation ``score``
+        (by the metric ``name``) logged as ``val/probe_baseline``, the model saved as ``probe.ckpt`` and said in a
+        line with ``what`` it was fitted on."""
+        from .callbacks import probe_path
+
+        self.probe_baseline = score
+        self.restart_ema()
+        for logger in self.trainer.loggers:
+            logger.log_metrics({"val/probe_baseline": score}, step=0)
+        path = probe_path(self.trainer)
+        self.trainer.save_checkpoint(path, weights_only=True)  # the model at step 0: no optimizer state yet
+        self.probe_file = str(path)
+        rank_zero_info(f"probe: a logistic regression on the frozen features of {what}, {name} {score:.4f} "
+                       f"(val/probe_baseline): {path}")
+
     @classmethod
     def from_flat(cls, **flat: Any) -> TrainingModule:
         """The module from the flat arguments that came before its parts (``lr=1e-3, freeze_backbone=True``)."""

@@ -17,8 +17,7 @@ if TYPE_CHECKING:  # the names as type checkers and the API reference read them
     from .distill import Teacher as Teacher
     from .labels import MultiLabel as MultiLabel
     from .labels import SingleLabel as SingleLabel
-    from .small_data import StepsPerEpoch as StepsPerEpoch
 
 __all__, __getattr__ = lazy_names(__name__, {
     "Frozen": ".adaptation", "Full": ".adaptation", "LoRA": ".adaptation", "ImageClassifier": ".classifier",
-    "Teacher": ".distill", "MultiLabel": ".labels", "SingleLabel": ".labels", "StepsPerEpoch": ".small_data"})
+    "Teacher": ".distill", "MultiLabel": ".labels", "SingleLabel": ".labels"})

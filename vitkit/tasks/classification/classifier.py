@@ -13,7 +13,6 @@ import vitkit
 from vitkit.checkpoints.names import capabilities
 from vitkit.errors import UsageError
 from vitkit.training.base import EMA, TrainingModule
-from vitkit.training.callbacks import probe_path
 from vitkit.training.hparams import record_config
 from vitkit.training.parts import config_of, part_from
 from vitkit.training.recipe import Recipe
@@ -226,15 +225,8 @@ class ImageClassifier(TrainingModule):
     def fit_probe_head(self) -> None:
         """``head_init="probe"``: the head fitted on the frozen features, its score logged and its model saved."""
         dm = self.trainer.datamodule
-        self.probe_baseline = fit_head(self.model, dm, self.device, self.multi_label)
-        self.restart_ema()
-        for logger in self.trainer.loggers:
-            logger.log_metrics({"val/probe_baseline": self.probe_baseline}, step=0)
-        path = probe_path(self.trainer)
-        self.trainer.save_checkpoint(path, weights_only=True)  # the model at step 0: no optimizer state yet
-        self.probe_file = str(path)
-        rank_zero_info(f"probe: a logistic regression on the frozen features of {len(dm.train_set)} training "
-                       f"images, {self.labels.score} {self.probe_baseline:.4f} (val/probe_baseline): {path}")
+        score = fit_head(self.model, dm, self.device, self.multi_label)
+        self.keep_probe(score, self.labels.score, f"{len(dm.train_set)} training images")
 
     def train(self, mode: bool = True) -> ImageClassifier:
         """``nn.Module.train``, which puts a frozen backbone back in eval mode: the head learns from the features

@@ -18,10 +18,9 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 import vitkit
 from vitkit.errors import UsageError
 from vitkit.evaluation.segmentation import scores
-from vitkit.models.segmentation import build_segmenter
+from vitkit.models.segmentation import SegmentationOutput, build_segmenter
 from vitkit.training.adaptation import Adaptation, Full
 from vitkit.training.base import TrainingModule
-from vitkit.training.callbacks import probe_path
 from vitkit.training.flat import Flat
 from vitkit.training.hparams import record_config
 from vitkit.training.parts import config_of, part_from
@@ -183,16 +182,8 @@ class Segmenter(TrainingModule):
                 yield dm.on_after_batch_transfer(b, 0)
 
         patches = fit_probe_head(self.model, batches(), self.model.num_classes, hp.ignore_index, self.device)
-        self.restart_ema()
-        self.probe_baseline = self._score(dm.val_dataloader())
-        for logger in self.trainer.loggers:
-            logger.log_metrics({"val/probe_baseline": self.probe_baseline}, step=0)
-        path = probe_path(self.trainer)
-        self.trainer.save_checkpoint(path, weights_only=True)  # the model at step 0: no optimizer state yet
-        self.probe_file = str(path)
-        rank_zero_info(f"probe: a logistic regression on the frozen features of {patches} patches of "
-                       f"{images} training images, val/mIoU {self.probe_baseline:.4f} "
-                       f"(val/probe_baseline): {path}")
+        self.restart_ema()  # before scoring: the score is the EMA's where it validates
+        self.keep_probe(self._score(dm.val_dataloader()), "val/mIoU", f"{patches} patches of {images} training images")
 
     @torch.no_grad()
     def _score(self, loader) -> float:
@@ -215,16 +206,20 @@ class Segmenter(TrainingModule):
             self.adaptation.train_mode(self)
         return self
 
-    def step_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
-        x, y = batch
-        logits, aux = self.model.forward_train(x)
-        hp = self.hparams
-        loss = F.cross_entropy(logits.float(), y, ignore_index=hp.ignore_index)
-        if aux is not None and hp.aux_weight:
-            loss = loss + hp.aux_weight * F.cross_entropy(aux.float(), y, ignore_index=hp.ignore_index)
+    def forward_train(self, x: Tensor, y: Tensor) -> SegmentationOutput:
+        """The model's training forward with its loss: cross-entropy over the pixels that count, the auxiliary
+        head's at ``aux_weight``, and Dice at ``dice_weight``."""
+        out, hp = self.model.forward_train(x), self.hparams
+        out.loss = F.cross_entropy(out.logits.float(), y, ignore_index=hp.ignore_index)
+        if out.aux_logits is not None and hp.aux_weight:
+            out.loss = out.loss + hp.aux_weight * F.cross_entropy(out.aux_logits.float(), y,
+                                                                  ignore_index=hp.ignore_index)
         if hp.dice_weight:
-            loss = loss + hp.dice_weight * dice_loss(logits, y, hp.ignore_index)
-        return loss
+            out.loss = out.loss + hp.dice_weight * dice_loss(out.logits, y, hp.ignore_index)
+        return out
+
+    def step_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        return self.forward_train(*batch).loss
 
     def _evaluate(self, batch: tuple[Tensor, Tensor], split: str) -> None:
         x, y = batch
