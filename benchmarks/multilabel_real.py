@@ -8,10 +8,10 @@ class on the images' standardised raw pixels. The recipes then run on the manife
 
     python benchmarks/multilabel_real.py /tmp/ml --train 2000 --val 500
     vitkit train fit -c vit_tiny_digits --data vitkit.lit.ManifestDataModule --data.train_manifest /tmp/ml/train.csv \\
-        --data.val_manifest /tmp/ml/val.csv --data.img_size 32 --model.multi_label true
+        --data.val_manifest /tmp/ml/val.csv --data.img_size 32 --model.labels MultiLabel
     vitkit train fit -c finetune_small_data --model.checkpoint ~/.cache/vitkit-real/dino_s14.safetensors \\
         --data vitkit.lit.ManifestDataModule --data.train_manifest /tmp/ml/train.csv \\
-        --data.val_manifest /tmp/ml/val.csv --data.img_size 98 --model.multi_label true
+        --data.val_manifest /tmp/ml/val.csv --data.img_size 98 --model.labels MultiLabel
 """
 
 from __future__ import annotations

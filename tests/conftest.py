@@ -2,6 +2,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 # torch.compile's on-disk cache is not keyed on ATEN_CPU_CAPABILITY: kernels cached by a run on another
 # kernel path were reused, and flex attention then disagreed with the reference by up to 0.8. A run that
@@ -113,3 +114,20 @@ def _seed():
     # Trainer(deterministic=True) switches deterministic algorithms on for the whole process; left on, it
     # changes torch.compile's cache key, and every later compile in the session would start cold
     torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+
+
+@pytest.fixture(scope="session")
+def upgraded(tmp_path_factory):
+    """A checkpoint of before the modules' parts (``tests/fixtures/before_*``) as ``vitkit convert OLD NEW``
+    upgrades it, once per session: ``upgraded(path)`` is the new file."""
+    from vitkit.cli import main
+
+    folder = tmp_path_factory.mktemp("upgraded")
+
+    def get(path: Path) -> Path:
+        new = folder / f"{path.parent.name}_{path.name}"
+        if not new.exists():
+            assert main(["convert", str(path), str(new)]) == 0, path
+        return new
+
+    return get

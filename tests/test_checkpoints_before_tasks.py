@@ -1,7 +1,7 @@
-"""Checkpoints of every task, written by vitkit before its training modules moved into task packages
-(``tests/fixtures/before_tasks/README.md`` says how), load unchanged: the module their stored class path names
-rebuilds the same network, which gives the outputs the old code gave; `vitkit evaluate` scores them as it did;
-a run resumes from one."""
+"""Checkpoints of every task, written by vitkit before its training modules moved into task packages and took typed
+parts (``tests/fixtures/before_tasks/README.md`` says how), once upgraded by ``vitkit convert``: the module their
+stored class path names rebuilds the same network, which gives the outputs the old code gave; `vitkit evaluate`
+scores them as it did (a classifier's file even before it is upgraded); a run resumes from one."""
 
 import importlib
 import json
@@ -48,9 +48,9 @@ def test_every_task_has_an_old_checkpoint():
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_an_old_checkpoint_gives_the_outputs_it_gave(task):
+def test_an_old_checkpoint_gives_the_outputs_it_gave(task, upgraded):
     expected = torch.load(OLD / "outputs.pt", weights_only=True)[task]
-    torch.testing.assert_close(outputs(load(OLD / f"{task}.ckpt")), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(outputs(load(upgraded(OLD / f"{task}.ckpt"))), expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("task, metric", [("classifier", "top1"), ("multilabel", "mAP")])
@@ -63,13 +63,13 @@ def test_evaluate_scores_an_old_checkpoint_as_it_did(task, metric, tmp_path, cap
 
 
 @pytest.mark.slow
-def test_a_run_resumes_from_an_old_checkpoint(tmp_path, capsys):
+def test_a_run_resumes_from_an_old_checkpoint(tmp_path, capsys, upgraded):
     from vitkit.cli.train import cli_main
 
     cli_main(["fit", "-c", "vit_tiny_digits", "--model.model_overrides",
               '{"depth": 1, "embed_dim": 32, "num_heads": 2, "patch_size": 8}', "--trainer.accelerator", "cpu",
               "--trainer.devices", "1", "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
               "--trainer.max_steps", "4", "--trainer.limit_val_batches", "1", "--trainer.val_check_interval", "2",
-              "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", str(OLD / "classifier.ckpt")])
+              "--trainer.default_root_dir", str(tmp_path), "--ckpt_path", str(upgraded(OLD / "classifier.ckpt"))])
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == 4  # two steps were in the old file, two more ran

@@ -87,7 +87,7 @@ def test_traceback_flag_shows_the_traceback(files, capsys):
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--model.lr", "abc"], "--model.recipe.lr expects a float"),  # the flat flag, named as the part takes it
+    (["--model.recipe.lr", "abc"], "--model.recipe.lr expects a float"),  # the flat flag, named as the part takes it
     (["--trainer.max_epochs=x"], "--trainer.max_epochs expects an int or null, got 'x'"),
     (["--nope", "1"], "unrecognized arguments"),
     (["--model.model_overrides", '{"depth": 0}'], "depth must be >= 1, got 0"),

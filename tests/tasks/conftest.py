@@ -150,7 +150,7 @@ def digits_run(tmp_path_factory):
     return cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), "--trainer.accelerator", "cpu",
                      "--trainer.devices", "1", "--trainer.num_nodes", "1", "--trainer.strategy", "auto",
                      "--trainer.precision", "32-true", "--trainer.default_root_dir", str(tmp_path),
-                     "--trainer.max_epochs", "20", "--model.warmup_epochs", "1"])
+                     "--trainer.max_epochs", "20", "--model.recipe.warmup_epochs", "1"])
 
 
 @pytest.fixture

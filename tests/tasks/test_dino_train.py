@@ -166,9 +166,10 @@ def test_continued_on_another_domain_the_knn_there_rises(digits_dino, tmp_path):
     that spread."""
     photos = write_photo_patches(tmp_path / "photos")
     small = ["--model.out_dim", "1024", "--model.hidden_dim", "256", "--model.bottleneck_dim", "64",
-             "--model.local_crops", "2", "--model.local_size", "16", "--data.batch_size", "32", "--model.lr", "1e-3",
+             "--model.local_crops", "2", "--model.local_size", "16", "--data.batch_size", "32", "--model.recipe.lr",
+             "1e-3",
              "--model.recipe.lr_batch", "null",
-             "--model.warmup_epochs", "1"]
+             "--model.recipe.warmup_epochs", "1"]
     like_digits = ["--model.global_scale", "[0.6, 1.0]", "--model.local_scale", "[0.3, 0.6]", "--model.centering",
                    "sinkhorn", "--model.teacher_temp", "0.04", "--model.momentum_teacher", "0.98"]
     cli = cli_main(["fit", "-c", "dinov2_continue", *_cpu(tmp_path / "run"), "--model.model_name",

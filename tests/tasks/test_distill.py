@@ -36,7 +36,8 @@ def _teacher_file(tmp_path: Path, **kw) -> Path:
 
 def test_the_teacher_is_frozen_and_outside_the_optimizer_the_state_dict_and_the_checkpoint(tmp_path):
     args = ["fit", "-c", "vit_tiny_digits", *_cpu(tmp_path), "--trainer.limit_val_batches", "1",
-            "--model.model_overrides", str(TINY).replace("'", '"'), "--model.teacher", str(_teacher_file(tmp_path))]
+            "--model.model_overrides", str(TINY).replace("'", '"'), "--model.teacher.name",
+            str(_teacher_file(tmp_path))]
     cli = cli_main([*args, "--trainer.max_steps", "2"])
     module = cli.model
     teacher = module._teacher
@@ -57,7 +58,8 @@ def test_a_student_whose_teacher_is_gone_loads_for_use_and_resuming_names_the_te
     """Only training needs the teacher: with its file gone, the student's checkpoint still loads (to evaluate,
     predict, export) with a warning, while a resumed run ends in the missing file's line."""
     args = ["fit", "-c", "vit_tiny_digits", *_cpu(tmp_path), "--trainer.limit_val_batches", "1",
-            "--model.model_overrides", str(TINY).replace("'", '"'), "--model.teacher", str(_teacher_file(tmp_path))]
+            "--model.model_overrides", str(TINY).replace("'", '"'), "--model.teacher.name",
+            str(_teacher_file(tmp_path))]
     trained = cli_main([*args, "--trainer.max_steps", "2"]).model.eval()
     shutil.rmtree(tmp_path / "teacher")
     loaded = ImageClassifier.load_from_checkpoint(tmp_path / "checkpoints/last.ckpt").eval()
@@ -78,10 +80,10 @@ def test_a_student_whose_teacher_is_gone_loads_for_use_and_resuming_names_the_te
 def test_a_checkpoint_and_a_timm_cnn_teach_a_student(kind, tmp_path, digits_run):
     """The demo's Lightning checkpoint, and a timm CNN by name with its weights as a file."""
     if kind == "lightning checkpoint":
-        args = ["--model.teacher", str(Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt")]
+        args = ["--model.teacher.name", str(Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt")]
     else:
         torch.save(timm.create_model("resnet10t", num_classes=10).state_dict(), tmp_path / "resnet.pth")
-        args = ["--model.teacher", "resnet10t", "--model.teacher_checkpoint", str(tmp_path / "resnet.pth")]
+        args = ["--model.teacher.name", "resnet10t", "--model.teacher.checkpoint", str(tmp_path / "resnet.pth")]
     cli = cli_main(["fit", "-c", "vit_tiny_digits", *_cpu(tmp_path / "run"), "--trainer.max_steps", "2",
                     "--trainer.limit_val_batches", "1", "--model.model_overrides", str(TINY).replace("'", '"'), *args])
     assert cli.trainer.global_step == 2 and cli.model._teacher is not None
@@ -173,8 +175,9 @@ def test_a_distilled_student_predicts_exports_and_evaluates_with_its_heads_avera
 
     cli_main(["fit", "-c", "vit_tiny_digits", *_cpu(tmp_path), "--trainer.max_steps", "2",
               "--trainer.limit_val_batches", "1", "--model.model_name", "deit_tiny_distilled_patch16_224",
-              "--model.model_overrides", str(TINY).replace("'", '"'), "--model.teacher", str(_teacher_file(tmp_path)),
-              "--model.distillation", "hard"])
+              "--model.model_overrides", str(TINY).replace("'", '"'), "--model.teacher.name",
+              str(_teacher_file(tmp_path)),
+              "--model.teacher.distillation", "hard"])
     student = vitkit.create_model(checkpoint=tmp_path / "checkpoints/last.ckpt").eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
@@ -196,7 +199,7 @@ def test_a_teacher_that_does_not_fit_is_refused_in_one_line(teacher, says, tmp_p
     if teacher == "three_classes":
         net = vitkit.create_model("vit_tiny_patch16_224", num_classes=3, img_size=32, **TINY)
         teacher = str(vitkit.save_pretrained(net, tmp_path / "three"))
-    argv = ["train", "fit", "-c", "vit_tiny_digits", *_cpu(tmp_path / "run"), "--model.teacher", teacher]
+    argv = ["train", "fit", "-c", "vit_tiny_digits", *_cpu(tmp_path / "run"), "--model.teacher.name", teacher]
     line = one_error_line(*run_cli(argv, capfd))
     assert says.format(teacher=teacher) in line, line
     assert not (tmp_path / "run").exists()
@@ -205,13 +208,13 @@ def test_a_teacher_that_does_not_fit_is_refused_in_one_line(teacher, says, tmp_p
 def _student(root: Path, seed: int, teacher: Path | None) -> float:
     """A one-block student on 30 labelled digits per class, 40 epochs, with or without the teacher (soft, alpha
     0.9, tau 4)."""
-    extra = ["--model.teacher", str(teacher), "--model.distillation", "soft", "--model.distill_tau", "4.0",
-             "--model.distill_alpha", "0.9"] if teacher else []
+    extra = ["--model.teacher.name", str(teacher), "--model.teacher.distillation", "soft", "--model.teacher.tau", "4.0",
+             "--model.teacher.alpha", "0.9"] if teacher else []
     cli = cli_main(["fit", "-c", "vit_tiny_digits", *_cpu(root), "--trainer.max_epochs", "40",
                     "--trainer.enable_checkpointing", "false", "--trainer.callbacks", "[]",
                     "--trainer.check_val_every_n_epoch", "40", "--seed_everything", str(seed),
                     "--model.model_overrides.depth=1", "--data.train_per_class", "30", "--data.batch_size", "32",
-                    "--model.warmup_epochs", "1", "--model.lr", "1e-3", *extra])
+                    "--model.recipe.warmup_epochs", "1", "--model.recipe.lr", "1e-3", *extra])
     return float(cli.trainer.callback_metrics["val/top1"])
 
 
@@ -232,6 +235,6 @@ def test_a_student_with_the_teacher_beats_the_same_student_without_it(digits_run
 @pytest.mark.slow
 def test_the_digits_recipe_distils_the_demo_model(digits_run, tmp_path):
     cli = cli_main(["fit", "-c", "vit_tiny_digits_distilled", *_cpu(tmp_path), "--trainer.max_steps", "2",
-                    "--trainer.limit_val_batches", "1", "--model.teacher",
+                    "--trainer.limit_val_batches", "1", "--model.teacher.name",
                     str(Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt")])
     assert cli.model.distill.distillation == "soft" and cli.model.model.cfg.depth == 1

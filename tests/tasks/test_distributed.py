@@ -35,7 +35,7 @@ def ddp_runs(tmp_path_factory, image_folder) -> tuple[Path, str]:
                 *_record(root / "full"))
     resumed = _ddp(root / "run", "--trainer.max_epochs", "2", "--ckpt_path",
                    f"glob:{root}/full/checkpoints/best-000-*.ckpt", *_record(root / "resumed"))
-    faults = _ddp(root / "faults", "--trainer.max_epochs", "1", "--model.nonfinite_loss", "skip",
+    faults = _ddp(root / "faults", "--trainer.max_epochs", "1", "--model.recipe.nonfinite_loss", "skip",
                   "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(image_folder), "--data.img_size",
                   "32", "--data.batch_size", "4", "--data.num_workers", "0",
                   "--trainer.callbacks+=ddp_probe.UnreadableBatchOnRank", "--trainer.callbacks.rank", "1",

@@ -142,8 +142,9 @@ def test_the_linear_probe_recipe_lands_near_the_probe_of_the_same_features(digit
     reference = json.loads((tmp_path / "probe/metrics.json").read_text())["linear_probe_top1"]
     cli = cli_main(["fit", "-c", "linear_probe", "--model.model_name", "vit_tiny_patch16_224", "--model.checkpoint",
                     str(_ckpt(digits_run)), "--model.model_overrides", json.dumps(DEMO), *DIGITS,
-                    "--data.img_size", "32", "--data.batch_size", "64", "--data.augment", "false", "--model.lr",
-                    "0.1", "--model.recipe.lr_batch", "null", "--model.warmup_epochs", "0.5", "--trainer.max_epochs",
+                    "--data.img_size", "32", "--data.batch_size", "64", "--data.augment", "false", "--model.recipe.lr",
+                    "0.1", "--model.recipe.lr_batch", "null", "--model.recipe.warmup_epochs", "0.5",
+                    "--trainer.max_epochs",
                     "20", "--trainer.precision", "32-true", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
                     "--trainer.logger", "false",
                     "--trainer.default_root_dir", str(tmp_path / "run")])

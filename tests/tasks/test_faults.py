@@ -94,7 +94,7 @@ def test_nan_loss_skip_policy_drops_one_bad_step_and_finishes(tmp_path, caplog):
 
     sys.path.insert(0, str(ROOT / "tests" / "tasks"))
     with caplog.at_level(logging.WARNING):
-        cli = _digits_fit(tmp_path, "--model.nonfinite_loss", "skip",
+        cli = _digits_fit(tmp_path, "--model.recipe.nonfinite_loss", "skip",
                           "--trainer.callbacks+=ddp_probe.NanLogitsOnce", "--trainer.callbacks.step", "4")
     assert "skipping step 4: non-finite training loss nan" in caplog.text
     assert cli.trainer.global_step == 9 and cli.trainer.current_epoch == 3
@@ -106,7 +106,7 @@ def test_nan_loss_skip_policy_drops_steps_then_gives_up(tmp_path, caplog):
 
     sys.path.insert(0, str(ROOT / "tests" / "tasks"))
     with caplog.at_level(logging.WARNING), pytest.raises(FloatingPointError, match="11 steps in a row"):
-        _digits_fit(tmp_path, "--model.nonfinite_loss", "skip", "--trainer.max_epochs", "6",
+        _digits_fit(tmp_path, "--model.recipe.nonfinite_loss", "skip", "--trainer.max_epochs", "6",
                     "--trainer.callbacks+=ddp_probe.PoisonWeights", "--trainer.callbacks.step", "4")
     # each skipped step leaves the weights alone (no gradients) while the step counter moves on
     assert [f"skipping step {s}: non-finite training loss nan" in caplog.text for s in range(4, 14)] == [True] * 10
@@ -173,7 +173,8 @@ def test_one_failing_ddp_rank_ends_the_whole_job(tmp_path):
 @pytest.mark.parametrize("args, named", [
     (["--trainer.max_epochz", "3"], "max_epochz"),
     (["--trainer.max_epochs", "three"], "trainer.max_epochs"),
-    (["--model.lr", "fast"], "error: --model.recipe.lr expects a float or null, got 'fast'"),  # the flat flag's part
+    (["--model.recipe.lr", "fast"], "error: --model.recipe.lr expects a float or null, got 'fast'"),
+     # the flat flag's part
     (["--data.img_size", "[32"], "img_size"),
 ])
 def test_config_mistakes_are_named_before_any_work(args, named, tmp_path):

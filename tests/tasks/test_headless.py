@@ -39,7 +39,7 @@ def pretrain_backbone(family: str, out: Path, seed: int = 0) -> Path:
     """Train the family's digits recipe for 6 epochs and save its backbone as timm does (:func:`backbone_file`)."""
     config, _, overrides = FAMILIES[family]
     cli = cli_main(["fit", "--config", str(ROOT / config), *_cpu(out / "pretrain", seed), "--trainer.max_epochs", "6",
-                    "--trainer.check_val_every_n_epoch", "6", "--model.warmup_epochs", "1",
+                    "--trainer.check_val_every_n_epoch", "6", "--model.recipe.warmup_epochs", "1",
                     "--model.model_overrides", str(overrides).replace("'", '"').replace("(", "[").replace(")", "]")])
     return backbone_file(family, cli.model.model, out)
 
@@ -62,11 +62,13 @@ def fine_tune(family: str, data: Path, root: Path, checkpoint: Path | None, free
     return cli_main(["fit", "--config", str(ROOT / "configs/vit_base_finetune.yaml"), *_cpu(root, seed),
                      "--model.model_name", preset, "--model.pretrained", "false", *source,
                      "--model.model_overrides", str(overrides).replace("'", '"').replace("(", "[").replace(")", "]"),
-                     "--model.freeze_backbone", str(freeze).lower(),
-                     *(["--model.layer_decay", "null", "--model.lr", "1e-2"] if freeze else  # a linear probe
-                       ["--model.layer_decay", "0.65", "--model.lr", "2e-3"]), "--model.recipe.lr_batch", "null",
-                     "--model.warmup_epochs", "0",
-                     "--model.mixup", "0", "--model.cutmix", "0", "--trainer.max_epochs", "10",
+                     "--model.adaptation", "Frozen" if freeze else "Full",
+                     *(["--model.recipe.layer_decay", "null", "--model.recipe.lr",
+                        "1e-2"] if freeze else  # a linear probe
+                       ["--model.recipe.layer_decay", "0.65", "--model.recipe.lr", "2e-3"]), "--model.recipe.lr_batch",
+                       "null",
+                     "--model.recipe.warmup_epochs", "0",
+                     "--model.labels.mixup", "0", "--model.labels.cutmix", "0", "--trainer.max_epochs", "10",
                      "--trainer.check_val_every_n_epoch", "10",  # only the last epoch's top-1 is read
                      "--data.root", str(data), "--data.img_size", "40", "--data.batch_size", "3",
                      "--data.num_workers", "0", "--data.auto_augment", "null", "--data.re_prob", "0",

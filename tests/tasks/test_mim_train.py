@@ -104,11 +104,11 @@ def _tune(root: Path, checkpoint: Path | None, freeze: bool, seed: int) -> float
     """The demo's recipe on 10 labelled digits per class for 30 epochs, pooling by average as MAE fine-tunes and
     probes, from the pre-trained encoder or from random weights."""
     source = ["--model.checkpoint", str(checkpoint)] if checkpoint else []
-    mode = ["--model.freeze_backbone", "true", "--model.lr", "3e-2"] if freeze else ["--model.lr", "1e-3"]
+    mode = ["--model.adaptation", "Frozen", "--model.recipe.lr", "3e-2"] if freeze else ["--model.recipe.lr", "1e-3"]
     cli = cli_main(["fit", "-c", "vit_tiny_digits", *_cpu(root), "--trainer.max_epochs", "30",
                     "--trainer.logger", "false", "--trainer.enable_checkpointing", "false", "--trainer.callbacks", "[]",
                     "--trainer.check_val_every_n_epoch", "30", "--seed_everything", str(seed),
-                    "--data.train_per_class", "10", "--data.batch_size", "32", "--model.warmup_epochs", "1",
+                    "--data.train_per_class", "10", "--data.batch_size", "32", "--model.recipe.warmup_epochs", "1",
                     "--model.model_overrides.global_pool=avg", *mode, *source])
     return float(cli.trainer.callback_metrics["val/top1"])
 
@@ -146,7 +146,7 @@ def test_a_resumed_pretraining_run_ends_where_the_uninterrupted_one_does(tmp_pat
 
 
 def test_a_nan_step_is_skipped_and_the_run_goes_on(tmp_path):
-    cli = _mim_fit(tmp_path, "--trainer.max_epochs", "2", "--model.nonfinite_loss", "skip",
+    cli = _mim_fit(tmp_path, "--trainer.max_epochs", "2", "--model.recipe.nonfinite_loss", "skip",
                    "--trainer.callbacks+=tests.tasks.ddp_probe.NanLogitsOnce", "--trainer.callbacks.step", "2")
     assert cli.trainer.global_step == 6 and cli.model.bad_steps == 0
     assert all(torch.isfinite(p).all() for p in cli.model.parameters())

@@ -1,9 +1,9 @@
 """The training modules beside the classifier from its parts: the segmenter takes a ``recipe`` and an
 ``adaptation``, MAE / SimMIM and DINO a ``recipe``. Every shipped recipe of theirs builds the parts it names, and its
-flat form of before translates to them; checkpoints written before the parts (``tests/fixtures/before_parts``,
-``before_tasks``) load with the outputs and scores they had and the recipes they ran; flat flags on the command line
-build the module the parts' flags build; a segmenter's LoRA checkpoint keeps what trained and loads back to the
-same masks."""
+flat form of before upgrades to them (``vitkit convert``'s translation); checkpoints written before the parts
+(``tests/fixtures/before_parts``, ``before_tasks``), once upgraded, load with the outputs and scores they had and the
+recipes they ran; flat flags on the command line are refused naming the parts' flags; a segmenter's LoRA checkpoint
+keeps what trained and loads back to the same masks."""
 
 import dataclasses
 import inspect
@@ -77,10 +77,10 @@ def test_every_recipe_of_the_other_modules_gives_its_recipe_from_its_flat_form_t
 
 @pytest.mark.parametrize("task, cls", [("mae", MaskedImageModeling), ("dino", DINOPretraining),
                                         ("seq2seq", Seq2SeqModule)])
-def test_a_checkpoint_of_before_the_recipe_part_runs_its_recipe(task, cls):
+def test_a_checkpoint_of_before_the_recipe_part_runs_its_recipe(task, cls, upgraded):
     path = ROOT / "tests/fixtures/before_tasks" / f"{task}.ckpt"
     hp = torch.load(path, map_location="cpu", weights_only=True)["hyper_parameters"]
-    module = cls.load_from_checkpoint(path, map_location="cpu")
+    module = cls.load_from_checkpoint(upgraded(path), map_location="cpu")
     fields = ("lr", "weight_decay", "eps", "warmup_steps") if task == "seq2seq" else ("lr", "weight_decay", "min_lr",
                                                                                        "warmup_epochs")
     for field in fields:
@@ -107,11 +107,12 @@ def test_a_recipe_given_in_part_takes_the_rest_from_its_own_modules_recipe(tmp_p
 
 def test_a_recipe_field_a_module_cannot_run_is_refused():
     with pytest.raises(ValueError, match=r"DINO takes no recipe.ema_decay \(the teacher is DINO's average"):
-        DINOPretraining.from_flat(model_name="vit_tiny_patch16_224", ema_decay=0.9, img_size=32,
-                                  model_overrides=json.loads(TINY))
+        DINOPretraining(model_name="vit_tiny_patch16_224", recipe=dataclasses.replace(DINOPretraining.FLAT.recipe,
+                        ema_decay=0.9), img_size=32, model_overrides=json.loads(TINY))
     with pytest.raises(ValueError, match="masked image modeling takes no recipe.ema_is_model"):
-        MaskedImageModeling.from_flat(model_name="vit_tiny_patch16_224", ema_decay=0.9, ema_is_model=True,
-                                      img_size=32, model_overrides=json.loads(TINY))
+        MaskedImageModeling(model_name="vit_tiny_patch16_224", img_size=32, model_overrides=json.loads(TINY),
+                            recipe=dataclasses.replace(MaskedImageModeling.FLAT.recipe, ema_decay=0.9,
+                                                       ema_is_model=True))
 
 
 def test_every_segmentation_recipe_is_found():
@@ -134,8 +135,8 @@ def test_every_segmentation_recipe_builds_its_parts_and_its_flat_form_translates
 
 @pytest.mark.parametrize("name, kind, lr", [("segmenter", Full, 1e-3), ("segmenter_frozen", Frozen, 1e-3),
                                             ("segmenter_lora", LoRA, None)])
-def test_a_segmenter_checkpoint_of_before_the_parts_loads_with_its_outputs_and_parts(name, kind, lr):
-    module = Segmenter.load_from_checkpoint(OLD / f"{name}.ckpt", map_location="cpu").eval()
+def test_a_segmenter_checkpoint_of_before_the_parts_loads_with_its_outputs_and_parts(name, kind, lr, upgraded):
+    module = Segmenter.load_from_checkpoint(upgraded(OLD / f"{name}.ckpt"), map_location="cpu").eval()
     assert type(module.adaptation) is kind and (lr is None or module.recipe.lr == lr)
     if kind is LoRA:  # the flags it was written with
         assert (module.adaptation.rank, module.adaptation.alpha, module.adaptation.head_init) == (2, 4, "probe")
@@ -147,27 +148,29 @@ def test_a_segmenter_checkpoint_of_before_the_parts_loads_with_its_outputs_and_p
 
 
 @pytest.mark.parametrize("name", ["segmenter", "segmenter_lora"])
-def test_evaluate_scores_a_segmenter_checkpoint_of_before_the_parts_as_it_did(name, tmp_path, capsys):
+def test_evaluate_scores_a_segmenter_checkpoint_of_before_the_parts_as_it_did(name, tmp_path, capsys, upgraded):
     data = write_digit_masks(tmp_path / "data", train=16, val=8, size=32, glyph_size=16)
-    status, err = run_cli(["evaluate", "--checkpoint", str(OLD / f"{name}.ckpt"), "--data.root", str(data), "-o",
+    status, err = run_cli(["evaluate", "--checkpoint", str(upgraded(OLD / f"{name}.ckpt")), "--data.root", str(data),
+                           "-o",
                            str(tmp_path / "eval")], capsys)
     assert status == 0, err
     got = json.loads((tmp_path / "eval" / "metrics.json").read_text())["mIoU"]
     assert got == pytest.approx(json.loads((OLD / "evaluate.json").read_text())[name]["mIoU"], abs=1e-6)
 
 
-def test_flat_segmentation_flags_build_the_module_the_parts_flags_build(tmp_path):
+def test_flat_segmentation_flags_are_refused_naming_the_parts_flags(tmp_path):
+    from tests.commands import error_line_of
+
     data = write_digit_masks(tmp_path / "data", train=8, val=4, size=32, glyph_size=16)
-    common = ["-c", "seg_finetune_small_data", *FLAGS, "--data.root", str(data)]
-    old = cli_main([*common, "--model.lora_rank", "2", "--model.lr", "3e-4", "--model.head_init", "random",
-                    "--model.schedule", "poly", "--model.layer_decay", "null"], run=False).model
-    new = cli_main([*common, "--model.adaptation", "LoRA", "--model.adaptation.rank", "2", "--model.recipe.lr",
+    common = ["train", "fit", "-c", "seg_finetune_small_data", *FLAGS, "--data.root", str(data)]
+    assert error_line_of([*common, "--model.lora_rank", "2"]).endswith(
+        "give --model.adaptation LoRA --model.adaptation.rank 2")
+    assert error_line_of([*common, "--model.schedule", "poly"]).endswith("give --model.recipe.schedule poly")
+    new = cli_main([*common[2:], "--model.adaptation", "LoRA", "--model.adaptation.rank", "2", "--model.recipe.lr",
                     "3e-4", "--model.adaptation.head_init", "random", "--model.recipe.schedule", "poly",
-                    "--model.recipe.layer_decay", "null"],
-                   run=False).model
-    assert old.adaptation == new.adaptation == LoRA(rank=2)
-    assert old.recipe == new.recipe and new.recipe.schedule == "poly" and new.recipe.layer_decay is None
-    assert dict(old.hparams) == dict(new.hparams)
+                    "--model.recipe.layer_decay", "null"], run=False).model
+    assert new.adaptation == LoRA(rank=2)
+    assert new.recipe.lr == 3e-4 and new.recipe.schedule == "poly" and new.recipe.layer_decay is None
     frozen = cli_main(["-c", "seg_linear_probe", *FLAGS, "--data.root", str(data)], run=False).model
     assert isinstance(frozen.adaptation, Frozen) and not any(
         p.requires_grad for p in frozen.model.backbone.parameters())

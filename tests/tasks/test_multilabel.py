@@ -37,7 +37,7 @@ def _printed(argv: list[str], capsys) -> list[str]:
 def _train_args(train: Path, val: Path, root: Path, overrides: dict = SMALL, *extra: str) -> list[str]:
     return ["fit", "-c", "multilabel_finetune", "--model.model_name", "vit_tiny_patch16_224",
             "--model.pretrained", "false", "--model.model_overrides", json.dumps(overrides),
-            "--model.layer_decay", "null", "--model.warmup_epochs", "1", "--model.lr", "1e-3",
+            "--model.recipe.layer_decay", "null", "--model.recipe.warmup_epochs", "1", "--model.recipe.lr", "1e-3",
             "--model.recipe.lr_batch", "null",
             "--data.train_manifest", str(train), "--data.val_manifest", str(val), "--data.img_size", "32",
             "--data.batch_size", "32", "--data.num_workers", "0", "--data.hflip", "0", "--data.scale", "[0.8,1]",
@@ -133,7 +133,7 @@ def test_single_label_rows_without_one_label_and_multi_hot_data_for_a_single_lab
     status, err = run_cli(["train", *_train_args(one, one, tmp_path / "a"), "--data.multi_label", "false"], capsys)
     assert "one.csv line 3, column 'labels': no label; a single-label manifest needs one per row" in \
         one_error_line(status, err)
-    status, err = run_cli(["train", *_train_args(train, val, tmp_path / "b"), "--model.multi_label", "false",
+    status, err = run_cli(["train", *_train_args(train, val, tmp_path / "b"), "--model.labels", "SingleLabel",
                            "--trainer.fast_dev_run", "1"], capsys)
     assert "gives several labels per image (multi-hot targets); train with --model.labels MultiLabel" in \
         one_error_line(status, err)
@@ -203,8 +203,9 @@ def test_mixup_mixes_the_multi_hot_rows_as_it_mixes_the_images():
 @pytest.mark.slow
 def test_asl_pos_weight_mixup_and_cutmix_train(small, tmp_path):
     train, val = small
-    cli = cli_main(_train_args(train, val, tmp_path, SMALL, "--model.multi_label_loss", "asl", "--model.pos_weight",
-                               "true", "--model.mixup", "0.8", "--model.cutmix", "1.0", "--trainer.max_epochs", "1",
+    cli = cli_main(_train_args(train, val, tmp_path, SMALL, "--model.labels.loss", "asl", "--model.labels.pos_weight",
+                               "true", "--model.labels.mixup", "0.8", "--model.labels.cutmix", "1.0",
+                               "--trainer.max_epochs", "1",
                                "--trainer.limit_train_batches", "3", "--trainer.limit_val_batches", "1"))
     counts = torch.tensor([[float(str(d) in r["labels"].split()) for d in range(10)]
                            for r in csv.DictReader(open(train))]).sum(0)
@@ -418,8 +419,9 @@ def test_swin_and_lora_with_the_probe_first_head_train_on_several_labels(family,
     else:
         backbone = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, img_size=32, **SMALL)
         args = _train_args(train, val, tmp_path / "run", SMALL, "--model.checkpoint",
-                           str(vitkit.save_pretrained(backbone, tmp_path / "backbone")), "--model.head_init", "probe",
-                           "--model.lora_rank", "4")
+                           str(vitkit.save_pretrained(backbone, tmp_path / "backbone")),
+                           "--model.adaptation.head_init", "probe",
+                           "--model.adaptation", "LoRA", "--model.adaptation.rank", "4")
     cli = cli_main([*args, "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
                     "--trainer.limit_val_batches", "1"])
     assert cli.trainer.global_step == 2 and torch.isfinite(cli.trainer.callback_metrics["val/mAP"])

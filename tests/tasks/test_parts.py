@@ -1,7 +1,7 @@
-"""The classifier's typed parts: every shipped recipe of ImageClassifier builds the parts it names, the flat
-arguments of before the parts (every classifier checkpoint written then, a flat config, a command line's flags)
-translate into the parts they describe; the recipe builds the optimizer and its scheduler together; a part that
-cannot run is refused when it is made."""
+"""The classifier's typed parts: every shipped recipe of ImageClassifier builds the parts it names; the flat
+arguments of before the parts upgrade to the parts they describe (every classifier checkpoint written then, through
+``vitkit convert``), and given today (a flag, a config) end in one line naming the parts' flags; the recipe builds
+the optimizer and its scheduler together; a part that cannot run is refused when it is made."""
 
 import dataclasses
 from pathlib import Path
@@ -102,18 +102,21 @@ def test_every_classifier_checkpoint_of_before_translates_into_its_parts(path):
     _check(flat, _parts(FLAT.to_parts(hp)))
 
 
-def test_a_command_lines_flat_flags_become_the_parts_flags():
-    """The kind of a part goes before the flags of its fields, wherever the flat flags stood."""
-    argv = ["fit", "-c", "x.yaml", "--model.lora_alpha", "16", "--model.init_args.lr=1e-3", "--data.root", "d",
-            "--model.lora_rank", "8", "--model.multi_label", "true", "--model.multi_label_loss", "asl",
-            "--model.teacher", "t.ckpt", "--model.distill_tau=2", "--model.model_name", "vit_small_patch16_224"]
-    assert FLAT.argv(argv) == [
-        "fit", "-c", "x.yaml", "--model.adaptation", "LoRA", "--model.adaptation.rank", "8", "--model.labels",
-        "MultiLabel", "--model.adaptation.alpha", "16", "--model.recipe.lr", "1e-3", "--data.root", "d",
-        "--model.labels.loss", "asl", "--model.teacher.name", "t.ckpt", "--model.teacher.tau", "2",
-        "--model.model_name", "vit_small_patch16_224"]
-    assert FLAT.argv(["fit", "--model.freeze_backbone", "true", "--model.distillation", "none"]) == [
-        "fit", "--model.adaptation", "Frozen", "--model.teacher", "null"]
+@pytest.mark.parametrize("flags, says", [
+    (["--model.init_args.lr=1e-3"], "--model.lr 1e-3: the module takes its settings as parts now; give "
+                                    "--model.recipe.lr 1e-3"),
+    (["--model.lora_rank", "8"], "give --model.adaptation LoRA --model.adaptation.rank 8"),
+    (["--model.multi_label", "true"], "give --model.labels MultiLabel"),
+    (["--model.teacher", "t.ckpt"], "give --model.teacher.name t.ckpt"),
+    (["--model.freeze_backbone", "true"], "give --model.adaptation Frozen"),
+    (["--model.distillation", "none"], "give --model.teacher null"),
+])
+def test_a_flat_flag_ends_in_one_line_naming_the_parts_flags(flags, says, tmp_path):
+    from tests.commands import error_line_of
+
+    line = error_line_of(["train", "fit", "-c", "vit_tiny_digits", "--trainer.default_root_dir", str(tmp_path), *flags])
+    assert line.startswith("error: --model.") and line.endswith(says), line
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_the_recipe_builds_the_optimizer_and_its_scheduler_together():
@@ -151,10 +154,10 @@ def test_a_part_that_cannot_run_is_refused_when_made():
         ImageClassifier(labels=MultiLabel(), teacher=Teacher("vit_tiny_patch16_224"))
 
 
-def test_a_flat_config_file_with_flat_flags_trains_the_parts_it_says(tmp_path):
-    """The demo recipe written in the flat form of before, with flat flags on top, builds through the command line
-    the module that the recipe as shipped, with the same choices as parts, builds."""
-    from vitkit.cli.train import cli_main
+def test_a_flat_config_file_ends_in_one_line_naming_the_parts(tmp_path):
+    """The demo recipe written in the flat form of before is refused before anything is built, naming how the parts
+    take each of its flat settings."""
+    from tests.commands import error_line_of
 
     text = yaml.safe_load((ROOT / "configs/vit_tiny_digits.yaml").read_text())
     init = text["model"]["init_args"]
@@ -162,18 +165,11 @@ def test_a_flat_config_file_with_flat_flags_trains_the_parts_it_says(tmp_path):
     flat.update(init["recipe"], **init["labels"]["init_args"])
     text["model"]["init_args"] = flat
     (tmp_path / "old.yaml").write_text(yaml.safe_dump(text))
-    cpu = ["--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.precision", "32-true",
-           "--trainer.default_root_dir", str(tmp_path / "run")]
-    old = cli_main(["-c", str(tmp_path / "old.yaml"), "--model.lora_rank", "2", "--model.lr", "1e-3",
-                    "--model.multi_label", "true", *cpu], run=False).model
-    new = cli_main(["-c", str(ROOT / "configs/vit_tiny_digits.yaml"), "--model.adaptation", "LoRA",
-                    "--model.adaptation.rank", "2", "--model.recipe.lr", "1e-3", "--model.labels", "MultiLabel",
-                    *cpu], run=False).model
-    assert old.recipe == new.recipe and old.recipe.lr == 1e-3 and old.recipe.warmup_epochs == init["recipe"][
-        "warmup_epochs"]
-    assert old.labels == new.labels and isinstance(old.labels, MultiLabel)
-    assert old.adaptation == new.adaptation == LoRA(rank=2)
-    assert dict(old.hparams) == dict(new.hparams)
+    line = error_line_of(["train", "fit", "-c", str(tmp_path / "old.yaml"), "--trainer.default_root_dir",
+                          str(tmp_path / "run")])
+    assert line.startswith(f"error: {tmp_path / 'old.yaml'}: model.init_args holds flat arguments"), line
+    assert f"--model.recipe.lr {init['recipe']['lr']}" in line and "--model.labels.mixup" in line, line
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("flags, says", [
@@ -205,17 +201,40 @@ def test_a_flat_config_file_with_a_bad_switch_ends_in_one_line(tmp_path):
     (tmp_path / "old.yaml").write_text(yaml.safe_dump(text))
     line = error_line_of(["train", "fit", "-c", str(tmp_path / "old.yaml"), "--trainer.default_root_dir",
                           str(tmp_path)])
-    assert line == "error: multi_label must be true or false, got 'maybe'", line
+    assert line == "error: --model.multi_label expects true or false, got 'maybe'", line
 
 
-@given(st.lists(st.tuples(st.sampled_from(sorted(FLAT.names | {"teacher"})), st.text(max_size=8)), max_size=6))
+@given(st.lists(st.tuples(st.sampled_from(sorted(FLAT.names)), st.text(max_size=8)), min_size=1, max_size=6))
 @settings(max_examples=200, deadline=None)
-def test_any_flat_flags_translate_or_end_in_a_usage_error(pairs):
-    """Whatever values the flat flags carry, the translation gives flags of strings or refuses with a UsageError
-    (the command's one line); it never ends in another exception."""
+def test_any_flat_flags_end_in_a_usage_error(pairs):
+    """Whatever values the flat flags carry, the command line is refused with a UsageError (the command's one line);
+    it never ends in another exception, and no flat flag goes through."""
+    from vitkit.cli.model_args import refuse_flat
+
     argv = ["fit", *[x for key, value in pairs for x in (f"--model.{key}", value)]]
-    try:
-        out = FLAT.argv(argv)
-    except UsageError:
-        return
-    assert all(isinstance(a, str) for a in out) and out[0] == "fit"
+    with pytest.raises(UsageError):
+        refuse_flat(argv)
+
+
+def test_a_checkpoint_of_before_is_refused_until_convert_upgrades_it(tmp_path, capsys):
+    """Every module's checkpoint of the flat arguments: loading it names the command that upgrades it; ``vitkit
+    convert OLD NEW`` writes the same weights with the settings as the parts, and that file loads; a checkpoint of
+    today is not upgraded again."""
+    from vitkit.cli import main
+    from vitkit.lit import DINOPretraining, MaskedImageModeling, Segmenter, Seq2SeqModule
+
+    modules = {"classifier": ImageClassifier, "dino": DINOPretraining, "mae": MaskedImageModeling,
+               "seq2seq": Seq2SeqModule}
+    for path in [*(p for p in OLD if p.stem in modules), ROOT / "tests/fixtures/before_parts/segmenter_lora.ckpt"]:
+        cls = modules.get(path.stem, Segmenter)
+        with pytest.raises(UsageError, match=f"upgrade it once: vitkit convert {path} UPGRADED.ckpt"):
+            cls.load_from_checkpoint(path, map_location="cpu")
+        new = tmp_path / f"{path.stem}.ckpt"
+        assert main(["convert", str(path), str(new)]) == 0
+        old_sd = torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+        module = cls.load_from_checkpoint(new, map_location="cpu")
+        assert module.recipe.lr == torch.load(path, map_location="cpu", weights_only=True)["hyper_parameters"]["lr"]
+        got = torch.load(new, map_location="cpu", weights_only=True)["state_dict"]
+        assert got.keys() == old_sd.keys() and all(torch.equal(got[k], old_sd[k]) for k in got)
+    assert main(["convert", str(new), str(tmp_path / "again.ckpt")]) == 1
+    assert "nothing to upgrade" in capsys.readouterr().err

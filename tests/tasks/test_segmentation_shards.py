@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slow
 
 def _fit(shards: Path, root: Path, steps: int, *more: str):
     return cli_main(["fit", "-c", "seg_linear_probe", "--model.model_name", "vit_tiny_patch16_224",
-                     "--model.model_overrides", TINY_DIGITS_VIT, "--model.freeze_backbone", "false",
-                     "--model.warmup_epochs", "0", "--model.min_lr", "1e-3",  # one LR, whatever the run's length
+                     "--model.model_overrides", TINY_DIGITS_VIT, "--model.adaptation", "Full",
+                     "--model.recipe.warmup_epochs", "0", "--model.recipe.min_lr", "1e-3",
+                      # one LR, whatever the run's length
                      "--data", "vitkit.lit.StreamingSegmentationDataModule", "--data.root", str(shards),
                      "--data.num_classes", str(len(CLASSES)), "--data.img_size", "32", "--data.batch_size", "2",
                      "--data.num_workers", "0", "--trainer.max_steps", str(steps), "--trainer.accelerator", "cpu",

@@ -67,9 +67,10 @@ def test_upernet_learns_digit_masks_on_the_digits_backbone(digits_run, tmp_path,
     predicts, and `vitkit predict`, `evaluate` and `export` give the same model's masks and scores."""
     data = write_digit_masks(tmp_path / "data")
     backbone = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
-    run = cli_main(["fit", "-c", "seg_linear_probe", "--model.freeze_backbone", "false", "--model.head", "upernet",
+    run = cli_main(["fit", "-c", "seg_linear_probe", "--model.adaptation", "Full", "--model.head", "upernet",
                     "--model.head_args", '{"channels": 64}', "--model.model_name", "vit_tiny_patch16_224",
-                    "--model.model_overrides", TINY_DIGITS_VIT, "--model.checkpoint", str(backbone), "--model.lr",
+                    "--model.model_overrides", TINY_DIGITS_VIT, "--model.checkpoint", str(backbone),
+                    "--model.recipe.lr",
                     "2e-3", "--data.root", str(data), "--data.num_classes", str(len(CLASSES)), "--data.classes",
                     str(CLASSES),
                     "--data.img_size", "64", "--data.batch_size", "16", "--data.num_workers", "0", "--data.scale",
@@ -169,7 +170,8 @@ def test_seg_finetune_small_data_starts_at_its_probe_and_ends_no_lower(digits_ru
     backbone = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
     run = cli_main(["fit", "-c", "seg_finetune_small_data", "--model.model_name", "vit_tiny_patch16_224",
                     "--model.model_overrides", TINY_DIGITS_VIT, "--model.checkpoint", str(backbone),
-                    "--model.lora_rank", "4", "--data.root", str(data), "--data.num_classes", str(len(CLASSES)),
+                    "--model.adaptation", "LoRA", "--model.adaptation.rank", "4", "--data.root", str(data),
+                    "--data.num_classes", str(len(CLASSES)),
                     "--data.img_size", "48", "--data.batch_size", "16", "--data.num_workers", "0",
                     "--trainer.max_epochs", "2", "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
                     "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run")])
@@ -304,8 +306,8 @@ def test_a_resumed_segmentation_run_ends_where_the_uninterrupted_one_does(tmp_pa
     def fit(root: Path, *extra: str):
         return cli_main(["fit", "-c", "seg_linear_probe", "--model.model_name", "vit_tiny_patch16_224",
                          "--model.model_overrides", TINY_DIGITS_VIT, "--model.head", "upernet", "--model.head_args",
-                         '{"channels": 16}', "--model.freeze_backbone", "false", "--model.dice_weight", "0.5",
-                         "--model.ema_decay", "0.9", "--model.schedule", "poly", "--data.root", str(data),
+                         '{"channels": 16}', "--model.adaptation", "Full", "--model.dice_weight", "0.5",
+                         "--model.recipe.ema_decay", "0.9", "--model.recipe.schedule", "poly", "--data.root", str(data),
                          "--data.num_classes", str(len(CLASSES)), "--data.img_size", "32", "--data.batch_size", "4",
                          "--data.num_workers", "0", "--trainer.max_epochs", "4", "--trainer.accelerator", "cpu",
                          "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",

@@ -13,8 +13,9 @@ from .segmentation_digits import write_digit_masks
 
 TINY_SWIN = '{"embed_dim": 16, "depths": [1, 1], "num_heads": [1, 2], "window_size": 4, "patch_size": 2}'
 RECIPE = ["--trainer.accumulate_grad_batches", "2", "--trainer.gradient_clip_val", "0.5",
-          "--trainer.gradient_clip_algorithm", "norm", "--model.layer_decay", "0.75", "--model.mixup", "0.8",
-          "--model.cutmix", "1.0", "--model.ema_decay", "0.9", "--model.label_smoothing", "0.1"]
+          "--trainer.gradient_clip_algorithm", "norm", "--model.recipe.layer_decay", "0.75", "--model.labels.mixup",
+          "0.8",
+          "--model.labels.cutmix", "1.0", "--model.recipe.ema_decay", "0.9", "--model.labels.label_smoothing", "0.1"]
 
 
 MODELS = {"vit": ("vit_tiny_patch16_224", TINY_VIT.replace('"depth": 1', '"depth": 2')),
@@ -30,14 +31,15 @@ def _classifier(root: Path, strategy: str, family: str, *extra: str) -> list[str
             "--model.model_overrides", overrides[:-1] + ', "drop_path_rate": 0.2}', *RECIPE, *extra, *_common(root)]
 
 
-LORA = ["--model.lora_rank", "4", "--model.lora_parts", "qv", "--model.lr", "3e-2"]  # steps that move the adapters
+LORA = ["--model.adaptation", "LoRA", "--model.adaptation.rank", "4", "--model.adaptation.parts", "qv",
+        "--model.recipe.lr", "3e-2"]  # steps that move the adapters
 
 
 def _packed(data: Path) -> list[str]:
     """The classifier's data as images of their own shapes (``_digit_shapes``), packed 3 to a sequence of 52 slots
     within 16 patches each, a quarter of each training image's patches dropped; mixup and cutmix off (packing
     refuses them)."""
-    return ["--model.mixup", "0", "--model.cutmix", "0", "--data", "vitkit.lit.ImageFolderDataModule",
+    return ["--model.labels.mixup", "0", "--model.labels.cutmix", "0", "--data", "vitkit.lit.ImageFolderDataModule",
             "--data.root", str(data), "--data.img_size", "32", "--data.batch_size", "8", "--data.num_workers", "0",
             "--data.packing", "true", "--data.max_tokens", "52", "--data.token_drop", "0.25"]
 
@@ -89,8 +91,10 @@ def _distilled(root: Path, strategy: str, teacher: Path, *extra: str) -> list[st
     """A student taught by a frozen teacher (soft loss), with mixup: the teacher replicated on every rank."""
     return ["fit", "--config", "configs/vit_tiny_digits.yaml", "--trainer.strategy", strategy,
             "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1", "--model.model_overrides",
-            TINY_VIT, "--model.teacher", str(teacher), "--model.distillation", "soft", "--model.distill_alpha", "0.5",
-            "--model.distill_tau", "2.0", "--model.mixup", "0.8", "--trainer.accumulate_grad_batches", "2", *extra,
+            TINY_VIT, "--model.teacher.name", str(teacher), "--model.teacher.distillation", "soft",
+            "--model.teacher.alpha", "0.5",
+            "--model.teacher.tau", "2.0", "--model.labels.mixup", "0.8", "--trainer.accumulate_grad_batches", "2",
+            *extra,
             *_common(root)]
 
 
@@ -101,8 +105,8 @@ def _segmenter(root: Path, strategy: str, data: Path) -> list[str]:
             "--trainer.precision", "32-true", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches",
             "1", "--model.model_name", "vit_tiny_patch16_224", "--model.model_overrides",
             TINY_VIT.replace('"depth": 1', '"depth": 2'), "--model.head", "upernet", "--model.head_args",
-            '{"channels": 16}', "--model.freeze_backbone", "false", "--model.dice_weight", "0.5",
-            "--model.layer_decay", "0.75", "--model.ema_decay", "0.9", "--data.root", str(data),
+            '{"channels": 16}', "--model.adaptation", "Full", "--model.dice_weight", "0.5",
+            "--model.recipe.layer_decay", "0.75", "--model.recipe.ema_decay", "0.9", "--data.root", str(data),
             "--data.num_classes", "4", "--data.img_size", "32", "--data.batch_size", "2", "--data.num_workers", "0",
             "--trainer.accumulate_grad_batches", "2", "--trainer.gradient_clip_val", "0.5", *_common(root)]
 
@@ -134,7 +138,7 @@ def runs(tmp_path_factory) -> Path:
     shapes = _digit_shapes(root / "shapes")
     every += [_classifier(root / f"packed_lora_{strategy}", strategy, "vit", *LORA, *_packed(shapes))
               for strategy in ("ddp", "fsdp2")]
-    every += [_classifier(root / f"multi_{strategy}", strategy, "vit", "--model.multi_label", "true")
+    every += [_classifier(root / f"multi_{strategy}", strategy, "vit", "--model.labels", "MultiLabel")
               for strategy in ("ddp", "fsdp2")]
     every += [_seq2seq(root / f"seq2seq_{strategy}", strategy) for strategy in ("ddp", "fsdp2")]
     teacher = _teacher(root)

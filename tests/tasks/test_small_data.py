@@ -71,7 +71,7 @@ def test_the_recipe_fits_the_probe_first_and_ends_above_it(backbone, few, tmp_pa
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
     status, err = run_cli(["train", "fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone),
-                           "--data.root", str(few), "--data.img_size", "32", "--model.lr", "1e-3",
+                           "--data.root", str(few), "--data.img_size", "32", "--model.recipe.lr", "1e-3",
                            "--trainer.default_root_dir", str(run), *CPU], capsys)
     assert status == 0, err
     lines = said.messages
@@ -102,7 +102,7 @@ def test_the_average_the_recipe_validates_begins_at_the_probe(backbone, few, tmp
     that change nothing (lr 1e-12) its first validation is the probe's score, where an average begun at the model
     as built (the backbone file's head) is not."""
     cli = cli_main(["fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone), "--data.root", str(few),
-                    "--data.img_size", "32", "--model.lr", "1e-12", "--trainer.max_epochs", "1",
+                    "--data.img_size", "32", "--model.recipe.lr", "1e-12", "--trainer.max_epochs", "1",
                     "--trainer.default_root_dir", str(tmp_path), *CPU])
     assert cli.model.ema_is_model and _top1(tmp_path) == [pytest.approx(cli.model.probe_baseline, abs=1e-6)]
 
@@ -111,7 +111,7 @@ def test_the_average_the_recipe_validates_begins_at_the_probe(backbone, few, tmp
 def test_a_run_that_does_not_beat_the_probe_ends_with_the_probe(backbone, few, tmp_path, said):
     """An LR that wrecks the backbone in its one epoch: the best checkpoint is the probe's."""
     cli = cli_main(["fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone), "--data.root", str(few),
-                    "--data.img_size", "32", "--model.lr", "1.0", "--trainer.max_epochs", "1",
+                    "--data.img_size", "32", "--model.recipe.lr", "1.0", "--trainer.max_epochs", "1",
                     "--trainer.default_root_dir", str(tmp_path), *CPU])
     probe = tmp_path / "checkpoints/probe.ckpt"
     assert cli.trainer.checkpoint_callback.best_model_path == str(probe)
@@ -121,13 +121,13 @@ def test_a_run_that_does_not_beat_the_probe_ends_with_the_probe(backbone, few, t
 @pytest.mark.slow
 def test_a_multi_label_run_on_one_label_folders_scores_its_probe_by_map(backbone, few, tmp_path, capsys, said,
                                                                          monkeypatch):
-    """--model.multi_label true on a folder of one label per image: the probe is one regression per class, scored by
+    """--model.labels MultiLabel on a folder of one label per image: the probe is one regression per class, scored by
     the mAP the run validates by, logs and saves; `vitkit evaluate` of probe.ckpt gives the same mAP, and the run's
     last line sets mAP beside mAP."""
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
     status, err = run_cli(["train", "fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone),
-                           "--data.root", str(few), "--data.img_size", "32", "--model.multi_label", "true",
+                           "--data.root", str(few), "--data.img_size", "32", "--model.labels", "MultiLabel",
                            "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(run), *CPU], capsys)
     assert status == 0, err
     probe_line = next(m for m in said.messages if m.startswith("probe: "))
@@ -257,7 +257,7 @@ def test_a_lora_run_keeps_what_trained_and_converts_merged_or_as_an_adapter(back
 
     run = tmp_path / "run"
     cli = cli_main(["fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone), "--data.root", str(few),
-                    "--data.img_size", "32", "--model.lora_rank", "4",
+                    "--data.img_size", "32", "--model.adaptation", "LoRA", "--model.adaptation.rank", "4",
                     "--trainer.max_epochs", "2", "--trainer.default_root_dir", str(run), *CPU])
     last = run / "checkpoints/last.ckpt"
     ck = torch.load(last, weights_only=True)
@@ -273,7 +273,7 @@ def test_a_lora_run_keeps_what_trained_and_converts_merged_or_as_an_adapter(back
     with torch.no_grad():  # the module rebuilt from the checkpoint: its backbone read again from the file it names
         torch.testing.assert_close(ImageClassifier.load_from_checkpoint(last).eval()(x), ours)
     resumed = cli_main(["fit", "-c", "finetune_small_data", "--model.checkpoint", str(backbone), "--data.root",
-                        str(few), "--data.img_size", "32", "--model.lora_rank", "4",
+                        str(few), "--data.img_size", "32", "--model.adaptation", "LoRA", "--model.adaptation.rank", "4",
                         "--trainer.max_epochs", "3", "--trainer.default_root_dir", str(run), "--ckpt_path", "last",
                         *CPU])
     assert resumed.trainer.global_step == cli.trainer.global_step * 3 // 2
@@ -301,12 +301,15 @@ def test_a_lora_run_keeps_what_trained_and_converts_merged_or_as_an_adapter(back
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--model.lora_rank", "-1"], "LoRA adapts the backbone with adapters of rank >= 1 (lora_rank), got -1"),
-    (["--model.lora_rank", "4", "--model.lora_targets", "[attn.query]"],
+    (["--model.adaptation", "LoRA", "--model.adaptation.rank", "-1"],
+     "LoRA adapts the backbone with adapters of rank >= 1 (lora_rank), got -1"),
+    (["--model.adaptation", "LoRA", "--model.adaptation.rank", "4", "--model.adaptation.targets", "[attn.query]"],
      "lora_targets ['attn.query'] match no linear layer of vit_tiny_patch16_224; its linear layers are named like: "
      "attn.qkv, attn.proj, mlp.fc1, mlp.fc2, head"),
-    (["--model.lora_rank", "4", "--model.lora_parts", "qx"], "lora_parts must name some of q, k and v once each"),
-    (["--model.lora_rank", "4", "--model.lora_lr_scale", "0"], "lora_lr_scale must be > 0 (the adapters' LR over lr), "
+    (["--model.adaptation", "LoRA", "--model.adaptation.rank", "4", "--model.adaptation.parts", "qx"],
+     "lora_parts must name some of q, k and v once each"),
+    (["--model.adaptation", "LoRA", "--model.adaptation.rank", "4", "--model.adaptation.lr_scale", "0"],
+     "lora_lr_scale must be > 0 (the adapters' LR over lr), "
      "got 0.0"),
     (["--data.img_size", "[32, 0]"], "img_size must be a positive int or two of them (H W, e.g. [224, 448]), got "
      "(32, 0)"),
@@ -371,6 +374,7 @@ def test_an_adapter_folder_for_another_model_is_refused_in_one_line(tmp_path):
 
 def test_lora_without_peft_installed_says_what_to_install_in_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)  # as where peft is not installed
-    line = one_error_line(*run_cli(["train", "fit", "-c", "vit_tiny_digits", "--model.lora_rank", "4",
+    line = one_error_line(*run_cli(["train", "fit", "-c", "vit_tiny_digits", "--model.adaptation", "LoRA",
+                                    "--model.adaptation.rank", "4",
                                     "--trainer.default_root_dir", str(tmp_path), *CPU], capsys))
     assert line.endswith("pip install 'vitkit[lora]'"), line

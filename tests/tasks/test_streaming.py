@@ -227,7 +227,7 @@ def test_sigkill_mid_epoch_then_resume_continues_at_the_next_batch(shards, tmp_p
     """Augmentation, drop path and mixup on, 2 workers, last.ckpt every 5 steps (19 steps per epoch): killed in
     the second epoch at its 9th batch, resumed from step 25 (6 batches into that epoch)."""
     overrides = json.dumps({**json.loads(TINY_VIT), "drop_path_rate": 0.2})
-    common = ["--trainer.max_epochs", "2", "--model.model_overrides", overrides, "--model.mixup", "0.5",
+    common = ["--trainer.max_epochs", "2", "--model.model_overrides", overrides, "--model.labels.mixup", "0.5",
               "--trainer.callbacks.last_every_n_train_steps", "5"]
     with ThreadPoolExecutor(2) as pool:  # the uninterrupted run and the one to be killed, side by side
         full = pool.submit(_fit, tmp_path / "full", shards, *common)

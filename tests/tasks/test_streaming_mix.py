@@ -178,7 +178,7 @@ def _val_top1(tmp_path: Path, *data: str) -> float:
     cli = cli_main(["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), "--trainer.accelerator", "cpu",
                     "--trainer.default_root_dir", str(tmp_path), "--trainer.logger", "false",
                     "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "false",
-                    "--trainer.callbacks", "[]", "--trainer.max_epochs", "10", "--model.warmup_epochs", "1",
+                    "--trainer.callbacks", "[]", "--trainer.max_epochs", "10", "--model.recipe.warmup_epochs", "1",
                     "--model.model_overrides", '{"depth": 1, "embed_dim": 48, "num_heads": 2, "patch_size": 4}',
                     *data, "--data.img_size", "16", "--data.batch_size", "32", "--data.num_workers", "1",
                     "--data.auto_augment", "null", "--data.re_prob", "0", "--data.color_jitter", "null",

@@ -50,9 +50,9 @@ def test_fast_dev_run_every_config_on_an_image_folder(config, image_folder, tmp_
         from_file = ["--model.checkpoint", str(vitkit.save_pretrained(backbone, tmp_path / "backbone"))]
     if cfg["model"]["init_args"].get("teacher"):  # the recipe's teacher as a tiny model of the folder's classes
         teacher = vitkit.create_model("vit_tiny_patch16_224", num_classes=3, img_size=32, **json.loads(TINY_VIT))
-        from_file += ["--model.teacher", str(vitkit.save_pretrained(teacher, tmp_path / "teacher"))]
+        from_file += ["--model.teacher.name", str(vitkit.save_pretrained(teacher, tmp_path / "teacher"))]
     cli = cli_main(["fit", "--config", str(config), *_cpu(tmp_path), "--trainer.fast_dev_run", "2",
-                    "--model.model_overrides", tiny, "--model.compile", "false", *from_file,
+                    "--model.model_overrides", tiny, "--model.recipe.compile", "false", *from_file,
                     *data, "--data.img_size", "32", "--data.batch_size", "4", "--data.num_workers", "0"])
     assert cli.model.num_classes == 3
     assert cli.model.hparams.class_names == ["class_0", "class_1", "class_2"]
@@ -236,9 +236,9 @@ def test_lightning_checkpoint_loads_without_lightning(digits_run):
 def test_the_command_lines_model_arguments_are_told_from_the_rest():
     from vitkit.cli.train import given_model_args
 
-    args = ["validate", "--model.lr", "1e-3", "--model.init_args.ema_decay=0.9", "--model.model_overrides.depth=6",
+    args = ["validate", "--model.recipe.lr", "1e-3", "--model.recipe.ema_decay=0.9", "--model.model_overrides.depth=6",
             "--model.class_path", "vitkit.lit.ImageClassifier", "--data.batch_size", "8", "--ckpt_path", "x.ckpt"]
-    assert given_model_args(args) == {"lr", "ema_decay", "model_overrides"}
+    assert given_model_args(args) == {"recipe", "model_overrides"}
 
 
 def test_a_command_builds_the_parser_of_its_subcommand_and_help_lists_all_four(tmp_path, capsys):
@@ -279,8 +279,8 @@ def few_shot_folder(tmp_path_factory) -> Path:
 
 def fine_tune_args(root: Path, data: Path, *extra: str) -> list[str]:
     return ["fit", "--config", str(ROOT / "configs/vit_tiny_digits.yaml"), *_cpu(root), "--trainer.max_epochs", "10",
-            "--trainer.check_val_every_n_epoch", "10", "--model.warmup_epochs", "0", "--model.lr", "2e-3",
-            "--model.layer_decay", "0.65", *extra,
+            "--trainer.check_val_every_n_epoch", "10", "--model.recipe.warmup_epochs", "0", "--model.recipe.lr", "2e-3",
+            "--model.recipe.layer_decay", "0.65", *extra,
             "--data", "vitkit.lit.ImageFolderDataModule", "--data.root", str(data), "--data.img_size", "40",
             "--data.batch_size", "3", "--data.num_workers", "0", "--data.auto_augment", "null", "--data.re_prob", "0",
             "--data.scale", "[0.8, 1.0]", "--data.hflip", "0"]
@@ -341,10 +341,10 @@ def test_ema_updates_once_per_optimizer_step_and_never_for_a_skipped_one(tmp_pat
     import sys
 
     sys.path.insert(0, str(ROOT / "tests" / "tasks"))
-    cli = _fit(tmp_path / "accumulate", "--model.ema_decay", "0.9", "--trainer.accumulate_grad_batches", "2",
+    cli = _fit(tmp_path / "accumulate", "--model.recipe.ema_decay", "0.9", "--trainer.accumulate_grad_batches", "2",
                "--trainer.max_epochs", "2")  # 3 batches per epoch: 2 optimizer steps each
     assert cli.trainer.global_step == 4 and int(cli.model.ema.updates) == 4
-    cli = _fit(tmp_path / "skip", "--model.ema_decay", "0.9", "--model.nonfinite_loss", "skip",
+    cli = _fit(tmp_path / "skip", "--model.recipe.ema_decay", "0.9", "--model.recipe.nonfinite_loss", "skip",
                "--trainer.max_epochs", "2", "--trainer.callbacks+=ddp_probe.NanLogitsOnce",
                "--trainer.callbacks.step", "2")
     assert cli.trainer.global_step == 6 and int(cli.model.ema.updates) == 5
@@ -355,7 +355,7 @@ def test_ema_updates_once_per_optimizer_step_and_never_for_a_skipped_one(tmp_pat
 def test_an_ema_that_is_the_model_is_what_evaluation_runs_and_the_checkpoint_holds_and_resume_puts_back(tmp_path):
     """``ema_is_model``: eval mode runs the average, the checkpoint's ``model.`` weights are the average's (what
     predict, evaluate and export read), and a resumed run trains the weights it was training, exactly."""
-    ema = ("--model.ema_decay", "0.5", "--model.ema_is_model", "true", "--trainer.max_epochs", "2")
+    ema = ("--model.recipe.ema_decay", "0.5", "--model.recipe.ema_is_model", "true", "--trainer.max_epochs", "2")
     full = _fit(tmp_path / "full", *ema)
     _fit(tmp_path / "resumed", *ema, "--trainer.callbacks+=tests.tasks.ddp_probe.StopAfterEpoch",
          "--trainer.callbacks.epoch", "1")
@@ -386,7 +386,8 @@ def test_an_ema_that_is_the_model_is_what_evaluation_runs_and_the_checkpoint_hol
 
 @pytest.mark.slow
 def test_compiled_training_checkpoints_plain_parameter_names(tmp_path):
-    cli = _fit(tmp_path, "--model.compile", "true", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0")
+    cli = _fit(tmp_path, "--model.recipe.compile", "true", "--trainer.max_steps", "2", "--trainer.limit_val_batches",
+               "0")
     assert cli.model.model._compiled_call_impl is not None  # trained compiled
     last = tmp_path / "checkpoints/last.ckpt"
     keys = list(torch.load(last, weights_only=True)["state_dict"])

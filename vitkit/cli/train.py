@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import LearningRateMonitor, RichModelSummary
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
@@ -39,13 +38,13 @@ from vitkit.errors import UsageError, take_traceback_flag, take_verbose_flag
 from vitkit.library_output import quiet
 from vitkit.tasks import registry
 from vitkit.training.callbacks import AtomicCheckpointIO, ModelCheckpoint, ModelSummary, TrainingCurves, checkpoints_dir
-from vitkit.training.flat import flat_of
+from vitkit.training.flat import flat_of, refuse_flat_checkpoint
 from vitkit.training.hparams import read_hparams
 from vitkit.training.parts import class_at
 from vitkit.training.strategies import settle_interrupted_saves
 
 from .common import usage_error
-from .flat_args import CLASSIFIER, model_class, with_parts
+from .model_args import CLASSIFIER, model_class, nulls_as_mappings, read_config, refuse_flat
 
 
 def _attribute(name: str):
@@ -197,6 +196,13 @@ def default_model(argv: list[str]) -> str:
     return chosen if isinstance(cls, type) and issubclass(cls, L.LightningModule) else CLASSIFIER
 
 
+def _model_args(argv: list[str]) -> list[str]:
+    """``argv`` with a flat argument of before the module's parts refused, and a part's field set to null as
+    jsonargparse takes it."""
+    refuse_flat(argv)
+    return nulls_as_mappings(argv)
+
+
 class VitkitCLI(LightningCLI):
     """LightningCLI with the module and data chosen by class path, facts linked between them (image size,
     classes, vocabularies, normalisation), and every output under the run's root folder."""
@@ -205,9 +211,9 @@ class VitkitCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_class", OneLineLightningParser)
         if args is None:  # from the shell: LightningCLI reads sys.argv itself
-            sys.argv[1:] = with_parts(with_recipes(take_verbose_flag(take_traceback_flag(sys.argv[1:]))))
+            sys.argv[1:] = _model_args(with_recipes(take_verbose_flag(take_traceback_flag(sys.argv[1:]))))
         else:
-            args = with_parts(with_recipes(take_verbose_flag(take_traceback_flag(args))))
+            args = _model_args(with_recipes(take_verbose_flag(take_traceback_flag(args))))
         given = sys.argv[1:] if args is None else args
         self._model_args_given = given_model_args(given)
         self._model_default = default_model(given)
@@ -248,8 +254,8 @@ class VitkitCLI(LightningCLI):
                 after.init_args[key] = before.init_args[key]
 
     def _parse_ckpt_hparams(self) -> None:
-        """Lightning's: the checkpoint's hyper-parameters laid over the parsed config; a module's flat ones (of a
-        checkpoint written before its parts) put as its parts first."""
+        """Lightning's: the checkpoint's hyper-parameters laid over the parsed config; a checkpoint of a module's flat
+        arguments (written before its parts) is refused, naming the command that upgrades it."""
         sub = self.config.get("subcommand")
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
         if not ckpt_path or not Path(ckpt_path).is_file():
@@ -259,9 +265,7 @@ class VitkitCLI(LightningCLI):
         if not hparams:
             return
         class_path = hparams.pop("_class_path", None)
-        flat = flat_of(class_path)
-        if flat is not None and flat.is_flat(hparams):
-            hparams = flat.to_parts(hparams)
+        refuse_flat_checkpoint(ckpt_path, hparams, flat_of(class_path))
         model = {"class_path": class_path, "dict_kwargs": hparams} if class_path else hparams
         try:
             self.config = self.parser.parse_object({sub: {"model": model}}, self.config)
@@ -311,7 +315,7 @@ class VitkitCLI(LightningCLI):
         config's data settings it has fields for; the others are said, in one line, not dropped in silence."""
         section = None
         for c in cfg.get("config") or []:
-            text = yaml.safe_load(Path(str(c)).read_text()) if Path(str(c)).is_file() else None
+            text = read_config(str(c))
             if isinstance(text, dict) and isinstance(text.get("data"), dict):
                 section = text["data"]
         data = cfg.get("data")

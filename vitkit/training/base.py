@@ -6,9 +6,9 @@ rank together. :class:`~vitkit.lit.ImageClassifier`, :class:`~vitkit.lit.Seq2Seq
 
 A subclass saves its hyper-parameters (:meth:`keep_arguments`), sets ``self.recipe`` (its ``recipe`` argument, a
 :class:`~vitkit.training.recipe.Recipe`: optimizer, schedule, non-finite steps, compile) and ``self.model`` (and
-``self.ema`` with :meth:`make_ema`), and implements :meth:`step_loss`. Its ``FLAT`` translates the flat arguments
-it took before its typed parts (``lr``, ``freeze_backbone``, ...), in a checkpoint (:meth:`load_from_checkpoint`)
-or in Python (:meth:`from_flat`).
+``self.ema`` with :meth:`make_ema`), and implements :meth:`step_loss`. Its ``FLAT`` names the flat arguments it
+took before its typed parts (``lr``, ``freeze_backbone``, ...): a checkpoint of them is refused by
+:meth:`load_from_checkpoint` in one line, and ``vitkit convert`` upgrades it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from torchmetrics import MeanMetric
 from vitkit.checkpoints.adapters import require_backbone
 from vitkit.errors import UsageError
 
-from .flat import Flat
+from .flat import Flat, refuse_flat_checkpoint
 from .hparams import gather_rng_states, keep_own_hparams, read_hparams, restore_rng_states, seed_rank
 from .recipe import Recipe, WarmupSchedule
 from .sharding import check_gradients_sync, data_parallel_mesh, shard
@@ -150,18 +150,12 @@ class TrainingModule(L.LightningModule):
                        f"(val/probe_baseline): {path}")
 
     @classmethod
-    def from_flat(cls, **flat: Any) -> TrainingModule:
-        """The module from the flat arguments that came before its parts (``lr=1e-3, freeze_backbone=True``)."""
-        return cls(**(cls.FLAT.to_parts(flat) if cls.FLAT is not None else flat))
-
-    @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> TrainingModule:
-        """Lightning's, for a checkpoint of the flat arguments too: they are translated into the parts."""
+        """Lightning's, with a clear line for a checkpoint it cannot rebuild: one of the flat arguments of before the
+        parts (``vitkit convert`` upgrades it), or one whose backbone file is gone."""
         hp = read_hparams(checkpoint_path)
         require_backbone(hp, checkpoint_path)  # named by a file that holds only what trained (adapters, head)
-        if cls.FLAT is not None and cls.FLAT.is_flat(hp):  # the parts passed on; Lightning reads the rest as ever
-            parts = cls.FLAT.to_parts(hp)
-            kwargs = {**{k: parts[k] for k in cls.FLAT.parts if k in parts}, **kwargs}
+        refuse_flat_checkpoint(checkpoint_path, hp, cls.FLAT)
         token = _LOADING.set(True)
         try:
             return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)

@@ -1,7 +1,8 @@
 """The flat arguments a training module took before its typed parts (``lr``, ``warmup_epochs``, ``freeze_backbone``,
-``lora_rank``, ...), translated into the parts: the arguments of a checkpoint or a config written then, and the
-``--model.lr`` flags of a command line, so that each keeps working. One :class:`Flat` per module
-(``Module.FLAT``); a task with parts of its own extends it (the classifier's labels and teacher).
+``lora_rank``, ...) and the parts they became. Nothing is translated as it is read: ``vitkit convert OLD.ckpt
+NEW.ckpt`` upgrades a checkpoint written with them (:meth:`Flat.to_parts`), and a flag or config that gives one is
+refused in one line naming the part's flag (:meth:`Flat.flag`). One :class:`Flat` per module (``Module.FLAT``); a
+task with parts of its own extends it (the classifier's labels and teacher).
 
 =========================================  ============================================================
 flat argument                              part
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,7 +69,7 @@ class Flat:
         return out
 
     def flag(self, key: str, value: str) -> tuple[list[str], list[str]]:
-        """(the flags that choose a part's kind, the other flags) of one flat flag."""
+        """(the flags that choose a part's kind, the other flags) that say what one flat flag said."""
         word = value.strip().lower()
         if key in self.switches and word not in TRUE + FALSE:
             raise UsageError(f"--model.{key} expects true or false, got {value!r}")
@@ -89,53 +89,15 @@ class Flat:
             return [], [f"--model.adaptation.{table[key]}", value]
         raise KeyError(key)
 
-    def argv(self, argv: list[str]) -> list[str]:
-        """A command line's flat ``--model.X`` flags (``--model.init_args.X``, ``--model.X=V``) as the parts' flags:
-        ``--model.lr 1e-3`` -> ``--model.recipe.lr 1e-3``, ``--model.lora_rank 8`` -> ``--model.adaptation LoRA
-        --model.adaptation.rank 8``. A flag that chooses a part's kind goes before the first translated flag, so that
-        the part's other flags apply to that kind."""
-        kinds: list[str] = []
-        rest: list[str] = []
-        first = None
-        i = 0
-        while i < len(argv):
-            flag, eq, value = argv[i].partition("=")
-            key = flag.removeprefix("--model.").removeprefix("init_args.") if flag.startswith("--model.") else None
-            if not self.takes_flag(key) or (not eq and i + 1 >= len(argv)):
-                rest.append(argv[i])
-                i += 1
-                continue
-            if not eq:
-                value, i = argv[i + 1], i + 1
-            i += 1
-            first = len(rest) if first is None else first
-            chosen, flags = self.flag(key, value)
-            kinds += chosen
-            rest += flags
-        return self._nulls_as_mappings(rest if first is None else rest[:first] + kinds + rest[first:])
-
     def takes_flag(self, key: str | None) -> bool:
-        """Whether ``--model.<key>`` is a flat flag this translation rewrites."""
+        """Whether ``--model.<key>`` is a flat flag of before the parts."""
         return key in self.names
 
-    def _nulls_as_mappings(self, argv: list[str]) -> list[str]:
-        """``--model.recipe.layer_decay null`` as ``--model.recipe '{"layer_decay": null}'``: jsonargparse refuses a
-        null given to one field of a part inside the module's class path, and takes the same as a mapping, laid over
-        the part's other fields."""
-        out, i = [], 0
-        while i < len(argv):
-            flag, eq, value = argv[i].partition("=")
-            if not eq and i + 1 < len(argv):
-                value = argv[i + 1]
-            path = flag.removeprefix("--model.").removeprefix("init_args.").split(".")
-            if flag.startswith("--model.") and len(path) == 2 and path[0] in self.parts and \
-                    value.strip().lower() in ("null", "none", "~"):
-                out += [f"--model.{path[0]}", json.dumps({path[1]: None})]
-                i += 1 if eq else 2
-                continue
-            out.append(argv[i])
-            i += 1
-        return out
+    def refusal(self, key: str, value: str) -> str:
+        """The line that refuses the flat flag ``--model.<key> <value>``, naming the parts' flags that say it."""
+        chosen, flags = self.flag(key, value)
+        return (f"--model.{key} {value}: the module takes its settings as parts now; give "
+                f"{' '.join(chosen + flags)}")
 
 
 def kind_of(part: Any) -> str | None:
@@ -168,6 +130,15 @@ def adaptation_of(args: Mapping[str, Any]):
     if lora.rank:
         given["rank"] = lora.rank
     return kind(**{**kept(args.get("adaptation"), kind), **given})
+
+
+def refuse_flat_checkpoint(path: Any, hparams: Mapping[str, Any], flat: Flat | None) -> None:
+    """A checkpoint of a module's flat arguments (written before its parts) ends in one line naming the command
+    that upgrades it; today's checkpoints pass."""
+    if flat is not None and flat.is_flat(hparams):
+        names = sorted(k for k in hparams if flat.takes_flag(k))[:4]
+        raise UsageError(f"{path} holds the flat arguments of a vitkit from before the modules' parts "
+                         f"({', '.join(names)}, ...); upgrade it once: vitkit convert {path} UPGRADED.ckpt")
 
 
 def flat_of(class_path: Any) -> Flat | None:

@@ -57,9 +57,9 @@ class ImageClassifier(TrainingModule):
     owns its checks, its loss term and its hooks.
 
     Every argument is serializable (a part as its ``class_path`` and ``init_args``), so
-    ``ImageClassifier.load_from_checkpoint(path)`` rebuilds the module with or without the CLI; a checkpoint or a
-    config of the flat arguments that came before the parts (``lr``, ``freeze_backbone``, ``lora_rank``, ...) is
-    translated (``flat.py``), and :meth:`from_flat` builds one from them.
+    ``ImageClassifier.load_from_checkpoint(path)`` rebuilds the module with or without the CLI; a checkpoint of the
+    flat arguments that came before the parts (``lr``, ``freeze_backbone``, ``lora_rank``, ...) is upgraded once by
+    ``vitkit convert OLD.ckpt NEW.ckpt`` (``flat.py`` says what each became).
 
     Args:
         model_name: a preset from ``vitkit.list_models()``, or a pretrained name: a timm tag
