@@ -20,8 +20,8 @@ from vitkit.lit import DigitsDataModule
 
 from .conftest import TINY_VIT
 
-TINY_HEAD = ["--model.out_dim", "64", "--model.hidden_dim", "32", "--model.bottleneck_dim", "16",
-             "--model.local_crops", "2"]
+TINY_HEAD = ["--model.head.out_dim", "64", "--model.head.hidden_dim", "32", "--model.head.bottleneck_dim", "16",
+             "--model.crops.local_crops", "2"]
 
 
 def _cpu(root: Path, *extra: str) -> list[str]:
@@ -165,13 +165,15 @@ def test_continued_on_another_domain_the_knn_there_rises(digits_dino, tmp_path):
     0.602 / 0.543 / 0.598 to 0.676 / 0.710 / 0.721 (random weights 0.548 / 0.524 / 0.517); the bound sits outside
     that spread."""
     photos = write_photo_patches(tmp_path / "photos")
-    small = ["--model.out_dim", "1024", "--model.hidden_dim", "256", "--model.bottleneck_dim", "64",
-             "--model.local_crops", "2", "--model.local_size", "16", "--data.batch_size", "32", "--model.recipe.lr",
+    small = ["--model.head.out_dim", "1024", "--model.head.hidden_dim", "256", "--model.head.bottleneck_dim", "64",
+             "--model.crops.local_crops", "2", "--model.crops.local_size", "16", "--data.batch_size", "32",
+             "--model.recipe.lr",
              "1e-3",
              "--model.recipe.lr_batch", "null",
              "--model.recipe.warmup_epochs", "1"]
-    like_digits = ["--model.global_scale", "[0.6, 1.0]", "--model.local_scale", "[0.3, 0.6]", "--model.centering",
-                   "sinkhorn", "--model.teacher_temp", "0.04", "--model.momentum_teacher", "0.98"]
+    like_digits = ["--model.crops.global_scale", "[0.6, 1.0]", "--model.crops.local_scale", "[0.3, 0.6]",
+                   "--model.loss.centering",
+                   "sinkhorn", "--model.loss.teacher_temp", "0.04", "--model.momentum_teacher", "0.98"]
     cli = cli_main(["fit", "-c", "dinov2_continue", *_cpu(tmp_path / "run"), "--model.model_name",
                     "vit_tiny_patch16_224", "--model.pretrained", "false", "--model.checkpoint", str(digits_dino),
                     "--data.root", str(photos / "train"), "--data.img_size", "32", "--data.num_workers", "0",
@@ -188,15 +190,17 @@ def test_continued_on_another_domain_the_knn_there_rises(digits_dino, tmp_path):
 
 @pytest.mark.parametrize("args, says", [
     (["--model.model_name", "swin_tiny_patch4_window7_224"], "DINO trains a ViT preset"),
-    (["--model.mask_ratio", "[0.6, 0.2]"], "mask_ratio must be (low, high)"),
-    (["--model.centering", "median"], "centering"),
-    (["--model.local_crops", "0", "--model.global_crops", "1"], "multi-crop needs a global crop and two crops"),
-    (["--model.out_dim", "0"], "out_dim must be >= 1, got 0"),
-    (["--model.teacher_temp", "0"], "the teacher's temperatures must be > 0"),
+    (["--model.loss.mask_ratio", "[0.6, 0.2]"], "mask_ratio must be (low, high)"),
+    (["--model.loss.centering", "median"], "centering"),
+    (["--model.crops.local_crops", "0", "--model.crops.global_crops", "1"],
+     "multi-crop needs a global crop and two crops"),
+    (["--model.head.out_dim", "0"], "out_dim must be >= 1, got 0"),
+    (["--model.loss.teacher_temp", "0"], "the teacher's temperatures must be > 0"),
     (["--model.knn_root", "/nonexistent/knn"], "knn_root /nonexistent/knn has no train/ or val/ folder"),
-    (["--model.solarize", "1.5"], "solarize is a probability, in [0, 1], got 1.5"),
-    (["--model.global_size", "64"], "global_size=64 is larger than the images (32 px, img_size)"),
-    (["--model.global_size", "16", "--model.local_size", "24"], "local_size=24 is larger than global_size=16"),
+    (["--model.crops.solarize", "1.5"], "solarize is a probability, in [0, 1], got 1.5"),
+    (["--model.crops.global_size", "64"], "global_size=64 is larger than the images (32 px, img_size)"),
+    (["--model.crops.global_size", "16", "--model.crops.local_size", "24"],
+     "local_size=24 is larger than global_size=16"),
     (["--model.model_name", "vit_base_patch16_224", "--model.model_overrides", "{}", "--model.checkpoint", "SWIN"],
      "does not fit the model vit_base_patch16_224"),
 ])

@@ -203,7 +203,9 @@ def test_a_probe_for_a_head_it_cannot_fit_is_refused_before_the_backbone_is_buil
     """The probe fits the linear head; with DPT or UperNet the line names the setting that trains them instead, and
     comes before any backbone is built (or its weights read)."""
     monkeypatch.setattr(vitkit, "create_model", lambda *a, **k: pytest.fail("the backbone was built"))
-    for head in ("dpt", "upernet"):
-        with pytest.raises(ValueError, match=rf"the head is '{head}': give --model.adaptation.head_init random"):
+    from vitkit.tasks.segmentation.parts import DPT, UperNet
+
+    for head in (DPT(), UperNet()):
+        with pytest.raises(ValueError, match=rf"the head is {type(head).__name__}: give --model.adaptation.head_init"):
             Segmenter(model_name="vit_small_patch14_dinov2", head=head, num_classes=3,
                       adaptation=Full(head_init="probe"))

@@ -197,7 +197,7 @@ def test_dino_pretrains_on_crops_of_their_own_shapes_packed(shapes_folder, tmp_p
     from tests.tasks.test_dino_train import _cpu as dino_cpu
 
     cli = cli_main(["fit", "-c", "dino_vit_tiny_digits", *dino_cpu(tmp_path), "--model.model_overrides", TINY_VIT,
-                    *TINY_HEAD, "--model.local_size", "16", "--data", "vitkit.lit.UnlabeledImageDataModule",
+                    *TINY_HEAD, "--model.crops.local_size", "16", "--data", "vitkit.lit.UnlabeledImageDataModule",
                     "--data.root", str(shapes_folder), "--data.img_size", "32", "--data.batch_size", "8",
                     "--data.num_workers", "0", "--data.packing", "true", "--data.max_tokens", "40",
                     "--trainer.max_epochs", "12"])

@@ -67,8 +67,8 @@ def test_upernet_learns_digit_masks_on_the_digits_backbone(digits_run, tmp_path,
     predicts, and `vitkit predict`, `evaluate` and `export` give the same model's masks and scores."""
     data = write_digit_masks(tmp_path / "data")
     backbone = Path(digits_run.trainer.checkpoint_callback.dirpath) / "last.ckpt"
-    run = cli_main(["fit", "-c", "seg_linear_probe", "--model.adaptation", "Full", "--model.head", "upernet",
-                    "--model.head_args", '{"channels": 64}', "--model.model_name", "vit_tiny_patch16_224",
+    run = cli_main(["fit", "-c", "seg_linear_probe", "--model.adaptation", "Full", "--model.head", "UperNet",
+                    "--model.head.channels", "64", "--model.model_name", "vit_tiny_patch16_224",
                     "--model.model_overrides", TINY_DIGITS_VIT, "--model.checkpoint", str(backbone),
                     "--model.recipe.lr",
                     "2e-3", "--data.root", str(data), "--data.num_classes", str(len(CLASSES)), "--data.classes",
@@ -276,7 +276,7 @@ def test_the_upernet_swin_recipe_runs_with_its_poly_schedule(tmp_path):
     """`upernet_swin` on a tiny Swin: two steps with the auxiliary head's loss, the LR decaying by poly."""
     data = write_digit_masks(tmp_path / "data", train=8, val=4)
     run = cli_main(["fit", "-c", "upernet_swin", "--model.model_overrides", '{"embed_dim": 16, "depths": [1, 1, 1, 1], '
-                    '"num_heads": [1, 1, 1, 1], "window_size": 2}', "--model.head_args", '{"channels": 16}',
+                    '"num_heads": [1, 1, 1, 1], "window_size": 2}', "--model.head.channels", "16",
                     "--data.root", str(data), "--data.num_classes", str(len(CLASSES)), "--data.img_size", "64",
                     "--data.batch_size", "4", "--data.num_workers", "0", "--trainer.max_steps", "2",
                     "--trainer.limit_val_batches", "1", "--trainer.accelerator", "cpu",
@@ -305,8 +305,8 @@ def test_a_resumed_segmentation_run_ends_where_the_uninterrupted_one_does(tmp_pa
 
     def fit(root: Path, *extra: str):
         return cli_main(["fit", "-c", "seg_linear_probe", "--model.model_name", "vit_tiny_patch16_224",
-                         "--model.model_overrides", TINY_DIGITS_VIT, "--model.head", "upernet", "--model.head_args",
-                         '{"channels": 16}', "--model.adaptation", "Full", "--model.dice_weight", "0.5",
+                         "--model.model_overrides", TINY_DIGITS_VIT, "--model.head", "UperNet", "--model.head.channels",
+                         "16", "--model.adaptation", "Full", "--model.loss.dice_weight", "0.5",
                          "--model.recipe.ema_decay", "0.9", "--model.recipe.schedule", "poly", "--data.root", str(data),
                          "--data.num_classes", str(len(CLASSES)), "--data.img_size", "32", "--data.batch_size", "4",
                          "--data.num_workers", "0", "--trainer.max_epochs", "4", "--trainer.accelerator", "cpu",

@@ -81,9 +81,9 @@ def _dino(root: Path, strategy: str, *extra: str) -> list[str]:
     the teacher's moving average and the running centers (mean centering), prototypes unfrozen."""
     return ["fit", "--config", "configs/dino_vit_tiny_digits.yaml", "--trainer.strategy", strategy,
             "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches", "1", "--model.model_overrides",
-            TINY_VIT.replace('"depth": 1', '"depth": 2'), "--model.out_dim", "64", "--model.hidden_dim", "32",
-            "--model.bottleneck_dim", "16", "--model.local_crops", "2", "--model.centering", "mean",
-            "--model.freeze_last_layer_epochs", "0", "--model.warmup_teacher_temp_epochs", "1",
+            TINY_VIT.replace('"depth": 1', '"depth": 2'), "--model.head.out_dim", "64", "--model.head.hidden_dim", "32",
+            "--model.head.bottleneck_dim", "16", "--model.crops.local_crops", "2", "--model.loss.centering", "mean",
+            "--model.freeze_last_layer_epochs", "0", "--model.loss.warmup_teacher_temp_epochs", "1",
             "--trainer.accumulate_grad_batches", "2", *extra, *_common(root)]
 
 
@@ -104,8 +104,8 @@ def _segmenter(root: Path, strategy: str, data: Path) -> list[str]:
     return ["fit", "--config", "configs/seg_linear_probe.yaml", "--trainer.strategy", strategy,
             "--trainer.precision", "32-true", "--trainer.limit_train_batches", "6", "--trainer.limit_val_batches",
             "1", "--model.model_name", "vit_tiny_patch16_224", "--model.model_overrides",
-            TINY_VIT.replace('"depth": 1', '"depth": 2'), "--model.head", "upernet", "--model.head_args",
-            '{"channels": 16}', "--model.adaptation", "Full", "--model.dice_weight", "0.5",
+            TINY_VIT.replace('"depth": 1', '"depth": 2'), "--model.head", "UperNet", "--model.head.channels",
+            "16", "--model.adaptation", "Full", "--model.loss.dice_weight", "0.5",
             "--model.recipe.layer_decay", "0.75", "--model.recipe.ema_decay", "0.9", "--data.root", str(data),
             "--data.num_classes", "4", "--data.img_size", "32", "--data.batch_size", "2", "--data.num_workers", "0",
             "--trainer.accumulate_grad_batches", "2", "--trainer.gradient_clip_val", "0.5", *_common(root)]

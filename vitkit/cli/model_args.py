@@ -72,10 +72,12 @@ def refuse_flat(argv: list[str]) -> None:
         model = (read_config(path) or {}).get("model")
         init = model.get("init_args") if isinstance(model, dict) else None
         if isinstance(init, dict) and flat.is_flat(init):
-            said = [" ".join(sum(flat.flag(k, _word(v)), [])) for k, v in init.items() if flat.takes_flag(k)]
+            old = {k: _word(v) for k, v in init.items()
+                   if flat.takes_flag(k) and flat.flag(k, _word(v)) != ([], [f"--model.{k}", _word(v)])}
+            said = [" ".join(sum(flat.flag(k, v), [])) for k, v in old.items()]
             raise UsageError(f"{path}: model.init_args holds flat arguments of before the module's parts "
-                             f"({', '.join(k for k in init if flat.takes_flag(k))}); write them as the parts take "
-                             f"them: {'; '.join(said)} (a checkpoint of then: vitkit convert OLD.ckpt NEW.ckpt)")
+                             f"({', '.join(old)}); write them as the parts take them: {'; '.join(said)} (a "
+                             "checkpoint of then: vitkit convert OLD.ckpt NEW.ckpt)")
 
 
 def _word(value) -> str:

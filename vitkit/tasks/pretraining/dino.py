@@ -10,11 +10,12 @@ so ``vitkit.create_model(checkpoint="last.ckpt")`` reads the teacher, ``vitkit t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -27,20 +28,17 @@ from vitkit.data.multicrop import MultiCrop
 from vitkit.errors import MissingFileError, UsageError
 from vitkit.models.dino import DINO, DINOConfig
 from vitkit.models.packing import PackedBatch, pack
+from vitkit.tasks.pretraining.dino_parts import CROPS, DINO_FLAT, HEADS, LOSSES, Crops, Heads, Losses, part_of
 from vitkit.training.base import TrainingModule
-from vitkit.training.flat import Flat
 from vitkit.training.hparams import record_config
 from vitkit.training.recipe import Recipe
 
 log = logging.getLogger(__name__)
 
-DINO_FIELDS = ("out_dim", "hidden_dim", "bottleneck_dim", "head_layers", "norm_last_layer", "ibot_out_dim",
-               "student_temp", "center_momentum", "centering", "dino_weight", "ibot_weight", "koleo_weight",
-               "mask_ratio", "mask_probability")
+LOSS_FIELDS = ("student_temp", "center_momentum", "centering", "dino_weight", "ibot_weight", "koleo_weight",
+               "mask_ratio", "mask_probability")  # what DINOConfig takes of the losses
 CROP_FIELDS = ("global_crops", "local_crops", "global_scale", "local_scale", "jitter", "grey", "blur", "solarize")
-
-
-RECIPE = Recipe(lr=5e-4, weight_decay=0.04, warmup_epochs=10.0, min_lr=1e-6)  # DINO's (Caron et al., 2021)
+RECIPE = DINO_FLAT.recipe  # DINO's (Caron et al., 2021)
 
 
 class DINOPretraining(TrainingModule):
@@ -51,23 +49,18 @@ class DINOPretraining(TrainingModule):
     non-finite steps, exact resume). Logs ``train/loss_*``, ``train/dino``, ``train/ibot``, ``train/koleo``,
     ``val/loss`` and, with ``knn_root``, ``val/knn_top1``.
 
-    Its arguments, in groups:
+    Its arguments:
 
         model_name: the ViT preset; pretrained, checkpoint: start the student and the teacher from those weights
             (a timm tag, any file vitkit reads); the heads are new.
         img_size: the data's resolution (linked from the data module): the global crops' size unless
-            ``global_size`` is given; model_overrides: the ViT's config fields.
-        out_dim, hidden_dim, bottleneck_dim, head_layers, norm_last_layer, ibot_out_dim: the heads
-            (:class:`~vitkit.models.dino.DINOConfig`; DINOv2's 65,536 prototypes by default).
-        student_temp, teacher_temp, warmup_teacher_temp, warmup_teacher_temp_epochs: the temperatures; the
-            teacher's rises linearly from ``warmup_teacher_temp`` over the warm-up epochs.
-        center_momentum, centering: the teacher's centering (``mean`` or ``sinkhorn``).
-        dino_weight, ibot_weight, koleo_weight, mask_ratio, mask_probability: the losses and iBOT's masking.
+            ``crops.global_size`` is given; model_overrides: the ViT's config fields.
+        head: the projection heads (:class:`~vitkit.tasks.pretraining.dino_parts.Heads`: ``out_dim``,
+            ``hidden_dim``, ``bottleneck_dim``, ``layers``, ``norm_last_layer``, ``ibot_out_dim``).
+        loss: the temperatures, centering, loss weights and iBOT's masking
+            (:class:`~vitkit.tasks.pretraining.dino_parts.Losses`).
+        crops: the multi-crop (:class:`~vitkit.tasks.pretraining.dino_parts.Crops`: counts, sizes, scales, colour).
         momentum_teacher: the teacher's EMA momentum at the first step, rising to 1 on a cosine to the last.
-        global_crops, local_crops, global_size, local_size, global_scale, local_scale: multi-crop (sizes default
-            to ``img_size`` and 3/7 of it, rounded to the patch size); jitter, grey, blur, solarize: the
-            probabilities of its colour operations (:class:`~vitkit.data.multicrop.MultiCrop`; 0 turns one off, as
-            for grey digits, where colour carries nothing).
         freeze_last_layer_epochs: the prototypes take no update for this many epochs (DINO's 1).
         head_warmup_epochs: the backbone takes no update for this many epochs while the new heads find their
             footing (for a pretrained backbone: its features are not pulled towards random prototypes).
@@ -77,7 +70,7 @@ class DINOPretraining(TrainingModule):
             Default DINO's: AdamW at 5e-4, weight decay 0.04, 10 epochs of warmup, then cosine decay to 1e-6.
     """
 
-    FLAT = Flat(RECIPE)  # the flat lr, weight_decay, ... of before the recipe part
+    FLAT = DINO_FLAT  # the flat arguments of before the parts, and what each became
 
     def __init__(
         self,
@@ -86,34 +79,10 @@ class DINOPretraining(TrainingModule):
         checkpoint: str | None = None,
         img_size: int | None = None,
         model_overrides: dict[str, Any] | None = None,
-        out_dim: int = 65536,
-        hidden_dim: int = 2048,
-        bottleneck_dim: int = 256,
-        head_layers: int = 3,
-        norm_last_layer: bool = True,
-        ibot_out_dim: int | None = None,
-        student_temp: float = 0.1,
-        teacher_temp: float = 0.07,
-        warmup_teacher_temp: float = 0.04,
-        warmup_teacher_temp_epochs: float = 30.0,
-        center_momentum: float = 0.9,
-        centering: Literal["mean", "sinkhorn"] = "mean",
-        dino_weight: float = 1.0,
-        ibot_weight: float = 1.0,
-        koleo_weight: float = 0.1,
-        mask_ratio: tuple[float, float] = (0.1, 0.5),
-        mask_probability: float = 0.5,
+        head: Heads = HEADS,
+        loss: Losses = LOSSES,
+        crops: Crops = CROPS,
         momentum_teacher: float = 0.996,
-        global_crops: int = 2,
-        local_crops: int = 8,
-        global_size: int | None = None,
-        local_size: int | None = None,
-        global_scale: tuple[float, float] = (0.32, 1.0),
-        local_scale: tuple[float, float] = (0.05, 0.32),
-        jitter: float = 0.8,
-        grey: float = 0.2,
-        blur: tuple[float, float, float] = (1.0, 0.1, 0.5),
-        solarize: float = 0.2,
         freeze_last_layer_epochs: float = 1.0,
         head_warmup_epochs: float = 0.0,
         knn_root: str | None = None,
@@ -123,13 +92,18 @@ class DINOPretraining(TrainingModule):
         super().__init__()
         self.keep_arguments()
         self.use_recipe(recipe)
+        self.heads, self.losses, self.crop_settings = (part_of(v, cls) for v, cls in
+                                                       ((head, Heads), (loss, Losses), (crops, Crops)))
+        self.hparams.update(head=dataclasses.asdict(self.heads), loss=dataclasses.asdict(self.losses),
+                            crops=dataclasses.asdict(self.crop_settings))
         teacher = "the teacher is DINO's average of the student (momentum_teacher)"
         self.recipe.refuse("DINO", ema_decay=teacher, ema_is_model=teacher,
                            layer_decay="every layer of the student learns at one rate")
         self.model = self._build()
-        self.global_size, self.local_size = self._crop_sizes(global_size, local_size)
+        self.global_size, self.local_size = self._crop_sizes(self.crop_settings.global_size,
+                                                             self.crop_settings.local_size)
         self.multicrop = MultiCrop(global_size=self.global_size, local_size=self.local_size,
-                                   **{k: getattr(self.hparams, k) for k in CROP_FIELDS})
+                                   **{k: getattr(self.crop_settings, k) for k in CROP_FIELDS})
         self._total_steps = 1
         self._knn: tuple | None = None
 
@@ -155,9 +129,6 @@ class DINOPretraining(TrainingModule):
             raise UsageError(f"DINO trains a ViT preset (its class and patch tokens), got {hp.model_name!r}")
         if not 0 <= hp.momentum_teacher <= 1:
             raise UsageError(f"momentum_teacher must be in [0, 1], got {hp.momentum_teacher}")
-        if min(hp.teacher_temp, hp.warmup_teacher_temp) <= 0:
-            raise UsageError(f"the teacher's temperatures must be > 0, got teacher_temp={hp.teacher_temp}, "
-                             f"warmup_teacher_temp={hp.warmup_teacher_temp}")
         if hp.knn_root is not None:  # refused now, not at the first validation
             root = Path(os.path.expanduser(hp.knn_root))
             missing = [s for s in ("train", "val") if not (root / s).is_dir()]
@@ -171,7 +142,11 @@ class DINOPretraining(TrainingModule):
                                       num_classes=0, **overrides)
         if getattr(encoder, "load_report", None) is not None:
             rank_zero_info(str(encoder.load_report))
-        cfg = DINOConfig(encoder=hp.model_name, encoder_overrides=overrides, **{k: hp[k] for k in DINO_FIELDS})
+        h, loss = self.heads, self.losses
+        cfg = DINOConfig(encoder=hp.model_name, encoder_overrides=overrides, out_dim=h.out_dim,
+                         hidden_dim=h.hidden_dim, bottleneck_dim=h.bottleneck_dim, head_layers=h.layers,
+                         norm_last_layer=h.norm_last_layer, ibot_out_dim=h.ibot_out_dim,
+                         **{k: getattr(loss, k) for k in LOSS_FIELDS})
         return DINO(cfg, encoder)
 
     # -- schedules ---------------------------------------------------------------------------------------------
@@ -186,7 +161,7 @@ class DINOPretraining(TrainingModule):
         return self.global_step * epochs / self._total_steps
 
     def teacher_temp(self) -> float:
-        hp = self.hparams
+        hp = self.losses
         if hp.warmup_teacher_temp_epochs <= 0:
             return hp.teacher_temp
         t = min(1.0, self.epochs_done() / hp.warmup_teacher_temp_epochs)

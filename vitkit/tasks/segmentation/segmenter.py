@@ -6,7 +6,8 @@ The backbone trains whole, frozen, or through LoRA adapters; a linear head may s
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,11 +22,11 @@ from vitkit.evaluation.segmentation import scores
 from vitkit.models.segmentation import SegmentationOutput, build_segmenter
 from vitkit.training.adaptation import Adaptation, Full
 from vitkit.training.base import TrainingModule
-from vitkit.training.flat import Flat
 from vitkit.training.hparams import record_config
 from vitkit.training.parts import config_of, part_from
 from vitkit.training.recipe import Recipe
 
+from .parts import LOSS, SEGMENTER_FLAT, Linear, SegmentationHead, SegmentationLoss
 from .probe_first import fit_probe_head
 
 
@@ -38,34 +39,33 @@ def dice_loss(logits: Tensor, target: Tensor, ignore_index: int) -> Tensor:
     return 1 - ((2 * inter + 1) / (probs.sum((0, 2, 3)) + onehot.sum((0, 2, 3)) + 1)).mean()
 
 
-RECIPE = Recipe(lr=1e-3, weight_decay=1e-4, warmup_epochs=1.0)  # Meta's linear heads: AdamW 1e-3
-WHOLE_MODEL = lazy_instance(Full)  # the default LightningCLI shows by class path
+RECIPE = SEGMENTER_FLAT.recipe  # Meta's linear heads: AdamW 1e-3
+WHOLE_MODEL = lazy_instance(Full)  # the defaults LightningCLI shows by class path
+LINEAR = lazy_instance(Linear)
 
 
 class Segmenter(TrainingModule):
     """A head on a vitkit backbone, per-pixel classes.
 
-    Built from the typed parts the classifier takes: a ``recipe`` and an ``adaptation``
-    (``--model.adaptation LoRA --model.adaptation.rank 8``); a checkpoint or a config of the flat arguments that came
-    before them (``lr``, ``freeze_backbone``, ``head_init``, ``lora_rank``, ...) is translated
-    (``vitkit/training/flat.py``).
+    Built from typed parts: the ``recipe`` and the ``adaptation`` the classifier takes
+    (``--model.adaptation LoRA --model.adaptation.rank 8``), and its own ``head`` and ``loss`` (``parts.py``); a
+    checkpoint of the flat arguments that came before them (``lr``, ``freeze_backbone``, ``head: upernet``,
+    ``head_args``, ``aux_weight``, ...) is upgraded once by ``vitkit convert OLD.ckpt NEW.ckpt``.
 
     Args:
         model_name: the backbone: a preset or a pretrained name (``vit_small_patch14_dinov2.lvd142m``,
             ``swin_tiny_patch4_window7_224.ms_in1k``), as ``ImageClassifier`` takes it.
-        head: ``linear`` (DINOv2's: a BatchNorm and a 1x1 conv on the last layer's patches), ``upernet`` or
-            ``dpt`` (``vitkit/models/segmentation.py``).
+        head: ``Linear`` (DINOv2's: a BatchNorm and a 1x1 conv on the last layer's patches), ``UperNet`` or
+            ``DPT``, with its settings and the layers it reads (``indices``; ``parts.py``).
         pretrained: load the name's weights (offline-first).
         checkpoint: the backbone's weights from a file (any format vitkit reads).
         num_classes: classes of the masks (linked from the data module).
         img_size: input resolution (linked from the data module).
         model_overrides: the backbone's config fields.
-        head_args: the head's arguments (``channels``, ``pool_scales``).
-        indices: the layers the head reads (default: see ``build_segmenter``).
         class_names: stored in the checkpoint (linked from the data module).
         ignore_index: the mask value no loss or score counts (linked from the data module).
-        aux_weight: the auxiliary head's share of the loss (UperNet on Swin; mmsegmentation's 0.4).
-        dice_weight: a Dice term's share of the loss (0: cross-entropy alone).
+        loss: the auxiliary head's share of the loss (``aux_weight``: UperNet on Swin; mmsegmentation's 0.4) and a
+            Dice term's (``dice_weight``; 0: cross-entropy alone).
         recipe: the optimizer, schedule, EMA and steps (``vitkit.training.recipe.Recipe``; ``schedule: poly`` is
             mmsegmentation's ``(1 - progress) ** 0.9``). Default: AdamW at 1e-3, weight decay 1e-4, a warmup of one
             epoch, then cosine decay.
@@ -77,23 +77,20 @@ class Segmenter(TrainingModule):
             it.
     """
 
-    FLAT = Flat(RECIPE, adaptation=True)
+    FLAT = SEGMENTER_FLAT  # the flat arguments of before the parts, and what each became
 
     def __init__(
         self,
         model_name: str = "vit_small_patch14_dinov2",
-        head: Literal["linear", "upernet", "dpt"] = "linear",
+        head: SegmentationHead = LINEAR,
         pretrained: bool = False,
         checkpoint: str | None = None,
         num_classes: int | None = None,
         img_size: int | tuple[int, int] | None = None,
         model_overrides: dict[str, Any] | None = None,
-        head_args: dict[str, Any] | None = None,
-        indices: list[int] | None = None,
         class_names: list[str] | None = None,
         ignore_index: int = 255,
-        aux_weight: float = 0.4,
-        dice_weight: float = 0.0,
+        loss: SegmentationLoss = LOSS,
         recipe: Recipe = RECIPE,
         adaptation: Adaptation = WHOLE_MODEL,
     ) -> None:
@@ -102,14 +99,15 @@ class Segmenter(TrainingModule):
         self.use_recipe(recipe)
         self.adaptation = part_from(adaptation, Adaptation, Full())
         self.hparams.adaptation = config_of(self.adaptation)  # plain values, as the recipe's
-        if aux_weight < 0 or dice_weight < 0:
-            raise UsageError(f"aux_weight and dice_weight must be >= 0 (0: no such term), got {aux_weight} and "
-                             f"{dice_weight}")
+        self.head = part_from(head, SegmentationHead, Linear())
+        self.loss = loss if isinstance(loss, SegmentationLoss) else SegmentationLoss(**dict(loss or {}))
+        self.hparams.loss = dataclasses.asdict(self.loss)
         if num_classes is None or num_classes < 1:
             raise UsageError(f"num_classes must be >= 1 (the data module gives it), got {num_classes}")
-        if self.adaptation.head_init == "probe" and head != "linear":  # before the backbone is built or read
+        if self.adaptation.head_init == "probe" and not isinstance(self.head, Linear):  # before the backbone is read
             raise UsageError(f"head_init 'probe' fits the linear head (a linear regression on the patch features), and "
-                             f"the head is {head!r}: give --model.adaptation.head_init random with it")
+                             f"the head is {type(self.head).__name__}: give --model.adaptation.head_init random with "
+                             "it")
         overrides = dict(model_overrides or {})
         if img_size is not None:
             overrides["img_size"] = img_size
@@ -117,8 +115,10 @@ class Segmenter(TrainingModule):
                                        **overrides)
         if getattr(backbone, "load_report", None) is not None:
             rank_zero_info(str(backbone.load_report))
-        self.model = build_segmenter(backbone, head, num_classes, indices, **(head_args or {}))
-        self.hparams.indices = self.model.indices  # what ran, for the checkpoint
+        self.model = build_segmenter(backbone, self.head.name, num_classes, self.head.indices,
+                                     **self.head.build_args())
+        self.head.indices = list(self.model.indices)  # what ran, for the checkpoint
+        self.hparams.head = config_of(self.head)
         self._adapt()
         self.confusion = torch.nn.ModuleDict({s: MulticlassConfusionMatrix(num_classes, ignore_index=ignore_index)
                                               for s in ("val", "test", "probe")})
@@ -209,13 +209,12 @@ class Segmenter(TrainingModule):
     def forward_train(self, x: Tensor, y: Tensor) -> SegmentationOutput:
         """The model's training forward with its loss: cross-entropy over the pixels that count, the auxiliary
         head's at ``aux_weight``, and Dice at ``dice_weight``."""
-        out, hp = self.model.forward_train(x), self.hparams
-        out.loss = F.cross_entropy(out.logits.float(), y, ignore_index=hp.ignore_index)
-        if out.aux_logits is not None and hp.aux_weight:
-            out.loss = out.loss + hp.aux_weight * F.cross_entropy(out.aux_logits.float(), y,
-                                                                  ignore_index=hp.ignore_index)
-        if hp.dice_weight:
-            out.loss = out.loss + hp.dice_weight * dice_loss(out.logits, y, hp.ignore_index)
+        out, ignore, weights = self.model.forward_train(x), self.hparams.ignore_index, self.loss
+        out.loss = F.cross_entropy(out.logits.float(), y, ignore_index=ignore)
+        if out.aux_logits is not None and weights.aux_weight:
+            out.loss = out.loss + weights.aux_weight * F.cross_entropy(out.aux_logits.float(), y, ignore_index=ignore)
+        if weights.dice_weight:
+            out.loss = out.loss + weights.dice_weight * dice_loss(out.logits, y, ignore)
         return out
 
     def step_loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
