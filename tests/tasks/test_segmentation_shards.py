@@ -76,7 +76,7 @@ def test_a_stream_of_masks_and_a_stream_of_labels_are_not_taken_for_each_other(t
     Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(folder / "masks" / "val" / "0001.png")  # a colour mask
     status, err = run_cli(["prepare-data", str(folder), str(tmp_path / "shards"), "--workers", "1"], capsys)
     assert status == 0, err
-    assert "ValueError: the mask is a RGB image" in (tmp_path / "shards" / "val.skipped.tsv").read_text()
+    assert "UsageError: the mask is a RGB image" in (tmp_path / "shards" / "val.skipped.tsv").read_text()
     with pytest.raises(ValueError, match="holds images with masks: stream it with --data "
                                          "vitkit.lit.StreamingSegmentationDataModule"):
         StreamingImageDataModule(str(tmp_path / "shards"))

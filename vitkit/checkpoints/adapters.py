@@ -83,7 +83,7 @@ def _timm_adapters(model: nn.Module, name: str, a: Tensor, b: Tensor, theirs: di
     if leaf == "qkv" and f"{stem}.q_bias" in theirs:
         raise UsageError(f"{name}: timm's {model.name} computes its qkv from qkv.weight directly (with its q and v "
                          "biases), so peft's adapter on it would be ignored there; convert without --adapter to merge "
-                         "it, or train with --model.lora_targets that leave attn.qkv out")
+                         "it, or train with --model.adaptation.targets that leave attn.qkv out")
     if not theirs or f"{name}.weight" in theirs:
         return [(name, a, b)]
     if leaf == "qkv" and f"{stem}.q_proj.weight" in theirs:

@@ -63,7 +63,7 @@ def _adapter(src: str, dst: Path) -> int:
     raw = torch.load(src, map_location="cpu", weights_only=True) if Path(src).is_file() else {}
     hp = raw.get("hyper_parameters") or {} if isinstance(raw, dict) else {}
     if run_settings(hp) is None:
-        raise UsageError(f"--adapter takes the checkpoint of a LoRA run (--model.lora_rank > 0); {src} is not "
+        raise UsageError(f"--adapter takes the checkpoint of a LoRA run (--model.adaptation LoRA); {src} is not "
                          "one")
     trained = {k[len("model."):]: v for k, v in raw["state_dict"].items() if k.startswith("model.")}
     model = adapted_model(hp, trained, Path(src), vitkit.create_model)

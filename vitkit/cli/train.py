@@ -83,7 +83,7 @@ def with_recipes(args: list[str]) -> list[str]:
 
 
 def given_model_args(args: list[str]) -> set[str]:
-    """The module's arguments a command line sets (``--model.lr 1e-3``, ``--model.init_args.lr=1e-3``,
+    """The module's arguments a command line sets (``--model.recipe.lr 1e-3``, ``--model.init_args.recipe.lr=1e-3``,
     ``--model.model_overrides.depth=6`` -> lr, model_overrides)."""
     out = set()
     for a in args:
@@ -131,7 +131,7 @@ def _class_problem(message: str) -> str | None:
 
 def condense(message: str) -> str:
     """jsonargparse's message for a value that does not parse (a nested listing of every type it tried) as one
-    line: ``--model.lr expects a float or null, got 'abc'``; other messages have their lines joined."""
+    line: ``--model.recipe.lr expects a float or null, got 'abc'``; other messages have their lines joined."""
     if (line := _class_problem(message)) is not None:
         return line
     keys = re.findall(r'Parser key "([^"]+)"', message)

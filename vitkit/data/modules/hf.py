@@ -43,7 +43,7 @@ class HFDataModule(RankPositions, SkippingImages):
 
     Columns: the one ``Image`` and the one ``ClassLabel`` (or list of ClassLabels) column unless named; a label
     column of strings maps to the sorted class names (``classes`` gives them for a stream). A list column gives
-    several labels per image (``multi_label``: multi-hot targets, for ``--model.multi_label true``): a
+    several labels per image (``multi_label``: multi-hot targets, for ``--model.labels MultiLabel``): a
     ``Sequence(ClassLabel)``, lists of class names or indices, or a fixed-length multi-hot list. Splits:
     ``train_split`` / ``val_split`` / ``test_split``; without a validation split, ``val_fraction`` of train is
     held out by ``seed``, the same on every rank and run. ``streaming``: an iterable dataset with a

@@ -294,7 +294,7 @@ class ManifestDataModule(SkippingImages):
     JSON-lines row may give a list). Transforms and unreadable-file skipping as :class:`ImageFolderDataModule`'s.
 
     ``classes``: the class list, in order; by default the sorted names the training manifest uses. ``multi_label``:
-    several labels per image (multi-hot targets, for ``--model.multi_label true``, which the CLI links); by default
+    several labels per image (multi-hot targets, for ``--model.labels MultiLabel``, which the CLI links); by default
     true where a training row has more than one label. A single-label manifest gives class indices, as a folder
     does. Several labels per image train and evaluate the whole image (``crop_mode`` squash) unless ``crop_mode``
     is given. A label outside the classes, an empty path, a missing file, or a single-label row without one label

@@ -52,7 +52,8 @@ def evaluate(cfg, explicit: set[str], device: torch.device, onnx=None) -> int:
                          "its own classes")
     if getattr(dm, "multi_label", False) and thresholds is None:
         raise UsageError(f"{dm.describe()} gives several labels per image, and the model is a single-label "
-                         "classifier (a softmax over its classes): evaluate a model trained with --model.multi_label")
+                         "classifier (a softmax over its classes): evaluate a model trained with --model.labels "
+                         "MultiLabel")
     if cfg.thresholds is not None and (thresholds is None or cfg.thresholds not in THRESHOLD_MODES):
         raise UsageError(f"--thresholds expects one of {', '.join(THRESHOLD_MODES)}, for a multi-label model; got "
                          f"{cfg.thresholds!r}" + ("" if thresholds is not None else " for a single-label model"))

@@ -23,8 +23,8 @@ class HeadNorm(nn.Module):
         super().__init__()
         head = model.get_classifier()
         if not isinstance(head, nn.Linear) or getattr(model, "head_dist", None) is not None:
-            raise UsageError("--model.head_norm takes a model with one linear head (a distilled model's two heads "
-                             "or a headless model have none to put it before)")
+            raise UsageError("--model.adaptation.head_norm takes a model with one linear head (a distilled model's two "
+                             "heads or a headless model have none to put it before)")
         self.norm = nn.BatchNorm1d(head.in_features, affine=False, eps=1e-6)
 
     def forward(self, model: nn.Module, x: Tensor) -> Tensor:
