@@ -23,6 +23,7 @@ from .checkpoints.load import Checkpoint, CheckpointMismatchError, load_checkpoi
 from .checkpoints.match import fitting_presets
 from .checkpoints.names import _weights_config, capabilities, family, get_config, preset_of  # noqa: F401
 from .models.config import pair
+from .models.detection import YOLOS
 from .models.features import FeatureNet, default_out_indices
 from .models.mim import MAEConfig, MaskedAutoencoder, SimMIM, SimMIMConfig
 from .models.registry import check_fields, find
@@ -345,6 +346,19 @@ def load_segmenter(path: str | os.PathLike, img_size: int | tuple[int, int] | No
     classes = found.state_dict["decode_head.conv_seg.weight"].shape[0]
     model = build_segmenter(backbone, found.head, classes, auxiliary=found.auxiliary, aux_args=found.aux_args,
                             **found.head_args)
+    model.load_state_dict(found.state_dict)
+    model.class_names = found.class_names
+    return model
+
+
+def load_detector(path: str | os.PathLike) -> YOLOS:
+    """A whole detector from another library's files: a folder of transformers' ``YolosForObjectDetection``, every
+    weight loaded strictly, its class names kept (``model.class_names``)."""
+    from .checkpoints.detection import read_detector
+
+    found = read_detector(path)
+    backbone = create_model(found.preset, num_classes=0, **found.overrides)
+    model = YOLOS(backbone, **found.settings)
     model.load_state_dict(found.state_dict)
     model.class_names = found.class_names
     return model

@@ -5,6 +5,7 @@ jsonargparse takes it."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -29,11 +30,20 @@ def _configs(argv: list[str]) -> list[tuple[int, str]]:
 
 
 def read_config(path: str) -> dict | None:
-    """A config file's content, or None where it is not a readable YAML mapping (jsonargparse reads it again and
-    says what is wrong)."""
-    p = Path(path)
+    """A config file's content, read once however many of the command's steps ask (the module it names, the flat
+    arguments it may hold, the data settings a data module does not take), or None where it is not a readable YAML
+    mapping (jsonargparse reads it and says what is wrong). Read-only: the steps share it."""
     try:
-        text = yaml.safe_load(p.read_text()) if p.is_file() else None
+        stat = Path(path).stat()
+    except OSError:
+        return None
+    return _read(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read(path: str, mtime_ns: int, size: int) -> dict | None:
+    try:
+        text = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError):
         return None
     return text if isinstance(text, dict) else None
