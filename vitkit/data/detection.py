@@ -1,0 +1,163 @@
+"""Images with boxes, in the layouts people have, as torchvision's detection datasets give them: an image and a
+target of ``boxes`` (``tv_tensors.BoundingBoxes``, corners in pixels), ``labels`` (class indices from 0) and
+``iscrowd``, so that ``torchvision.transforms.v2`` moves the boxes with the image (flips, crops, resizes: no box
+geometry written here).
+
+* COCO: one JSON file per split (``images``, ``annotations`` with ``bbox`` as x, y, width, height in pixels,
+  ``categories``), the images in a folder. Category ids map to indices in the order of their ids; a crowd
+  annotation (``iscrowd: 1``) is kept and marked, as COCO's evaluation ignores it; an image without annotations is a
+  sample with no boxes.
+* YOLO (Ultralytics): ``images/<split>/x.jpg`` beside ``labels/<split>/x.txt``, a line per object ``class cx cy w
+  h`` relative to the image, the class names in the data YAML's ``names``; an image without a label file has no
+  boxes.
+
+A box of no area (width or height 0 after it is clipped to the image) is dropped, counted in ``dropped``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as TF
+
+from vitkit.errors import MissingFileError, UsageError
+from vitkit.image_files import IMAGE_SUFFIXES, eight_bit
+
+
+def _image(path: Path) -> tv_tensors.Image:
+    if not path.is_file():
+        raise MissingFileError(f"image {path} is not there")
+    with Image.open(path) as img:
+        return tv_tensors.Image(TF.pil_to_tensor(eight_bit(img).convert("RGB")))
+
+
+def _target(xyxy: torch.Tensor, labels: torch.Tensor, crowd: torch.Tensor, size: tuple[int, int]) -> dict[str, Any]:
+    return {"boxes": tv_tensors.BoundingBoxes(xyxy.reshape(-1, 4), format="XYXY", canvas_size=size),
+            "labels": labels.long(), "iscrowd": crowd.bool()}
+
+
+def _kept(xyxy: torch.Tensor, size: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The boxes clipped to the image, and which of them still have an area."""
+    h, w = size
+    xyxy = torch.stack([xyxy[:, 0].clamp(0, w), xyxy[:, 1].clamp(0, h), xyxy[:, 2].clamp(0, w),
+                        xyxy[:, 3].clamp(0, h)], dim=1)
+    return xyxy, (xyxy[:, 2] > xyxy[:, 0]) & (xyxy[:, 3] > xyxy[:, 1])
+
+
+class DetectionImages(Dataset):
+    """What the layouts share: (image path, boxes in corners, labels, crowd flags) per sample, read and transformed
+    on demand. ``transform`` is a ``torchvision.transforms.v2`` transform called as ``transform(image, target)``."""
+
+    def __init__(self, samples: list[tuple[Path, torch.Tensor, torch.Tensor, torch.Tensor]], class_names: list[str],
+                 transform=None, dropped: int = 0) -> None:
+        self.samples, self.class_names, self.transform, self.dropped = samples, class_names, transform, dropped
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, xyxy, labels, crowd = self.samples[i]
+        image = _image(path)
+        size = tuple(image.shape[-2:])
+        xyxy, keep = _kept(xyxy, size)
+        target = _target(xyxy[keep], labels[keep], crowd[keep], size)
+        return self.transform(image, target) if self.transform is not None else (image, target)
+
+
+def _need(record: Any, keys: tuple[str, ...], where: str) -> None:
+    if not isinstance(record, dict) or any(k not in record for k in keys):
+        raise UsageError(f"{where}: expected an object with {', '.join(keys)}, got {str(record)[:120]}")
+
+
+def coco(images: str | os.PathLike, annotations: str | os.PathLike, transform=None) -> DetectionImages:
+    """A COCO split: the JSON file ``annotations`` over the images under ``images`` (its ``file_name``s)."""
+    images, annotations = Path(images), Path(annotations)
+    if not annotations.is_file():
+        raise MissingFileError(f"COCO annotations {annotations} are not there")
+    try:
+        data = json.loads(annotations.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{annotations} is not a COCO JSON file ({e})") from None
+    _need(data, ("images", "annotations", "categories"), str(annotations))
+    for c in data["categories"]:
+        _need(c, ("id", "name"), f"{annotations}: a category")
+    ids = sorted(c["id"] for c in data["categories"])
+    index = {cid: i for i, cid in enumerate(ids)}
+    names = {c["id"]: c["name"] for c in data["categories"]}
+    per_image: dict[Any, list[dict]] = {}
+    for a in data["annotations"]:
+        _need(a, ("image_id", "bbox", "category_id"), f"{annotations}: an annotation")
+        if a["category_id"] not in index:
+            raise UsageError(f"{annotations}: annotation {a.get('id')} has category_id {a['category_id']}, which "
+                             f"no category has (ids {ids[:10]})")
+        per_image.setdefault(a["image_id"], []).append(a)
+    samples, dropped = [], 0
+    for img in data["images"]:
+        _need(img, ("id", "file_name"), f"{annotations}: an image")
+        found = per_image.get(img["id"], [])
+        xywh = torch.tensor([a["bbox"] for a in found], dtype=torch.float32).reshape(-1, 4)
+        xyxy = torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], dim=1)
+        keep = (xywh[:, 2] > 0) & (xywh[:, 3] > 0)
+        dropped += int((~keep).sum())
+        labels = torch.tensor([index[a["category_id"]] for a in found], dtype=torch.long)
+        crowd = torch.tensor([bool(a.get("iscrowd", 0)) for a in found], dtype=torch.bool)
+        samples.append((images / img["file_name"], xyxy[keep], labels[keep], crowd[keep]))
+    return DetectionImages(samples, [names[i] for i in ids], transform, dropped)
+
+
+def yolo(root: str | os.PathLike, split: str, names: list[str], transform=None) -> DetectionImages:
+    """An Ultralytics split: ``root/images/<split>/*`` with ``root/labels/<split>/<stem>.txt`` (``class cx cy w h``
+    per line, relative), ``names`` the classes in index order (the data YAML's)."""
+    root = Path(root)
+    folder = root / "images" / split
+    if not folder.is_dir():
+        raise MissingFileError(f"{folder} is not there: expected {root}/images/{split}/*.jpg beside "
+                               f"{root}/labels/{split}/*.txt")
+    samples, dropped = [], 0
+    for path in sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
+        label = root / "labels" / split / f"{path.stem}.txt"
+        rows = []
+        if label.is_file():
+            for n, line in enumerate(label.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                parts = line.split()
+                try:
+                    cls, cx, cy, w, h = int(parts[0]), *map(float, parts[1:5])
+                except (ValueError, IndexError):
+                    raise UsageError(f"{label}:{n}: expected 'class cx cy w h' (relative), got {line!r}") from None
+                if not 0 <= cls < len(names):
+                    raise UsageError(f"{label}:{n}: class {cls}, and the data names {len(names)} classes")
+                rows.append((cls, cx, cy, w, h))
+        with Image.open(path) as img:
+            W, H = img.size
+        rel = torch.tensor([r[1:] for r in rows], dtype=torch.float32).reshape(-1, 4)
+        xyxy = torch.cat([rel[:, :2] - rel[:, 2:] / 2, rel[:, :2] + rel[:, 2:] / 2], dim=1) * torch.tensor(
+            [W, H, W, H], dtype=torch.float32)
+        keep = (rel[:, 2] > 0) & (rel[:, 3] > 0)
+        dropped += int((~keep).sum())
+        labels = torch.tensor([r[0] for r in rows], dtype=torch.long)
+        samples.append((path, xyxy[keep], labels[keep], torch.zeros(int(keep.sum()), dtype=torch.bool)))
+    return DetectionImages(samples, list(names), transform, dropped)
+
+
+def normalised_targets(target: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A transformed target as the set loss takes it: ``labels`` and ``boxes`` as centre x, centre y, width, height
+    relative to the (transformed) image, crowd boxes left out."""
+    boxes = target["boxes"]
+    h, w = boxes.canvas_size
+    keep = ~target["iscrowd"]
+    cxcywh = TF.convert_bounding_box_format(boxes, new_format=tv_tensors.BoundingBoxFormat.CXCYWH)
+    scale = torch.tensor([w, h, w, h], dtype=torch.float32)
+    return {"labels": target["labels"][keep], "boxes": cxcywh.as_subclass(torch.Tensor)[keep].float() / scale}
