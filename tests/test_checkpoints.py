@@ -373,3 +373,11 @@ def test_a_sharded_checkpoint_whose_shard_would_run_code_is_refused(tmp_path, ca
     dcp.save({"state_dict": model.state_dict(), "note": {"epoch": 3}}, checkpoint_id=tmp_path / "fine", no_dist=True)
     ck = vitkit.read_checkpoint(tmp_path / "fine")
     assert all(torch.equal(ck.state_dict[k], v) for k, v in model.state_dict().items())
+
+
+def test_a_file_written_atomically_gets_the_permissions_of_a_new_file(tmp_path):
+    from vitkit.checkpoints.files import atomic_write
+
+    atomic_write(tmp_path / "x.bin", lambda tmp: tmp.write_bytes(b"1"))
+    (tmp_path / "plain.bin").write_bytes(b"1")
+    assert (tmp_path / "x.bin").stat().st_mode & 0o777 == (tmp_path / "plain.bin").stat().st_mode & 0o777

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import vitkit
-from vitkit.errors import CheckpointError, UsageError
+from vitkit.errors import CheckpointError, MissingFileError, UsageError
 from vitkit.models.detection import YOLOS, DetectionOutput
 from vitkit.tasks.detection.loss import SetLoss
 
@@ -52,6 +52,8 @@ def test_what_is_not_a_yolos_is_refused_in_one_line(tmp_path):
         YOLOS(vitkit.create_model("vit_tiny_patch16_224", num_classes=0, class_token=False, global_pool="avg"), 2)
     with pytest.raises(CheckpointError, match="expected a folder of transformers' YolosForObjectDetection"):
         vitkit.load_detector(tmp_path)
+    with pytest.raises(MissingFileError, match="hustvl/yolos-tiny is not there: vitkit.load_detector reads a local"):
+        vitkit.load_detector("hustvl/yolos-tiny")
     (tmp_path / "config.json").write_text('{"model_type": "vit"}')
     with pytest.raises(CheckpointError, match="model_type='vit', not 'yolos'"):
         vitkit.load_detector(tmp_path)
@@ -98,3 +100,13 @@ def test_each_earlier_layer_adds_its_own_matched_terms():
     total, parts = SetLoss()(out, _objects((1, 2), 2, torch.Generator().manual_seed(0)))
     assert set(parts) == {"class", "l1", "giou", "class_0", "l1_0", "giou_0", "class_1", "l1_1", "giou_1"}
     assert out.loss is total
+
+
+def test_targets_the_set_loss_cannot_take_are_refused_in_one_line():
+    out = DetectionOutput(torch.randn(1, 4, 3), torch.rand(1, 4, 4))
+    for target, says in (({"labels": torch.tensor([5]), "boxes": torch.rand(1, 4)}, "labels must be classes 0 to 1"),
+                         ({"labels": torch.tensor([0]), "boxes": torch.tensor([[10.0, 10, 40, 30]])},
+                          "boxes must be centre x, centre y, width, height relative"),
+                         ({"labels": torch.tensor([0]), "boxes": torch.rand(4)}, "expected labels .M,. and boxes")):
+        with pytest.raises(UsageError, match=says):
+            SetLoss()(out, [target])

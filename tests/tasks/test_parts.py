@@ -110,6 +110,13 @@ def test_every_classifier_checkpoint_of_before_translates_into_its_parts(path):
     (["--model.teacher", "t.ckpt"], "give --model.teacher.name t.ckpt"),
     (["--model.freeze_backbone", "true"], "give --model.adaptation Frozen"),
     (["--model.distillation", "none"], "give --model.teacher null"),
+    (["--model.lr", "--model.freeze_backbone", "true"],
+     "--model.lr VALUE, --model.freeze_backbone true: the module takes its settings as parts now; give "
+     "--model.recipe.lr VALUE --model.adaptation Frozen"),
+    (["--model.recipe.lrr", "1e-3"],
+     "--model.recipe.lrr: Recipe has no field 'lrr' (did you mean lr?); it has lr, weight_decay, betas, eps, "
+     "optimizer, momentum, layer_decay, warmup_epochs, warmup_steps, min_lr, schedule, ema_decay, ema_is_model, "
+     "nonfinite_loss, compile, lr_batch, lr_scaling"),
 ])
 def test_a_flat_flag_ends_in_one_line_naming_the_parts_flags(flags, says, tmp_path):
     from tests.commands import error_line_of
@@ -168,7 +175,8 @@ def test_a_flat_config_file_ends_in_one_line_naming_the_parts(tmp_path):
     line = error_line_of(["train", "fit", "-c", str(tmp_path / "old.yaml"), "--trainer.default_root_dir",
                           str(tmp_path / "run")])
     assert line.startswith(f"error: {tmp_path / 'old.yaml'}: model.init_args holds flat arguments"), line
-    assert f"--model.recipe.lr {init['recipe']['lr']}" in line and "--model.labels.mixup" in line, line
+    assert "write them under init_args as the parts take them: recipe: {" in line, line
+    assert f"lr: {init['recipe']['lr']}," in line and "labels: {cutmix: 0.0, label_smoothing: 0.1" in line, line
     assert not (tmp_path / "run").exists()
 
 

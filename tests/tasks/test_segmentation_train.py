@@ -324,3 +324,17 @@ def test_a_resumed_segmentation_run_ends_where_the_uninterrupted_one_does(tmp_pa
     assert sorted(ours) == sorted(theirs) and any(k.endswith("running_mean") for k in ours)
     for k in ours:
         torch.testing.assert_close(ours[k], theirs[k], atol=1e-5, rtol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_the_classes_read_from_the_masks_are_the_runs_in_its_logs_and_checkpoint(tmp_path):
+    """Without --data.num_classes the folder's training masks give the classes; the recipe's logger records them as
+    the model has them (Lightning compares the data's and the model's hyper-parameters), and so does the
+    checkpoint."""
+    data = write_digit_masks(tmp_path / "data", train=4, val=2, size=32, glyph_size=16)
+    cli_main(["fit", "-c", "seg_linear_probe", "--model.model_name", "vit_tiny_patch16_224", "--model.model_overrides",
+              TINY_DIGITS_VIT, "--data.root", str(data), "--data.img_size", "32", "--data.batch_size", "2",
+              "--trainer.max_steps", "1", "--trainer.limit_val_batches", "1", "--trainer.accelerator", "cpu",
+              "--trainer.devices", "1", "--trainer.precision", "32-true", "--trainer.default_root_dir",
+              str(tmp_path / "run")])
+    ckpt = torch.load(tmp_path / "run/checkpoints/last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["hyper_parameters"]["num_classes"] == ckpt["datamodule_hyper_parameters"]["num_classes"] == len(CLASSES)

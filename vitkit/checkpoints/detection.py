@@ -11,6 +11,8 @@ from typing import Any
 
 from torch import Tensor
 
+from vitkit.errors import MissingFileError
+
 from .files import CheckpointError, read_file
 from .formats import to_vitkit, unwrap
 from .hf_config import preset_for
@@ -73,6 +75,9 @@ def transformers_yolos(folder: str | os.PathLike) -> DetectorFile:
 def read_detector(path: str | os.PathLike) -> DetectorFile:
     """A detector's file in vitkit's names: a transformers YOLOS folder."""
     path = Path(path)
+    if not path.exists():
+        raise MissingFileError(f"{path} is not there: vitkit.load_detector reads a local folder (what "
+                               "save_pretrained wrote, or a model's snapshot folder in the Hugging Face cache)")
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} is not a detector vitkit reads: expected a folder of transformers' "
                               "YolosForObjectDetection (config.json and model.safetensors)")

@@ -133,12 +133,16 @@ def _first_line(e: Exception) -> str:
 
 
 def atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp_path)`` and rename the result over ``path``; a crash leaves the old file intact."""
+    """Call ``write(tmp_path)`` and rename the result over ``path``; a crash leaves the old file intact. The file
+    gets the permissions any new file gets here (the umask's, as ``open`` gives), not the temporary file's 0600."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         write(Path(tmp))
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -15,7 +15,7 @@ def parser():
     p = command_parser("convert")
     p.add_argument("src", help="any format vitkit reads, a sharded (FSDP2) checkpoint folder included")
     p.add_argument("dst", nargs="?", help="a folder (model.safetensors + config.json), or a .safetensors / .pth / "
-                   ".bin file; a .ckpt for a training checkpoint of before the modules' parts: it upgraded")
+                   ".bin file; or NEW.ckpt: a training checkpoint written before the modules' parts, upgraded to them")
     p.add_argument("-o", "--output", help="the destination, as DST")
     p.add_argument("--model", help="preset name, for formats that do not record it")
     p.add_argument("--overrides", default="{}", help=OVERRIDES)

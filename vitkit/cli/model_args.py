@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -65,29 +66,86 @@ def model_class(argv: list[str]) -> str:
 
 
 def refuse_flat(argv: list[str]) -> None:
-    """A flat argument of before the module's parts, as a flag or in a config file, ends the command in one line
-    that says how the parts take it."""
+    """Flat arguments of before the module's parts, as flags or in a config file, end the command in one line that
+    says how the parts take them (every one given, not the first alone)."""
     from vitkit.training.flat import flat_of
 
     flat = flat_of(model_class(argv))
     if flat is None:
         return
+    old, new = [], []
     for i, arg in enumerate(argv):
         flag, eq, value = arg.partition("=")
         key = flag.removeprefix("--model.").removeprefix("init_args.") if flag.startswith("--model.") else None
-        value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-        if flat.takes_flag(key) and flat.flag(key, value) != ([], [flag, value]):  # (``--model.teacher null``: the
-            raise UsageError(flat.refusal(key, value))  # part itself)
+        if not flat.takes_flag(key):
+            continue
+        if not eq:  # the next argument, unless it is the next flag
+            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else "VALUE"
+        chosen, flags = flat.flag(key, value)
+        if (chosen, flags) != ([], [flag, value]):  # (``--model.teacher null``: the part itself)
+            old.append(f"--model.{key} {value}")
+            new += chosen + flags
+    if old:
+        raise UsageError(f"{', '.join(old)}: the module takes its settings as parts now; give {' '.join(new)}")
     for _, path in _configs(argv):
         model = (read_config(path) or {}).get("model")
         init = model.get("init_args") if isinstance(model, dict) else None
         if isinstance(init, dict) and flat.is_flat(init):
-            old = {k: _word(v) for k, v in init.items()
-                   if flat.takes_flag(k) and flat.flag(k, _word(v)) != ([], [f"--model.{k}", _word(v)])}
-            said = [" ".join(sum(flat.flag(k, v), [])) for k, v in old.items()]
+            given = {k: _word(v) for k, v in init.items()
+                     if flat.takes_flag(k) and flat.flag(k, _word(v)) != ([], [f"--model.{k}", _word(v)])}
             raise UsageError(f"{path}: model.init_args holds flat arguments of before the module's parts "
-                             f"({', '.join(old)}); write them as the parts take them: {'; '.join(said)} (a "
+                             f"({', '.join(given)}); write them under init_args as the parts take them: "
+                             f"{_as_yaml(sum((sum(flat.flag(k, v), []) for k, v in given.items()), []))} (a "
                              "checkpoint of then: vitkit convert OLD.ckpt NEW.ckpt)")
+
+
+def _as_yaml(flags: list[str]) -> str:
+    """Parts' flags (``--model.recipe.lr 1e-3 --model.adaptation Frozen``) as a config's init_args say them
+    (``recipe: {lr: 1e-3}; adaptation: Frozen``)."""
+    parts: dict[str, Any] = {}
+    for flag, value in zip(flags[::2], flags[1::2], strict=True):
+        name, _, field = flag.removeprefix("--model.").partition(".")
+        if not field:
+            parts[name] = value
+            continue
+        if isinstance(parts.get(name), str):  # a kind chosen, then its fields: its class_path and init_args
+            parts[name] = {"class_path": parts[name], "init_args": {}}
+        slot = parts.setdefault(name, {})
+        (slot["init_args"] if "init_args" in slot else slot)[field] = value
+    return "; ".join(f"{k}: {_inline(v)}" for k, v in parts.items())
+
+
+def _inline(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_inline(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def check_part_fields(argv: list[str]) -> None:
+    """``--model.<part>.<field>`` of a part that is a dataclass (the recipe, DINO's head, the segmenter's loss) whose
+    field is not one of its fields ends in one line naming its fields (jsonargparse's own message names neither)."""
+    import dataclasses
+    import difflib
+    import typing
+
+    from vitkit.training.parts import class_at
+
+    cls = class_at(model_class(argv))
+    try:
+        hints = typing.get_type_hints(cls.__init__) if isinstance(cls, type) else {}
+    except Exception:  # noqa: BLE001 - a module whose annotations do not resolve: jsonargparse says what it can
+        return
+    for arg in argv:
+        flag = arg.partition("=")[0]
+        path = flag.removeprefix("--model.").removeprefix("init_args.").split(".") if flag.startswith(
+            "--model.") else []
+        part = hints.get(path[0]) if len(path) == 2 else None
+        if isinstance(part, type) and dataclasses.is_dataclass(part):
+            fields = [f.name for f in dataclasses.fields(part)]
+            if path[1] not in fields:
+                close = difflib.get_close_matches(path[1], fields, n=1)
+                raise UsageError(f"{flag}: {part.__name__} has no field {path[1]!r}"
+                                 + (f" (did you mean {close[0]}?)" if close else "") + f"; it has {', '.join(fields)}")
 
 
 def _word(value) -> str:

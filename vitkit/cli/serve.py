@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 
 from vitkit.errors import UsageError
 
@@ -91,7 +92,9 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"cannot serve {args.model}: {said}") from None
     del predictor
     key = args.api_key or os.environ.get("VITKIT_API_KEY") or None
-    api = VitkitAPI(source, options, threads, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout)
+    with warnings.catch_warnings():  # LitServe's note that batches of 1 leave batch() unused: --max-batch-size 1 is
+        warnings.filterwarnings("ignore", message=".*batch and unbatch methods implemented.*")  # as asked
+        api = VitkitAPI(source, options, threads, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout)
     about = {"model": os.path.basename(os.path.normpath(args.model)), "task": task}
     server = ls.LitServer(api, accelerator="cpu", devices=1, workers_per_device=args.workers, timeout=args.timeout,
                           middlewares=[(Gate, {"api_key": key, "max_body": int(args.max_body_mb * 2**20),

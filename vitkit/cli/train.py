@@ -44,7 +44,7 @@ from vitkit.training.parts import class_at
 from vitkit.training.strategies import settle_interrupted_saves
 
 from .common import usage_error
-from .model_args import CLASSIFIER, model_class, nulls_as_mappings, read_config, refuse_flat
+from .model_args import CLASSIFIER, check_part_fields, model_class, nulls_as_mappings, read_config, refuse_flat
 
 
 def _attribute(name: str):
@@ -153,7 +153,10 @@ class OneLineLightningParser(LightningArgumentParser):
         if not self.exit_on_error:
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        raise UsageError(usage_error(parser.prog.replace(" [options]", ""), condense(_flag_names(parser, message))))
+        line = usage_error(parser.prog.replace(" [options]", ""), condense(_flag_names(parser, message)))
+        if line.startswith("--model"):  # the module's options are listed by its own help, not the command's
+            line = line[:-1] + "; `--model.help CLASS` a module's, e.g. vitkit.lit.Segmenter)"
+        raise UsageError(line)
 
 
 def _flag_names(parser: LightningArgumentParser, message: str) -> str:
@@ -200,6 +203,7 @@ def _model_args(argv: list[str]) -> list[str]:
     """``argv`` with a flat argument of before the module's parts refused, and a part's field set to null as
     jsonargparse takes it."""
     refuse_flat(argv)
+    check_part_fields(argv)
     return nulls_as_mappings(argv)
 
 

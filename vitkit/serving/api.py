@@ -115,6 +115,9 @@ class VitkitAPI(ls.LitAPI):
             raise HTTPException(400, "format=overlay answers one image: send one")
         return {"images": decoded, "format": fmt, "start": time.perf_counter()}
 
+    def batch(self, inputs: list[dict]) -> list[dict]:
+        return inputs  # requests of one image or several; predict runs them as one batch of images
+
     def predict(self, requests: list[dict] | dict, **kwargs: Any) -> list[dict] | dict:
         single = isinstance(requests, dict)
         requests = [requests] if single else requests
@@ -134,6 +137,9 @@ class VitkitAPI(ls.LitAPI):
                             "ms": round(1000 * (time.perf_counter() - r["start"]), 2)})
             k += n
         return answers[0] if single else answers
+
+    def unbatch(self, output: list[dict]) -> list[dict]:
+        return output
 
     def encode_response(self, output: dict, **kwargs: Any):
         from fastapi import Response

@@ -85,7 +85,8 @@ class SegmentationDataModule(_TrainValLoaders):
                                  "them") from None
             rank_zero_info(f"data: {num_classes} classes, read from the masks of {Path(root) / 'masks' / 'train'} "
                            "(--data.num_classes sets them)")
-            self.hparams.num_classes = num_classes  # what the model is linked to, and the checkpoint keeps
+            for hp in (self.hparams, self._hparams_initial):  # what the model is linked to, the checkpoint keeps and
+                hp["num_classes"] = num_classes  # the loggers record (Lightning merges the initial with the model's)
         if num_classes is None or num_classes < 1:
             raise UsageError(f"give --data.num_classes, the classes the masks index (1 or more), got {num_classes}")
         classes = classes if classes is not None else LAYOUT_NAMES.get(layout)

@@ -84,6 +84,20 @@ class SetLoss:
         if len(targets) != out.logits.shape[0]:
             raise UsageError(f"the set loss takes one target per image: {out.logits.shape[0]} images, "
                              f"{len(targets)} targets")
+        classes = out.logits.shape[-1] - 1
+        for i, t in enumerate(targets):
+            labels, boxes = t.get("labels"), t.get("boxes")
+            if labels is None or boxes is None or boxes.dim() != 2 or boxes.shape[-1] != 4 or len(boxes) != len(labels):
+                raise UsageError(f"target {i}: expected labels (M,) and boxes (M, 4), got labels "
+                                 f"{None if labels is None else tuple(labels.shape)} and boxes "
+                                 f"{None if boxes is None else tuple(boxes.shape)}")
+            if len(labels) and (labels.min() < 0 or labels.max() >= classes):
+                raise UsageError(f"target {i}: labels must be classes 0 to {classes - 1} (the detector's), got "
+                                 f"{labels.min().item()} to {labels.max().item()}")
+            if len(boxes) and (boxes.min() < 0 or boxes.max() > 1):
+                raise UsageError(f"target {i}: boxes must be centre x, centre y, width, height relative to the image "
+                                 f"(0 to 1; vitkit.data.detection.normalised_targets gives them), got values from "
+                                 f"{boxes.min().item():.3g} to {boxes.max().item():.3g}")
         num = torch.tensor(float(sum(len(t["labels"]) for t in targets)), device=out.logits.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(num)

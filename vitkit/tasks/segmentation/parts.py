@@ -8,6 +8,7 @@ checkpoint of them)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -41,9 +42,9 @@ class Linear(SegmentationHead):
 
 
 class UperNet(SegmentationHead):
-    """UperNet (a pooling pyramid, lateral convs, a top-down path, fused) on four maps, with the auxiliary FCN head
-    on the third (``auxiliary``; None: on a hierarchical backbone, as mmsegmentation's UperNet-Swin) of
-    ``aux_channels``."""
+    """UperNet (a pooling pyramid of ``pool_scales``, lateral convs, a top-down path, fused at ``channels``) on four
+    maps, with the auxiliary FCN head on the third (``auxiliary``; None: on a hierarchical backbone, as
+    mmsegmentation's UperNet-Swin), ``aux_channels`` wide (its own width, not ``channels``)."""
 
     name = "upernet"
 
@@ -124,8 +125,17 @@ class SegmenterFlat(Flat):
             return [], [f"--model.loss.{key}", value]
         if key == "indices":
             return [], ["--model.head.indices", value]
-        if key == "head_args":
-            return [], [f"--model.head.<field> (of {value})"]
+        if key == "head_args":  # each field of the head's kind (choose it first: --model.head UperNet)
+            try:
+                given = json.loads(value)
+            except ValueError:
+                given = None
+            if not isinstance(given, dict):
+                return [], ["--model.head.FIELD", "VALUE"]
+            aux = given.pop("aux_args", None) or {}
+            given.update({"aux_channels": aux["channels"]} if "channels" in aux else {})
+            return [], [x for k, v in given.items() for x in (f"--model.head.{k}", v if isinstance(v, str) else
+                                                               json.dumps(v))]
         return super().flag(key, value)
 
 
