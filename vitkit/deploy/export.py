@@ -35,6 +35,7 @@ from torch import nn
 
 from vitkit.errors import UsageError
 from vitkit.models.config import pair
+from vitkit.models.registry import FAMILIES
 
 from .onnx_model import OnnxModel, read_metadata  # noqa: F401 - OnnxModel: vitkit.deploy.export's name too
 
@@ -105,8 +106,6 @@ def _net(model: nn.Module) -> nn.Module:
 def export_sizes(model: nn.Module) -> str | None:
     """The sizes the family of the network an export takes its sizes from (``_net``) exports at
     (``Family.export_sizes``): "patch_multiples", "padded", or None where it does not export."""
-    from vitkit.models.registry import FAMILIES
-
     net = _net(model)
     fams = sorted(FAMILIES.values(), key=lambda f: type(net) is not f.model)  # its own family before a parent's
     return next((f.export_sizes for f in fams if isinstance(net, f.model)), None)
@@ -148,7 +147,8 @@ def prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, boo
     kind = export_sizes(model)
     if kind is None:
         raise ExportError(f"export takes ViT and Swin classifiers and segmenters; {model.name} is a "
-                          f"{type(_net(model)).__name__}")
+                          f"{next((n for n, f in FAMILIES.items() if isinstance(_net(model), f.model)), 'another')} "
+                          "model")
     if dynamic_size is None:  # dynamic, except with token merging (see the module docstring): the exporter's
         # symbolic token counts nest each block's min(r, half the patches)
         dynamic_size = not getattr(_net(model), "merging", False)

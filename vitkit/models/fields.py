@@ -10,7 +10,7 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from vitkit.errors import UsageError
+from vitkit.errors import UsageError, UsageTypeError
 
 # the smallest value of the numeric fields that count something: the same name means the same in every family
 AT_LEAST_ONE = {"img_size", "patch_size", "in_chans", "embed_dim", "depth", "depths", "num_heads", "num_kv_heads",
@@ -109,7 +109,7 @@ def check_values(owner: str, cfg_cls: type, values: dict[str, Any]) -> None:
             continue  # unknown names are refused by the caller, with the list of fields
         if not conforms(value, hints[name]):
             wanted = describe(hints[name])  # a string that is not one of the choices is a wrong value, not type
-            error = ValueError if isinstance(value, str) and "one of" in wanted else TypeError
+            error = UsageError if isinstance(value, str) and "one of" in wanted else UsageTypeError
             raise error(f"{owner}: {name} must be {wanted}, got {_shown(value)}")
         nums = _numbers(value)
         if name in AT_LEAST_ONE and any(n < 1 for n in nums):
