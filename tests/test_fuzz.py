@@ -7,15 +7,19 @@ How many examples each draws comes from the hypothesis profile (tests/conftest.p
 CI; `pytest -m fuzz` draws 2,000 each."""
 
 import base64
+import json
 
 import pytest
 import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
+from PIL import Image
 from torch.testing import assert_close
 
 import vitkit
 from vitkit.checkpoints import CheckpointError
+from vitkit.data.detection import coco, yolo
+from vitkit.errors import UsageError
 from vitkit.layers import Attention, CrossAttention
 
 pytestmark = pytest.mark.fuzz
@@ -142,3 +146,30 @@ def test_any_text_sent_as_an_image_is_decoded_or_refused_with_a_4xx(text, prefix
         assert 400 <= e.status_code < 500 and "\n" not in e.detail
     else:  # within the pixel limit, and 16-bit grey brought to 8 bits
         assert image.width * image.height <= 10_000 and not image.mode.startswith("I")
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.floats(-1e3, 1e3) | st.text(max_size=6),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                         st.sampled_from(["id", "image_id", "bbox", "category_id", "file_name", "name", "iscrowd",
+                                          "images", "annotations", "categories"]), inner, max_size=6),
+                     max_leaves=24)
+
+
+@given(data=st.one_of(_JSON.map(lambda v: json.dumps(v).encode()), st.binary(max_size=300)),
+       labels=st.text(max_size=80))
+def test_any_detection_annotations_read_or_end_in_one_line(tmp_path_factory, data, labels):
+    """Any COCO JSON (or bytes) and any YOLO label text: the split reads, with every box a float (x1, y1, x2, y2),
+    or the reader ends in a UsageError naming the file."""
+    root = tmp_path_factory.mktemp("det")
+    (root / "train.json").write_bytes(data)
+    (root / "images" / "train").mkdir(parents=True)
+    (root / "labels" / "train").mkdir(parents=True)
+    Image.new("RGB", (8, 6)).save(root / "images" / "train" / "a.png")
+    (root / "labels" / "train" / "a.txt").write_text(labels)
+    for read in (lambda: coco(root / "images" / "train", root / "train.json"), lambda: yolo(root, "train", ["x"])):
+        try:
+            split = read()
+        except UsageError:
+            continue
+        for _, boxes, classes, _ in split.samples:
+            assert boxes.dtype == torch.float32 and boxes.shape == (len(classes), 4)

@@ -78,6 +78,22 @@ class DetectionImages(Dataset):
 def _need(record: Any, keys: tuple[str, ...], where: str) -> None:
     if not isinstance(record, dict) or any(k not in record for k in keys):
         raise UsageError(f"{where}: expected an object with {', '.join(keys)}, got {str(record)[:120]}")
+    for key in ("id", "image_id", "category_id"):
+        if key in keys and (not isinstance(record[key], (int, str)) or isinstance(record[key], bool)):
+            raise UsageError(f"{where}: {key} must be an integer or a string, got {str(record[key])[:40]}")
+
+
+def _list(data: dict, key: str, where: Path) -> list:
+    if not isinstance(data[key], list):
+        raise UsageError(f"{where}: {key!r} must be a list, got {str(data[key])[:60]}")
+    return data[key]
+
+
+def _bbox(value: Any, where: str) -> list[float]:
+    if not (isinstance(value, list) and len(value) == 4
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+        raise UsageError(f"{where}: bbox must be [x, y, width, height] in pixels, got {str(value)[:60]}")
+    return [float(v) for v in value]
 
 
 def coco(images: str | os.PathLike, annotations: str | os.PathLike, transform=None) -> DetectionImages:
@@ -87,31 +103,41 @@ def coco(images: str | os.PathLike, annotations: str | os.PathLike, transform=No
         raise MissingFileError(f"COCO annotations {annotations} are not there")
     try:
         data = json.loads(annotations.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError; so is a number too long
         raise UsageError(f"{annotations} is not a COCO JSON file ({e})") from None
     _need(data, ("images", "annotations", "categories"), str(annotations))
-    for c in data["categories"]:
+    categories, found_annotations, images_listed = (_list(data, k, annotations)
+                                                    for k in ("categories", "annotations", "images"))
+    for c in categories:
         _need(c, ("id", "name"), f"{annotations}: a category")
-    ids = sorted(c["id"] for c in data["categories"])
+    try:
+        ids = sorted({c["id"] for c in categories})
+    except TypeError:  # ids of both kinds, numbers and strings
+        raise UsageError(f"{annotations}: the category ids mix numbers and strings") from None
+    if len(ids) != len(categories):
+        raise UsageError(f"{annotations}: two categories share an id")
     index = {cid: i for i, cid in enumerate(ids)}
-    names = {c["id"]: c["name"] for c in data["categories"]}
+    names = {c["id"]: str(c["name"]) for c in categories}
     per_image: dict[Any, list[dict]] = {}
-    for a in data["annotations"]:
+    for a in found_annotations:
         _need(a, ("image_id", "bbox", "category_id"), f"{annotations}: an annotation")
+        a = {**a, "bbox": _bbox(a["bbox"], f"{annotations}: annotation {str(a.get('id'))[:20]}")}
         if a["category_id"] not in index:
             raise UsageError(f"{annotations}: annotation {a.get('id')} has category_id {a['category_id']}, which "
                              f"no category has (ids {ids[:10]})")
         per_image.setdefault(a["image_id"], []).append(a)
     samples, dropped = [], 0
-    for img in data["images"]:
+    for img in images_listed:
         _need(img, ("id", "file_name"), f"{annotations}: an image")
+        if not isinstance(img["file_name"], str) or not img["file_name"]:
+            raise UsageError(f"{annotations}: an image's file_name must be a path, got {str(img['file_name'])[:40]}")
         found = per_image.get(img["id"], [])
         xywh = torch.tensor([a["bbox"] for a in found], dtype=torch.float32).reshape(-1, 4)
         xyxy = torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], dim=1)
         keep = (xywh[:, 2] > 0) & (xywh[:, 3] > 0)
         dropped += int((~keep).sum())
         labels = torch.tensor([index[a["category_id"]] for a in found], dtype=torch.long)
-        crowd = torch.tensor([bool(a.get("iscrowd", 0)) for a in found], dtype=torch.bool)
+        crowd = torch.tensor([a.get("iscrowd") in (1, True) for a in found], dtype=torch.bool)
         samples.append((images / img["file_name"], xyxy[keep], labels[keep], crowd[keep]))
     return DetectionImages(samples, [names[i] for i in ids], transform, dropped)
 
