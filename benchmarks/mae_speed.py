@@ -23,6 +23,7 @@ import torch
 
 import vitkit
 from vitkit.benchmarking.flops import count_gmacs_of, saved_activations_mib
+from vitkit.layers import Attention
 from vitkit.training.optim import build_adamw
 
 
@@ -69,7 +70,8 @@ def gmacs(kind: str, name: str, size: int) -> float:
 
 
 def activation_mib(kind: str, name: str, size: int, precision: str, device: torch.device, batch: int = 2) -> float:
-    """MiB per image that autograd keeps for the backward pass (the activations): the saved tensors of a forward
+    """MiB per image that autograd keeps for the backward pass (the activations, on the fused attention path): the
+    saved tensors of a forward
     of ``2 * batch`` images minus those of ``batch``, over ``batch``; the weights (and autocast's copies of them),
     kept alike by both, cancel. It grows linearly with the batch, so two images tell it for any batch without
     holding a big one's activations.
@@ -79,6 +81,9 @@ def activation_mib(kind: str, name: str, size: int, precision: str, device: torc
     optimizer step's temporaries set the peak, the same for both kinds of step."""
     torch.manual_seed(0)
     model = build(kind, name).to(device).train()
+    for module in model.modules():  # the fused path for every count: on a CPU "auto" times the paths per shape and
+        if isinstance(module, Attention):  # may take the math path, which also keeps the attention weights, for one
+            module.backend = "sdpa"  # batch size and not for the other
     ctx = (lambda: torch.autocast(device.type, torch.bfloat16)) if precision == "amp_bf16" else torch.enable_grad
     with ctx():
         two, one = (saved_activations_mib(model, torch.randn(n, 3, size, size, device=device))

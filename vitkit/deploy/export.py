@@ -107,8 +107,8 @@ def export_sizes(model: nn.Module) -> str | None:
     """The sizes the family of the network an export takes its sizes from (``_net``) exports at
     (``Family.export_sizes``): "patch_multiples", "padded", or None where it does not export."""
     net = _net(model)
-    fams = sorted(FAMILIES.values(), key=lambda f: type(net) is not f.model)  # its own family before a parent's
-    return next((f.export_sizes for f in fams if isinstance(net, f.model)), None)
+    own = sorted(FAMILIES.values(), key=lambda f: type(net) is not f.model)  # its own family before a parent's
+    return next((f.export_sizes for f in own if isinstance(net, f.model)), None)
 
 
 def padded(model: nn.Module) -> bool:
@@ -146,9 +146,11 @@ def prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, boo
     runs anyway; the fused SDPA node does not survive export's decomposition for windowed attention)."""
     kind = export_sizes(model)
     if kind is None:
-        raise ExportError(f"export takes ViT and Swin classifiers and segmenters; {model.name} is a "
-                          f"{next((n for n, f in FAMILIES.items() if isinstance(_net(model), f.model)), 'another')} "
-                          "model")
+        net = _net(model)
+        own = sorted(FAMILIES.items(), key=lambda item: type(net) is not item[1].model)
+        family = next((n for n, f in own if isinstance(net, f.model)), "another")
+        raise ExportError(f"export takes ViT and Swin classifiers and segmenters; {model.name} is a {family} model "
+                          f"({type(net).__name__}), whose family exports no ONNX")
     if dynamic_size is None:  # dynamic, except with token merging (see the module docstring): the exporter's
         # symbolic token counts nest each block's min(r, half the patches)
         dynamic_size = not getattr(_net(model), "merging", False)
