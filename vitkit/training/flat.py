@@ -93,12 +93,6 @@ class Flat:
         """Whether ``--model.<key>`` is a flat flag of before the parts."""
         return key in self.names
 
-    def refusal(self, key: str, value: str) -> str:
-        """The line that refuses the flat flag ``--model.<key> <value>``, naming the parts' flags that say it."""
-        chosen, flags = self.flag(key, value)
-        return (f"--model.{key} {value}: the module takes its settings as parts now; give "
-                f"{' '.join(chosen + flags)}")
-
 
 def kind_of(part: Any) -> str | None:
     """The class name of a part's config dict."""
@@ -136,7 +130,7 @@ def refuse_flat_checkpoint(path: Any, hparams: Mapping[str, Any], flat: Flat | N
     """A checkpoint of a module's flat arguments (written before its parts) ends in one line naming the command
     that upgrades it; today's checkpoints pass."""
     if flat is not None and flat.is_flat(hparams):
-        names = sorted(k for k in hparams if flat.takes_flag(k))[:4]
+        names = sorted((k for k in hparams if flat.takes_flag(k)), key=lambda k: (k != "lr", k))[:4]  # lr first
         raise UsageError(f"{path} holds the flat arguments of a vitkit from before the modules' parts "
                          f"({', '.join(names)}, ...); upgrade it once: vitkit convert {path} UPGRADED.ckpt")
 

@@ -132,10 +132,8 @@ class SegmenterFlat(Flat):
                 given = None
             if not isinstance(given, dict):
                 return [], ["--model.head.FIELD", "VALUE"]
-            aux = given.pop("aux_args", None) or {}
-            given.update({"aux_channels": aux["channels"]} if "channels" in aux else {})
-            return [], [x for k, v in given.items() for x in (f"--model.head.{k}", v if isinstance(v, str) else
-                                                               json.dumps(v))]
+            return [], [x for k, v in head_fields(given).items()
+                        for x in (f"--model.head.{k}", v if isinstance(v, str) else json.dumps(v))]
         return super().flag(key, value)
 
 
@@ -151,11 +149,15 @@ def head_of(args: Mapping[str, Any]) -> SegmentationHead:
         kind_of(name) or (name if isinstance(name, str) else None) or "Linear")
     if kind is None:
         raise UsageError(f"head must be one of {', '.join(KINDS)}, got {name!r}")
-    given = dict(args.get("head_args") or {})
+    return kind(**head_fields(args.get("head_args") or {}), indices=args.get("indices"))
+
+
+def head_fields(head_args: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat ``head_args`` as the head part's fields: the auxiliary head's ``aux_args.channels`` is
+    ``aux_channels``."""
+    given = dict(head_args)
     aux = given.pop("aux_args", None) or {}
-    if "channels" in aux:
-        given["aux_channels"] = aux["channels"]
-    return kind(**given, indices=args.get("indices"))
+    return {**given, **({"aux_channels": aux["channels"]} if "channels" in aux else {})}
 
 
 SEGMENTER_FLAT = SegmenterFlat(Recipe(lr=1e-3, weight_decay=1e-4, warmup_epochs=1.0))  # Meta's linear heads
