@@ -1,11 +1,16 @@
 """A backbone family is one row of ``FAMILIES``: what it can do is read from the row, not from its name."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import vitkit
+from vitkit.checkpoints.load import Checkpoint
+from vitkit.checkpoints.match import fitting_presets
 from vitkit.checkpoints.names import capabilities
 from vitkit.errors import UsageError
+from vitkit.models.encoders import vision_encoder
 from vitkit.models.registry import FAMILIES, Family
 from vitkit.models.vit import VisionTransformer, ViTConfig
 
@@ -31,6 +36,10 @@ def test_a_new_family_is_one_row_and_its_capabilities_decide(monkeypatch):
     model = vitkit.create_model("toy_tiny_patch8_32")
     assert type(model) is ToyNet and model(torch.randn(1, 3, 32, 32)).shape == (1, 3)
     assert vitkit.family("toy_tiny_patch8_32") == "toy"
+    assert type(vision_encoder("toy_tiny_patch8_32")) is ToyNet  # the image-to-text encoder takes it by the row
+    # a bare state dict of the family is matched to its preset by the row's width, patch and depth
+    bare = {k: v for k, v in model.state_dict().items() if not k.startswith("head.")}
+    assert fitting_presets(Checkpoint(Path("toy.pt"), "vitkit", bare))[:1] == ["toy_tiny_patch8_32"]
     with pytest.raises(UsageError, match="not pre-trained with MAE: its family takes no masked image modeling"):
         vitkit.create_mim("toy_tiny_patch8_32")
     assert export_sizes(model) is None

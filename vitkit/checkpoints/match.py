@@ -9,43 +9,40 @@ import re
 
 import torch
 
-from ..models.registry import FAMILIES, preset_config
+from ..models.registry import FAMILIES, Family, preset_config
 from .load import Checkpoint, fit
 
 
-def _shape_facts(sd: dict) -> tuple[str, int, int, int] | None:
-    """(family, width, patch size, depth, in blocks for ViT and in stages for Swin) of a state dict in vitkit's
-    names, or None if it has no patch embedding."""
+def _shape_facts(sd: dict, depth_key: str) -> tuple[int, int, int] | None:
+    """(width, patch size, depth: the numbered units under ``depth_key``) of a state dict in vitkit's names, or None
+    if it has no patch embedding or no such units."""
     w = sd.get("patch_embed.proj.weight")
     if w is None or w.dim() != 4:
         return None
-    if any(k.startswith("layers.") for k in sd):
-        stages = {int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k))}
-        return "swin", w.shape[0], w.shape[-1], len(stages)
-    blocks = {int(m.group(1)) for k in sd if (m := re.match(r"blocks\.(\d+)\.", k))}
-    return "vit", w.shape[0], w.shape[-1], len(blocks)
+    units = {int(m.group(1)) for k in sd if (m := re.match(rf"{re.escape(depth_key)}\.(\d+)\.", k))}
+    return (w.shape[0], w.shape[-1], len(units)) if units else None
 
 
-def _facts_of(family: str, cfg) -> tuple[str, int, int, int]:
+def _facts_of(family: Family, cfg) -> tuple[int, int, int]:
     patch = cfg.patch_size if isinstance(cfg.patch_size, int) else cfg.patch_size[-1]
-    return family, cfg.embed_dim, patch, cfg.depth if family == "vit" else len(cfg.depths)
+    return cfg.embed_dim, patch, family.depth(cfg)
 
 
 def fitting_presets(ck: Checkpoint) -> list[str]:
     """The presets whose every tensor ``ck`` fills (those that need the fewest adaptations first, then by name)."""
-    facts = _shape_facts(ck.state_dict)
-    if facts is None:
-        return []
     classes = ck.num_classes
     scored = []
-    for family in ("vit", "swin"):
-        for name in FAMILIES[family].presets:
+    for family in (f for f in FAMILIES.values() if f.images):
+        facts = _shape_facts(ck.state_dict, family.depth_key)
+        if facts is None:
+            continue
+        for name in family.presets:
             cfg = preset_config(name)
             if _facts_of(family, cfg) != facts:
                 continue
             extra = {} if classes is None else {"num_classes": classes}
             with torch.device("meta"):
-                model = FAMILIES[family].model(preset_config(name, **extra))
+                model = family.model(preset_config(name, **extra))
             model.name = name
             try:
                 _, report = fit(model, ck)

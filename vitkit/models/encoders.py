@@ -1,4 +1,4 @@
-"""The image encoders other models are built on (image-to-text, masked image modeling): a ViT or Swin preset
+"""The image encoders other models are built on (image-to-text, masked image modeling): an image family's preset
 without its classifier, built from the preset table."""
 
 from __future__ import annotations
@@ -9,19 +9,15 @@ from torch import nn
 
 from vitkit.errors import UsageError
 
-from .swin import SwinConfig, SwinTransformer
-from .swin_presets import SWIN_PRESETS
-from .vit import VisionTransformer, ViTConfig
-from .vit_presets import VIT_PRESETS
+from .families import FAMILIES
 
 
 def vision_encoder(name: str, **overrides: Any) -> nn.Module:
-    """A ViT or Swin preset without its classifier (``num_classes=0``), named as the preset."""
-    for presets, cfg_cls, model_cls in ((VIT_PRESETS, ViTConfig, VisionTransformer),
-                                        (SWIN_PRESETS, SwinConfig, SwinTransformer)):
-        if name in presets:
-            net = model_cls(cfg_cls(**{**presets[name], **overrides, "num_classes": 0}))
+    """An image family's preset without its classifier (``num_classes=0``), named as the preset."""
+    for family in FAMILIES.values():
+        if family.images and name in family.presets:
+            net = family.model(family.config(**{**family.presets[name], **overrides, "num_classes": 0}))
             net.name = name
             return net
-    raise UsageError(f"vision_encoder {name!r} is not a ViT or Swin preset (vitkit.list_models('vit*'), "
-                     "vitkit.list_models('swin*'))")
+    images = ", ".join(f"vitkit.list_models('{fam}*')" for fam, f in FAMILIES.items() if f.images)
+    raise UsageError(f"vision_encoder {name!r} is not an image encoder's preset ({images})")

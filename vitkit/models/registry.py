@@ -10,42 +10,19 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-from typing import Any, NamedTuple
+from typing import Any
 
 from torch import nn
 
 from vitkit.errors import UsageError, UsageTypeError
 
+from .families import FAMILIES, Family
 from .fields import check_values
 from .seq2seq import SEQ2SEQ_PRESETS, Seq2SeqConfig, Seq2SeqTransformer
-from .swin import SwinConfig, SwinTransformer
-from .swin_presets import SWIN_PRESETS
-from .vit import VisionTransformer, ViTConfig
-from .vit_presets import VIT_PRESETS
 
+__all__ = ["FAMILIES", "Family", "check_fields", "find", "list_models", "preset_config"]
 
-class Family(NamedTuple):
-    """A family of presets and what it can do. The code that would branch on a family's name asks here instead, so
-    that a new family is its model module, its presets and one row below."""
-
-    config: type
-    model: type[nn.Module]
-    presets: dict[str, dict]  # keyed by timm's names
-    images: bool = True  # an image encoder: classifiers, segmenters, teachers and image-to-text take it
-    mim: tuple[str, ...] = ()  # the masked-image-modelling objectives it pre-trains with, its default first
-    dino: bool = False  # DINO self-distillation (a class token beside the patch tokens)
-    token_merging: bool = False  # ToMe (a token sequence; a fixed grid of windows has no place for merged tokens)
-    # the sizes a dynamic-size export takes: "patch_multiples" (any multiple of the patch), "padded" (any size from
-    # the model's min_input_size(), padded inside and traced size-obliviously), None: no export
-    export_sizes: str | None = None
-
-
-FAMILIES: dict[str, Family] = {
-    "vit": Family(ViTConfig, VisionTransformer, VIT_PRESETS, mim=("mae", "simmim"), dino=True, token_merging=True,
-                  export_sizes="patch_multiples"),
-    "swin": Family(SwinConfig, SwinTransformer, SWIN_PRESETS, mim=("simmim",), export_sizes="padded"),
-    "seq2seq": Family(Seq2SeqConfig, Seq2SeqTransformer, SEQ2SEQ_PRESETS, images=False),
-}
+FAMILIES["seq2seq"] = Family(Seq2SeqConfig, Seq2SeqTransformer, SEQ2SEQ_PRESETS, images=False)
 
 
 def list_models(pattern: str = "*") -> list[str]:
