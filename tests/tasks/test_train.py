@@ -122,6 +122,29 @@ def test_run_ending_by_max_steps_leaves_last_ckpt_and_a_second_run_cannot_replac
     assert "src_vocab_size" not in model.hparams  # what the CLI links for other modules is not kept
 
 
+def test_a_batch_fitted_to_the_data_is_decided_before_the_module_is_built(tmp_path, monkeypatch):
+    """StepsPerEpoch lowers the batch where an epoch would hold too few steps; the module is built with the LR of
+    that batch (its hyper-parameters, saved at build, hold it), and the run's config.yaml says both."""
+    built = []
+    init = ImageClassifier.__init__
+
+    def record(self, *args, **kwargs):
+        built.append(kwargs["recipe"].lr)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ImageClassifier, "__init__", record)
+    cli = _fit(tmp_path, "--trainer.max_steps", "1", "--trainer.callbacks+=vitkit.lit.StepsPerEpoch",
+               "--trainer.callbacks.min_steps", "100")
+    n = len(cli.datamodule.train_set)
+    new = max(4, n // 100)
+    assert cli.datamodule.hparams.batch_size == new < 32
+    assert built == [pytest.approx(3e-3 * (new / 32) ** 0.5)]  # AdamW's LR by the square root, at build
+    assert cli.model.recipe.lr == pytest.approx(built[0])
+    saved = yaml.safe_load((tmp_path / "logs/version_0/config.yaml").read_text())
+    assert saved["data"]["init_args"]["batch_size"] == new
+    assert saved["model"]["init_args"]["recipe"]["lr"] == pytest.approx(built[0])
+
+
 def test_every_output_lives_under_default_root_dir_from_any_cwd(tmp_path, monkeypatch):
     """Two runs with different roots, started from an unrelated directory, with the config's own settings:
     each writes checkpoints, CSV log, curves and config under its root and nothing anywhere else."""

@@ -41,6 +41,7 @@ from vitkit.training.callbacks import AtomicCheckpointIO, ModelCheckpoint, Model
 from vitkit.training.flat import flat_of, refuse_flat_checkpoint
 from vitkit.training.hparams import read_hparams
 from vitkit.training.parts import class_at
+from vitkit.training.steps import StepsPerEpoch
 from vitkit.training.strategies import settle_interrupted_saves
 
 from .common import usage_error
@@ -350,13 +351,50 @@ class VitkitCLI(LightningCLI):
                 init.name = Path(cfg.trainer.default_root_dir).name
 
     def instantiate_classes(self) -> None:
-        """Build the module, data and trainer (an error about the input, raised inside jsonargparse's Union, still
-        names vitkit's cause: ``vitkit.errors.user_error``)."""
+        """Build the data, the trainer and then the module (an error about the input, raised inside jsonargparse's
+        Union, still names vitkit's cause: ``vitkit.errors.user_error``). A fit's batch fitted to its data
+        (``training.steps.StepsPerEpoch``) is decided between the two, so that the module is built with its LR."""
         self._recipe_preset_gives_way(self._section())  # reads the checkpoint: a part of building, not parsing
-        super().instantiate_classes()
+        if self.subcommand != "fit":
+            return super().instantiate_classes()
+        first = self.config.clone()
+        first[self.subcommand].model = None
+        self.config_init = self.parser.instantiate_classes(first)  # the data module and the trainer's callbacks
+        self.datamodule, self.model = self._get(self.config_init, "data"), None
+        packs = bool(getattr(self.datamodule, "hparams", {}).get("packing"))  # its eval sizes are the model's: set
+        if not packs:  # up once the model is, and a batch fitted to it as fit sets it up (the callback's own way)
+            self._set_up_data()
+        self.trainer = self.instantiate_trainer()
+        if not packs:
+            self._fit_batch_to_data()
+        rest = self.config.clone()  # the module, linked to the data module built above
+        rest[self.subcommand].data = self.datamodule
+        rest[self.subcommand].trainer.callbacks = self.config_init[self.subcommand].trainer.callbacks
+        self.config_init[self.subcommand].model = self._get(self.parser.instantiate_classes(rest), "model")
+        self.model = self._get(self.config_init, "model")
+        self._add_configure_optimizers_method_to_model(self.subcommand)
+        if packs:  # packing (--data.packing) sized for this model, not only its preset's name
+            self.datamodule.packed_model = getattr(self.model, "model", None)
+            self._set_up_data()
+
+    def _fit_batch_to_data(self) -> None:
+        """The batch a small training split runs at, and the LR the module is built with (``StepsPerEpoch``)."""
+        trainer, cfg = self.trainer, self._section()
+        if not getattr(self.datamodule, "sets_up_locally", False):
+            return  # a stream's split is the trainer's to make: the callback decides as fit sets it up
+        world = max(1, trainer.world_size) * trainer.accumulate_grad_batches
+        init = cfg.model.get("init_args") or Namespace()
+        recipe = init.get("recipe") if isinstance(init.get("recipe"), Namespace) else None
+        for cb in trainer.callbacks:
+            fit = cb.decide(self.datamodule, world, recipe) if isinstance(cb, StepsPerEpoch) else None
+            if fit is None:
+                continue
+            cfg.data.init_args.batch_size = fit.new  # the run's config.yaml says what ran
+            if fit.lr is not None:
+                recipe.lr = fit.lr
+            rank_zero_info(fit.line())
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        self._set_up_data()
         cfg = self._section().trainer
         if not cfg.get("plugins"):
             kwargs.setdefault("plugins", [AtomicCheckpointIO()])
@@ -378,21 +416,13 @@ class VitkitCLI(LightningCLI):
     def _set_up_data(self) -> None:
         """The data of a fit set up before the trainer is built: a folder's errors (a missing mask, a class the masks
         should not hold) end the command before Lightning prints anything or makes the run's folder."""
-        dm = self.datamodule
-        if self.subcommand != "fit" or dm is None:
-            return
-        if hasattr(dm, "packed_model"):  # packing (--data.packing) sized for this model, not only its preset's name
-            dm.packed_model = getattr(self.model, "model", None)
-        if getattr(dm, "sets_up_locally", False):
-            dm.setup("fit")
+        if getattr(self.datamodule, "sets_up_locally", False):
+            self.datamodule.setup("fit")
 
     def before_fit(self) -> None:
         dm = self.datamodule
         if getattr(dm, "sets_up_locally", False):  # a split too small for one batch: refused before anything is
             # written (Lightning makes the logger's folder before it sets the data up)
-            for cb in self.trainer.callbacks:  # a batch fitted to the data first (training.steps.StepsPerEpoch)
-                if hasattr(cb, "fit_to_data"):
-                    cb.fit_to_data(self.trainer, self.model, dm)
             try:
                 dm.check_train_size(self.trainer)
             except ValueError as e:
