@@ -173,7 +173,7 @@ def test_one_failing_ddp_rank_ends_the_whole_job(tmp_path):
 @pytest.mark.parametrize("args, named", [
     (["--trainer.max_epochz", "3"], "max_epochz"),
     (["--trainer.max_epochs", "three"], "trainer.max_epochs"),
-    (["--model.recipe.lr", "fast"], "error: --model.recipe.lr expects a float or null, got 'fast'"),
+    (["--model.recipe.lr", "fast"], "error: --model.recipe.lr expects a float, got 'fast'"),
      # the flat flag's part
     (["--data.img_size", "[32"], "img_size"),
 ])

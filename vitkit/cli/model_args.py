@@ -1,7 +1,7 @@
 """``vitkit train``'s model arguments before LightningCLI parses them: the module a command line chooses (``--model``,
-a config's ``class_path``), the flat arguments of before the module's parts refused in one line that names the parts'
-flags (a ``--model.lr 1e-3`` flag, an ``lr: 1e-3`` in a config file), and a part's field set to null given as
-jsonargparse takes it."""
+a config's ``class_path``; the data module likewise), the flat arguments of before the module's parts refused in one
+line that names the parts' flags (a ``--model.lr 1e-3`` flag, an ``lr: 1e-3`` in a config file), and a part's field
+set to null given as jsonargparse takes it."""
 
 from __future__ import annotations
 
@@ -50,19 +50,29 @@ def _read(path: str, mtime_ns: int, size: int) -> dict | None:
     return text if isinstance(text, dict) else None
 
 
-def model_class(argv: list[str]) -> str:
-    """The module's class path that ``argv`` chooses: ``--model X``, else the last config's, else the default."""
+def configs_of(argv: list[str]) -> list[str]:
+    """The config files ``argv`` gives, in order."""
+    return [path for _, path in _configs(argv)]
+
+
+def section_class(argv: list[str], section: str) -> str | None:
+    """The class path ``argv`` chooses for ``section`` (``model``, ``data``): ``--section X``, else the last config's,
+    else None. A short name is one of ``vitkit.lit``'s."""
     chosen = None
     for _, path in _configs(argv):
-        model = (read_config(path) or {}).get("model")
-        if isinstance(model, dict) and model.get("class_path"):
-            chosen = str(model["class_path"])
+        part = (read_config(path) or {}).get(section)
+        if isinstance(part, dict) and part.get("class_path"):
+            chosen = str(part["class_path"])
     for i, arg in enumerate(argv):
         flag, eq, value = arg.partition("=")
-        if flag in ("--model", "--model.class_path"):
+        if flag in (f"--{section}", f"--{section}.class_path"):
             chosen = value if eq else (argv[i + 1] if i + 1 < len(argv) else chosen)
-    chosen = chosen or CLASSIFIER
-    return chosen if "." in chosen else f"vitkit.lit.{chosen}"  # a short name is one of vitkit.lit's
+    return chosen if chosen is None or "." in chosen else f"vitkit.lit.{chosen}"
+
+
+def model_class(argv: list[str]) -> str:
+    """The module's class path that ``argv`` chooses: ``--model X``, else the last config's, else the default."""
+    return section_class(argv, "model") or CLASSIFIER
 
 
 def refuse_flat(argv: list[str]) -> None:
@@ -119,33 +129,6 @@ def _inline(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {_inline(v)}" for k, v in value.items()) + "}"
     return str(value)
-
-
-def check_part_fields(argv: list[str]) -> None:
-    """``--model.<part>.<field>`` of a part that is a dataclass (the recipe, DINO's head, the segmenter's loss) whose
-    field is not one of its fields ends in one line naming its fields (jsonargparse's own message names neither)."""
-    import dataclasses
-    import difflib
-    import typing
-
-    from vitkit.training.parts import class_at
-
-    cls = class_at(model_class(argv))
-    try:
-        hints = typing.get_type_hints(cls.__init__) if isinstance(cls, type) else {}
-    except Exception:  # noqa: BLE001 - a module whose annotations do not resolve: jsonargparse says what it can
-        return
-    for arg in argv:
-        flag = arg.partition("=")[0]
-        path = flag.removeprefix("--model.").removeprefix("init_args.").split(".") if flag.startswith(
-            "--model.") else []
-        part = hints.get(path[0]) if len(path) == 2 else None
-        if isinstance(part, type) and dataclasses.is_dataclass(part):
-            fields = [f.name for f in dataclasses.fields(part)]
-            if path[1] not in fields:
-                close = difflib.get_close_matches(path[1], fields, n=1)
-                raise UsageError(f"{flag}: {part.__name__} has no field {path[1]!r}"
-                                 + (f" (did you mean {close[0]}?)" if close else "") + f"; it has {', '.join(fields)}")
 
 
 def _word(value) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,8 @@ from vitkit.training.steps import StepsPerEpoch
 from vitkit.training.strategies import settle_interrupted_saves
 
 from .common import usage_error
-from .model_args import CLASSIFIER, check_part_fields, model_class, nulls_as_mappings, read_config, refuse_flat
+from .model_args import CLASSIFIER, model_class, nulls_as_mappings, read_config, refuse_flat
+from .values import check_values
 
 
 def _attribute(name: str):
@@ -110,65 +110,35 @@ def strategy_from_path(path: str) -> Strategy:
     return cls()
 
 
-def _class_problem(message: str) -> str | None:
-    """The deepest reason a class given by class path (the module, or one of its parts) refused its arguments, as
-    one line; None for another kind of message. The union's other alternative (``null`` for no module) is left out:
-    the value was meant for the class."""
-    classes = re.findall(r"Problem with given class_path '([^']+)'", message)
-    if not classes:
-        return None
-    flag = "--" + ".".join(re.findall(r'Parser key "([^"]+)"', message))
-    if m := re.search(r"Option '([^']+)' is not accepted", message):
-        kind = classes[-1].rpartition(".")[2]
-        return f"{flag}.{m.group(1)}: {kind} takes no {m.group(1)!r} (another kind may: choose it first, {flag} KIND)"
-    if m := re.search(r"Expected a typing\.Literal\[(.*?)\]\. Got value: (.*)", message):
-        return f"{flag} expects one of {m.group(1)}, got {m.group(2).strip()!r}"
-    if m := re.search(r"Expected a dot import path string: (.*)", message):
-        return f"{flag}: {m.group(1).strip()!r} names no class it takes"
-    if m := re.search(r"Import path (\S+) does not correspond to a subclass of (\w+)", message):
-        return f"{flag}: {m.group(1)!r} is not a kind of {m.group(2)}"
-    return None
-
-
 def condense(message: str) -> str:
-    """jsonargparse's message for a value that does not parse (a nested listing of every type it tried) as one
-    line: ``--model.recipe.lr expects a float or null, got 'abc'``; other messages have their lines joined."""
-    if (line := _class_problem(message)) is not None:
-        return line
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    expected = list(dict.fromkeys(re.findall(r"Expected a <class '([\w.]+)'>", message)))
-    got = re.search(r"Got value: (.*)", message) or re.search(r"Given value: (.*)", message)
-    if keys and expected and got:
-        names = {"NoneType": "null", "int": "an int", "float": "a float", "bool": "true or false", "str": "a string"}
-        kinds = " or ".join(names.get(e, e) for e in expected)
-        return f"--{'.'.join(keys)} expects {kinds}, got {got.group(1).strip()!r}"
+    """Another library's message (jsonargparse's, Lightning's) as one line: its lines joined. The values vitkit can
+    check are checked before (``values.check_values``), in vitkit's words."""
     return " ".join(line.strip() for line in message.strip().splitlines() if line.strip())
 
 
 class OneLineLightningParser(LightningArgumentParser):
     """Lightning's parser (jsonargparse's), whose errors are a :class:`~vitkit.errors.UsageError` of one line, as
     argparse's are in the other subcommands (instead of the usage listing and a nested message); where jsonargparse
-    asks for its own exception instead, it still gets one."""
+    asks for its own exception instead, it still gets one. A required option left out is named by its flags
+    (``-o/--out``) before jsonargparse parses."""
+
+    def parse_args(self, args=None, *rest, **kwargs):
+        given = sys.argv[1:] if args is None else list(args)
+        if not {"-h", "--help"} & set(given):
+            missing = ["/".join(a.option_strings) for a in self._actions if a.required and a.option_strings
+                       and not any(g == o or g.startswith(o + "=") for g in given for o in a.option_strings)]
+            if missing and self.exit_on_error:
+                self.error(f"the following arguments are required: {', '.join(missing)}")
+        return super().parse_args(args, *rest, **kwargs)
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error:
             return super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        line = usage_error(parser.prog.replace(" [options]", ""), condense(_flag_names(parser, message)))
+        line = usage_error(parser.prog.replace(" [options]", ""), condense(message))
         if line.startswith("--model"):  # the module's options are listed by its own help, not the command's
             line = line[:-1] + "; `--model.help CLASS` a module's, e.g. vitkit.lit.Segmenter)"
         raise UsageError(line)
-
-
-def _flag_names(parser: LightningArgumentParser, message: str) -> str:
-    """jsonargparse names a missing required option by its key (``out``); the message names its flags
-    (``-o/--out``), as argparse's does."""
-    missing = re.match(r"the following arguments are required: (.+)", message.strip())
-    if missing is None:
-        return message
-    flags = {a.dest: "/".join(a.option_strings) for a in parser._actions if a.option_strings}
-    return "the following arguments are required: " + ", ".join(
-        flags.get(key.strip(), key.strip()) for key in missing.group(1).split(","))
 
 
 def _trainer_line(e: Exception, cfg: Namespace) -> str:
@@ -201,10 +171,10 @@ def default_model(argv: list[str]) -> str:
 
 
 def _model_args(argv: list[str]) -> list[str]:
-    """``argv`` with a flat argument of before the module's parts refused, and a part's field set to null as
-    jsonargparse takes it."""
+    """``argv`` with a flat argument of before the module's parts refused, the values given checked against their
+    types, and a part's field set to null as jsonargparse takes it."""
     refuse_flat(argv)
-    check_part_fields(argv)
+    check_values(argv)
     return nulls_as_mappings(argv)
 
 
