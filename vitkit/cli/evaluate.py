@@ -61,7 +61,9 @@ def _argv(argv: list[str]) -> list[str]:
     """``--data.root DIR`` without ``--data CLASS`` is the task's own data module (an image folder, or for a
     segmenter a folder of images and masks), and a bare ``--flag`` is ``--flag true``."""
     if not any(a == "--data" or a.startswith("--data=") for a in argv) and any(a.startswith("--data.") for a in argv):
-        argv = ["--data", DATA.get(_task(argv).name, DATA["classification"]), *argv]
+        from vitkit.tasks import registry
+
+        argv = ["--data", _task(argv).data_module or registry.other_files().data_module, *argv]
     flags = ("--knn", "--linear-probe")
     out = []
     for i, a in enumerate(argv):
@@ -69,9 +71,6 @@ def _argv(argv: list[str]) -> list[str]:
         if a in flags and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
             out.append("true")
     return out
-
-
-DATA = {"classification": "vitkit.lit.ImageFolderDataModule", "segmentation": "vitkit.lit.SegmentationDataModule"}
 
 
 def _task(argv: list[str]):

@@ -1,6 +1,7 @@
 """``vitkit predict``: what a model says of image files, from a checkpoint, a tag or an exported ONNX file, through
 its task's predictor (``vitkit.tasks``): a classifier's top-k classes (a multi-label one's labels above their
-thresholds), a segmenter's mask and overlay files."""
+thresholds), a segmenter's mask and overlay files, a detector's boxes drawn on the image and listed in COCO's result
+format."""
 
 from __future__ import annotations
 
@@ -31,8 +32,11 @@ def parser():
                    "size over the image as it is, --stride apart, overlapping logits averaged)")
     p.add_argument("--stride", type=int, nargs="+", default=None, metavar="N", help="--mode slide: the windows' step, "
                    "H W or one number (default two thirds of the model's size)")
-    p.add_argument("-o", "--output", default="masks", help="a segmentation checkpoint (vitkit.lit.Segmenter): the "
-                   "folder for each image's NAME_mask.png (class indices, coloured) and NAME_overlay.png")
+    p.add_argument("--threshold", type=float, default=None, metavar="S", help="a detector: the least score of the "
+                   "boxes drawn and listed (default 0.5)")
+    p.add_argument("-o", "--output", default="masks", help="a segmenter (vitkit.lit.Segmenter): the folder for each "
+                   "image's NAME_mask.png (class indices, coloured) and NAME_overlay.png; a detector: for its "
+                   "NAME_boxes.png and NAME_detections.json (COCO's result format)")
     return p
 
 
@@ -49,7 +53,8 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--max-patches expects a number of patches of 1 or more, got {args.max_patches}")
     task, source = model_source(args.onnx, args.checkpoint, args.model)
     options = {"topk": args.topk, "max_patches": args.max_patches, "mode": args.mode, "stride": args.stride,
-               "token_merging": args.token_merging, "overrides": parse_overrides(args.overrides), "model": args.model}
+               "token_merging": args.token_merging, "overrides": parse_overrides(args.overrides), "model": args.model,
+               "threshold": args.threshold}
     predictor = task.function("predictor")(source, options)
     failed = 0
     for path in args.images:

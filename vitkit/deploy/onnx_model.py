@@ -148,6 +148,13 @@ class OnnxModel:
 
     def __call__(self, x) -> np.ndarray:
         """``x``: a float32 array (or a torch tensor) of the exported shape."""
+        x = self._checked(x)
+        if self.packed:  # each image one sequence of its own
+            return self.run_packed(*pack_arrays(x, self.meta["patch_size"], self.meta["prefix"]))
+        return self._run({self.input.name: x}, tuple(x.shape))
+
+    def _checked(self, x) -> np.ndarray:
+        """``x`` as a numpy array, or one line naming the shape and dtype the file expects."""
         if hasattr(x, "detach"):  # a torch tensor, taken without importing torch
             x = x.detach().cpu().numpy()
         c, h, w = self.meta.get("input_size", [x.shape[1] if x.ndim == 4 else None, None, None])
@@ -162,9 +169,7 @@ class OnnxModel:
                                  "with the model's mean/std (OnnxModel.preprocess does) and pass float32")
         if x.ndim != 4 or x.shape[1] != c or not ok_size or x.shape[0] == 0:
             raise UsageError(f"{self.path} expects {self.expected()}, got shape {tuple(x.shape)}")
-        if self.packed:  # each image one sequence of its own
-            return self.run_packed(*pack_arrays(x, self.meta["patch_size"], self.meta["prefix"]))
-        return self._run({self.input.name: x}, tuple(x.shape))
+        return x
 
     def run_packed(self, patches: np.ndarray, image: np.ndarray, index: np.ndarray, grids: np.ndarray) -> np.ndarray:
         """A packed export (``vitkit export --packed``) on a packed batch (``models.packing.PackedBatch``'s fields:
@@ -190,9 +195,16 @@ class OnnxModel:
                              "writes them so); these are not")
         return self._run({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tuple(patches.shape))
 
-    def _run(self, feed: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    def outputs(self, x: np.ndarray) -> list[np.ndarray]:
+        """Every output of a model with several (a detector's boxes, scores and labels), in the exported order, for a
+        float32 input (B, C, H, W) checked as ``__call__`` checks it."""
+        x = self._checked(x)
+        return self._run({self.input.name: x}, tuple(x.shape), every=True)
+
+    def _run(self, feed: dict[str, np.ndarray], shape: tuple[int, ...], every: bool = False):
         try:
-            return self.session.run(None, feed)[0]
+            out = self.session.run(None, feed)
+            return out if every else out[0]
         except Exception as e:  # noqa: BLE001 - the input passed the checks: the graph (or a packed feed) is at fault
             raise CheckpointError(f"{self.path}: onnxruntime could not run the model on an input of shape "
                                   f"{shape}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}") from None

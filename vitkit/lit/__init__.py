@@ -3,6 +3,7 @@
 training base (``vitkit.training``) or beside the readers its data module wraps (``vitkit.data.modules``)."""
 
 from vitkit.data.modules import (
+    DetectionDataModule,
     DigitsDataModule,
     HFSegmentationDataModule,
     ImageFolderDataModule,
@@ -23,6 +24,7 @@ from vitkit.tasks.classification import (
     SingleLabel,
     Teacher,
 )
+from vitkit.tasks.detection import Detector, SetLoss
 from vitkit.tasks.pretraining import DINOPretraining, MaskedImageModeling
 from vitkit.tasks.segmentation import Segmenter
 from vitkit.tasks.text import Seq2SeqModule
@@ -37,7 +39,8 @@ from vitkit.training import (
     TrainingCurves,
 )
 
-__all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DigitsDataModule", "FSDP2Strategy",
+__all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DetectionDataModule", "Detector",
+           "DigitsDataModule", "FSDP2Strategy", "SetLoss",
            "Frozen", "Full", "LoRA", "MultiLabel", "Recipe", "SingleLabel", "Teacher",
            "HFDataModule", "HFSegmentationDataModule", "ImageClassifier", "ImageFolderDataModule", "ManifestDataModule",
            "MaskedImageModeling",

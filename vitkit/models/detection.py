@@ -63,7 +63,7 @@ class YOLOS(nn.Module):
     but the last adds a learned position table to its output (YOLOS's "mid position embeddings"). Positions are
     stored at the backbone's ``img_size`` grid and resized to each input's grid, which may be any multiple of the
     patch size. ``forward`` gives a :class:`DetectionOutput`; ``aux`` holds each earlier block's predictions when
-    ``aux_outputs`` is set (DETR's auxiliary losses)."""
+    ``aux_outputs`` is set and the model trains (DETR's auxiliary losses; evaluation reads the last block's alone)."""
 
     task = "detection"  # the task whose commands read its exports
 
@@ -100,12 +100,13 @@ class YOLOS(nn.Module):
     def _positions(self, grid: tuple[int, int]) -> tuple[Tensor, Tensor | None]:
         """The input's positions (1, 1 + h·w + N, C) and each block's mid positions (D - 1, 1, L, C) or None."""
         pos = self.backbone.pos_embed
-        patches = pos[:, 1:] if grid == self.grid else resize_grid(pos[:, 1:], self.grid, grid)
+        same = grid == self.grid and not getattr(self.backbone, "dynamic_img_size", False)  # an export of any size
+        patches = pos[:, 1:] if same else resize_grid(pos[:, 1:], self.grid, grid)  # resizes in its graph
         first = torch.cat([pos[:, :1], patches, self.det_pos], dim=1)
         if self.mid_pos is None:
             return first, None
         mid = self.mid_pos
-        if grid != self.grid:
+        if not same:
             n = self.det_tokens
             mid = torch.cat([mid[:, :, :1], resize_grid(mid[:, :, 1:-n], self.grid, grid), mid[:, :, -n:]], dim=2)
         return first, mid
@@ -126,7 +127,7 @@ class YOLOS(nn.Module):
             h = blk(h)
             if mid is not None and i < len(net.blocks) - 1:
                 h = h + mid[i]
-            if self.aux_outputs and i < len(net.blocks) - 1:
+            if self.aux_outputs and self.training and i < len(net.blocks) - 1:
                 states.append(h)
         n = self.det_tokens
         logits, boxes = self._heads(net.norm(h)[:, -n:])
@@ -134,3 +135,49 @@ class YOLOS(nn.Module):
 
     def _heads(self, det: Tensor) -> tuple[Tensor, Tensor]:
         return self.class_head(det), self.box_head(det).sigmoid()
+
+
+def letterbox_size(h: int, w: int, size: int) -> tuple[int, int]:
+    """The (height, width) an image of ``h`` x ``w`` is resized to inside a ``size`` letterbox: its longer side
+    ``size``, the shorter in proportion (rounded), before the padding at the right and bottom."""
+    scale = size / max(h, w)
+    return max(1, round(h * scale)), max(1, round(w * scale))
+
+
+def to_pixels(boxes: Tensor, image: tuple[int, int], size: int) -> Tensor:
+    """Corners (M, 4) relative to a ``size`` letterbox -> the image's own pixels (``image``: its height and width),
+    clipped to it."""
+    h, w = image
+    nh, nw = letterbox_size(h, w, size)
+    scale = boxes.new_tensor([size * w / nw, size * h / nh, size * w / nw, size * h / nh])
+    limit = boxes.new_tensor([w, h, w, h])
+    return torch.minimum((boxes * scale).clamp(min=0), limit)
+
+
+def corners(boxes: Tensor) -> Tensor:
+    """(..., 4) centre x, centre y, width, height -> corners."""
+    cx, cy, w, h = boxes.unbind(-1)
+    return torch.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=-1)
+
+
+def detections(out: DetectionOutput, sizes: Tensor, input_size: int, max_detections: int = 100
+               ) -> list[dict[str, Tensor]]:
+    """Per image, its ``max_detections`` best queries as COCO scores them: ``boxes`` (corners in the image's own
+    pixels), ``scores`` and ``labels`` (each query's likeliest class other than "no object", by softmax, as DETR
+    and transformers' ``post_process_object_detection``). ``sizes``: (B, 2) each image's height and width; the input
+    (``input_size`` square) is the image letterboxed (:func:`letterbox_size`, padded at the right and bottom)."""
+    scores, labels = out.logits.float().softmax(-1)[..., :-1].max(-1)
+    xyxy = corners(out.boxes.float())
+    result = []
+    for i in range(len(xyxy)):
+        top = scores[i].argsort(descending=True)[:max_detections]
+        boxes = to_pixels(xyxy[i][top], (int(sizes[i][0]), int(sizes[i][1])), input_size)
+        result.append({"boxes": boxes, "scores": scores[i][top], "labels": labels[i][top]})
+    return result
+
+
+def truths(targets: list[dict[str, Tensor]], input_size: int) -> list[dict[str, Tensor]]:
+    """Targets as batches give them (boxes relative to the ``input_size`` letterbox, ``size``) in the image's own
+    pixels, corners, as COCO's evaluation reads them (crowd regions marked)."""
+    return [{"boxes": to_pixels(corners(t["boxes"].float()), (int(t["size"][0]), int(t["size"][1])), input_size),
+             "labels": t["labels"], "iscrowd": t["iscrowd"].long()} for t in targets]

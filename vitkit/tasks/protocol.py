@@ -63,6 +63,8 @@ class Task:
             classifier's.
         onnx_kinds: the ``vitkit.task`` values of its exports besides ``name`` (an export of before the metadata
             said which).
+        data_module: the class path of the data module ``vitkit evaluate --data.root DIR`` means for its models
+            (without one, the classifier's image folder).
     """
 
     name: str
@@ -73,6 +75,7 @@ class Task:
     export_model: str | None = None
     other_files: bool = False
     onnx_kinds: tuple[str, ...] = ()
+    data_module: str | None = None
 
     def function(self, which: str) -> Callable:
         """The task's function ``which`` (``predictor``, ``evaluate``, ``export_model``), imported."""

@@ -1,13 +1,15 @@
 """Lightning data modules, each over the readers beside it in ``vitkit.data``: in-memory digits, image folders
 and CSV / JSON-lines manifests (``images.py``), litdata shards (``streaming.py``), Hugging Face datasets
-(``hf.py``), images with masks (``segmentation.py``), the encoder-decoder's text and digit strings (``text.py``).
-Training batches cross to the device as uint8 and are normalised there."""
+(``hf.py``), images with masks (``segmentation.py``), images with boxes (``detection.py``), the encoder-decoder's
+text and digit strings (``text.py``). Training batches cross to the device as uint8 and are normalised there."""
 
+from .detection import DetectionDataModule
 from .images import DigitsDataModule, ImageFolderDataModule, ManifestDataModule, UnlabeledImageDataModule
 from .segmentation import HFSegmentationDataModule, SegmentationDataModule, StreamingSegmentationDataModule
 from .text import OcrDigitsDataModule, Seq2SeqDataModule
 
-__all__ = ["DigitsDataModule", "HFDataModule", "HFSegmentationDataModule", "ImageFolderDataModule",
+__all__ = ["DetectionDataModule", "DigitsDataModule", "HFDataModule", "HFSegmentationDataModule",
+           "ImageFolderDataModule",
            "ManifestDataModule", "OcrDigitsDataModule",
            "SegmentationDataModule", "Seq2SeqDataModule", "StreamingImageDataModule",
            "StreamingSegmentationDataModule", "UnlabeledImageDataModule"]

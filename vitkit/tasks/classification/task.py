@@ -9,5 +9,6 @@ TASK = Task(
     predictor="vitkit.tasks.classification.inference:predictor",
     evaluate="vitkit.tasks.classification.evaluate:evaluate",
     export_model="vitkit.tasks.classification.inference:export_model",
+    data_module="vitkit.lit.ImageFolderDataModule",
     other_files=True,  # a timm tag, torchvision weights, a state dict or a saved model folder: a classifier
 )

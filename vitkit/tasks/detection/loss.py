@@ -25,9 +25,10 @@ def _xyxy(boxes: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class SetLoss:
-    """The loss's weights: in the matching cost (``class_cost``, ``bbox_cost``, ``giou_cost``) and in the loss
-    (``class_weight``, ``l1_weight``, ``giou_weight``), DETR's and YOLOS's by default; ``eos_coef``: the weight of
-    the "no object" class in the class term."""
+    """The set loss's weights, DETR's and YOLOS's by default.
+
+    The matching cost weighs ``class_cost``, ``bbox_cost`` and ``giou_cost``; the loss ``class_weight``,
+    ``l1_weight`` and ``giou_weight``; ``eos_coef`` is the weight of the "no object" class in the class term."""
 
     class_cost: float = 1.0
     bbox_cost: float = 5.0

@@ -9,4 +9,5 @@ TASK = Task(
     predictor="vitkit.tasks.segmentation.inference:predictor",
     evaluate="vitkit.tasks.segmentation.evaluate:evaluate",
     export_model="vitkit.tasks.segmentation.inference:export_model",
+    data_module="vitkit.lit.SegmentationDataModule",
 )

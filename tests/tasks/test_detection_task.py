@@ -1,0 +1,211 @@
+"""The detection task: COCO and YOLO folders read into letterboxed batches whose boxes map back to the images' own
+pixels, COCO's scores as pycocotools computes them, and a detector that learns its scenes and that train, predict,
+evaluate and export read through the task protocol."""
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.commands import error_line_of, run_cli
+from vitkit.cli import main
+from vitkit.data.modules.detection import DetectionDataModule
+from vitkit.evaluation.detection import average_precision, coco_files, scores
+from vitkit.models.detection import truths
+
+from .detection_scenes import NAMES, scenes, write_coco, write_yolo
+
+TINY = '{"patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 2}'
+# a tiny model's steps to learn 8 scenes by heart: the recipe's LR for a pretrained backbone, 10x, without its
+# warmup, layer decay and average
+MEMORISE = {"lr": 1e-3, "lr_batch": None, "warmup_epochs": 0, "min_lr": 1e-3, "layer_decay": None, "ema_decay": None,
+            "ema_is_model": False}
+
+
+def _module(root, **kw) -> DetectionDataModule:
+    dm = DetectionDataModule(str(root), img_size=64, batch_size=4, num_workers=0, **kw)
+    dm.setup("fit")
+    return dm
+
+
+def test_a_coco_and_a_yolo_folder_of_the_same_scenes_give_the_same_batches(tmp_path):
+    coco = _module(write_coco(tmp_path / "coco", {"train": 6, "val": 5}))
+    yolo = _module(write_yolo(tmp_path / "yolo", {"train": 6, "val": 5}))
+    assert coco.layout == "coco" and yolo.layout == "yolo" and coco.classes == yolo.classes == NAMES
+    (xc, tc), (xy, ty) = (next(iter(dm.val_dataloader())) for dm in (coco, yolo))
+    assert torch.equal(xc, xy) and xc.dtype == torch.uint8 and xc.shape == (4, 3, 64, 64)
+    for a, b in zip(tc, ty, strict=True):
+        assert torch.equal(a["labels"], b["labels"]) and torch.equal(a["size"], b["size"])
+        torch.testing.assert_close(a["boxes"], b["boxes"], atol=1e-5, rtol=0)
+
+
+def test_a_letterboxed_box_times_the_images_longer_side_is_its_box_in_pixels(tmp_path):
+    root = write_coco(tmp_path, {"train": 4, "val": 12})
+    dm = _module(root)
+    truth = json.loads((root / "annotations/val.json").read_text())
+    shapes = {(img["height"], img["width"]) for img in truth["images"]}
+    assert len(shapes) > 1  # images of their own aspect ratios, not squares alone
+    seen = 0
+    for x, targets in dm.val_dataloader():
+        for t, pixels in zip(targets, truths(targets, 64), strict=True):
+            image = truth["images"][seen]
+            assert tuple(t["size"].tolist()) == (image["height"], image["width"])
+            boxes = [a["bbox"] for a in truth["annotations"] if a["image_id"] == image["id"]]
+            expected = torch.tensor([[b[0], b[1], b[0] + b[2], b[1] + b[3]] for b in boxes]).reshape(-1, 4)
+            torch.testing.assert_close(pixels["boxes"], expected, atol=1e-3, rtol=0)
+            seen += 1
+        assert (x[:, :, :, 64:] == 0).all()  # padded at the right and bottom, never shifted
+    assert seen == 12
+
+
+def test_a_flipped_training_image_carries_its_boxes(tmp_path):
+    root = write_coco(tmp_path, {"train": 3, "val": 3})
+    flipped = DetectionDataModule(str(root), img_size=64, hflip=1.0, num_workers=0).split("train", True)
+    plain = DetectionDataModule(str(root), img_size=64, hflip=0.0, num_workers=0).split("train", True)
+    for i in range(3):
+        (xf, tf), (xp, tp) = flipped[i], plain[i]
+        h, w = tp["size"].tolist()
+        side, width = max(h, w), w / max(h, w)  # the image's width relative to the letterbox
+        torch.testing.assert_close(tf["boxes"][:, 0], width - tp["boxes"][:, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(tf["boxes"][:, 1:], tp["boxes"][:, 1:], atol=1e-5, rtol=0)
+        cols = round(width * 64)
+        assert torch.equal(xf[..., :cols], xp[..., :cols].flip(-1)) or side != 64  # the pixels flipped alike
+
+
+def test_an_image_without_objects_and_a_crowd_region_are_kept(tmp_path):
+    root = write_coco(tmp_path, {"train": 4, "val": 2})
+    data = json.loads((root / "annotations/train.json").read_text())
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(root / "train" / "empty.png")
+    data["images"].append({"id": 99, "file_name": "empty.png", "height": 64, "width": 64})
+    data["annotations"][0]["iscrowd"] = 1
+    (root / "annotations/train.json").write_text(json.dumps(data))
+    ds = DetectionDataModule(str(root), img_size=64, num_workers=0).split("train", False)
+    assert len(ds) == 5 and len(ds[4][1]["boxes"]) == 0
+    assert ds[0][1]["iscrowd"].tolist()[0] is True
+
+
+def test_coco_scores_are_pycocotools_cocoeval_on_the_written_files(tmp_path):
+    """torchmetrics' scores on the installed COCO code equal pycocotools' own COCOeval on the truth and
+    predictions vitkit writes (COCO's formats), overall and per class."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    g = torch.Generator().manual_seed(0)
+    preds, gts, sizes = [], [], []
+    for image, boxes, labels in scenes(30, 96, seed=3, scale=(8, 60)):
+        true = torch.from_numpy(boxes)
+        noisy = torch.cat([true + torch.randn(true.shape, generator=g) * 3, torch.rand(3, 4, generator=g) * 60])
+        noisy = torch.cat([noisy[:, :2], torch.maximum(noisy[:, 2:], noisy[:, :2] + 1)], dim=1).clamp(min=0)
+        found = torch.cat([torch.from_numpy(labels), torch.randint(0, 10, (3,), generator=g)])
+        found[torch.rand(len(found), generator=g) < 0.2] = 3  # some wrong classes
+        preds.append({"boxes": noisy, "scores": torch.rand(len(noisy), generator=g), "labels": found})
+        gts.append({"boxes": true, "labels": torch.from_numpy(labels), "iscrowd": torch.zeros(len(labels))})
+        sizes.append(image.shape[:2])
+    metric = average_precision(class_metrics=True)
+    metric.update(preds, gts)
+    ours = scores(metric.compute(), NAMES)
+    coco_files(preds, gts, sizes, NAMES, tmp_path)
+    truth = COCO(str(tmp_path / "truth.json"))
+    run = COCOeval(truth, truth.loadRes(str(tmp_path / "predictions.json")), "bbox")
+    run.evaluate()
+    run.accumulate()
+    run.summarize()
+    names = ["mAP", "AP50", "AP75", "AP_small", "AP_medium", "AP_large", "AR1", "AR10", "AR100"]
+    for name, value in zip(names, run.stats[:9], strict=True):
+        assert ours[name] == pytest.approx(value, abs=1e-6), name
+    assert 0.05 < ours["mAP"] < 0.95  # neither empty nor perfect: the comparison says something
+    precision = run.eval["precision"][:, :, :, 0, -1]  # per class: mean over IoUs and recalls with values
+    for k, name in enumerate(NAMES):
+        p = precision[:, :, k]
+        assert ours[f"AP/{name}"] == pytest.approx(float(p[p > -1].mean()), abs=1e-6), name
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory):
+    """A tiny detector trained on 8 scenes until it knows them (its validation split is the same 8 scenes)."""
+    root = write_coco(tmp_path_factory.mktemp("scenes"), {"train": 8}, seed=5)
+    shutil.copytree(root / "train", root / "val")
+    shutil.copy(root / "annotations/train.json", root / "annotations/val.json")
+    run = root.parent / "run"
+    status = main(["train", "fit", "-c", "det_yolos_finetune", "--data.root", str(root),
+                           "--model.model_name", "vit_tiny_patch16_224", "--model.model_overrides", TINY,
+                           "--model.det_tokens", "8", "--model.recipe", json.dumps(MEMORISE),
+                           "--data.img_size", "64", "--data.hflip", "0", "--data.scale", "[1, 1]",
+                           "--data.num_workers", "0", "--trainer.max_epochs", "300",
+                           "--trainer.check_val_every_n_epoch", "300", "--trainer.accelerator", "cpu",
+                           "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
+                           "--trainer.default_root_dir", str(run)])
+    assert status == 0
+    return root, run
+
+
+@pytest.mark.slow
+def test_a_detector_learns_its_scenes_and_each_command_reads_it(learned, tmp_path, capsys):
+    root, run = learned
+    ckpt = run / "checkpoints" / "last.ckpt"
+    with open(next(run.glob("logs/*/metrics.csv"))) as f:
+        last = [r for r in csv.DictReader(f) if r.get("val/AP50")][-1]
+    assert float(last["val/AP50"]) >= 0.9, last  # the scenes it trained on, known
+    # evaluate: the checkpoint's scores on the same split are the ones its run logged
+    status, err = run_cli(["evaluate", "--checkpoint", str(ckpt), "--data.root", str(root), "--split", "val",
+                           "-o", str(tmp_path / "ev")], capsys)
+    assert status == 0, err
+    metrics = json.loads((tmp_path / "ev/metrics.json").read_text())
+    assert metrics["mAP"] == pytest.approx(float(last["val/mAP"]), abs=1e-4)
+    assert {"truth.json", "predictions.json", "pr_curve.png", "worst"} <= {p.name for p in (tmp_path / "ev").iterdir()}
+    # export, and the export scores and predicts as the checkpoint does
+    status, err = run_cli(["export", str(ckpt), "-o", str(tmp_path / "det.onnx")], capsys)
+    assert status == 0, err
+    status, err = run_cli(["evaluate", "--onnx", str(tmp_path / "det.onnx"), "--data.root", str(root), "--split",
+                           "val", "-o", str(tmp_path / "ev_onnx")], capsys)
+    assert status == 0, err
+    assert json.loads((tmp_path / "ev_onnx/metrics.json").read_text())["mAP"] == pytest.approx(metrics["mAP"],
+                                                                                                abs=1e-4)
+    image = root / "val" / "0000.png"
+    truth = json.loads((root / "annotations/val.json").read_text())
+    expected = sorted(a["category_id"] - 1 for a in truth["annotations"] if a["image_id"] == 0)
+    found = {}
+    for source in (["--checkpoint", str(ckpt)], ["--onnx", str(tmp_path / "det.onnx")]):
+        status, err = run_cli(["predict", str(image), *source, "-o", str(tmp_path / source[0][2:])], capsys)
+        assert status == 0, err
+        found[source[0]] = json.loads((tmp_path / source[0][2:] / "0000_detections.json").read_text())
+        assert sorted(d["index"] for d in found[source[0]]) == expected
+        assert (tmp_path / source[0][2:] / "0000_boxes.png").is_file()
+    for a, b in zip(found["--checkpoint"], found["--onnx"], strict=True):
+        assert a["label"] == b["label"] and a["score"] == pytest.approx(b["score"], abs=1e-4)
+        assert a["bbox"] == pytest.approx(b["bbox"], abs=1e-3)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--threshold", "2"], "--threshold is a score from 0 to 1, got 2.0"),
+    (["--mode", "slide"], "a detector takes --threshold"),
+])
+@pytest.mark.slow
+def test_a_detector_refuses_what_it_does_not_take_in_one_line(learned, args, says):
+    root, run = learned
+    line = error_line_of(["predict", str(root / "val/0000.png"), "--checkpoint", str(run / "checkpoints/last.ckpt"),
+                          *args])
+    assert says in line, line
+
+
+def test_folders_a_detector_cannot_read_end_in_one_line(tmp_path):
+    from vitkit.errors import UsageError
+
+    write_coco(tmp_path / "coco", {"train": 2, "val": 2})
+    with pytest.raises(UsageError, match="holds a coco layout, and --data.layout is yolo"):
+        DetectionDataModule(str(tmp_path / "coco"), layout="yolo")
+    with pytest.raises(UsageError, match="holds no train split of a layout vitkit reads: COCO"):
+        DetectionDataModule(str(tmp_path))
+    write_yolo(tmp_path / "yolo", {"train": 2, "val": 2})
+    (tmp_path / "yolo/data.yaml").unlink()
+    with pytest.raises(UsageError, match="has no data.yaml naming its classes"):
+        DetectionDataModule(str(tmp_path / "yolo"))
+    (tmp_path / "yolo/data.yaml").write_text("names: 3\n")
+    with pytest.raises(UsageError, match="names must be a list of class names or a mapping"):
+        DetectionDataModule(str(tmp_path / "yolo"))
+    with pytest.raises(UsageError, match="img_size must be one whole number"):
+        DetectionDataModule(str(tmp_path / "coco"), img_size=(64, 48))

@@ -1,0 +1,171 @@
+"""``Detector``: a detector on a vitkit backbone trained with the training base's machinery (AdamW, warmup + cosine
+decay, EMA, gradient clipping by the trainer, skipped non-finite steps, exact resume): DETR's set loss (``loss.py``)
+with each earlier layer's auxiliary terms, validated by COCO's AP (``vitkit.evaluation.detection``) summed over
+every rank. The backbone trains whole, frozen, or through LoRA adapters, as the classifier's."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from jsonargparse import lazy_instance
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
+
+import vitkit
+from vitkit.errors import UsageError
+from vitkit.evaluation.detection import average_precision, scores
+from vitkit.models.detection import YOLOS, DetectionOutput, detections, truths
+from vitkit.training.adaptation import Adaptation, Full
+from vitkit.training.base import TrainingModule
+from vitkit.training.hparams import record_config
+from vitkit.training.parts import config_of, part_from
+from vitkit.training.recipe import Recipe
+
+from .loss import SetLoss
+
+# YOLOS's fine-tuning: AdamW at 1e-4 (a batch of 8 per GPU on 8 GPUs), weight decay 1e-4, warmup, cosine decay
+RECIPE = Recipe(lr=1e-4, weight_decay=1e-4, warmup_epochs=1.0, min_lr=1e-6, lr_batch=None)
+WHOLE_MODEL = lazy_instance(Full)
+
+
+class Detector(TrainingModule):
+    """YOLOS on a vitkit ViT: detection tokens beside the patches, a class and a box per token, no NMS.
+
+    Args:
+        model_name: the backbone: a ViT preset or a pretrained name with a class token and learned positions
+            (``vit_small_patch14_dinov2.lvd142m``, ``vit_tiny_patch16_224.augreg_in21k``).
+        pretrained: load the name's weights (offline-first).
+        checkpoint: the backbone's weights from a file (any format vitkit reads).
+        num_classes: the object classes (linked from the data module).
+        img_size: the square input (linked from the data module).
+        model_overrides: the backbone's config fields.
+        class_names: stored in the checkpoint (linked from the data module).
+        det_tokens: detection tokens: the most objects one image can hold (YOLOS: 100).
+        mid_positions: YOLOS's positions added after every block but the last.
+        aux_loss: the set loss on each earlier block's predictions too (DETR's auxiliary losses).
+        max_detections: the detections per image scored and predicted (COCO's 100).
+        loss: the set loss's matching costs and weights (``SetLoss``).
+        recipe: the optimizer, schedule, EMA and steps (``vitkit.training.recipe.Recipe``).
+        adaptation: ``Full``, ``Frozen`` (the detection tokens and heads alone train) or ``LoRA``.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "vit_small_patch14_dinov2",
+        pretrained: bool = False,
+        checkpoint: str | None = None,
+        num_classes: int | None = None,
+        img_size: int | None = None,
+        model_overrides: dict[str, Any] | None = None,
+        class_names: list[str] | None = None,
+        det_tokens: int = 100,
+        mid_positions: bool = True,
+        aux_loss: bool = True,
+        max_detections: int = 100,
+        loss: SetLoss = SetLoss(),  # noqa: B008 - a frozen dataclass: one shared default is safe
+        recipe: Recipe = RECIPE,
+        adaptation: Adaptation = WHOLE_MODEL,
+    ) -> None:
+        super().__init__()
+        self.keep_arguments()
+        self.use_recipe(recipe)
+        self.adaptation = part_from(adaptation, Adaptation, Full())
+        self.hparams.adaptation = config_of(self.adaptation)
+        self.loss = loss if isinstance(loss, SetLoss) else SetLoss(**dict(loss or {}))
+        self.hparams.loss = dataclasses.asdict(self.loss)
+        if num_classes is None or num_classes < 1:
+            raise UsageError(f"num_classes must be >= 1 (the data module gives it), got {num_classes}")
+        if det_tokens < 1 or max_detections < 1:
+            raise UsageError(f"det_tokens and max_detections must be >= 1, got {det_tokens} and {max_detections}")
+        if self.adaptation.head_init == "probe":
+            raise UsageError("head_init 'probe' fits a linear head on frozen features; a detector's heads start "
+                             "random: give --model.adaptation.head_init random")
+        overrides = dict(model_overrides or {})
+        if img_size is not None:
+            overrides["img_size"] = img_size
+        backbone = vitkit.create_model(model_name, pretrained=pretrained, checkpoint=checkpoint, num_classes=0,
+                                       **overrides)
+        if getattr(backbone, "load_report", None) is not None:
+            rank_zero_info(str(backbone.load_report))
+        self.model = YOLOS(backbone, num_classes, det_tokens, mid_positions, aux_outputs=aux_loss)
+        self.adaptation.apply(self)
+        self.metrics = nn.ModuleDict({s: average_precision(class_metrics=s == "test") for s in ("val", "test")})
+        self.make_ema(self.recipe.ema_decay, self.recipe.ema_is_model)
+
+    def adapter_lr_scale(self) -> float:
+        return self.adaptation.adapter_lr_scale()
+
+    def adapted(self) -> nn.Module:
+        """Where LoRA adapters go: the backbone."""
+        return self.model.backbone
+
+    @staticmethod
+    def is_head(name: str) -> bool:
+        """Whether a name of the model's parameters or children is outside the backbone (the detection tokens,
+        their positions, the heads): it trains under every adaptation."""
+        return name.partition(".")[0] != "backbone"
+
+    def train(self, mode: bool = True) -> Detector:
+        """A frozen backbone stays in eval mode: its drop path and dropout off, as at inference."""
+        super().train(mode)
+        if mode:
+            self.adaptation.train_mode(self)
+        return self
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        if checkpoint.get("hyper_parameters") is not None:  # the backbone file's shapes: rebuilt without the file
+            record_config(self.model.backbone, checkpoint["hyper_parameters"])
+        self.adaptation.save(self, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.adaptation.load(self, checkpoint)
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        self.adaptation.before_fit(self)
+
+    def forward(self, x: Tensor) -> DetectionOutput:
+        return self.evaluated()(x)
+
+    def forward_train(self, x: Tensor, targets: list[dict[str, Tensor]]) -> DetectionOutput:
+        """The model's training forward with its loss: the set loss on the objects that are not crowd regions."""
+        out = self.model(x)
+        self.loss(out, [{"labels": t["labels"][~t["iscrowd"]], "boxes": t["boxes"][~t["iscrowd"]]} for t in targets])
+        return out
+
+    def step_loss(self, batch: tuple[Tensor, list[dict[str, Tensor]]]) -> Tensor:
+        return self.forward_train(*batch).loss
+
+    def _evaluate(self, batch: tuple[Tensor, list[dict[str, Tensor]]], split: str) -> None:
+        x, targets = batch
+        out = self(x)
+        sizes, side = torch.stack([t["size"] for t in targets]), x.shape[-1]
+        self.metrics[split].update(detections(out, sizes, side, self.hparams.max_detections), truths(targets, side))
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def _log_scores(self, split: str) -> None:
+        result = scores(self.metrics[split].compute(), self.hparams.class_names)  # summed over every rank
+        self.metrics[split].reset()
+        for name, value in result.items():
+            self.log(f"{split}/{name}", value, prog_bar=name in ("mAP", "AP50"), sync_dist=False)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_scores("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_scores("test")
+
+    def predict_step(self, batch: Any, batch_idx: int) -> list[dict[str, Tensor]]:
+        x, targets = batch if isinstance(batch, (tuple, list)) else (batch, None)
+        sizes = torch.stack([t["size"] for t in targets]) if targets is not None else \
+            torch.tensor([x.shape[-2:]] * len(x))
+        return detections(self(x), sizes, x.shape[-1], self.hparams.max_detections)

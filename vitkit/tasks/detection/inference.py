@@ -1,0 +1,202 @@
+"""How a detector predicts, for ``vitkit predict`` and ``vitkit serve`` (the task protocol's predictor), and how it is
+exported: a ``vitkit.lit.Detector`` checkpoint (the model its run validated) or its ONNX export, the image
+letterboxed as the run evaluated it, the boxes above a score drawn on the image with their labels and scores, and
+listed in COCO's result format (x, y, width, height in the image's pixels)."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from vitkit.errors import UsageError
+from vitkit.models.detection import YOLOS, DetectionOutput, corners, to_pixels
+from vitkit.tasks.protocol import Prediction
+
+THRESHOLD = 0.5  # the least score a predicted box is drawn and listed with, unless the command gives another
+
+
+class ExportedDetector(nn.Module):
+    """A detector as its export runs it: letterboxed, normalised images (B, 3, S, S) -> ``boxes`` (B, Q, 4: corners
+    relative to the input; ``models.detection.to_pixels`` maps them to the image's), ``scores`` (B, Q) and
+    ``labels`` (B, Q):
+    each query's likeliest class other than "no object" and its probability."""
+
+    task = "detection"
+    output_names = ("boxes", "scores", "labels")
+
+    def __init__(self, detector: YOLOS, name: str, class_names: list[str]) -> None:
+        super().__init__()
+        self.detector, self.name, self.class_names = detector, name, list(class_names)
+        self.backbone = detector.backbone  # the network whose architecture decides the sizes an export takes
+        self.cfg = detector.backbone.cfg
+
+    def set_attn_backend(self, backend: str) -> None:
+        self.backbone.set_attn_backend(backend)
+
+    def set_dynamic_img_size(self, enable: bool = True) -> None:
+        self.backbone.set_dynamic_img_size(enable)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        out: DetectionOutput = self.detector(x)
+        scores, labels = out.logits.float().softmax(-1)[..., :-1].max(-1)
+        return corners(out.boxes.float()), scores, labels
+
+
+def load_detector_checkpoint(path: str) -> ExportedDetector:
+    """The model a ``vitkit.lit.Detector`` checkpoint's run validated (its EMA where that is what it validated), in
+    eval mode, as its export runs it."""
+    from .detector import Detector
+
+    module = Detector.load_from_checkpoint(path, map_location="cpu").eval()
+    net = module.evaluated()
+    names = list(module.hparams.class_names or [str(i) for i in range(net.num_classes)])
+    exported = ExportedDetector(net, net.backbone.name, names).eval()
+    exported.max_detections = module.hparams.max_detections
+    return exported
+
+
+def export_model(checkpoint: str, overrides: dict) -> ExportedDetector:
+    """The detector of a checkpoint, as ``vitkit export`` writes it."""
+    if overrides:
+        raise UsageError(f"{checkpoint} is a detection checkpoint: it exports as it was trained, without --overrides "
+                         "or --img-size (its ViT takes any multiple of the patch already)")
+    return load_detector_checkpoint(checkpoint)
+
+
+def letterboxed(image, size: int) -> Tensor:
+    """A PIL image as the run evaluated it: its longer side resized to ``size``, padded at the right and bottom to
+    a square (uint8, 3 x size x size)."""
+    from torchvision import tv_tensors
+    from torchvision.transforms.v2 import functional as TF
+
+    from vitkit.data.modules.detection import Letterbox
+
+    return Letterbox(size)(tv_tensors.Image(TF.pil_to_tensor(image.convert("RGB")))).as_subclass(Tensor)
+
+
+def _png(image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def drawn(image, found: list[dict[str, Any]]):
+    """The image with each box drawn, its label and score above it, a colour per class."""
+    from PIL import ImageDraw
+
+    from vitkit.masks import palette
+
+    out = image.convert("RGB")
+    draw = ImageDraw.Draw(out)
+    colours = palette(max([d["index"] for d in found], default=0) + 1)
+    for d in found:
+        x, y, w, h = d["bbox"]
+        colour = tuple(int(c) for c in colours[d["index"]])
+        draw.rectangle([x, y, x + w, y + h], outline=colour, width=max(1, round(min(out.size) / 200)))
+        draw.text((x + 2, max(0, y - 11)), f"{d['label']} {d['score']:.2f}", fill=colour)
+    return out
+
+
+class _Detector:
+    """What both kinds share: detections to their line, record (COCO's result format) and files."""
+
+    names: list[str]
+    size: int
+
+    def prepare(self, image) -> Tensor:
+        return letterboxed(image, self.size)
+
+    def result(self, image, found: dict[str, Tensor], options: dict[str, Any]) -> Prediction:
+        threshold = options.get("threshold")
+        threshold = THRESHOLD if threshold is None else threshold
+        keep = found["scores"] >= threshold
+        listed = []
+        for box, score, label in zip(found["boxes"][keep].tolist(), found["scores"][keep].tolist(),
+                                     found["labels"][keep].tolist(), strict=True):
+            name = self.names[label] if label < len(self.names) else str(label)
+            listed.append({"label": name, "index": int(label), "category_id": int(label) + 1, "score": float(score),
+                           "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]]})
+        counts: dict[str, int] = {}
+        for d in listed:
+            counts[d["label"]] = counts.get(d["label"], 0) + 1
+        line = (", ".join(f"{k} ({n})" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no objects") + \
+            f" (score >= {threshold:g})"
+        record = {"size": [image.height, image.width], "detections": listed}
+        files = {"_boxes.png": _png(drawn(image, listed)), "_detections.json": json.dumps(listed).encode()}
+        return Prediction(line, record, files)
+
+    def found(self, outputs: tuple, sizes: list[tuple[int, int]]) -> list[dict[str, Tensor]]:
+        """Per image, its best queries (``max_detections``) in the image's own pixels, from the export's outputs."""
+        boxes, scores, labels = (torch.as_tensor(np.asarray(o)) for o in outputs)
+        result = []
+        for i, size in enumerate(sizes):
+            top = scores[i].argsort(descending=True)[:self.max_detections]
+            result.append({"boxes": to_pixels(boxes[i][top].float(), size, self.size), "scores": scores[i][top],
+                           "labels": labels[i][top].long()})
+        return result
+
+
+class TorchDetector(_Detector):
+    """A detector's checkpoint in PyTorch."""
+
+    def __init__(self, net: ExportedDetector) -> None:
+        self.net, self.names = net, net.class_names
+        self.size, self.max_detections = int(net.cfg.img_size if isinstance(net.cfg.img_size, int) else
+                                             net.cfg.img_size[0]), getattr(net, "max_detections", 100)
+        self.mean = torch.tensor(net.cfg.mean).view(1, -1, 1, 1) * 255
+        self.std = torch.tensor(net.cfg.std).view(1, -1, 1, 1) * 255
+
+    @torch.no_grad()
+    def run(self, prepared: Sequence[Tensor]) -> list[tuple]:
+        x = (torch.stack(list(prepared)).float() - self.mean) / self.std
+        boxes, scores, labels = self.net(x)
+        return [(boxes[i], scores[i], labels[i]) for i in range(len(x))]
+
+    def result(self, image, output: tuple, options: dict[str, Any]) -> Prediction:
+        found = self.found(tuple(o[None] for o in output), [(image.height, image.width)])[0]
+        return super().result(image, found, options)
+
+
+class OnnxDetector(_Detector):
+    """A detector's ONNX export in onnxruntime, the image letterboxed as the PyTorch model's is."""
+
+    def __init__(self, model) -> None:
+        self.model, self.names = model, list(model.labels or [])
+        self.size, self.max_detections = int(model.meta["input_size"][1]), 100
+        c = model.meta["input_size"][0]
+        self.mean = np.asarray(model.meta["mean"][:c], np.float32).reshape(1, -1, 1, 1) * 255
+        self.std = np.asarray(model.meta["std"][:c], np.float32).reshape(1, -1, 1, 1) * 255
+
+    def run(self, prepared: Sequence[Tensor]) -> list[tuple]:
+        x = ((np.stack([p.numpy() for p in prepared]).astype(np.float32) - self.mean) / self.std).astype(np.float32)
+        boxes, scores, labels = self.model.outputs(x)
+        return [(boxes[i], scores[i], labels[i]) for i in range(len(x))]
+
+    def result(self, image, output: tuple, options: dict[str, Any]) -> Prediction:
+        found = self.found(tuple(np.asarray(o)[None] for o in output), [(image.height, image.width)])[0]
+        return super().result(image, found, options)
+
+
+def predictor(source: tuple[str, Any], options: dict[str, Any]):
+    """The detector of ``source`` (``("onnx", OnnxModel)`` or ``("checkpoint", path)``); ``options``: the command's
+    (``threshold``)."""
+    kind, value = source
+    if options.get("max_patches") is not None or options.get("token_merging") or options.get("stride") or \
+            options.get("mode", "whole") != "whole":
+        raise UsageError("--max-patches, --token-merging, --mode and --stride apply to classifiers and segmenters; "
+                         "a detector takes --threshold")
+    threshold = options.get("threshold")
+    if threshold is not None and not 0 <= threshold <= 1:
+        raise UsageError(f"--threshold is a score from 0 to 1, got {threshold}")
+    if kind == "onnx":
+        return OnnxDetector(value)
+    if kind != "checkpoint":
+        raise UsageError(f"{value}: a detector is read from its checkpoint or its ONNX export")
+    return TorchDetector(load_detector_checkpoint(value))
+
