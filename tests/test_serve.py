@@ -149,7 +149,7 @@ def test_a_segmenter_answers_its_overlay_and_a_classifier_refuses_to(files):
     assert overlay.media_type == "image/png" and Image.open(io.BytesIO(overlay.body)).size == (40, 48)
     refused = _served(files["onnx"], {"topk": 3}, [_photo(0)], fmt="overlay")
     assert refused.status_code == 400
-    assert "format=overlay draws a segmenter's mask" in json.loads(refused.body)["detail"]
+    assert "format=overlay draws a segmenter's mask or a detector's boxes" in json.loads(refused.body)["detail"]
 
 
 def test_a_refused_request_in_a_batch_leaves_its_batch_mates_answered(files):

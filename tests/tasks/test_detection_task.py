@@ -174,7 +174,7 @@ def test_a_detector_learns_its_scenes_and_each_command_reads_it(learned, tmp_pat
         assert status == 0, err
         found[source[0]] = json.loads((tmp_path / source[0][2:] / "0000_detections.json").read_text())
         assert sorted(d["index"] for d in found[source[0]]) == expected
-        assert (tmp_path / source[0][2:] / "0000_boxes.png").is_file()
+        assert (tmp_path / source[0][2:] / "0000_overlay.png").is_file()
     for a, b in zip(found["--checkpoint"], found["--onnx"], strict=True):
         assert a["label"] == b["label"] and a["score"] == pytest.approx(b["score"], abs=1e-4)
         assert a["bbox"] == pytest.approx(b["bbox"], abs=1e-3)
@@ -209,3 +209,39 @@ def test_folders_a_detector_cannot_read_end_in_one_line(tmp_path):
         DetectionDataModule(str(tmp_path / "yolo"))
     with pytest.raises(UsageError, match="img_size must be one whole number"):
         DetectionDataModule(str(tmp_path / "coco"), img_size=(64, 48))
+
+
+@pytest.mark.slow
+def test_the_server_answers_a_detectors_boxes_and_draws_them(learned):
+    """vitkit serve's model code on a detector's checkpoint: the detections predict lists, and format=overlay the
+    picture of its boxes."""
+    import base64
+    import io
+
+    from vitkit.serving.api import VitkitAPI
+    from vitkit.serving.model import load_predictor, source_of
+
+    root, run = learned
+    ckpt = str(run / "checkpoints/last.ckpt")
+    options = {"topk": 5, "max_patches": None, "mode": "whole", "threshold": 0.3}
+    api = VitkitAPI(source_of(ckpt, False), options, threads=1)
+    api.setup("cpu")
+    images = [Image.open(root / "val" / f"000{i}.png").convert("RGB") for i in range(2)]
+
+    def ask(fmt: str, shown: list):
+        data = []
+        for image in shown:
+            buffer = io.BytesIO()
+            image.save(buffer, format="PNG")
+            data.append(base64.b64encode(buffer.getvalue()).decode())
+        return api.encode_response(api.predict(api.decode_request({"images": data, "format": fmt})))
+
+    answer = ask("json", images)
+    predictor, task = load_predictor(source_of(ckpt, False), options)
+    assert task == "detection"
+    for image, served in zip(images, answer["predictions"], strict=True):
+        expected = predictor.result(image, predictor.run([predictor.prepare(image)])[0], options).record
+        assert served["detections"] and [d["label"] for d in served["detections"]] == \
+            [d["label"] for d in expected["detections"]]
+    overlay = ask("overlay", images[:1])
+    assert overlay.media_type == "image/png" and Image.open(io.BytesIO(overlay.body)).size == images[0].size

@@ -36,7 +36,7 @@ def parser():
                    "boxes drawn and listed (default 0.5)")
     p.add_argument("-o", "--output", default="masks", help="a segmenter (vitkit.lit.Segmenter): the folder for each "
                    "image's NAME_mask.png (class indices, coloured) and NAME_overlay.png; a detector: for its "
-                   "NAME_boxes.png and NAME_detections.json (COCO's result format)")
+                   "NAME_overlay.png and NAME_detections.json (COCO's result format)")
     return p
 
 

@@ -39,6 +39,8 @@ def parser():
     p.add_argument("--max-patches", type=int, default=None, metavar="N", help="a ViT classifier: each image whole "
                    "within N patches at its aspect ratio (as vitkit predict --max-patches)")
     p.add_argument("--mode", choices=("whole", "slide"), default="whole", help="a segmenter, as vitkit predict")
+    p.add_argument("--threshold", type=float, default=None, metavar="S", help="a detector: the least score of the "
+                   "boxes it answers and draws (default 0.5)")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads per worker (default: the cores over "
                    "--workers)")
     return p
@@ -79,7 +81,7 @@ def main(argv: list[str]) -> int:
     from vitkit.serving.model import load_predictor, source_of
 
     source = source_of(args.model, args.pretrained)
-    options = {"topk": args.topk, "max_patches": args.max_patches, "mode": args.mode}
+    options = {"topk": args.topk, "max_patches": args.max_patches, "mode": args.mode, "threshold": args.threshold}
     threads = args.threads or max(1, cores() // args.workers)
     taken(args.host, args.port)
     try:  # here, before any worker starts: a damaged file, or one no task serves, ends in one line

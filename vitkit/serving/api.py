@@ -108,9 +108,9 @@ class VitkitAPI(ls.LitAPI):
         fmt = request.get("format") or "json"
         if fmt not in ("json", "overlay"):
             raise HTTPException(400, f"format must be json or overlay, got {fmt!r}")
-        if fmt == "overlay" and self.task != "segmentation":
-            raise HTTPException(400, f"format=overlay draws a segmenter's mask over the image; this model is a "
-                                f"{self.task} model")
+        if fmt == "overlay" and not getattr(self.predictor, "draws_overlay", False):
+            raise HTTPException(400, f"format=overlay draws a segmenter's mask or a detector's boxes over the image; "
+                                f"this model is a {self.task} model")
         if fmt == "overlay" and len(decoded) != 1:
             raise HTTPException(400, "format=overlay answers one image: send one")
         return {"images": decoded, "format": fmt, "start": time.perf_counter()}

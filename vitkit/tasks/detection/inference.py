@@ -108,6 +108,7 @@ class _Detector:
 
     names: list[str]
     size: int
+    draws_overlay = True  # its files hold _overlay.png, the boxes drawn: what vitkit serve answers to format=overlay
 
     def prepare(self, image) -> Tensor:
         return letterboxed(image, self.size)
@@ -128,7 +129,7 @@ class _Detector:
         line = (", ".join(f"{k} ({n})" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no objects") + \
             f" (score >= {threshold:g})"
         record = {"size": [image.height, image.width], "detections": listed}
-        files = {"_boxes.png": _png(drawn(image, listed)), "_detections.json": json.dumps(listed).encode()}
+        files = {"_overlay.png": _png(drawn(image, listed)), "_detections.json": json.dumps(listed).encode()}
         return Prediction(line, record, files)
 
     def found(self, outputs: tuple, sizes: list[tuple[int, int]]) -> list[dict[str, Tensor]]:

@@ -44,6 +44,7 @@ class _Segmenter:
     """What both kinds share: a mask to its files, its line and its record."""
 
     names: list[str]
+    draws_overlay = True  # its files hold _overlay.png: what vitkit serve answers to format=overlay
 
     def result(self, image, mask: np.ndarray, options: dict[str, Any]) -> Prediction:
         from vitkit.masks import mask_image, overlay_image
