@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from vitkit.data.detection import coco, normalised_targets, yolo
+from vitkit.data.detection import coco, normalised_targets, voc, yolo
 from vitkit.errors import MissingFileError, UsageError
 
 # scenes of 60 x 40 px: (file, [(class name, x, y, w, h) in pixels])
@@ -100,3 +100,54 @@ def test_bad_files_end_in_one_line(tmp_path):
         yolo(tmp_path, "train", NAMES)
     with pytest.raises(MissingFileError, match="images/val is not there"):
         yolo(tmp_path, "val", NAMES)
+
+
+def _write_voc(root, difficult=()):
+    """SCENES as a VOC folder: 1-based pixel indices (VOC's ``xmin`` is COCO's ``x + 1``)."""
+    for sub in ("ImageSets/Main", "Annotations", "JPEGImages"):
+        (root / sub).mkdir(parents=True)
+    for i, (name, objects) in enumerate(SCENES):
+        Image.new("RGB", (60, 40), (i * 40, 0, 0)).save(root / "JPEGImages" / name)
+        xml = "".join(
+            f"<object><name>{cls}</name><difficult>{int((i, j) in difficult)}</difficult><bndbox><xmin>{x + 1}"
+            f"</xmin><ymin>{y + 1}</ymin><xmax>{x + w}</xmax><ymax>{y + h}</ymax></bndbox></object>"
+            for j, (cls, x, y, w, h) in enumerate(objects))
+        (root / "Annotations" / f"{name[:-4]}.xml").write_text(
+            f"<annotation><filename>{name}</filename><size><width>60</width><height>40</height></size>{xml}"
+            "</annotation>")
+    (root / "ImageSets/Main/train.txt").write_text("".join(f"{name[:-4]}\n" for name, _ in SCENES))
+
+
+def test_voc_gives_the_boxes_of_coco_and_keeps_difficult_objects_as_ignored(tmp_path):
+    _write(tmp_path)
+    _write_voc(tmp_path / "voc", difficult={(0, 1)})
+    from_coco = coco(tmp_path / "images" / "train", tmp_path / "train.json")
+    from_voc = voc(tmp_path / "voc", "train", NAMES)
+    assert len(from_voc) == 3 and from_voc.class_names == NAMES
+    for i in range(3):
+        (xa, a), (xb, b) = from_coco[i], from_voc[i]
+        assert torch.equal(xa, xb)
+        torch.testing.assert_close(b["boxes"].as_subclass(torch.Tensor), a["boxes"].as_subclass(torch.Tensor))
+        assert b["labels"].tolist() == a["labels"].tolist()
+    assert from_voc[0][1]["iscrowd"].tolist() == [False, True]  # the difficult dog: neither counted nor missed
+    assert normalised_targets(from_voc[0][1])["labels"].tolist() == [0]
+
+
+def test_bad_voc_files_end_in_one_line(tmp_path):
+    _write_voc(tmp_path)
+    assert voc(tmp_path, "train").class_names[7] == "cat"  # VOC's own 20 classes by default
+    with pytest.raises(UsageError, match=r"a.xml: an object of class 'cat', which is not one of the data's 2"):
+        voc(tmp_path, "train", ["dog", "bird"])
+    with pytest.raises(MissingFileError, match=r"ImageSets/Main/val.txt is not there"):
+        voc(tmp_path, "val", NAMES)
+    (tmp_path / "Annotations" / "c.xml").rename(tmp_path / "c.xml")
+    with pytest.raises(MissingFileError, match=r"c.xml is not there \(listed in"):
+        voc(tmp_path, "train", NAMES)
+    (tmp_path / "c.xml").rename(tmp_path / "Annotations" / "c.xml")
+    (tmp_path / "Annotations" / "b.xml").write_text("<annotation><object><name>dog</name></annotation>")
+    with pytest.raises(UsageError, match=r"b.xml is not VOC XML"):
+        voc(tmp_path, "train", NAMES)
+    (tmp_path / "Annotations" / "b.xml").write_text(
+        "<annotation><object><name>dog</name><bndbox><xmin>1</xmin></bndbox></object></annotation>")
+    with pytest.raises(UsageError, match=r"b.xml: an object's bndbox has no number ymin"):
+        voc(tmp_path, "train", NAMES)

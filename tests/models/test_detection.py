@@ -110,3 +110,18 @@ def test_targets_the_set_loss_cannot_take_are_refused_in_one_line():
                          ({"labels": torch.tensor([0]), "boxes": torch.rand(4)}, "expected labels .M,. and boxes")):
         with pytest.raises(UsageError, match=says):
             SetLoss()(out, [target])
+
+
+def test_layer_decay_ranks_the_backbones_blocks_and_gives_the_detection_parts_the_full_rate():
+    from vitkit.training.optim import param_groups
+
+    backbone = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, img_size=32, patch_size=8, embed_dim=32,
+                                   depth=3, num_heads=2)
+    model = YOLOS(backbone, num_classes=3, det_tokens=4)
+    scale = {n: (g["lr_scale"], g["weight_decay"]) for g in param_groups(model, 0.05, 0.5) for n in g["names"]}
+    assert scale["backbone.patch_embed.proj.weight"] == (0.5 ** 4, 0.05)
+    assert scale["backbone.blocks.0.attn.qkv.weight"][0] < scale["backbone.blocks.2.attn.qkv.weight"][0] < 1
+    for new in ("det_token", "det_pos", "mid_pos", "class_head.layers.0.weight", "box_head.layers.2.weight"):
+        assert scale[new][0] == 1.0
+    assert scale["det_token"][1] == scale["mid_pos"][1] == scale["backbone.pos_embed"][1] == 0.0
+    assert scale["class_head.layers.0.weight"][1] == 0.05

@@ -73,3 +73,44 @@ def write_yolo(root: Path, splits: dict[str, int], size: int = 64, seed: int = 0
             (root / "labels" / split / f"{i:04d}.txt").write_text("\n".join(lines))
     (root / "data.yaml").write_text("names:\n" + "".join(f"  {i}: '{n}'\n" for i, n in enumerate(NAMES)))
     return root
+
+
+def write_voc(root: Path, splits: dict[str, int], size: int = 64, seed: int = 0) -> Path:
+    """Pascal VOC's layout of the classes ``NAMES``: ``ImageSets/Main/<split>.txt``, ``Annotations/<id>.xml`` with
+    VOC's 1-based pixel indices, ``JPEGImages/`` (PNG files here, named in each XML)."""
+    for sub in ("ImageSets/Main", "Annotations", "JPEGImages"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for j, (split, n) in enumerate(splits.items()):
+        ids = []
+        for i, (image, boxes, labels) in enumerate(scenes(n, size, seed + 1000 * j)):
+            ids.append(f"{split}_{i:04d}")
+            Image.fromarray(image).save(root / "JPEGImages" / f"{ids[-1]}.png")
+            objects = "".join(f"<object><name>{NAMES[c]}</name><difficult>0</difficult><bndbox><xmin>{b[0] + 1:g}"
+                              f"</xmin><ymin>{b[1] + 1:g}</ymin><xmax>{b[2]:g}</xmax><ymax>{b[3]:g}</ymax></bndbox>"
+                              "</object>" for b, c in zip(boxes.tolist(), labels.tolist(), strict=True))
+            (root / "Annotations" / f"{ids[-1]}.xml").write_text(
+                f"<annotation><filename>{ids[-1]}.png</filename>{objects}</annotation>")
+        (root / "ImageSets" / "Main" / f"{split}.txt").write_text("\n".join(ids) + "\n")
+    return root
+
+
+def write_hf(root: Path, splits: dict[str, int], size: int = 64, seed: int = 0) -> Path:
+    """A Hugging Face ``DatasetDict`` saved to disk in transformers' detection guide's layout (cppe-5's): an image
+    column and an objects column of COCO ``bbox`` (x, y, w, h) and a ``category`` ClassLabel."""
+    import datasets
+
+    objects = datasets.Sequence({"id": datasets.Value("int64"), "area": datasets.Value("float32"),
+                                 "bbox": datasets.Sequence(datasets.Value("float32"), length=4),
+                                 "category": datasets.ClassLabel(names=NAMES)})
+    features = datasets.Features({"image": datasets.Image(), "objects": objects})
+    parts = {}
+    for j, (split, n) in enumerate(splits.items()):
+        rows = {"image": [], "objects": []}
+        for image, boxes, labels in scenes(n, size, seed + 1000 * j):
+            xywh = [[b[0], b[1], b[2] - b[0], b[3] - b[1]] for b in boxes.tolist()]
+            rows["image"].append(Image.fromarray(image))
+            rows["objects"].append({"id": list(range(len(labels))), "area": [w * h for *_, w, h in xywh],
+                                    "bbox": xywh, "category": labels.tolist()})
+        parts[split] = datasets.Dataset.from_dict(rows, features=features)
+    datasets.DatasetDict(parts).save_to_disk(str(root))
+    return root

@@ -13,11 +13,12 @@ from PIL import Image
 
 from tests.commands import error_line_of, run_cli
 from vitkit.cli import main
-from vitkit.data.modules.detection import DetectionDataModule
+from vitkit.data.modules.detection import DetectionDataModule, HFDetectionDataModule
+from vitkit.errors import UsageError
 from vitkit.evaluation.detection import average_precision, coco_files, scores
 from vitkit.models.detection import truths
 
-from .detection_scenes import NAMES, scenes, write_coco, write_yolo
+from .detection_scenes import NAMES, scenes, write_coco, write_hf, write_voc, write_yolo
 
 TINY = '{"patch_size": 8, "embed_dim": 64, "depth": 2, "num_heads": 2}'
 # a tiny model's steps to learn 8 scenes by heart: the recipe's LR for a pretrained backbone, 10x, without its
@@ -41,6 +42,27 @@ def test_a_coco_and_a_yolo_folder_of_the_same_scenes_give_the_same_batches(tmp_p
     for a, b in zip(tc, ty, strict=True):
         assert torch.equal(a["labels"], b["labels"]) and torch.equal(a["size"], b["size"])
         torch.testing.assert_close(a["boxes"], b["boxes"], atol=1e-5, rtol=0)
+
+
+def test_a_voc_folder_and_a_hugging_face_dataset_give_the_batches_of_a_coco_folder(tmp_path):
+    coco = _module(write_coco(tmp_path / "coco", {"train": 6, "val": 5}))
+    voc = _module(write_voc(tmp_path / "voc", {"train": 6, "val": 5}), names=NAMES)
+    hf = HFDetectionDataModule(str(write_hf(tmp_path / "hf", {"train": 6, "val": 5})), img_size=64, batch_size=4,
+                               num_workers=0)  # its "val" split found as the validation split
+    hf.setup("fit")
+    assert voc.layout == "voc" and hf.classes == voc.classes == NAMES and hf.test_set is None
+    assert len(hf.train_set) == len(voc.train_set) == 6
+    expected = list(coco.val_dataloader())
+    for dm in (voc, hf):
+        for (xc, tc), (x, t) in zip(expected, dm.val_dataloader(), strict=True):
+            assert torch.equal(xc, x)
+            for a, b in zip(tc, t, strict=True):
+                assert torch.equal(a["labels"], b["labels"]) and torch.equal(a["size"], b["size"])
+                torch.testing.assert_close(a["boxes"], b["boxes"], atol=1e-5, rtol=0)
+    carved = HFDetectionDataModule(str(write_hf(tmp_path / "hf_train", {"train": 6})), val_fraction=0.5, img_size=64)
+    assert len(carved.rows["train"]) + len(carved.rows["val"]) == 6 and len(carved.rows["val"]) == 3
+    with pytest.raises(UsageError, match="has no column 'boxes'.*its columns are image, objects"):
+        HFDetectionDataModule(str(tmp_path / "hf"), objects_column="boxes", img_size=64)
 
 
 def test_a_letterboxed_box_times_the_images_longer_side_is_its_box_in_pixels(tmp_path):

@@ -10,6 +10,10 @@ geometry written here).
 * YOLO (Ultralytics): ``images/<split>/x.jpg`` beside ``labels/<split>/x.txt``, a line per object ``class cx cy w
   h`` relative to the image, the class names in the data YAML's ``names``; an image without a label file has no
   boxes.
+* Pascal VOC: ``ImageSets/Main/<split>.txt`` listing ids, ``Annotations/<id>.xml`` over ``JPEGImages/``; a
+  ``difficult`` object is kept as an ignored region.
+* Hugging Face datasets with an image column and an ``objects`` column (``bbox``, ``category``), as transformers'
+  detection guide reads cppe-5.
 
 A box of no area (width or height 0 after it is clipped to the image) is dropped, counted in ``dropped``.
 """
@@ -187,3 +191,98 @@ def normalised_targets(target: dict[str, Any]) -> dict[str, torch.Tensor]:
     cxcywh = TF.convert_bounding_box_format(boxes, new_format=tv_tensors.BoundingBoxFormat.CXCYWH)
     scale = torch.tensor([w, h, w, h], dtype=torch.float32)
     return {"labels": target["labels"][keep], "boxes": cxcywh.as_subclass(torch.Tensor)[keep].float() / scale}
+
+
+VOC_CLASSES = ["aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable",
+               "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor"]
+
+
+def _voc_number(obj, tag: str, where: str) -> float:
+    node = obj.find(f"bndbox/{tag}")
+    try:
+        return float(node.text)
+    except (AttributeError, TypeError, ValueError):
+        raise UsageError(f"{where}: an object's bndbox has no number {tag}") from None
+
+
+def voc(root: str | os.PathLike, split: str, names: list[str] | None = None, transform=None) -> DetectionImages:
+    """A Pascal VOC split: the ids of ``root/ImageSets/Main/<split>.txt``, each ``root/Annotations/<id>.xml`` over
+    ``root/JPEGImages/<id>.jpg``. Boxes are VOC's 1-based pixel indices, made corners as detectron2 reads them
+    (``xmin - 1, ymin - 1, xmax, ymax``); an object marked ``difficult`` is kept as an ignored region (as COCO's
+    crowd: VOC's own evaluation neither counts nor misses it). ``names``: the classes in index order (VOC's 20 by
+    default)."""
+    from xml.etree import ElementTree
+
+    root, names = Path(root), list(names or VOC_CLASSES)
+    listing = root / "ImageSets" / "Main" / f"{split}.txt"
+    if not listing.is_file():
+        raise MissingFileError(f"{listing} is not there: a VOC folder lists each split's ids in ImageSets/Main/")
+    index = {n: i for i, n in enumerate(names)}
+    samples, dropped = [], 0
+    for image_id in (line.split()[0] for line in listing.read_text().splitlines() if line.strip()):
+        where = root / "Annotations" / f"{image_id}.xml"
+        if not where.is_file():
+            raise MissingFileError(f"{where} is not there (listed in {listing})")
+        try:
+            tree = ElementTree.parse(where).getroot()
+        except ElementTree.ParseError as e:
+            raise UsageError(f"{where} is not VOC XML ({e})") from None
+        boxes, labels, hard = [], [], []
+        for obj in tree.iter("object"):
+            name = (obj.findtext("name") or "").strip()
+            if name not in index:
+                raise UsageError(f"{where}: an object of class {name!r}, which is not one of the data's "
+                                 f"{len(names)} classes ({', '.join(names[:6])}...; --data.names)")
+            x0, y0, x1, y1 = (_voc_number(obj, t, str(where)) for t in ("xmin", "ymin", "xmax", "ymax"))
+            boxes.append([x0 - 1, y0 - 1, x1, y1])
+            labels.append(index[name])
+            hard.append((obj.findtext("difficult") or "0").strip() == "1")
+        xyxy = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+        keep = (xyxy[:, 2] > xyxy[:, 0]) & (xyxy[:, 3] > xyxy[:, 1])
+        dropped += int((~keep).sum())
+        file = (tree.findtext("filename") or f"{image_id}.jpg").strip()
+        samples.append((root / "JPEGImages" / file, xyxy[keep], torch.tensor(labels, dtype=torch.long)[keep],
+                        torch.tensor(hard, dtype=torch.bool)[keep]))
+    return DetectionImages(samples, names, transform, dropped)
+
+
+class HFDetectionImages(Dataset):
+    """Rows of a Hugging Face dataset with an image column and an objects column (transformers' detection guide's
+    layout, cppe-5's): ``objects`` holds ``bbox`` (a box per object, ``bbox_format`` ``xywh``: COCO's x, y, width,
+    height, or ``xyxy``: corners, in pixels) and ``category`` (class indices), and ``iscrowd`` where the dataset has
+    it. Read as :class:`DetectionImages` reads files."""
+
+    def __init__(self, rows, image_column: str, objects_column: str, class_names: list[str], bbox_format: str,
+                 transform=None) -> None:
+        self.rows, self.image_column, self.objects_column = rows, image_column, objects_column
+        self.class_names, self.bbox_format, self.transform, self.dropped = class_names, bbox_format, transform, 0
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        from vitkit.data.hf import image_of
+
+        row = self.rows[i]
+        image = tv_tensors.Image(TF.pil_to_tensor(image_of(row[self.image_column], "pil").convert("RGB")))
+        size = tuple(image.shape[-2:])
+        objects = row[self.objects_column] or {}
+        where = f"row {i}'s {self.objects_column}"
+        if not isinstance(objects, dict) or "bbox" not in objects or "category" not in objects:
+            raise UsageError(f"{where}: expected a mapping with bbox and category, got {str(objects)[:80]}")
+        boxes = [_bbox(b, where) for b in objects["bbox"]]
+        labels = torch.tensor(objects["category"], dtype=torch.long).reshape(-1)
+        if len(labels) != len(boxes) or (len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes)):
+            raise UsageError(f"{where}: {len(boxes)} boxes and {len(labels)} categories, each a class index below "
+                             f"{self.num_classes}")
+        xyxy = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+        if self.bbox_format == "xywh":
+            xyxy = torch.cat([xyxy[:, :2], xyxy[:, :2] + xyxy[:, 2:]], dim=1)
+        crowd = torch.tensor(objects.get("iscrowd") or [False] * len(labels), dtype=torch.bool).reshape(-1)
+        xyxy, keep = _kept(xyxy, size)
+        target = _target(xyxy[keep], labels[keep], crowd[keep], size)
+        return self.transform(image, target) if self.transform is not None else (image, target)

@@ -5,6 +5,7 @@ training base (``vitkit.training``) or beside the readers its data module wraps 
 from vitkit.data.modules import (
     DetectionDataModule,
     DigitsDataModule,
+    HFDetectionDataModule,
     HFSegmentationDataModule,
     ImageFolderDataModule,
     ManifestDataModule,
@@ -40,6 +41,7 @@ from vitkit.training import (
 )
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DetectionDataModule", "Detector",
+           "HFDetectionDataModule",
            "DigitsDataModule", "FSDP2Strategy", "SetLoss",
            "Frozen", "Full", "LoRA", "MultiLabel", "Recipe", "SingleLabel", "Teacher",
            "HFDataModule", "HFSegmentationDataModule", "ImageClassifier", "ImageFolderDataModule", "ManifestDataModule",

@@ -15,7 +15,25 @@ from torch.nn import functional as F
 from vitkit.errors import UsageError
 
 
-class DenseModel(nn.Module):
+class OnBackbone:
+    """What a task's model on a ``backbone`` answers for the optimiser: the backbone's layer groups and its names
+    without weight decay, under ``backbone.`` (the model's own parameters rank with the last layer)."""
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """The backbone's layer groups (timm's ``group_matcher``) under ``backbone.``: layer-wise LR decay ranks the
+        backbone's layers as it would alone, and the heads with the last."""
+        def under(pattern: str) -> str:
+            return r"^backbone\.(?:" + pattern.removeprefix("^") + ")"
+
+        return {k: [(under(p), s) for p, s in spec] if isinstance(spec, (list, tuple)) else under(spec)
+                for k, spec in self.backbone.group_matcher(coarse).items()}
+
+    def no_weight_decay(self) -> set[str]:
+        """The backbone's names without weight decay (positions, tokens, relative-position tables)."""
+        return {f"backbone.{n}" for n in getattr(self.backbone, "no_weight_decay", set)()}
+
+
+class DenseModel(OnBackbone, nn.Module):
     """A backbone and the maps a head reads: ``indices`` of its ``feature_info``, each through its LayerNorm where
     ``stage_norms``, or through the backbone's final norm where ``norm``. Its parameters are named ``backbone.*``
     and ``stage_norms.*``; a subclass adds its head."""
@@ -45,19 +63,6 @@ class DenseModel(nn.Module):
 
     def set_attn_backend(self, backend: str) -> None:
         self.backbone.set_attn_backend(backend)
-
-    def group_matcher(self, coarse: bool = False) -> dict:
-        """The backbone's layer groups (timm's ``group_matcher``) under ``backbone.``: layer-wise LR decay ranks the
-        backbone's layers as it would alone, and the heads with the last."""
-        def under(pattern: str) -> str:
-            return r"^backbone\.(?:" + pattern.removeprefix("^") + ")"
-
-        return {k: [(under(p), s) for p, s in spec] if isinstance(spec, (list, tuple)) else under(spec)
-                for k, spec in self.backbone.group_matcher(coarse).items()}
-
-    def no_weight_decay(self) -> set[str]:
-        """The backbone's names without weight decay (positions, tokens, relative-position tables)."""
-        return {f"backbone.{n}" for n in getattr(self.backbone, "no_weight_decay", set)()}
 
     def set_dynamic_img_size(self, enable: bool = True) -> None:
         """A ViT backbone at any multiple of its patch (positions resampled): the segmenter at any size."""

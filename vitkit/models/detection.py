@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from vitkit.errors import UsageError
 
 from .config import pair
+from .dense import OnBackbone
 
 
 @dataclass
@@ -56,7 +57,7 @@ def resize_grid(pos: Tensor, old: tuple[int, int], new: tuple[int, int]) -> Tens
     return grid.permute(0, 2, 3, 1).reshape(*lead, new[0] * new[1], C)
 
 
-class YOLOS(nn.Module):
+class YOLOS(OnBackbone, nn.Module):
     """YOLOS on a vitkit ViT with a class token (built headless: ``num_classes=0``).
 
     ``det_tokens`` detection tokens with their own positions follow the patches; with ``mid_positions`` every block
@@ -96,6 +97,10 @@ class YOLOS(nn.Module):
     @property
     def det_tokens(self) -> int:
         return self.det_token.shape[1]
+
+    def no_weight_decay(self) -> set[str]:
+        """The backbone's names without weight decay, and the detection tokens and their positions."""
+        return super().no_weight_decay() | {"det_token", "det_pos", "mid_pos"}
 
     def _positions(self, grid: tuple[int, int]) -> tuple[Tensor, Tensor | None]:
         """The input's positions (1, 1 + h·w + N, C) and each block's mid positions (D - 1, 1, L, C) or None."""

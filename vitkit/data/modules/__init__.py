@@ -3,12 +3,13 @@ and CSV / JSON-lines manifests (``images.py``), litdata shards (``streaming.py``
 (``hf.py``), images with masks (``segmentation.py``), images with boxes (``detection.py``), the encoder-decoder's
 text and digit strings (``text.py``). Training batches cross to the device as uint8 and are normalised there."""
 
-from .detection import DetectionDataModule
+from .detection import DetectionDataModule, HFDetectionDataModule
 from .images import DigitsDataModule, ImageFolderDataModule, ManifestDataModule, UnlabeledImageDataModule
 from .segmentation import HFSegmentationDataModule, SegmentationDataModule, StreamingSegmentationDataModule
 from .text import OcrDigitsDataModule, Seq2SeqDataModule
 
-__all__ = ["DetectionDataModule", "DigitsDataModule", "HFDataModule", "HFSegmentationDataModule",
+__all__ = ["DetectionDataModule", "DigitsDataModule", "HFDetectionDataModule", "HFDataModule",
+           "HFSegmentationDataModule",
            "ImageFolderDataModule",
            "ManifestDataModule", "OcrDigitsDataModule",
            "SegmentationDataModule", "Seq2SeqDataModule", "StreamingImageDataModule",

@@ -23,14 +23,14 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 from torchvision.transforms.v2._utils import query_size
 
-from vitkit.data.detection import DetectionImages, coco, yolo
+from vitkit.data.detection import VOC_CLASSES, DetectionImages, HFDetectionImages, coco, voc, yolo
 from vitkit.data.transforms import data_config, device_batch
 from vitkit.errors import MissingFileError, UsageError
 from vitkit.models.detection import letterbox_size
 
 from .loaders import _TrainValLoaders
 
-LAYOUTS = ("auto", "coco", "yolo")
+LAYOUTS = ("auto", "coco", "yolo", "voc")
 
 
 class Letterbox(v2.Transform):
@@ -89,17 +89,21 @@ def collate_boxes(samples: list[tuple[Tensor, dict[str, Tensor]]]) -> tuple[Tens
 def find_layout(root: Path, split: str) -> tuple[str, Path, Path | None]:
     """(layout, the split's images, its COCO annotation file) of a folder: COCO with ``annotations/<split>.json`` or
     ``annotations/instances_<split>.json`` over ``<split>/``, or Roboflow's ``<split>/_annotations.coco.json`` beside
-    its images; YOLO with ``images/<split>/`` and ``labels/<split>/``."""
+    its images; YOLO with ``images/<split>/`` and ``labels/<split>/``; Pascal VOC with ``ImageSets/Main/<split>.txt``
+    (a VOCdevkit's ``VOC2012/`` folder)."""
     for ann in (root / "annotations" / f"{split}.json", root / "annotations" / f"instances_{split}.json",
                 root / split / "_annotations.coco.json"):
         if ann.is_file():
             return "coco", root / split, ann
     if (root / "images" / split).is_dir():
         return "yolo", root / "images" / split, None
+    if (root / "ImageSets" / "Main" / f"{split}.txt").is_file():
+        return "voc", root / "JPEGImages", None
     raise MissingFileError(
         f"{root} holds no {split} split of a layout vitkit reads: COCO (annotations/{split}.json or "
-        f"annotations/instances_{split}.json over {split}/, or {split}/_annotations.coco.json) or YOLO "
-        f"(images/{split}/ with labels/{split}/ and a data.yaml naming the classes)")
+        f"annotations/instances_{split}.json over {split}/, or {split}/_annotations.coco.json), YOLO "
+        f"(images/{split}/ with labels/{split}/ and a data.yaml naming the classes) or Pascal VOC "
+        f"(ImageSets/Main/{split}.txt, Annotations/, JPEGImages/)")
 
 
 def yolo_names(root: Path, given: list[str] | None) -> list[str]:
@@ -123,18 +127,28 @@ def yolo_names(root: Path, given: list[str] | None) -> list[str]:
     raise MissingFileError(f"{root} has no data.yaml naming its classes (names: [...]); give --data.names")
 
 
+def check_settings(img_size: Any, hflip: float, scale: tuple[float, float]) -> None:
+    if not isinstance(img_size, int) or isinstance(img_size, bool) or img_size < 1:
+        raise UsageError(f"img_size must be one whole number of pixels (the letterbox's square), got {img_size!r}")
+    if not 0 <= hflip <= 1 or not (len(scale) == 2 and 0 < scale[0] <= 1 <= scale[1]):
+        raise UsageError(f"hflip must be in [0, 1] and scale [low, high] with 0 < low <= 1 <= high, got {hflip} and "
+                         f"{list(scale)}")
+
+
 class DetectionDataModule(_TrainValLoaders):
     """Images with boxes, from a COCO or a YOLO folder.
 
     Args:
         root: the dataset's folder: COCO (``annotations/train.json`` or ``annotations/instances_train.json`` over
-            ``train/``, or Roboflow's export, ``train/_annotations.coco.json`` beside the images) or YOLO
-            (Ultralytics': ``images/train/`` beside ``labels/train/`` and ``data.yaml``).
-        layout: ``auto`` (by what ``root`` holds), ``coco`` or ``yolo``.
+            ``train/``, or Roboflow's export, ``train/_annotations.coco.json`` beside the images), YOLO
+            (Ultralytics': ``images/train/`` beside ``labels/train/`` and ``data.yaml``) or Pascal VOC (a
+            ``VOC2012/`` folder: ``ImageSets/Main/train.txt``, ``Annotations/``, ``JPEGImages/``).
+        layout: ``auto`` (by what ``root`` holds), ``coco``, ``yolo`` or ``voc``.
         train: the training split's name (``train2017`` for COCO's own folders).
         val: the validation split's name.
         test: the test split's name, where the folder has one.
-        names: a YOLO folder's class names, in index order (default: its data YAML's ``names``).
+        names: a YOLO folder's class names, in index order (default: its data YAML's ``names``); a VOC folder's
+            (default: VOC's 20).
         img_size: the square the images are letterboxed to.
         batch_size: images per batch (per device).
         hflip: the share of training images flipped left-right.
@@ -153,11 +167,7 @@ class DetectionDataModule(_TrainValLoaders):
         self.save_hyperparameters()
         if layout not in LAYOUTS:
             raise UsageError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-        if not isinstance(img_size, int) or isinstance(img_size, bool) or img_size < 1:
-            raise UsageError(f"img_size must be one whole number of pixels (the letterbox's square), got {img_size!r}")
-        if not 0 <= hflip <= 1 or not (len(scale) == 2 and 0 < scale[0] <= 1 <= scale[1]):
-            raise UsageError(f"hflip must be in [0, 1] and scale [low, high] with 0 < low <= 1 <= high, got {hflip} "
-                             f"and {list(scale)}")
+        check_settings(img_size, hflip, scale)
         self.root = Path(root).expanduser()
         if not self.root.is_dir():
             raise MissingFileError(f"--data.root {root} is not a folder")
@@ -177,6 +187,8 @@ class DetectionDataModule(_TrainValLoaders):
         layout, images, annotations = find_layout(self.root, split)
         if layout == "coco":
             return coco(images, annotations, transform)
+        if layout == "voc":
+            return voc(self.root, split, self.hparams.names or VOC_CLASSES, transform)
         return yolo(self.root, split, yolo_names(self.root, self.hparams.names), transform)
 
     def split(self, name: str, train: bool = False) -> DetectionImages:
@@ -186,8 +198,8 @@ class DetectionDataModule(_TrainValLoaders):
         ds = self._read(name, BoxTransform(hp.img_size, train, hp.hflip, tuple(hp.scale)) if train else
                         BoxTransform(hp.img_size, False))
         if ds.class_names != self.classes:
-            raise UsageError(f"the {name} split of {self.root} names the classes {ds.class_names[:8]}, the training "
-                             f"split {self.classes[:8]}: one list of classes for every split")
+            raise UsageError(f"the {name} split of {self.describe()} names the classes {ds.class_names[:8]}, the "
+                             f"training split {self.classes[:8]}: one list of classes for every split")
         if ds.dropped:
             rank_zero_info(f"data: {ds.dropped} box(es) of no area left out of the {name} split")
         return ds
@@ -214,3 +226,96 @@ class DetectionDataModule(_TrainValLoaders):
 
     def describe(self) -> str:
         return f"DetectionDataModule({self.root}, {self.layout})"
+
+
+class HFDetectionDataModule(DetectionDataModule):
+    """Images with boxes from a Hugging Face dataset: an image column and an objects column (``bbox``, ``category``,
+    and ``iscrowd`` where it has one), as transformers' detection guide reads cppe-5.
+
+    Args:
+        name: a hub name (offline-first: the cache answers before the network) or a local folder (``save_to_disk``'s,
+            or data files).
+        data_files: local parquet or arrow files instead of ``name``.
+        config_name: the dataset's configuration.
+        revision: the dataset's revision.
+        image_column: the image column.
+        objects_column: the column of each image's objects.
+        bbox_format: ``xywh`` (COCO's x, y, width, height in pixels, cppe-5's) or ``xyxy`` (corners in pixels).
+        names: the classes in index order (default: the ``category`` feature's class names).
+        train_split: the training split's name.
+        val_split: the validation split's name; without one, ``val_fraction`` of the training rows are held out
+            by ``seed``.
+        test_split: the test split's name, where the dataset has one.
+
+    The other arguments are :class:`DetectionDataModule`'s.
+    """
+
+    def __init__(self, name: str | None = None, data_files: Any = None, config_name: str | None = None,
+                 revision: str | None = None, image_column: str = "image", objects_column: str = "objects",
+                 bbox_format: str = "xywh", names: list[str] | None = None, train_split: str = "train",
+                 val_split: str = "validation", test_split: str | None = "test", val_fraction: float = 0.1,
+                 seed: int = 0, img_size: int = 512, batch_size: int = 8, num_workers: int | None = None,
+                 model_name: str | None = None, hflip: float = 0.5, scale: tuple[float, float] = (1.0, 1.0),
+                 mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
+                 pin_memory: bool = True) -> None:
+        from vitkit.data.hf import carve, open_splits
+
+        super(DetectionDataModule, self).__init__()  # the loaders' base, not a folder's reading
+        self.save_hyperparameters()
+        check_settings(img_size, hflip, scale)
+        if bbox_format not in ("xywh", "xyxy"):
+            raise UsageError(f"bbox_format must be xywh (COCO's) or xyxy (corners), got {bbox_format!r}")
+        self.where, self.layout = str(name if name is not None else data_files), "hf"
+        splits, val_split = open_splits(name, data_files, config_name=config_name, revision=revision,
+                                        streaming=False, train_split=train_split, val_split=val_split,
+                                        test_split=test_split, val_fraction=val_fraction)
+        train = splits[train_split]
+        for column in (image_column, objects_column):
+            if column not in train.column_names:
+                raise UsageError(f"{self.where} has no column {column!r} (--data.image_column, "
+                                 f"--data.objects_column); its columns are {', '.join(train.column_names)}")
+        self.rows = {"train": train}
+        if val_split in splits:
+            self.rows["val"] = splits[val_split]
+        else:  # a fixed share of the training rows held out, the same on every rank and run
+            kept, held = carve(len(train), val_fraction, seed)
+            self.rows = {"train": train.select(kept), "val": train.select(held)}
+            rank_zero_info(f"data: {self.where} has no split {val_split!r}; {len(held)} of its {len(train)} training "
+                           f"rows are held out for validation (--data.val_fraction {val_fraction}, seed {seed})")
+        if test_split is not None and test_split in splits:
+            self.rows["test"] = splits[test_split]
+        self.classes = list(names or self._category_names(train))
+        self.num_classes = len(self.classes)
+        self.data_cfg = data_config(model_name, img_size, mean=mean, std=std)
+
+    def _category_names(self, train) -> list[str]:
+        """The class names of the objects column's ``category`` feature (a ClassLabel, in a list)."""
+        feature = train.features[self.hparams.objects_column]
+        inner = getattr(feature, "feature", feature)  # Sequence({...}) or the mapping of lists it becomes
+        category = inner.get("category") if isinstance(inner, dict) else None
+        names = getattr(getattr(category, "feature", category), "names", None)
+        if not names:
+            raise UsageError(f"{self.where}: the {self.hparams.objects_column} column's category feature names no "
+                             "classes (a ClassLabel); give --data.names")
+        return list(names)
+
+    def _read(self, split: str, transform) -> HFDetectionImages:
+        from vitkit.data.hf import undecoded
+
+        hp = self.hparams
+        return HFDetectionImages(undecoded(self.rows[split], hp.image_column), hp.image_column, hp.objects_column,
+                                 self.classes, hp.bbox_format, transform)
+
+    def has(self, name: str | None) -> bool:
+        return name in getattr(self, "rows", {})
+
+    def setup(self, stage: str | None = None) -> None:
+        if hasattr(self, "val_set"):
+            return
+        if stage in (None, "fit") or self.has("train"):
+            self.train_set = self.split("train", True)
+        self.val_set = self.split("val")
+        self.test_set = self.split("test") if self.has("test") else None
+
+    def describe(self) -> str:
+        return f"HFDetectionDataModule({self.where})"
