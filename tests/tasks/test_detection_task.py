@@ -202,6 +202,82 @@ def test_a_detector_learns_its_scenes_and_each_command_reads_it(learned, tmp_pat
         assert a["bbox"] == pytest.approx(b["bbox"], abs=1e-3)
 
 
+def _repeated(root, into, times: int):
+    """A COCO val split of ``root``'s val scenes, each listed ``times`` times (image ids of their own, one file)."""
+    truth = json.loads((root / "annotations/val.json").read_text())
+    images, annotations = [], []
+    for _ in range(times):
+        for image in truth["images"]:
+            images.append({**image, "id": len(images), "file_name": str(root / "val" / image["file_name"])})
+            annotations += [{**a, "id": len(annotations) + j, "image_id": images[-1]["id"]}
+                            for j, a in enumerate(x for x in truth["annotations"] if x["image_id"] == image["id"])]
+    (into / "annotations").mkdir(parents=True)
+    (into / "val").mkdir()
+    (into / "annotations/val.json").write_text(json.dumps({**truth, "images": images, "annotations": annotations}))
+    return into
+
+
+@pytest.mark.slow
+def test_int8_keeps_a_detectors_ap_and_refuses_one_it_breaks(learned, tmp_path, capsys):
+    from vitkit.deploy.export import export_onnx
+    from vitkit.deploy.onnx_model import OnnxModel
+    from vitkit.tasks.detection.inference import export_model
+
+    root, run = learned
+    ckpt = run / "checkpoints" / "last.ckpt"
+    cal = _repeated(root, tmp_path / "cal", 16)  # 128 images: 28 calibrate, 100 held out
+    assert run_cli(["export", str(ckpt), "-o", str(tmp_path / "fp32.onnx")], capsys)[0] == 0
+    # a 64-wide model's boxes at 64 px, where int8 kernels differ from CPU to CPU: 3 points of margin
+    status, err = run_cli(["export", str(tmp_path / "fp32.onnx"), "--int8", "--calibrate", str(cal),
+                           "--calibration-size", "28", "--max-drop", "3", "-o", str(tmp_path / "int8.onnx")], capsys)
+    assert status == 0, err
+    facts = OnnxModel(str(tmp_path / "int8.onnx")).meta["int8"]
+    assert facts["held_out"] == 100 and facts["fp32_mAP"] > 0.8, facts
+    assert 100 * (facts["fp32_mAP"] - facts["int8_mAP"]) <= 3.0, facts
+    # what the gate scored is what evaluate scores on the held-out images (the last 100 of the seeded order)
+    truth = json.loads((cal / "annotations/val.json").read_text())
+    kept = np.random.default_rng(0).permutation(len(truth["images"]))[28:].tolist()
+    held = {"images": [truth["images"][k] for k in kept], "categories": truth["categories"],
+            "annotations": [a for a in truth["annotations"] if a["image_id"] in kept]}
+    (tmp_path / "held/annotations").mkdir(parents=True)
+    (tmp_path / "held/val").mkdir()
+    (tmp_path / "held/annotations/val.json").write_text(json.dumps(held))
+    for name in ("fp32", "int8"):
+        status, err = run_cli(["evaluate", "--onnx", str(tmp_path / f"{name}.onnx"), "--data.root",
+                               str(tmp_path / "held"), "--split", "val", "-o", str(tmp_path / f"ev_{name}")], capsys)
+        assert status == 0, err
+        scored = json.loads((tmp_path / f"ev_{name}/metrics.json").read_text())
+        assert scored["samples"] == 100 and scored["mAP"] == pytest.approx(facts[f"{name}_mAP"], abs=1e-6)
+    # an input unit of each fc2 at 1e4 that fc2 multiplies by zero: fp32 is unchanged, int8's ranges are ruined
+    net = export_model(str(ckpt), {})
+    with torch.no_grad():
+        for block in net.backbone.blocks:
+            block.mlp.fc1.bias[0] = 1e4
+            block.mlp.fc2.weight[:, 0] = 0
+    export_onnx(net, tmp_path / "outlier.onnx")
+    line = error_line_of(["export", str(tmp_path / "outlier.onnx"), "--int8", "--calibrate", str(cal),
+                          "--calibration-size", "28", "-o", str(tmp_path / "bad.onnx")])
+    assert "points of AP50:95" in line and "more than --max-drop 1;" in line and "fc2" in line, line
+    assert float(line.split("int8 loses ")[1].split()[0]) > 10, line  # far beyond the margin above
+    assert not (tmp_path / "bad.onnx").exists()
+    # what the gate cannot read ends in one line
+    fp32 = str(tmp_path / "fp32.onnx")
+    assert error_line_of(["export", fp32, "--int8", "--calibrate", str(root)]) == (
+        f"error: --calibrate {root} holds 8 images in its val split; 200 to calibrate (--calibration-size) and 100 "
+        "held out for the AP gate need 300")
+    (tmp_path / "cats" / "tabby").mkdir(parents=True)
+    assert error_line_of(["export", fp32, "--int8", "--calibrate", str(tmp_path / "cats")]).startswith(
+        f"error: --calibrate {tmp_path / 'cats'}: a detector calibrates on a COCO, YOLO or VOC folder")
+    import onnx
+
+    proto = onnx.load(fp32)
+    next(p for p in proto.metadata_props if p.key == "vitkit.task").value = "segmentation"
+    onnx.save(proto, str(tmp_path / "seg.onnx"))
+    assert error_line_of(["export", str(tmp_path / "seg.onnx"), "--int8", "--calibrate", str(cal)]) == (
+        f"error: {tmp_path / 'seg.onnx'} is a segmentation model, and int8 export scores int8 against fp32 on labelled "
+        "images for the tasks that say how (classification, detection); keep this one in fp32")
+
+
 @pytest.mark.parametrize("args, says", [
     (["--threshold", "2"], "--threshold is a score from 0 to 1, got 2.0"),
     (["--mode", "slide"], "a detector takes --threshold"),

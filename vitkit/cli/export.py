@@ -31,14 +31,16 @@ def parser():
                    help="quantize the linear layers to int8: static (calibrated activation ranges, the default) or "
                    "dynamic (ONNX only); softmax, LayerNorm and the attention's products stay in float. With "
                    "--format torch-export, PyTorch's x86 quantizer (torchao) writes a .pt2 that runs fast compiled")
-    q.add_argument("--calibrate", metavar="DIR", help="labelled images, one folder per class named as the model's "
-                   "labels (DIR/val/<class> where there is one): the first --calibration-size calibrate, the rest "
+    q.add_argument("--calibrate", metavar="DIR", help="labelled images: a classifier's, one folder per class named "
+                   "as the model's labels (DIR/val/<class> where there is one); a detector's, a COCO, YOLO or VOC "
+                   "folder (its val split where there is one). The first --calibration-size calibrate, the rest "
                    "(100 or more) score fp32 against int8")
     q.add_argument("--calibration-size", type=int, default=200, metavar="N", help="images to calibrate on (200)")
     q.add_argument("--calibration-method", choices=("minmax", "entropy", "percentile"), default="minmax",
                    help="how activation ranges are read from the calibration images (minmax)")
-    q.add_argument("--max-drop", type=float, default=0.5, metavar="POINTS", help="refuse to write when int8 loses "
-                   "more top-1 points than this on the held-out images (0.5)")
+    q.add_argument("--max-drop", type=float, default=None, metavar="POINTS", help="refuse to write when int8 loses "
+                   "more points than this on the held-out images: of top-1 for a classifier (0.5), of COCO's "
+                   "AP50:95 for a detector (1)")
     q.add_argument("--keep-fp32", nargs="+", default=(), metavar="PATTERN", help="linear layers to keep in float, "
                    "by module name (fnmatch: 'blocks.11.*', '*.fc2', 'head')")
     return p
@@ -58,9 +60,23 @@ def _check_int8(args) -> None:
     if not args.calibrate:
         raise UsageError("--int8 needs --calibrate DIR: labelled images to calibrate on and to score fp32 against "
                          "int8 before the file is written")
-    if args.calibration_size < 1 or args.max_drop < 0:
+    if args.calibration_size < 1 or (args.max_drop is not None and args.max_drop < 0):
         raise UsageError(f"--calibration-size takes 1 or more and --max-drop 0 or more, got {args.calibration_size} "
-                         f"and {args.max_drop:g}")
+                         f"and {args.max_drop}")
+
+
+def int8_gate(fp32: str):
+    """The int8 gate of the task of the export ``fp32`` (its ``vitkit.task`` metadata), or one line where the task
+    names none."""
+    from vitkit.deploy.onnx_model import OnnxModel
+    from vitkit.tasks import registry
+
+    task = registry.for_onnx(OnnxModel(fp32).meta)
+    if task.int8_gate is None:
+        gated = ", ".join(t.name for t in registry.tasks().values() if t.int8_gate)
+        raise UsageError(f"{fp32} is a {task.name} model, and int8 export scores int8 against fp32 on labelled "
+                         f"images for the tasks that say how ({gated}); keep this one in fp32")
+    return task.function("int8_gate")
 
 
 def _int8(args, fp32: str, out: str) -> int:
@@ -68,7 +84,8 @@ def _int8(args, fp32: str, out: str) -> int:
 
     try:
         report = quantize_int8(fp32, out, args.calibrate, mode=args.int8, calibration=args.calibration_size,
-                               max_drop=args.max_drop, keep=tuple(args.keep_fp32), method=args.calibration_method)
+                               max_drop=args.max_drop, keep=tuple(args.keep_fp32), method=args.calibration_method,
+                               gate=int8_gate(fp32))
     except QuantizationRefused as e:
         raise UsageError(f"{e}") from None
     print(report)
@@ -81,7 +98,8 @@ def _int8_program(args, net, out: str) -> int:
     from vitkit.deploy.quantize_program import quantize_program
 
     try:
-        report = quantize_program(net, out, args.calibrate, calibration=args.calibration_size, max_drop=args.max_drop,
+        report = quantize_program(net, out, args.calibrate, calibration=args.calibration_size,
+                                  max_drop=0.5 if args.max_drop is None else args.max_drop,
                                   keep=tuple(args.keep_fp32))
     except (QuantizationRefused, ExportError) as e:
         raise UsageError(f"{e}") from None

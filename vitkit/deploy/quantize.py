@@ -1,16 +1,18 @@
-"""int8 ONNX classifiers: the linear layers quantized, calibrated on the user's images, gated on accuracy and timed.
+"""int8 ONNX models: the linear layers quantized, calibrated on the user's images, gated on accuracy and timed.
 
-``quantize_int8`` takes an fp32 file written by ``vitkit export`` and a folder of labelled images (one folder per
-class, named as the model's labels). It preprocesses them as the model's metadata says (the data module's eval
-transform, ``OnnxModel.preprocess``) and calibrates on the first ``calibration`` images of a seeded order. The rest
-are held out: the fp32 and the int8 model are both scored there.
+``quantize_int8`` takes an fp32 file written by ``vitkit export`` and labelled images, which the task of the file
+reads and scores (its ``int8_gate``, ``vitkit.tasks.protocol``): a classifier's are a folder per class, named as the
+model's labels, scored by top-1 (:class:`TopOne`); a detector's a COCO, YOLO or VOC folder scored by COCO's AP50:95.
+The images are preprocessed as the model's metadata says (the data module's eval transform) and the first
+``calibration`` of a seeded order calibrate. The rest are held out: the fp32 and the int8 model are both scored there.
 
 * ``static`` (the default): onnxruntime's QDQ quantization of the MatMul and Gemm nodes whose second input is a
   weight, per output channel, activations from the calibration images' ranges. The attention's two products (both
   inputs activations), softmax, LayerNorm and GELU stay in float.
 * ``dynamic``: the same weights in int8, each activation quantized as it comes; no calibration ranges.
 
-The file is written only when the int8 model loses at most ``max_drop`` points of top-1 on the held-out images.
+The file is written only when the int8 model loses at most ``max_drop`` points of the gate's score (the gate's own
+default where not given) on the held-out images.
 Otherwise the refusal gives the two scores and names the linear layers that add the most error. The error of a
 layer is its output's relative error under int8 minus its input's, both measured on held-out images. Those layers
 stay float with ``keep`` (patterns matched against the node names). Both models are also timed at batch 1 in the
@@ -27,6 +29,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -52,25 +55,27 @@ class Int8Report:
     mode: str
     calibrated: int
     held_out: int
-    fp32_top1: float
-    int8_top1: float
+    fp32_score: float
+    int8_score: float
     quantized: int
     kept: list[str] = field(default_factory=list)
     fp32_ms: float = 0.0
     int8_ms: float = 0.0
     runtime: str = "onnxruntime"  # what the times were measured in
+    metric: str = "top-1"  # the gate's score
 
     @property
     def drop(self) -> float:
-        """Points of top-1 lost on the held-out images."""
-        return 100 * (self.fp32_top1 - self.int8_top1)
+        """Points of the score lost on the held-out images."""
+        return 100 * (self.fp32_score - self.int8_score)
 
     def __str__(self) -> str:
         speed = self.fp32_ms / self.int8_ms if self.int8_ms else float("nan")
         lines = [f"{self.path}: int8 ({self.mode}), {self.quantized} linear layers quantized"
                  + (f", {len(self.kept)} kept in float" if self.kept else "")
                  + f"; calibrated on {self.calibrated} images",
-                 f"top-1 on {self.held_out} held-out images: fp32 {self.fp32_top1:.4f}, int8 {self.int8_top1:.4f} "
+                 f"{self.metric} on {self.held_out} held-out images: fp32 {self.fp32_score:.4f}, int8 "
+                 f"{self.int8_score:.4f} "
                  f"({abs(self.drop):.2f} points {'lost' if self.drop >= 0 else 'gained'})",
                  f"batch 1 on this CPU ({self.runtime}): fp32 {self.fp32_ms:.2f} ms, int8 {self.int8_ms:.2f} ms "
                  f"({speed:.2f}x)"]
@@ -190,6 +195,35 @@ def top1(model, x: Inputs, y: np.ndarray, batch: int = 16) -> float:
     return float((preds == y).mean())
 
 
+class Held(NamedTuple):
+    """A gate's held-out images: the model's inputs, what the gate scores them against, and their count."""
+
+    x: Inputs
+    truth: Any
+    count: int
+
+
+class TopOne:
+    """A classifier's int8 gate (the classification task's ``int8_gate``): a folder of images per class, named as
+    the model's labels (``DIR/val/<class>`` where there is one), scored by top-1."""
+
+    metric, key, max_drop = "top-1", "top1", 0.5
+
+    def __init__(self, base: OnnxModel) -> None:
+        if base.thresholds is not None:
+            raise QuantizationRefused(f"{base.path} is not a single-label classifier: int8 export scores top-1 on "
+                                      "labelled images, which a multi-label model does not have")
+        self.base = base
+
+    def inputs(self, calibrate: str | os.PathLike, calibration: int, seed: int) -> tuple[Inputs, Held]:
+        """The calibration inputs and the held-out images."""
+        x, y = calibration_set(calibrate, self.base.labels, self.base.preprocess, calibration, seed)
+        return x[:calibration], Held(x[calibration:], y[calibration:], len(y) - calibration)
+
+    def score(self, model, held: Held) -> float:
+        return top1(model, held.x, held.truth)
+
+
 def batch1_ms(models: list, x: Inputs, rounds: int = 5, runs: int = 10) -> list[float]:
     """Median ms of one batch-1 call of each model (on the first image), measured in interleaved rounds (after a
     warm-up)."""
@@ -268,19 +302,20 @@ def _carry_metadata(src, dst: Path, extra: dict) -> None:
 
 
 def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: str | os.PathLike, *,
-                  mode: str = "static", calibration: int = 200, max_drop: float = 0.5,
-                  keep: tuple[str, ...] = (), method: str = "minmax", seed: int = 0) -> Int8Report:
-    """Write the int8 model of the fp32 file ``fp32`` to ``out``, or refuse (see the module docstring)."""
+                  mode: str = "static", calibration: int = 200, max_drop: float | None = None,
+                  keep: tuple[str, ...] = (), method: str = "minmax", seed: int = 0, gate=TopOne) -> Int8Report:
+    """Write the int8 model of the fp32 file ``fp32`` to ``out``, or refuse (see the module docstring). ``gate``:
+    (the fp32 ``OnnxModel``) -> what scores fp32 against int8 (its task's ``int8_gate``; :class:`TopOne`'s
+    interface)."""
     import onnx
 
     if mode not in MODES or method not in METHODS:
         raise QuantizationRefused(f"--int8 takes {' or '.join(MODES)} and --calibration-method one of "
                                   f"{', '.join(METHODS)}, got {mode!r} and {method!r}")
     base = OnnxModel(fp32)
-    if base.meta.get("task") == "segmentation" or base.thresholds is not None:
-        raise QuantizationRefused(f"{fp32} is not a single-label classifier: int8 export scores top-1 on labelled "
-                                  "images, which a segmenter or a multi-label model does not have")
-    x, y = calibration_set(calibrate, base.labels, base.preprocess, calibration, seed)
+    gate = gate(base)
+    max_drop = gate.max_drop if max_drop is None else max_drop
+    x, held = gate.inputs(calibrate, calibration, seed)
     proto = onnx.load(str(fp32))
     linear, module = linear_nodes(proto), module_names(proto)
     kept = [n for n in linear if any(fnmatch.fnmatch(module[n], p) or fnmatch.fnmatch(n, p) for p in keep)]
@@ -291,18 +326,17 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
     out = Path(out)
     tmp = out.with_name(out.name + ".int8.tmp")
     try:
-        write_int8(str(fp32), tmp, mode, CalibrationBatches(base.input.name, x[:calibration]),
-               [n for n in linear if n not in kept], method)
+        write_int8(str(fp32), tmp, mode, CalibrationBatches(base.input.name, x), [n for n in linear if n not in kept],
+                   method)
         int8 = OnnxModel(tmp)
-        held_x, held_y = x[calibration:], y[calibration:]
-        report = Int8Report(str(out), mode, calibration, len(held_y), top1(base, held_x, held_y),
-                            top1(int8, held_x, held_y), len(linear) - len(kept), [module[n] for n in kept])
+        report = Int8Report(str(out), mode, calibration, held.count, gate.score(base, held), gate.score(int8, held),
+                            len(linear) - len(kept), [module[n] for n in kept], metric=gate.metric)
         if report.drop > max_drop:
-            errors = layer_errors(fp32, tmp, [n for n in linear if n not in kept], held_x[:16])
+            errors = layer_errors(fp32, tmp, [n for n in linear if n not in kept], held.x[:16])
             raise refusal(report, max_drop, [(module[n], e) for n, e in errors])
-        report.fp32_ms, report.int8_ms = batch1_ms([base, int8], held_x)
+        report.fp32_ms, report.int8_ms = batch1_ms([base, int8], held.x)
         _carry_metadata(proto, tmp, {"mode": mode, "calibrated": calibration, "held_out": report.held_out,
-                                     "fp32_top1": report.fp32_top1, "int8_top1": report.int8_top1,
+                                     f"fp32_{gate.key}": report.fp32_score, f"int8_{gate.key}": report.int8_score,
                                      "kept": [module[n] for n in kept]})
         os.replace(tmp, out)
         return report
@@ -315,7 +349,8 @@ def refusal(report: Int8Report, max_drop: float, errors: list[tuple[str, float]]
     that add the most error."""
     worst = [e for e in errors if e[1] > 0][:5] or errors[:3]
     return QuantizationRefused(
-        f"int8 loses {report.drop:.2f} points of top-1 (fp32 {report.fp32_top1:.4f}, int8 {report.int8_top1:.4f} on "
+        f"int8 loses {report.drop:.2f} points of {report.metric} (fp32 {report.fp32_score:.4f}, int8 "
+        f"{report.int8_score:.4f} on "
         f"{report.held_out} held-out images), more than --max-drop {max_drop:g}; nothing was written. The layers that "
         "add the most error: " + ", ".join(f"{name} ({e:.3f})" for name, e in worst)
         + "; keep them in float with --keep-fp32 PATTERN")

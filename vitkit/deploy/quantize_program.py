@@ -213,7 +213,7 @@ def quantize_program(model: nn.Module, out: str | os.PathLike, calibrate: str | 
                                                 numpy_runner(int8, True, bf16, int8_kernels())], held_x)
     meta["vitkit.int8"] = json.dumps({"mode": "static", "quantizer": "torchao X86InductorQuantizer",
                                       "calibrated": calibration, "held_out": report.held_out,
-                                      "fp32_top1": report.fp32_top1, "int8_top1": report.int8_top1, "kept": kept,
+                                      "fp32_top1": report.fp32_score, "int8_top1": report.int8_score, "kept": kept,
                                       "scored_with": "bf16" if bf16 else "float32"})
     _save(int8, held_x, Path(out), meta)
     return report

@@ -65,6 +65,9 @@ class Task:
             said which).
         data_module: the class path of the data module ``vitkit evaluate --data.root DIR`` means for its models
             (without one, the classifier's image folder).
+        int8_gate: ``"module:function"``: (an fp32 export, ``OnnxModel``) -> what ``vitkit export --int8 --calibrate
+            DIR`` scores fp32 against int8 by (``vitkit.deploy.quantize.TopOne`` says how); without one, its exports
+            are not quantized.
     """
 
     name: str
@@ -76,6 +79,7 @@ class Task:
     other_files: bool = False
     onnx_kinds: tuple[str, ...] = ()
     data_module: str | None = None
+    int8_gate: str | None = None
 
     def function(self, which: str) -> Callable:
         """The task's function ``which`` (``predictor``, ``evaluate``, ``export_model``), imported."""

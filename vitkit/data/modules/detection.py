@@ -229,8 +229,9 @@ class DetectionDataModule(_TrainValLoaders):
 
 
 class HFDetectionDataModule(DetectionDataModule):
-    """Images with boxes from a Hugging Face dataset: an image column and an objects column (``bbox``, ``category``,
-    and ``iscrowd`` where it has one), as transformers' detection guide reads cppe-5.
+    """Images with boxes from a Hugging Face dataset (transformers' detection guide's layout, cppe-5's).
+
+    Each row holds an image column and an objects column (``bbox``, ``category``, and ``iscrowd`` where it has one).
 
     Args:
         name: a hub name (offline-first: the cache answers before the network) or a local folder (``save_to_disk``'s,

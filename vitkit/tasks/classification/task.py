@@ -10,5 +10,6 @@ TASK = Task(
     evaluate="vitkit.tasks.classification.evaluate:evaluate",
     export_model="vitkit.tasks.classification.inference:export_model",
     data_module="vitkit.lit.ImageFolderDataModule",
+    int8_gate="vitkit.deploy.quantize:TopOne",
     other_files=True,  # a timm tag, torchvision weights, a state dict or a saved model folder: a classifier
 )

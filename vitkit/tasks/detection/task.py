@@ -10,4 +10,5 @@ TASK = Task(
     evaluate="vitkit.tasks.detection.evaluate:evaluate",
     export_model="vitkit.tasks.detection.inference:export_model",
     data_module="vitkit.lit.DetectionDataModule",
+    int8_gate="vitkit.tasks.detection.quantize:MeanAP",
 )
