@@ -290,6 +290,15 @@ def test_a_detector_refuses_what_it_does_not_take_in_one_line(learned, args, say
     assert says in line, line
 
 
+@pytest.mark.slow
+def test_a_detector_checkpoint_given_to_a_classifier_is_named_in_one_line(learned, tmp_path):
+    _, run = learned
+    line = error_line_of(["train", "fit", "-c", "vit_tiny_digits", "--model.checkpoint",
+                          str(run / "checkpoints/last.ckpt"), "--trainer.default_root_dir", str(tmp_path)])
+    assert line.startswith("error: the checkpoint does not fit vit_tiny_patch16_224 (det_token is in the checkpoint, "
+                           "not in the model; strict=True; last.ckpt was written by vitkit.lit.Detector)"), line
+
+
 def test_folders_a_detector_cannot_read_end_in_one_line(tmp_path):
     from vitkit.errors import UsageError
 

@@ -54,6 +54,8 @@ class Checkpoint:
     lora: dict[str, Any] | None = None
     # a multi-label classifier's per-class decision thresholds (its outputs are sigmoids), as the file records them
     thresholds: list[float] | None = None
+    # the class path of the Lightning module that wrote the file (``vitkit.lit.Detector``), where it records one
+    module: str | None = None
 
     @property
     def num_classes(self) -> int | None:
@@ -174,8 +176,9 @@ def _interpret(path: str | os.PathLike, weights: Path, config: dict | None, raw:
     head_config = mim_config(config, raw) if objective else {}
     hp = raw.get("hyper_parameters") if fmt == "lightning" else None
     lora = hp if isinstance(hp, dict) and lora_arguments(hp) is not None else None
+    module = hp.get("_class_path") if isinstance(hp, dict) else None
     return Checkpoint(Path(path), fmt, sd, name, overrides, class_names, heads, objective, head_config, lora,
-                      _thresholds(config, raw, weights))
+                      _thresholds(config, raw, weights), module if isinstance(module, str) else None)
 
 
 def lora_arguments(hp: dict) -> dict[str, Any] | None:
@@ -213,8 +216,9 @@ def load_checkpoint(model: nn.Module, checkpoint: str | os.PathLike | Checkpoint
     ck = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint, use_ema)
     sd, report = fit(model, ck)
     if strict and not report.ok:
+        written = f"; {ck.path.name} was written by {ck.module}" if ck.module else ""
         raise CheckpointMismatchError(f"the checkpoint does not fit {report.model} ({report.first_difference()}; "
-                                      f"strict=True):\n{report}", report)
+                                      f"strict=True{written}):\n{report}", report)
     target = model.state_dict()
     bad = {k for k, _, _ in report.mismatched}
     model.load_state_dict({k: v for k, v in sd.items() if k in target and k not in bad}, strict=False)
