@@ -15,13 +15,23 @@ moved.install()  # vitkit.tools.export, vitkit.lora, ...: the modules at their n
 # imported when first used: `vitkit --help` and `vitkit recipes` answer without loading torch.
 _PUBLIC = {"create_mim": "builder", "create_model": "builder", "create_segmenter": "builder", "family": "builder",
            "get_config": "builder", "list_models": "models", "load_checkpoint": "checkpoints",
-           "load_detector": "builder", "load_segmenter": "builder", "read_checkpoint": "checkpoints",
+           "load_depth_estimator": "builder", "load_detector": "builder", "load_segmenter": "builder",
+           "read_checkpoint": "checkpoints",
            "save_pretrained": "checkpoints"}
 __all__ = ["create_mim", "create_model", "create_segmenter", "family", "get_config", "list_models", "load_checkpoint",
-           "load_detector", "load_segmenter", "read_checkpoint", "save_pretrained"]
+           "load_depth_estimator", "load_detector", "load_segmenter", "read_checkpoint", "save_pretrained"]
 
 if TYPE_CHECKING:
-    from .builder import create_mim, create_model, create_segmenter, family, get_config, load_detector, load_segmenter
+    from .builder import (
+        create_mim,
+        create_model,
+        create_segmenter,
+        family,
+        get_config,
+        load_depth_estimator,
+        load_detector,
+        load_segmenter,
+    )
     from .checkpoints import load_checkpoint, read_checkpoint, save_pretrained
     from .models import list_models
 

@@ -351,6 +351,20 @@ def load_segmenter(path: str | os.PathLike, img_size: int | tuple[int, int] | No
     return model
 
 
+def load_depth_estimator(path: str | os.PathLike):
+    """A whole depth estimator from another library's files: a folder of transformers'
+    ``DepthAnythingForDepthEstimation`` (Depth Anything V1 or V2, relative or metric), every weight loaded strictly;
+    ``model(images)`` gives depth (B, H, W)."""
+    from .checkpoints.depth import read_depth_file
+    from .models.depth import build_depth_model
+
+    found = read_depth_file(path)
+    backbone = create_model(found.preset, num_classes=0, **found.overrides)
+    model = build_depth_model(backbone, **found.settings)
+    model.load_state_dict(found.state_dict)
+    return model
+
+
 def load_detector(path: str | os.PathLike) -> YOLOS:
     """A whole detector from another library's files: a folder of transformers' ``YolosForObjectDetection``, every
     weight loaded strictly, its class names kept (``model.class_names``)."""

@@ -151,6 +151,8 @@ def packed_export_refusal(model: nn.Module) -> str | None:
     if model.head_dist is not None or model.global_pool not in ("token", "avg", "max", "avgmax", "map"):
         return f"{name}: packed export pools by the class token, avg, max, avgmax or map; not " + \
             ("distilled heads" if model.head_dist is not None else repr(model.global_pool))
+    if not model.pos_antialias:
+        return f"{name}: packed export resamples positions antialiased; this model's are not (pos_antialias false)"
     if model.merging:
         return f"{name}: token merging removes tokens per sequence, not per packed image: export it without --packed"
     return None

@@ -135,8 +135,9 @@ class _ResidualConvUnit(nn.Module):
 
 
 class _Fusion(nn.Module):
-    """DPT's fusion block: the coarser path plus this level's map (through a residual unit), a residual unit,
-    upsampled 2x, a 1x1 conv."""
+    """DPT's fusion block: this level's map (through a residual unit, resized to the path's size where they differ)
+    added to the coarser path, a residual unit, upsampled (to the next finer level's size, or 2x at the finest), a
+    1x1 conv: Depth Anything's and transformers' ``FeatureFusionLayer``."""
 
     def __init__(self, channels: int) -> None:
         super().__init__()
@@ -144,22 +145,25 @@ class _Fusion(nn.Module):
         self.refine = _ResidualConvUnit(channels)
         self.project = nn.Conv2d(channels, channels, 1)
 
-    def forward(self, x: Tensor, level: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, level: Tensor | None = None, size: Sequence[int] | None = None) -> Tensor:
         if level is not None:
-            x = resize(x, level.shape[-2:]) + self.skip(level)
+            x = x + self.skip(resize(level, x.shape[-2:]))
         x = self.refine(x)
-        return self.project(F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True))
+        to = {"scale_factor": 2} if size is None else {"size": tuple(size)}
+        return self.project(F.interpolate(x, **to, mode="bilinear", align_corners=True))
 
 
-class DPTHead(nn.Module):
-    """DPT on four maps of one plain ViT's resolution (1/patch): reassembled to 4x, 2x, 1x and 1/2x of it (1/4 to
-    1/32 of the input at patch 16), projected to ``channels``, fused from the coarsest, a conv head to classes."""
+class DPTNeck(nn.Module):
+    """DPT's reassembly and fusion on four maps of one plain ViT's resolution (1/patch): each projected (1x1) to its
+    width of ``reassemble`` and resampled to 4x, 2x, 1x and 1/2x of it, brought to ``channels`` (3x3), then fused
+    from the coarsest to the finest, each fusion upsampling to the next level's size; :meth:`fuse` gives the finest
+    fused map (2x the finest level's size). A head subclass adds what reads it."""
 
-    def __init__(self, in_channels: Sequence[int], num_classes: int, channels: int = 256,
-                 reassemble: Sequence[int] | None = None, dropout: float = 0.1) -> None:
+    def __init__(self, in_channels: Sequence[int], channels: int = 256, reassemble: Sequence[int] | None = None
+                 ) -> None:
         super().__init__()
         if len(in_channels) != 4:
-            raise UsageError(f"DPTHead takes the maps of 4 layers, got {len(in_channels)}")
+            raise UsageError(f"{type(self).__name__} takes the maps of 4 layers, got {len(in_channels)}")
         dim = in_channels[-1]
         widths = list(reassemble or (dim // 8, dim // 4, dim // 2, dim))
         self.in_channels = list(in_channels)
@@ -169,16 +173,51 @@ class DPTHead(nn.Module):
                                         nn.Conv2d(widths[3], widths[3], 3, stride=2, padding=1)])
         self.levels = nn.ModuleList(nn.Conv2d(w, channels, 3, padding=1, bias=False) for w in widths)
         self.fusions = nn.ModuleList(_Fusion(channels) for _ in widths)
+
+    def fuse(self, maps: Sequence[Tensor]) -> Tensor:
+        levels = [lv(rs(pr(m))) for m, pr, rs, lv in zip(maps, self.projects, self.resamples, self.levels,
+                                                          strict=True)]
+        x = self.fusions[3](levels[3], size=levels[2].shape[-2:])
+        for i in (2, 1, 0):
+            x = self.fusions[i](x, levels[i], size=levels[i - 1].shape[-2:] if i else None)
+        return x
+
+
+class DPTHead(DPTNeck):
+    """DPT for segmentation: the neck's finest map through a conv block and a 1x1 conv to classes."""
+
+    def __init__(self, in_channels: Sequence[int], num_classes: int, channels: int = 256,
+                 reassemble: Sequence[int] | None = None, dropout: float = 0.1) -> None:
+        super().__init__(in_channels, channels, reassemble)
         self.head = nn.Sequential(ConvModule(channels, channels, 3, padding=1), nn.Dropout2d(dropout))
         self.conv_seg = nn.Conv2d(channels, num_classes, 1)
 
     def forward(self, maps: Sequence[Tensor]) -> Tensor:
-        levels = [lv(rs(pr(m))) for m, pr, rs, lv in zip(maps, self.projects, self.resamples, self.levels,
-                                                          strict=True)]
-        x = self.fusions[3](levels[3])
-        for i in (2, 1, 0):
-            x = self.fusions[i](x, levels[i])
-        return self.conv_seg(self.head(x))
+        return self.conv_seg(self.head(self.fuse(maps)))
+
+
+class DPTDepthHead(DPTNeck):
+    """DPT for depth (Ranftl et al., 2021; Depth Anything's head): the neck's finest map through a 3x3 conv to half
+    its channels, upsampled to ``size`` (the input's patch grid times the patch), a 3x3 conv to ``hidden``, ReLU, a
+    1x1 conv to one channel, then ReLU (relative depth: affine-invariant inverse depth) or a sigmoid (metric depth, in
+    the units of ``max_depth``), times ``max_depth`` (1 for a relative model as a rule). The names are transformers'
+    ``head.conv1``/``conv2``/``conv3``."""
+
+    def __init__(self, in_channels: Sequence[int], channels: int = 256, reassemble: Sequence[int] | None = None,
+                 hidden: int = 32, kind: str = "relative", max_depth: float = 1.0) -> None:
+        super().__init__(in_channels, channels, reassemble)
+        if kind not in ("relative", "metric"):
+            raise UsageError(f"a depth head's kind is relative or metric, got {kind!r}")
+        self.kind, self.max_depth = kind, float(max_depth)
+        self.conv1 = nn.Conv2d(channels, channels // 2, 3, padding=1)
+        self.conv2 = nn.Conv2d(channels // 2, hidden, 3, padding=1)
+        self.conv3 = nn.Conv2d(hidden, 1, 1)
+
+    def forward(self, maps: Sequence[Tensor], size: Sequence[int]) -> Tensor:
+        x = F.interpolate(self.conv1(self.fuse(maps)), size=tuple(size), mode="bilinear", align_corners=True)
+        x = self.conv3(F.relu(self.conv2(x)))
+        x = (F.relu(x) if self.kind == "relative" else torch.sigmoid(x)) * self.max_depth
+        return x[:, 0]
 
 
 HEADS = {"linear": LinearHead, "upernet": UperNetHead, "dpt": DPTHead}

@@ -38,18 +38,18 @@ torch.fx.wrap("check_multiple")
 
 
 def grid_positions(pos: Tensor, grid: tuple[int, int], trained: tuple[int, int], lead: int, interpolation: str,
-                   keep_aspect: bool) -> Tensor:
+                   keep_aspect: bool, antialias: bool = True) -> Tensor:
     """Learned positions (1, lead + h·w, C) of grid ``trained`` resampled to ``grid``; with ``keep_aspect`` to the
     square of its longer side, then cropped to it. One call in a traced graph (its sizes are the input's)."""
     if not torch.jit.is_scripting():  # under torch.export the sizes may stay symbolic: no branch on them
         side = torch.sym_max(grid[0], grid[1])
         to, crop = ((side, side), grid) if keep_aspect else (grid, None)
-        return resample_abs_pos_embed(pos, to, trained, lead, interpolation, crop=crop)
+        return resample_abs_pos_embed(pos, to, trained, lead, interpolation, antialias=antialias, crop=crop)
     side = max(grid[0], grid[1])
     to, crop = ((side, side), grid) if keep_aspect else (grid, None)
     if to[0] == trained[0] and to[1] == trained[1] and crop is None:
         return pos
-    return resize_pos_grid(pos, to, trained, lead, interpolation, True, crop)  # (the same at the trained size)
+    return resize_pos_grid(pos, to, trained, lead, interpolation, antialias, crop)  # (the same at the trained size)
 
 
 torch.fx.wrap("grid_positions")
@@ -151,6 +151,7 @@ class VisionTransformer(FollowsConfig, nn.Module):
                                                                         cfg.no_embed_class)
         self.img_size, self.patch_size, self.in_chans = pair(cfg.img_size), cfg.patch_size, cfg.in_chans
         self.pos_grid, self.pos_interp, self.pos_keep_aspect = cfg.pos_grid_size, cfg.pos_interp, cfg.pos_keep_aspect
+        self.pos_antialias = cfg.pos_antialias
         self.map_prefix = cfg.map_prefix
         self.rope_kind, self.rope_temperature, self.rope_xy, self.rope_ref_grid = (cfg.rope, cfg.rope_temperature,
                                                                                   cfg.rope_xy, cfg.rope_ref_grid)
@@ -200,10 +201,11 @@ class VisionTransformer(FollowsConfig, nn.Module):
 
     def positions_for(self, grid: tuple[int, int]) -> Tensor:
         """The learned positions (1, [prefix +] h·w, C) resampled to patch grid ``grid`` (``pos_interp``,
-        antialiased; with ``pos_keep_aspect`` to the longer side's square, then cropped to ``grid``)."""
+        antialiased unless ``pos_antialias`` is off; with ``pos_keep_aspect`` to the longer side's square, then cropped
+        to ``grid``)."""
         assert self.pos_embed is not None
         return grid_positions(self.pos_embed, grid, self.pos_grid, 0 if self.no_embed_class else self.num_prefix_tokens,
-                              self.pos_interp, self.pos_keep_aspect)
+                              self.pos_interp, self.pos_keep_aspect, self.pos_antialias)
 
     def embed_patches(self, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
         """Images (B, C_in, H, W), checked -> patch tokens (B, N, C) before positions, and the patch grid."""

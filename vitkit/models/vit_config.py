@@ -49,6 +49,8 @@ class ViTConfig(DataConfig):
     # each input's grid (so it needs dynamic_img_size): timm's NaFlexViT keeps 16 x 16 for its 384-px inputs
     pos_grid: int | None = None
     pos_interp: Literal["bicubic", "bilinear"] = "bicubic"  # how learned positions resample to another grid
+    # resampled antialiased (timm's, PIL's cubic); False: torch's plain interpolation (transformers' DINOv2 and DPT)
+    pos_antialias: bool = True
     # resampled to the square of the input grid's longer side, then its rows and columns taken (NaFlexViT's
     # pos_embed_ar_preserving): a wide image's top row gets a square image's top-row positions
     pos_keep_aspect: bool = False
