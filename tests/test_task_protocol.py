@@ -26,7 +26,7 @@ def test_the_tasks_are_found_without_a_list_and_without_torch():
             "assert 'torch' not in sys.modules and 'lightning' not in sys.modules, 'imported'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "['classification', 'detection', 'pretraining', 'segmentation', 'text']"
+    assert done.stdout.strip() == "['classification', 'depth', 'detection', 'pretraining', 'segmentation', 'text']"
     assert registry.for_module("vitkit.lit.Segmenter").name == "segmentation"
     assert registry.for_module("vitkit.tasks.segmentation.segmenter.Segmenter").name == "segmentation"
     assert registry.for_onnx({}).name == "classification" and registry.other_files().name == "classification"

@@ -80,7 +80,8 @@ def metadata(model: nn.Module, dynamic_size: bool) -> dict[str, str]:
             "vitkit.crop_mode": getattr(cfg, "crop_mode", "center"),
             "vitkit.labels": json.dumps(getattr(model, "class_names", None)),
             "vitkit.task": getattr(model, "task", "classification"),  # the task that reads the file back
-            "vitkit.thresholds": json.dumps(_thresholds(model)), **_packed_budget(model, dynamic_size)}
+            "vitkit.thresholds": json.dumps(_thresholds(model)), **_packed_budget(model, dynamic_size),
+            **{f"vitkit.{k}": json.dumps(v) for k, v in getattr(model, "extra_metadata", {}).items()}}
 
 
 def _packed_budget(model: nn.Module, dynamic_size: bool) -> dict[str, str]:

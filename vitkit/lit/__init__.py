@@ -3,6 +3,7 @@
 training base (``vitkit.training``) or beside the readers its data module wraps (``vitkit.data.modules``)."""
 
 from vitkit.data.modules import (
+    DepthDataModule,
     DetectionDataModule,
     DigitsDataModule,
     HFDetectionDataModule,
@@ -25,6 +26,7 @@ from vitkit.tasks.classification import (
     SingleLabel,
     Teacher,
 )
+from vitkit.tasks.depth import DepthEstimator, DepthLoss
 from vitkit.tasks.detection import Detector, SetLoss
 from vitkit.tasks.pretraining import DINOPretraining, MaskedImageModeling
 from vitkit.tasks.segmentation import Segmenter
@@ -40,7 +42,8 @@ from vitkit.training import (
     TrainingCurves,
 )
 
-__all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DetectionDataModule", "Detector",
+__all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DepthDataModule", "DepthEstimator",
+           "DepthLoss",           "DetectionDataModule", "Detector",
            "HFDetectionDataModule",
            "DigitsDataModule", "FSDP2Strategy", "SetLoss",
            "Frozen", "Full", "LoRA", "MultiLabel", "Recipe", "SingleLabel", "Teacher",

@@ -19,6 +19,7 @@ class DepthModel(DenseModel):
     """A depth estimator: the backbone's maps of ``indices`` through ``head`` (a :class:`DPTDepthHead`)."""
 
     task = "depth"  # the task whose commands read its exports (vitkit.task metadata)
+    output_names = ("depth",)
 
     def __init__(self, backbone: nn.Module, head: DPTDepthHead, indices: Sequence[int]) -> None:
         super().__init__(backbone, indices, norm=True)
@@ -28,6 +29,11 @@ class DepthModel(DenseModel):
     def kind(self) -> str:
         """``relative`` or ``metric``."""
         return self.head.kind
+
+    @property
+    def extra_metadata(self) -> dict:
+        """What an export records beside the preprocessing (``vitkit.depth``): the kind and a metric model's range."""
+        return {"depth": {"kind": self.kind, "max_depth": self.head.max_depth if self.kind == "metric" else None}}
 
     def forward(self, x: Tensor) -> Tensor:
         """Images (B, C, H, W) -> depth (B, H, W); an input that is not whole patches is padded at the bottom and

@@ -212,6 +212,8 @@ class DPTDepthHead(DPTNeck):
         self.conv1 = nn.Conv2d(channels, channels // 2, 3, padding=1)
         self.conv2 = nn.Conv2d(channels // 2, hidden, 3, padding=1)
         self.conv3 = nn.Conv2d(hidden, 1, 1)
+        if kind == "relative":  # outputs above 0 at the start: a ReLU that is 0 everywhere would pass no gradient
+            nn.init.constant_(self.conv3.bias, 1.0)
 
     def forward(self, maps: Sequence[Tensor], size: Sequence[int]) -> Tensor:
         x = F.interpolate(self.conv1(self.fuse(maps)), size=tuple(size), mode="bilinear", align_corners=True)

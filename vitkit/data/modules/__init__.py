@@ -1,14 +1,16 @@
-"""Lightning data modules, each over the readers beside it in ``vitkit.data``: in-memory digits, image folders
-and CSV / JSON-lines manifests (``images.py``), litdata shards (``streaming.py``), Hugging Face datasets
-(``hf.py``), images with masks (``segmentation.py``), images with boxes (``detection.py``), the encoder-decoder's
-text and digit strings (``text.py``). Training batches cross to the device as uint8 and are normalised there."""
+"""Lightning data modules, each over the readers beside it in ``vitkit.data``: in-memory digits, image folders and CSV
+/ JSON-lines manifests (``images.py``), litdata shards (``streaming.py``), Hugging Face datasets (``hf.py``), images
+with masks (``segmentation.py``), images with boxes (``detection.py``), images with depth maps (``depth.py``), the
+encoder-decoder's text and digit strings (``text.py``). Training batches cross to the device as uint8 and are
+normalised there."""
 
+from .depth import DepthDataModule
 from .detection import DetectionDataModule, HFDetectionDataModule
 from .images import DigitsDataModule, ImageFolderDataModule, ManifestDataModule, UnlabeledImageDataModule
 from .segmentation import HFSegmentationDataModule, SegmentationDataModule, StreamingSegmentationDataModule
 from .text import OcrDigitsDataModule, Seq2SeqDataModule
 
-__all__ = ["DetectionDataModule", "DigitsDataModule", "HFDetectionDataModule", "HFDataModule",
+__all__ = ["DepthDataModule", "DetectionDataModule", "DigitsDataModule", "HFDetectionDataModule", "HFDataModule",
            "HFSegmentationDataModule",
            "ImageFolderDataModule",
            "ManifestDataModule", "OcrDigitsDataModule",

@@ -1,0 +1,74 @@
+"""Images with depth maps (``vitkit.data.depth``): a 16-bit PNG, a .npy array and a float TIFF of the same map read the
+same; the v2 transforms move the map with the image; what a depth folder can get wrong ends in one line."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit.data.depth import DepthImages, depth_pairs, read_depth
+from vitkit.data.modules.depth import DepthTransform
+from vitkit.errors import MissingFileError, UsageError
+
+
+def _folder(root, depth: np.ndarray, suffix: str, split: str = "train"):
+    (root / "images" / split).mkdir(parents=True, exist_ok=True)
+    (root / "depth" / split).mkdir(parents=True, exist_ok=True)
+    h, w = depth.shape
+    image = np.zeros((h, w, 3), np.uint8)
+    image[:, : w // 2] = 255  # the left half white: where a flip puts it is seen
+    Image.fromarray(image).save(root / "images" / split / "a.jpg")
+    path = root / "depth" / split / f"a{suffix}"
+    if suffix == ".npy":
+        np.save(path, depth)
+    elif suffix == ".png":
+        Image.fromarray(np.round(depth * 1000).astype(np.uint16)).save(path)
+    else:
+        Image.fromarray(depth.astype(np.float32), mode="F").save(path)
+    return root
+
+
+def test_a_png_a_npy_and_a_tiff_of_one_map_read_the_same(tmp_path):
+    depth = np.linspace(0.5, 9.5, 12 * 16, dtype=np.float32).reshape(12, 16).round(3)
+    depth[0, 0] = 0  # no measurement
+    read = {s: DepthImages(depth_pairs(_folder(tmp_path / s[1:], depth, s), "train"))[0][1]
+            for s in (".npy", ".png", ".tiff")}
+    for suffix, got in read.items():
+        assert got.shape == (12, 16) and got.dtype == torch.float32, suffix
+        torch.testing.assert_close(got.as_subclass(torch.Tensor), torch.from_numpy(depth), atol=1e-3, rtol=0)
+
+
+def test_the_map_moves_with_the_image(tmp_path):
+    depth = np.tile(np.arange(1, 17, dtype=np.float32), (12, 1))  # depth grows to the right
+    ds = DepthImages(depth_pairs(_folder(tmp_path, depth, ".npy"), "train"), transform=DepthTransform(8, True, 1.0))
+    image, moved = ds[0]
+    assert image.shape == (3, 8, 8) and moved.shape == (8, 8)
+    assert image[0, 0, -1] > 200 and image[0, 0, 0] < 50  # the white left half is now on the right
+    assert moved[0, 0] > moved[0, -1]  # and the depth now shrinks to the right: nearest, never blended
+    assert set(moved.unique().tolist()) <= set(range(1, 17))
+    _, kept = DepthImages(depth_pairs(tmp_path, "train"), transform=DepthTransform(8, False))[0]
+    assert kept.shape == (12, 16)  # evaluation scores the map at its own size
+
+
+def test_bad_depth_files_end_in_one_line_and_bad_values_are_masked_and_counted(tmp_path):
+    depth = np.full((6, 8), 2.0, np.float32)
+    depth[0, :3] = [np.nan, -1, np.inf]
+    values, bad = read_depth(_folder(tmp_path, depth, ".npy") / "depth/train/a.npy")
+    assert bad == 3 and (values[0, :3] == 0).all() and (values[1:] == 2).all()
+    np.save(tmp_path / "depth/train/a.npy", np.ones((5, 8), np.float32))
+    with pytest.raises(UsageError, match=r"a.npy is 5x8 and its image .*a.jpg 6x8: a depth map has its image's size"):
+        DepthImages(depth_pairs(tmp_path, "train"))[0]
+    (tmp_path / "depth/train/a.npy").unlink()
+    with pytest.raises(MissingFileError, match=r"a.jpg has no depth map in .*depth/train"):
+        depth_pairs(tmp_path, "train")
+    with pytest.raises(MissingFileError, match=r"images/val is not there: a depth folder holds images/val/"):
+        depth_pairs(tmp_path, "val")
+    (tmp_path / "x.jpg").write_bytes(b"")
+    with pytest.raises(UsageError, match="a depth map is a 16-bit PNG, a .npy array or a float TIFF, not .jpg"):
+        read_depth(tmp_path / "x.jpg")
+    Image.new("RGB", (4, 4)).save(tmp_path / "rgb.png")
+    with pytest.raises(UsageError, match="rgb.png is a RGB PNG; a depth PNG holds one channel"):
+        read_depth(tmp_path / "rgb.png")
+    np.save(tmp_path / "cube.npy", np.ones((2, 2, 2)))
+    with pytest.raises(UsageError, match=r"a depth map is one value per pixel \(H, W\), got shape \(2, 2, 2\)"):
+        read_depth(tmp_path / "cube.npy")

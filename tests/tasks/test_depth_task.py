@@ -1,0 +1,100 @@
+"""The depth task: a depth model learns its scenes better than the mean depth map does, and train, evaluate, export
+and predict read it through the task protocol (the ONNX export scores and predicts as the checkpoint)."""
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.commands import error_line_of, run_cli
+from vitkit.cli import main
+from vitkit.evaluation.depth import DepthMetrics, scored
+
+from .depth_scenes import write_depth_folder
+
+TINY = '{"patch_size": 8, "embed_dim": 64, "depth": 4, "num_heads": 2}'
+# a tiny model's steps to learn 16 scenes by heart: 20x the recipe's LR for a pretrained backbone, without its
+# warmup, layer decay and average
+MEMORISE = {"lr": 1e-3, "lr_batch": None, "warmup_epochs": 0, "min_lr": 1e-3, "layer_decay": None, "ema_decay": None,
+            "ema_is_model": False}
+EPOCHS = 150
+
+
+@pytest.fixture(scope="module")
+def learned(tmp_path_factory):
+    """A tiny relative-depth model trained on 16 scenes (its validation split is the same 16 scenes)."""
+    root = write_depth_folder(tmp_path_factory.mktemp("depth"), {"train": 16}, seed=3)
+    shutil.copytree(root / "images/train", root / "images/val")
+    shutil.copytree(root / "depth/train", root / "depth/val")
+    run = root.parent / "run"
+    status = main(["train", "fit", "-c", "depth_dpt_finetune", "--data.root", str(root),
+                   "--model.model_name", "vit_tiny_patch16_224", "--model.model_overrides", TINY,
+                   "--model.channels", "32", "--model.recipe", json.dumps(MEMORISE), "--data.img_size", "64",
+                   "--data.hflip", "0", "--data.scale", "[1, 1]", "--data.batch_size", "8",
+                   "--data.num_workers", "0", "--trainer.max_epochs", str(EPOCHS),
+                   "--trainer.check_val_every_n_epoch", str(EPOCHS), "--trainer.accelerator", "cpu",
+                   "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
+                   "--trainer.default_root_dir", str(run)])
+    assert status == 0
+    return root, run
+
+
+@pytest.mark.slow
+def test_a_depth_model_learns_its_scenes_better_than_the_mean_map_and_each_command_reads_it(learned, tmp_path,
+                                                                                            capsys):
+    root, run = learned
+    ckpt = run / "checkpoints" / "last.ckpt"
+    with open(next(run.glob("logs/*/metrics.csv"))) as f:
+        last = [r for r in csv.DictReader(f) if r.get("val/AbsRel")][-1]
+    # the baseline: the scenes' mean inverse depth map, scored as the model is (aligned by scale and shift)
+    maps = [torch.from_numpy(np.load(p)) for p in sorted((root / "depth/val").glob("*.npy"))]
+    mean = torch.stack([1 / m for m in maps]).mean(0)
+    baseline = DepthMetrics()
+    for m in maps:
+        p, valid = scored(mean, m, "relative", None)
+        baseline.update(p[None], m[None], valid[None])
+    floor = baseline.compute()
+    assert float(last["val/AbsRel"]) < 0.75 * floor["AbsRel"], (last, floor)  # the digits' depth, not the ground's
+    assert float(last["val/delta1"]) > floor["delta1"]
+    # evaluate: the checkpoint's scores on the same split are the ones its run logged
+    status, err = run_cli(["evaluate", "--checkpoint", str(ckpt), "--data.root", str(root), "--split", "val",
+                           "-o", str(tmp_path / "ev")], capsys)
+    assert status == 0, err
+    metrics = json.loads((tmp_path / "ev/metrics.json").read_text())
+    assert metrics["AbsRel"] == pytest.approx(float(last["val/AbsRel"]), rel=1e-4) and metrics["samples"] == 16
+    assert len(list((tmp_path / "ev/worst").glob("*.png"))) == 8
+    # export, and the export scores and predicts as the checkpoint does
+    status, err = run_cli(["export", str(ckpt), "-o", str(tmp_path / "depth.onnx")], capsys)
+    assert status == 0, err
+    status, err = run_cli(["evaluate", "--onnx", str(tmp_path / "depth.onnx"), "--data.root", str(root), "--split",
+                           "val", "-o", str(tmp_path / "ev_onnx")], capsys)
+    assert status == 0, err
+    assert json.loads((tmp_path / "ev_onnx/metrics.json").read_text())["AbsRel"] == pytest.approx(
+        metrics["AbsRel"], rel=1e-4)
+    image = root / "images/val/0000.png"
+    found = {}
+    for source in (["--checkpoint", str(ckpt)], ["--onnx", str(tmp_path / "depth.onnx")]):
+        out = tmp_path / source[0][2:]
+        status, err = run_cli(["predict", str(image), *source, "-o", str(out)], capsys)
+        assert status == 0, err
+        coloured, sixteen = Image.open(out / "0000_depth.png"), Image.open(out / "0000_depth16.png")
+        assert coloured.mode == "RGB" and coloured.size == sixteen.size == (64, 64)
+        found[source[0]] = np.asarray(sixteen, dtype=np.float32)
+    assert np.abs(found["--checkpoint"] - found["--onnx"]).max() <= 2  # of 65535: the same map
+    truth = 1 / np.load(root / "depth/val/0000.npy")  # nearer is larger in both
+    assert np.corrcoef(found["--checkpoint"].ravel(), truth.ravel())[0, 1] > 0.9
+
+
+@pytest.mark.slow
+def test_a_depth_checkpoint_is_refused_where_it_does_not_fit_in_one_line(learned, tmp_path):
+    root, run = learned
+    ckpt = str(run / "checkpoints/last.ckpt")
+    line = error_line_of(["train", "fit", "-c", "vit_tiny_digits", "--model.checkpoint", ckpt,
+                          "--trainer.default_root_dir", str(tmp_path)])
+    assert "last.ckpt was written by vitkit.lit.DepthEstimator" in line, line
+    line = error_line_of(["predict", str(root / "images/val/0000.png"), "--checkpoint", ckpt, "--threshold", "0.5"])
+    assert "a depth model takes the image alone" in line, line
