@@ -141,3 +141,22 @@ def test_train_py_and_predict_of_several_images_take_the_same_path(files, capsys
     out, err = capsys.readouterr()
     assert one_error_line(status, err).startswith(f"error: cannot read image '{files['root']}/notes.png'")
     assert [line.split(":")[0] for line in out.splitlines()] == [files["img"], files["img"]], out
+
+
+def test_an_error_raised_in_a_loader_worker_is_its_own_line():
+    """torch re-raises a worker's exception with the worker's traceback in its message: the line is the error's."""
+    from torch.utils.data import DataLoader, Dataset
+
+    from vitkit.errors import MissingFileError, error_line
+
+    class Gone(Dataset):
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int):
+            raise MissingFileError(f"image val_{i:04d}.png is not there")
+
+    with pytest.raises(MissingFileError) as caught:
+        list(DataLoader(Gone(), num_workers=1))
+    assert "Original Traceback" in str(caught.value)
+    assert error_line(caught.value) == "error: image val_0000.png is not there"

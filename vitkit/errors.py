@@ -58,7 +58,11 @@ def user_error(e: BaseException | None) -> BaseException | None:
 
 def one_line(e: BaseException) -> str:
     """``error: <message>``, the message on one line (a long listing keeps its first lines, joined)."""
-    text = " ".join(line.strip() for line in str(e).strip().splitlines()[:6] if line.strip()) or type(e).__name__
+    lines = str(e).strip().splitlines()
+    if lines and lines[0].startswith("Caught ") and "Original Traceback" in str(e):  # raised in a loader's worker:
+        last = lines[-1].strip()  # torch re-raises it with the worker's traceback; its own line is the last
+        lines = [last.partition(": ")[2] or last]
+    text = " ".join(line.strip() for line in lines[:6] if line.strip()) or type(e).__name__
     return text if text.startswith("error:") else f"error: {text}"
 
 

@@ -52,6 +52,8 @@ def test_coco_and_yolo_give_the_same_boxes_and_classes(tmp_path):
         torch.testing.assert_close(a["boxes"].as_subclass(torch.Tensor), expected.reshape(-1, 4))
         torch.testing.assert_close(b["boxes"].as_subclass(torch.Tensor), expected.reshape(-1, 4), atol=1e-4, rtol=0)
         assert a["labels"].tolist() == b["labels"].tolist() == [NAMES.index(c) for c, *_ in objects]
+    (tmp_path / "data.yaml").write_text("names: {0: cat, 1: dog}\n")
+    assert yolo(tmp_path, "train").class_names == NAMES  # the data YAML's names where none are given
 
 
 def test_v2_transforms_move_the_boxes_with_the_image(tmp_path):
@@ -92,9 +94,19 @@ def test_bad_files_end_in_one_line(tmp_path):
     (tmp_path / "train.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match="has category_id 3, which no category has"):
         coco(tmp_path / "images" / "train", tmp_path / "train.json")
+    data["annotations"][0]["category_id"] = 7
+    data["images"][1]["file_name"] = "gone.png"
+    (tmp_path / "train.json").write_text(json.dumps(data))
+    with pytest.raises(MissingFileError, match=r"train.json lists 1 image\(s\) that are not there, e.g. .*gone.png"):
+        coco(tmp_path / "images" / "train", tmp_path / "train.json")  # found when the file is read, not mid-epoch
     (tmp_path / "labels" / "train" / "a.txt").write_text("0 0.5 0.5\n")
-    with pytest.raises(UsageError, match=r"a.txt:1: expected 'class cx cy w h'"):
+    with pytest.raises(UsageError, match=r"a.txt:1: expected 'class cx cy w h' \(relative\), got 3 fields"):
         yolo(tmp_path, "train", NAMES)
+    (tmp_path / "labels" / "train" / "a.txt").write_text("0 0.1 0.1 0.5 0.1 0.5 0.5\n")
+    with pytest.raises(UsageError, match=r"a.txt:1: .*got 7 fields \(a segmentation polygon\?\)"):
+        yolo(tmp_path, "train", NAMES)
+    with pytest.raises(MissingFileError, match="has no data.yaml naming its classes"):
+        yolo(tmp_path, "train")
     (tmp_path / "labels" / "train" / "a.txt").write_text("5 0.5 0.5 0.1 0.1\n")
     with pytest.raises(UsageError, match="class 5, and the data names 2 classes"):
         yolo(tmp_path, "train", NAMES)

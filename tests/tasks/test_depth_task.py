@@ -98,3 +98,36 @@ def test_a_depth_checkpoint_is_refused_where_it_does_not_fit_in_one_line(learned
     assert "last.ckpt was written by vitkit.lit.DepthEstimator" in line, line
     line = error_line_of(["predict", str(root / "images/val/0000.png"), "--checkpoint", ckpt, "--threshold", "0.5"])
     assert "a depth model takes the image alone" in line, line
+
+
+@pytest.mark.slow
+def test_the_server_answers_a_depth_map_and_draws_it(learned):
+    """vitkit serve's model code on a depth checkpoint: the 16-bit map predict writes, and format=overlay the
+    coloured map."""
+    import base64
+    import io
+
+    from vitkit.serving.api import VitkitAPI
+    from vitkit.serving.model import load_predictor, source_of
+
+    root, run = learned
+    ckpt = str(run / "checkpoints/last.ckpt")
+    options = {"topk": 5, "max_patches": None, "mode": "whole"}
+    api = VitkitAPI(source_of(ckpt, False), options, threads=1)
+    api.setup("cpu")
+    image = Image.open(root / "images/val/0001.png").convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    data = base64.b64encode(buffer.getvalue()).decode()
+
+    def ask(fmt: str):
+        return api.encode_response(api.predict(api.decode_request({"images": [data], "format": fmt})))
+
+    served = ask("json")["predictions"][0]
+    predictor, task = load_predictor(source_of(ckpt, False), options)
+    assert task == "depth"
+    expected = predictor.result(image, predictor.run([predictor.prepare(image)])[0], options)
+    assert served["kind"] == "relative" and served["min"] == pytest.approx(expected.record["min"], abs=1e-5)
+    assert base64.b64decode(served["depth_png"]) == expected.files["_depth16.png"]
+    overlay = ask("overlay")
+    assert overlay.media_type == "image/png" and overlay.body == expected.files["_depth.png"]

@@ -291,6 +291,21 @@ def test_a_detector_refuses_what_it_does_not_take_in_one_line(learned, args, say
 
 
 @pytest.mark.slow
+def test_a_voc_folder_is_scored_with_the_models_own_classes(learned, tmp_path, capsys):
+    """A VOC folder's files name no list of classes: evaluate reads its objects' names as the model's."""
+    root, run = learned
+    voc = write_voc(tmp_path / "voc", {"val": 8}, seed=5)  # the scenes the detector learned, as VOC
+    status, err = run_cli(["evaluate", "--checkpoint", str(run / "checkpoints/last.ckpt"), "--data.root", str(voc),
+                           "--split", "val", "-o", str(tmp_path / "ev")], capsys)
+    assert status == 0, err
+    status, err = run_cli(["evaluate", "--checkpoint", str(run / "checkpoints/last.ckpt"), "--data.root", str(root),
+                           "--split", "val", "-o", str(tmp_path / "ev_coco")], capsys)
+    assert status == 0, err
+    scored = [json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("ev", "ev_coco")]
+    assert scored[0]["mAP"] == pytest.approx(scored[1]["mAP"], abs=1e-6) and scored[0]["mAP"] > 0.5
+
+
+@pytest.mark.slow
 def test_a_detector_checkpoint_given_to_a_classifier_is_named_in_one_line(learned, tmp_path):
     _, run = learned
     line = error_line_of(["train", "fit", "-c", "vit_tiny_digits", "--model.checkpoint",

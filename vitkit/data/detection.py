@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
@@ -143,13 +144,48 @@ def coco(images: str | os.PathLike, annotations: str | os.PathLike, transform=No
         labels = torch.tensor([index[a["category_id"]] for a in found], dtype=torch.long)
         crowd = torch.tensor([a.get("iscrowd") in (1, True) for a in found], dtype=torch.bool)
         samples.append((images / img["file_name"], xyxy[keep], labels[keep], crowd[keep]))
+    _all_there([p for p, *_ in samples], f"{annotations} lists", images)
     return DetectionImages(samples, [names[i] for i in ids], transform, dropped)
 
 
-def yolo(root: str | os.PathLike, split: str, names: list[str], transform=None) -> DetectionImages:
+def _all_there(paths: list[Path], who: str, where: Path) -> None:
+    """One line naming the first of ``paths`` that is not a file, and how many are not, before any is read."""
+    missing = [p for p in paths if not p.is_file()]
+    if missing:
+        raise MissingFileError(f"{who} {len(missing)} image(s) that are not there, e.g. {missing[0]} (the images are "
+                               f"read from {where})")
+
+
+YOLO_YAMLS = ("data.yaml", "dataset.yaml", "data.yml")  # where an Ultralytics folder names its classes
+
+
+def yolo_names(root: Path, given: list[str] | None) -> list[str]:
+    """The classes of a YOLO folder: ``names`` given, else its data YAML's (a list, or Ultralytics' mapping of index
+    to name)."""
+    if given:
+        return list(given)
+    for name in YOLO_YAMLS:
+        path = root / name
+        if path.is_file():
+            try:
+                names = (yaml.safe_load(path.read_text()) or {}).get("names")
+            except (yaml.YAMLError, AttributeError) as e:
+                raise UsageError(f"{path} is not a data YAML with names ({e})") from None
+            if isinstance(names, dict):
+                names = [names[k] for k in sorted(names)]
+            if isinstance(names, list) and names:
+                return [str(n) for n in names]
+            raise UsageError(f"{path}: names must be a list of class names or a mapping of index to name, got "
+                             f"{str(names)[:60]}")
+    raise MissingFileError(f"{root} has no data.yaml naming its classes (names: [...]); give --data.names")
+
+
+def yolo(root: str | os.PathLike, split: str, names: list[str] | None = None, transform=None) -> DetectionImages:
     """An Ultralytics split: ``root/images/<split>/*`` with ``root/labels/<split>/<stem>.txt`` (``class cx cy w h``
-    per line, relative), ``names`` the classes in index order (the data YAML's)."""
+    per line, relative), ``names`` the classes in index order (default: the data YAML's ``names``)."""
     root = Path(root)
+    if names is None:
+        names = yolo_names(root, None)
     folder = root / "images" / split
     if not folder.is_dir():
         raise MissingFileError(f"{folder} is not there: expected {root}/images/{split}/*.jpg beside "
@@ -164,9 +200,13 @@ def yolo(root: str | os.PathLike, split: str, names: list[str], transform=None) 
                     continue
                 parts = line.split()
                 try:
+                    if len(parts) != 5:
+                        raise ValueError
                     cls, cx, cy, w, h = int(parts[0]), *map(float, parts[1:5])
-                except (ValueError, IndexError):
-                    raise UsageError(f"{label}:{n}: expected 'class cx cy w h' (relative), got {line!r}") from None
+                except ValueError:
+                    polygon = " (a segmentation polygon?)" if len(parts) > 6 and len(parts) % 2 else ""
+                    raise UsageError(f"{label}:{n}: expected 'class cx cy w h' (relative), got {len(parts)} fields"
+                                     f"{polygon}: {line[:80]!r}") from None
                 if not 0 <= cls < len(names):
                     raise UsageError(f"{label}:{n}: class {cls}, and the data names {len(names)} classes")
                 rows.append((cls, cx, cy, w, h))
@@ -243,6 +283,7 @@ def voc(root: str | os.PathLike, split: str, names: list[str] | None = None, tra
         file = (tree.findtext("filename") or f"{image_id}.jpg").strip()
         samples.append((root / "JPEGImages" / file, xyxy[keep], torch.tensor(labels, dtype=torch.long)[keep],
                         torch.tensor(hard, dtype=torch.bool)[keep]))
+    _all_there([p for p, *_ in samples], f"{listing} lists", root / "JPEGImages")
     return DetectionImages(samples, names, transform, dropped)
 
 

@@ -79,6 +79,9 @@ class Int8Report:
                  f"({abs(self.drop):.2f} points {'lost' if self.drop >= 0 else 'gained'})",
                  f"batch 1 on this CPU ({self.runtime}): fp32 {self.fp32_ms:.2f} ms, int8 {self.int8_ms:.2f} ms "
                  f"({speed:.2f}x)"]
+        if self.fp32_score < 0.01:
+            lines.append(f"the fp32 model scores {self.fp32_score:.4f} on the held-out images, so the gate compares "
+                         "next to nothing: check that the calibration images are of the model's task and classes")
         if speed < 1.0:
             other = "--int8 dynamic" if self.runtime == "onnxruntime" else "the ONNX export's --int8 (and dynamic)"
             lines.append(f"int8 is not faster than fp32 on this CPU: keep the fp32 file here, or try {other} "

@@ -109,7 +109,8 @@ class VitkitAPI(ls.LitAPI):
         if fmt not in ("json", "overlay"):
             raise HTTPException(400, f"format must be json or overlay, got {fmt!r}")
         if fmt == "overlay" and not getattr(self.predictor, "draws_overlay", False):
-            raise HTTPException(400, f"format=overlay draws a segmenter's mask or a detector's boxes over the image; "
+            raise HTTPException(400, f"format=overlay draws a segmenter's mask or a detector's boxes over the image, "
+                                f"or a depth model's coloured map; "
                                 f"this model is a {self.task} model")
         if fmt == "overlay" and len(decoded) != 1:
             raise HTTPException(400, "format=overlay answers one image: send one")
@@ -148,12 +149,15 @@ class VitkitAPI(ls.LitAPI):
         if "refused" in output:
             return JSONResponse({"detail": output["refused"].detail}, status_code=output["refused"].status_code)
         if output["format"] == "overlay":
-            return Response(output["results"][0].files["_overlay.png"], media_type="image/png",
+            drawn = getattr(self.predictor, "overlay_file", "_overlay.png")
+            return Response(output["results"][0].files[drawn], media_type="image/png",
                             headers={"X-Vitkit-Ms": str(output["ms"])})
         predictions = []
         for result in output["results"]:
             record = dict(result.record)
             if "_mask.png" in result.files:  # a segmenter: its mask as a palette PNG of class indices
                 record["mask_png"] = base64.b64encode(result.files["_mask.png"]).decode()
+            if "_depth16.png" in result.files:  # a depth model: its map as a 16-bit PNG (predict's _depth16.png)
+                record["depth_png"] = base64.b64encode(result.files["_depth16.png"]).decode()
             predictions.append(record)
         return {"predictions": predictions, "ms": output["ms"]}

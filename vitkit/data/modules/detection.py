@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchvision import tv_tensors
@@ -23,7 +22,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 from torchvision.transforms.v2._utils import query_size
 
-from vitkit.data.detection import VOC_CLASSES, DetectionImages, HFDetectionImages, coco, voc, yolo
+from vitkit.data.detection import VOC_CLASSES, DetectionImages, HFDetectionImages, coco, voc, yolo, yolo_names
 from vitkit.data.transforms import data_config, device_batch
 from vitkit.errors import MissingFileError, UsageError
 from vitkit.models.detection import letterbox_size
@@ -104,27 +103,6 @@ def find_layout(root: Path, split: str) -> tuple[str, Path, Path | None]:
         f"annotations/instances_{split}.json over {split}/, or {split}/_annotations.coco.json), YOLO "
         f"(images/{split}/ with labels/{split}/ and a data.yaml naming the classes) or Pascal VOC "
         f"(ImageSets/Main/{split}.txt, Annotations/, JPEGImages/)")
-
-
-def yolo_names(root: Path, given: list[str] | None) -> list[str]:
-    """The classes of a YOLO folder: ``names`` given, else its data YAML's (a list, or Ultralytics' mapping of index
-    to name)."""
-    if given:
-        return list(given)
-    for name in ("data.yaml", "dataset.yaml", "data.yml"):
-        path = root / name
-        if path.is_file():
-            try:
-                names = (yaml.safe_load(path.read_text()) or {}).get("names")
-            except (yaml.YAMLError, AttributeError) as e:
-                raise UsageError(f"{path} is not a data YAML with names ({e})") from None
-            if isinstance(names, dict):
-                names = [names[k] for k in sorted(names)]
-            if isinstance(names, list) and names:
-                return [str(n) for n in names]
-            raise UsageError(f"{path}: names must be a list of class names or a mapping of index to name, got "
-                             f"{str(names)[:60]}")
-    raise MissingFileError(f"{root} has no data.yaml naming its classes (names: [...]); give --data.names")
 
 
 def check_settings(img_size: Any, hflip: float, scale: tuple[float, float]) -> None:

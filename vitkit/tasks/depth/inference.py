@@ -50,7 +50,8 @@ class _Depth:
     size: int
     kind: str
     names: list[str] = []
-    draws_overlay = False
+    draws_overlay = True  # vitkit serve's format=overlay answers the coloured map
+    overlay_file = "_depth.png"
 
     def prepare(self, image) -> Tensor:
         from torchvision import tv_tensors

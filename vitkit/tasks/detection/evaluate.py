@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vitkit.data.detection import YOLO_YAMLS
 from vitkit.errors import UsageError
 from vitkit.evaluation.detection import image_f1, write_detection_report
 from vitkit.evaluation.setup import Autocast, build_data, pick_split
@@ -36,6 +37,10 @@ def evaluate(cfg, explicit: set[str], device: torch.device, onnx=None) -> int:
         names, size = net.class_names, net.cfg.img_size if isinstance(net.cfg.img_size, int) else net.cfg.img_size[0]
         mean, std, max_detections = tuple(net.cfg.mean), tuple(net.cfg.std), net.max_detections
         run = net if cfg.precision == "32-true" else Autocast(net, device)
+    init = cfg.data.init_args
+    if "names" in init and "names" not in explicit and init["names"] is None and init.get("root") and \
+            not any((Path(init["root"]) / n).is_file() for n in YOLO_YAMLS):  # VOC: the files name no list
+        init["names"] = names
     dm = build_data(cfg, {"img_size": size, "mean": mean, "std": std}, explicit, False)
     if dm.classes != names:
         raise UsageError(f"the model detects {len(names)} classes ({', '.join(names[:6])}...) and the data names "
