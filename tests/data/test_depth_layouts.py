@@ -50,11 +50,18 @@ def test_the_map_moves_with_the_image(tmp_path):
     assert kept.shape == (12, 16)  # evaluation scores the map at its own size
 
 
-def test_bad_depth_files_end_in_one_line_and_bad_values_are_masked_and_counted(tmp_path):
+def test_bad_depth_files_end_in_one_line_and_bad_values_are_masked_and_counted(tmp_path, caplog):
     depth = np.full((6, 8), 2.0, np.float32)
     depth[0, :3] = [np.nan, -1, np.inf]
     values, bad = read_depth(_folder(tmp_path, depth, ".npy") / "depth/train/a.npy")
     assert bad == 3 and (values[0, :3] == 0).all() and (values[1:] == 2).all()
+    assert "a.npy: 3 negative or non-finite value(s), left out as no measurement" in caplog.text
+    Image.new("L", (8, 6)).save(tmp_path / "depth/train/a.png")
+    with pytest.raises(UsageError, match=r"a.npy and .*a.png: two depth maps of one name"):
+        depth_pairs(tmp_path, "train")
+    with pytest.raises(UsageError, match=r"a.png is a L PNG; a depth PNG holds one channel of 16 bits"):
+        read_depth(tmp_path / "depth/train/a.png")  # 8 bits would be read as millimetres up to 0.255 m
+    (tmp_path / "depth/train/a.png").unlink()
     np.save(tmp_path / "depth/train/a.npy", np.ones((5, 8), np.float32))
     with pytest.raises(UsageError, match=r"a.npy is 5x8 and its image .*a.jpg 6x8: a depth map has its image's size"):
         DepthImages(depth_pairs(tmp_path, "train"))[0]
@@ -67,7 +74,7 @@ def test_bad_depth_files_end_in_one_line_and_bad_values_are_masked_and_counted(t
     with pytest.raises(UsageError, match="a depth map is a 16-bit PNG, a .npy array or a float TIFF, not .jpg"):
         read_depth(tmp_path / "x.jpg")
     Image.new("RGB", (4, 4)).save(tmp_path / "rgb.png")
-    with pytest.raises(UsageError, match="rgb.png is a RGB PNG; a depth PNG holds one channel"):
+    with pytest.raises(UsageError, match="rgb.png is a RGB PNG; a depth PNG holds one channel of 16 bits"):
         read_depth(tmp_path / "rgb.png")
     np.save(tmp_path / "cube.npy", np.ones((2, 2, 2)))
     with pytest.raises(UsageError, match=r"a depth map is one value per pixel \(H, W\), got shape \(2, 2, 2\)"):

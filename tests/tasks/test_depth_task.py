@@ -98,6 +98,10 @@ def test_a_depth_checkpoint_is_refused_where_it_does_not_fit_in_one_line(learned
     assert "last.ckpt was written by vitkit.lit.DepthEstimator" in line, line
     line = error_line_of(["predict", str(root / "images/val/0000.png"), "--checkpoint", ckpt, "--threshold", "0.5"])
     assert "a depth model takes the image alone" in line, line
+    line = error_line_of(["evaluate", "--checkpoint", ckpt, "--data", "vitkit.lit.DigitsDataModule", "-o",
+                          str(tmp_path / "ev")])
+    assert line == "error: a depth model is scored on images with depth maps (vitkit.lit.DepthDataModule, " \
+        "--data.root DIR), not DigitsDataModule", line
 
 
 @pytest.mark.slow

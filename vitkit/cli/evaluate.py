@@ -1,9 +1,11 @@
 """``vitkit evaluate``: a model (a checkpoint, a tag or an ONNX file) over a split of any data module, into a folder of
 scores and pictures, by its task's evaluator (``vitkit.tasks``: a classifier's top-k, calibration and mistakes, a
-multi-label model's mAP, a segmenter's mIoU); a backbone by k-NN and a linear probe on its features.
+multi-label model's mAP, a segmenter's mIoU, a detector's COCO AP, a depth model's AbsRel and δ1); a backbone by
+k-NN and a linear probe on its features.
 
 The data comes by the training command's ``--data`` arguments (``--data.root DIR`` alone means the task's own data
-module: an image folder for a classifier, images and masks for a segmenter); the data module's preprocessing
+module: an image folder for a classifier, images and masks for a segmenter, images with boxes or depth maps for a
+detector or a depth model); the data module's preprocessing
 defaults to the model's own (its size, mean, std, crop and interpolation).
 """
 

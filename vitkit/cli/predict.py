@@ -1,7 +1,7 @@
 """``vitkit predict``: what a model says of image files, from a checkpoint, a tag or an exported ONNX file, through
 its task's predictor (``vitkit.tasks``): a classifier's top-k classes (a multi-label one's labels above their
 thresholds), a segmenter's mask and overlay files, a detector's boxes drawn on the image and listed in COCO's result
-format."""
+format, a depth model's coloured and 16-bit maps."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def parser():
                    "boxes drawn and listed (default 0.5)")
     p.add_argument("-o", "--output", default="masks", help="a segmenter (vitkit.lit.Segmenter): the folder for each "
                    "image's NAME_mask.png (class indices, coloured) and NAME_overlay.png; a detector: for its "
-                   "NAME_overlay.png and NAME_detections.json (COCO's result format)")
+                   "NAME_overlay.png and NAME_detections.json (COCO's result format); a depth model: for its "
+                   "NAME_depth.png (coloured) and NAME_depth16.png")
     return p
 
 

@@ -5,12 +5,13 @@ Depth v2's and KITTI's exports as people keep them), read as an image (``tv_tens
 * 16-bit PNG: the integers divided by ``png_scale`` (1000: millimetres, NYU's; 256: KITTI's).
 * ``.npy``: a 2-D float array; ``.tif``/``.tiff``: a float image (PIL mode ``F``).
 * 0, a negative value, NaN or inf is no measurement (KITTI's sparse maps hold 0 where the lidar saw nothing): kept as
-  0, which every loss and score leaves out (:func:`vitkit.evaluation.depth.valid_mask`); the negative and non-finite
-  values are counted in ``dataset.invalid``.
+  0, which every loss and score leaves out (:func:`vitkit.evaluation.depth.valid_mask`); a file with negative or
+  non-finite values is named in a warning with their count.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from vitkit.errors import MissingFileError, UsageError
 from vitkit.image_files import image_files
 
 DEPTH_SUFFIXES = (".png", ".npy", ".tif", ".tiff")
+log = logging.getLogger(__name__)
 
 
 def read_depth(path: str | os.PathLike, png_scale: float = 1000.0) -> tuple[np.ndarray, int]:
@@ -37,9 +39,9 @@ def read_depth(path: str | os.PathLike, png_scale: float = 1000.0) -> tuple[np.n
             from PIL import Image
 
             with Image.open(path) as image:
-                if suffix == ".png" and image.mode not in ("I;16", "I;16B", "I", "L"):
-                    raise UsageError(f"{path} is a {image.mode} PNG; a depth PNG holds one channel of 8 or 16 bits "
-                                     "(the depth times --data.png_scale)")
+                if suffix == ".png" and image.mode not in ("I;16", "I;16B", "I"):
+                    raise UsageError(f"{path} is a {image.mode} PNG; a depth PNG holds one channel of 16 bits (the "
+                                     "depth times --data.png_scale)")
                 depth = np.asarray(image, dtype=np.float32)
             if suffix == ".png":
                 depth = depth / png_scale
@@ -56,6 +58,8 @@ def read_depth(path: str | os.PathLike, png_scale: float = 1000.0) -> tuple[np.n
     if depth.ndim != 2:
         raise UsageError(f"{path}: a depth map is one value per pixel (H, W), got shape {depth.shape}")
     bad = ~np.isfinite(depth) | (depth < 0)
+    if bad.any():
+        log.warning("%s: %d negative or non-finite value(s), left out as no measurement", path, int(bad.sum()))
     return np.where(bad, 0, depth).astype(np.float32), int(bad.sum())
 
 
@@ -67,8 +71,13 @@ def depth_pairs(root: str | os.PathLike, split: str) -> list[tuple[Path, Path]]:
         if not folder.is_dir():
             raise MissingFileError(f"{folder} is not there: a depth folder holds images/{split}/ beside "
                                    f"depth/{split}/ (a depth map per image, same name, .png, .npy or .tiff)")
-    found = {p.relative_to(maps).with_suffix(""): p for p in sorted(maps.rglob("*"))
-             if p.suffix.lower() in DEPTH_SUFFIXES}
+    found: dict[Path, Path] = {}
+    for p in sorted(maps.rglob("*")):
+        if p.suffix.lower() in DEPTH_SUFFIXES:
+            stem = p.relative_to(maps).with_suffix("")
+            if stem in found:
+                raise UsageError(f"{found[stem]} and {p}: two depth maps of one name; keep one per image")
+            found[stem] = p
     pairs, missing = [], []
     for image in image_files(images):
         depth = found.get(image.relative_to(images).with_suffix(""))
@@ -87,7 +96,6 @@ class DepthImages(Dataset):
 
     def __init__(self, pairs: list[tuple[Path, Path]], png_scale: float = 1000.0, transform=None) -> None:
         self.pairs, self.png_scale, self.transform = pairs, png_scale, transform
-        self.invalid = 0
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -98,8 +106,7 @@ class DepthImages(Dataset):
         path, depth_path = self.pairs[i]
         with Image.open(path) as image:
             pixels = tv_tensors.Image(TF.pil_to_tensor(image.convert("RGB")))
-        depth, bad = read_depth(depth_path, self.png_scale)
-        self.invalid += bad
+        depth, _ = read_depth(depth_path, self.png_scale)
         if depth.shape != tuple(pixels.shape[-2:]):
             raise UsageError(f"{depth_path} is {depth.shape[0]}x{depth.shape[1]} and its image {path} "
                              f"{pixels.shape[-2]}x{pixels.shape[-1]}: a depth map has its image's size")

@@ -202,8 +202,8 @@ def coloured(values: Tensor | np.ndarray, low: float | None = None, high: float 
 
 def write_depth_report(result: dict, out: str | os.PathLike, mean, std, extra: dict) -> dict:
     """``metrics.json`` (Eigen's errors, the images scored, ``extra``) and ``worst/``: the images of highest AbsRel,
-    each the image, the prediction, the truth and the absolute error side by side (depth coloured on one range, no
-    measurement black)."""
+    each the image, the prediction, the truth and the absolute error side by side (depth coloured on the truth's
+    range, near warm and far cool as ``vitkit predict`` draws it; no measurement black)."""
     import json
 
     from PIL import Image
@@ -218,7 +218,7 @@ def write_depth_report(result: dict, out: str | os.PathLike, mean, std, extra: d
         shown = Image.fromarray((image.permute(1, 2, 0).numpy() * 255).astype(np.uint8)).resize((w, h))
         low, high = float(depth[valid].min()), float(depth[valid].max())
         truth = np.where(valid.numpy(), depth.numpy(), np.nan)
-        panels = [shown, coloured(pred.numpy(), low, high), coloured(truth, low, high),
+        panels = [shown, coloured(pred.numpy(), low, high, "Spectral"), coloured(truth, low, high, "Spectral"),
                   coloured(np.where(valid.numpy(), (pred - depth).abs().numpy(), np.nan), 0, None, "magma")]
         for p, v in zip(panels[1:], (None, truth, truth), strict=True):  # no measurement: black
             if v is not None:

@@ -40,6 +40,9 @@ def evaluate(cfg, explicit: set[str], device: torch.device, onnx=None) -> int:
     if "max_depth" not in explicit and "max_depth" in init and max_depth is not None:
         init["max_depth"] = max_depth
     dm = build_data(cfg, {"img_size": size, "mean": mean, "std": std}, explicit, False)
+    if not hasattr(dm, "max_depth"):
+        raise UsageError(f"a depth model is scored on images with depth maps (vitkit.lit.DepthDataModule, "
+                         f"--data.root DIR), not {type(dm).__name__}")
     split, ds = pick_split(dm, cfg.split)
     result = _run(run, dm, ds, device, kind, dm.max_depth)
     out = Path(cfg.out)
