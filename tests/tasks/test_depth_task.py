@@ -30,7 +30,7 @@ def learned(tmp_path_factory):
     root = write_depth_folder(tmp_path_factory.mktemp("depth"), {"train": 16}, seed=3)
     shutil.copytree(root / "images/train", root / "images/val")
     shutil.copytree(root / "depth/train", root / "depth/val")
-    run = root.parent / "run"
+    run = tmp_path_factory.mktemp("run")
     status = main(["train", "fit", "-c", "depth_dpt_finetune", "--data.root", str(root),
                    "--model.model_name", "vit_tiny_patch16_224", "--model.model_overrides", TINY,
                    "--model.channels", "32", "--model.recipe", json.dumps(MEMORISE), "--data.img_size", "64",

@@ -152,7 +152,7 @@ def learned(tmp_path_factory):
     root = write_coco(tmp_path_factory.mktemp("scenes"), {"train": 8}, seed=5)
     shutil.copytree(root / "train", root / "val")
     shutil.copy(root / "annotations/train.json", root / "annotations/val.json")
-    run = root.parent / "run"
+    run = tmp_path_factory.mktemp("run")
     status = main(["train", "fit", "-c", "det_yolos_finetune", "--data.root", str(root),
                            "--model.model_name", "vit_tiny_patch16_224", "--model.model_overrides", TINY,
                            "--model.det_tokens", "8", "--model.recipe", json.dumps(MEMORISE),
