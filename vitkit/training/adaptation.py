@@ -147,3 +147,46 @@ def keep_what_trained(module, checkpoint: dict) -> None:
         hp.update(pretrained=module.hparams.pretrained,
                   checkpoint=str(Path(os.path.expanduser(source)).resolve()) if source else None)
     checkpoint["lora"] = {"adapted": list(module.lora_layers), "backbone": hp.get("checkpoint") if hp else None}
+
+
+class AdaptsBackbone:
+    """A training module's hooks for its ``adaptation`` part where its ``model`` holds a ``backbone`` and everything
+    outside it is the head (a detector's tokens and heads, a depth model's head): adapters go in the backbone, a
+    frozen backbone stays in eval mode, and the checkpoint keeps what the part says with the backbone's config. Put
+    before ``TrainingModule`` in the bases."""
+
+    def adapter_lr_scale(self) -> float:
+        return self.adaptation.adapter_lr_scale()
+
+    def adapted(self):
+        """Where LoRA adapters go: the backbone."""
+        return self.model.backbone
+
+    @staticmethod
+    def is_head(name: str) -> bool:
+        """Whether a name of the model's parameters or children is outside the backbone: it trains under every
+        adaptation."""
+        return name.partition(".")[0] != "backbone"
+
+    def train(self, mode: bool = True):
+        """A frozen backbone stays in eval mode: its drop path and dropout off, as at inference."""
+        super().train(mode)
+        if mode:
+            self.adaptation.train_mode(self)
+        return self
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        from .hparams import record_config
+
+        super().on_save_checkpoint(checkpoint)
+        if checkpoint.get("hyper_parameters") is not None:  # the backbone file's shapes: rebuilt without the file
+            record_config(self.model.backbone, checkpoint["hyper_parameters"])
+        self.adaptation.save(self, checkpoint)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.adaptation.load(self, checkpoint)
+
+    def on_fit_start(self) -> None:
+        super().on_fit_start()
+        self.adaptation.before_fit(self)

@@ -19,9 +19,8 @@ import vitkit
 from vitkit.errors import UsageError
 from vitkit.evaluation.depth import DepthMetrics, scored, silog_loss, ssi_loss, valid_mask
 from vitkit.models.depth import build_depth_model
-from vitkit.training.adaptation import Adaptation, Full
+from vitkit.training.adaptation import Adaptation, AdaptsBackbone, Full
 from vitkit.training.base import TrainingModule
-from vitkit.training.hparams import record_config
 from vitkit.training.parts import config_of, part_from
 from vitkit.training.recipe import Recipe
 
@@ -50,7 +49,7 @@ class DepthLoss:
                              f"{self.gradient_weight}, {self.scales} and {self.silog_lambda}")
 
 
-class DepthEstimator(TrainingModule):
+class DepthEstimator(AdaptsBackbone, TrainingModule):
     """DPT's depth head on a vitkit ViT: relative (affine-invariant inverse depth) or metric depth.
 
     Args:
@@ -115,39 +114,6 @@ class DepthEstimator(TrainingModule):
         self.adaptation.apply(self)
         self.metrics = nn.ModuleDict({s: DepthMetrics() for s in ("val", "test")})
         self.make_ema(self.recipe.ema_decay, self.recipe.ema_is_model)
-
-    def adapter_lr_scale(self) -> float:
-        return self.adaptation.adapter_lr_scale()
-
-    def adapted(self) -> nn.Module:
-        """Where LoRA adapters go: the backbone."""
-        return self.model.backbone
-
-    @staticmethod
-    def is_head(name: str) -> bool:
-        """Whether a name of the model's parameters or children is outside the backbone (the depth head)."""
-        return name.partition(".")[0] != "backbone"
-
-    def train(self, mode: bool = True) -> DepthEstimator:
-        """A frozen backbone stays in eval mode: its drop path and dropout off, as at inference."""
-        super().train(mode)
-        if mode:
-            self.adaptation.train_mode(self)
-        return self
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        if checkpoint.get("hyper_parameters") is not None:  # the backbone file's shapes: rebuilt without the file
-            record_config(self.model.backbone, checkpoint["hyper_parameters"])
-        self.adaptation.save(self, checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        self.adaptation.load(self, checkpoint)
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        self.adaptation.before_fit(self)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.evaluated()(x)

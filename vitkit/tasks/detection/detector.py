@@ -17,9 +17,8 @@ import vitkit
 from vitkit.errors import UsageError
 from vitkit.evaluation.detection import average_precision, scores
 from vitkit.models.detection import YOLOS, DetectionOutput, detections, truths
-from vitkit.training.adaptation import Adaptation, Full
+from vitkit.training.adaptation import Adaptation, AdaptsBackbone, Full
 from vitkit.training.base import TrainingModule
-from vitkit.training.hparams import record_config
 from vitkit.training.parts import config_of, part_from
 from vitkit.training.recipe import Recipe
 
@@ -30,7 +29,7 @@ RECIPE = Recipe(lr=1e-4, weight_decay=1e-4, warmup_epochs=1.0, min_lr=1e-6, lr_b
 WHOLE_MODEL = lazy_instance(Full)
 
 
-class Detector(TrainingModule):
+class Detector(AdaptsBackbone, TrainingModule):
     """YOLOS on a vitkit ViT: detection tokens beside the patches, a class and a box per token, no NMS.
 
     Args:
@@ -93,40 +92,6 @@ class Detector(TrainingModule):
         self.adaptation.apply(self)
         self.metrics = nn.ModuleDict({s: average_precision(class_metrics=s == "test") for s in ("val", "test")})
         self.make_ema(self.recipe.ema_decay, self.recipe.ema_is_model)
-
-    def adapter_lr_scale(self) -> float:
-        return self.adaptation.adapter_lr_scale()
-
-    def adapted(self) -> nn.Module:
-        """Where LoRA adapters go: the backbone."""
-        return self.model.backbone
-
-    @staticmethod
-    def is_head(name: str) -> bool:
-        """Whether a name of the model's parameters or children is outside the backbone (the detection tokens,
-        their positions, the heads): it trains under every adaptation."""
-        return name.partition(".")[0] != "backbone"
-
-    def train(self, mode: bool = True) -> Detector:
-        """A frozen backbone stays in eval mode: its drop path and dropout off, as at inference."""
-        super().train(mode)
-        if mode:
-            self.adaptation.train_mode(self)
-        return self
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_save_checkpoint(checkpoint)
-        if checkpoint.get("hyper_parameters") is not None:  # the backbone file's shapes: rebuilt without the file
-            record_config(self.model.backbone, checkpoint["hyper_parameters"])
-        self.adaptation.save(self, checkpoint)
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(checkpoint)
-        self.adaptation.load(self, checkpoint)
-
-    def on_fit_start(self) -> None:
-        super().on_fit_start()
-        self.adaptation.before_fit(self)
 
     def forward(self, x: Tensor) -> DetectionOutput:
         return self.evaluated()(x)
