@@ -28,6 +28,15 @@ class Prediction:
     files: dict[str, bytes] = field(default_factory=dict)
 
 
+def png_bytes(image) -> bytes:
+    """A PIL image as the PNG bytes of a :class:`Prediction`'s files."""
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 class Predictor(Protocol):
     """A loaded model and its preprocessing, for one image at a time or a batch. ``prepare`` turns a decoded image
     into the model's input exactly as evaluation prepares it (the size, crop, mean and std the model records);

@@ -149,11 +149,33 @@ def keep_what_trained(module, checkpoint: dict) -> None:
     checkpoint["lora"] = {"adapted": list(module.lora_layers), "backbone": hp.get("checkpoint") if hp else None}
 
 
+def headless_backbone(model_name: str, pretrained: bool, checkpoint: str | None, img_size: Any,
+                      model_overrides: dict[str, Any] | None):
+    """The backbone a dense task's model is built on: ``model_name`` without its classifier (``num_classes=0``), its
+    weights by tag (``pretrained``) or from ``checkpoint``, at ``img_size`` where given; what its load did is logged."""
+    import vitkit
+
+    overrides = dict(model_overrides or {})
+    if img_size is not None:
+        overrides["img_size"] = img_size
+    backbone = vitkit.create_model(model_name, pretrained=pretrained, checkpoint=checkpoint, num_classes=0,
+                                   **overrides)
+    if getattr(backbone, "load_report", None) is not None:
+        rank_zero_info(str(backbone.load_report))
+    return backbone
+
+
 class AdaptsBackbone:
     """A training module's hooks for its ``adaptation`` part where its ``model`` holds a ``backbone`` and everything
     outside it is the head (a detector's tokens and heads, a depth model's head): adapters go in the backbone, a
     frozen backbone stays in eval mode, and the checkpoint keeps what the part says with the backbone's config. Put
     before ``TrainingModule`` in the bases."""
+
+    def refuse_probe(self, head: str) -> None:
+        """One line where the adaptation asks for a probe-fitted head and the model's ``head`` starts random."""
+        if self.adaptation.head_init == "probe":
+            raise UsageError(f"head_init 'probe' fits a linear head on frozen features; {head} starts random: give "
+                             "--model.adaptation.head_init random")
 
     def adapter_lr_scale(self) -> float:
         return self.adaptation.adapter_lr_scale()

@@ -12,14 +12,12 @@ from typing import Any
 
 import torch
 from jsonargparse import lazy_instance
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-import vitkit
 from vitkit.errors import UsageError
 from vitkit.evaluation.depth import DepthMetrics, scored, silog_loss, ssi_loss, valid_mask
 from vitkit.models.depth import build_depth_model
-from vitkit.training.adaptation import Adaptation, AdaptsBackbone, Full
+from vitkit.training.adaptation import Adaptation, AdaptsBackbone, Full, headless_backbone
 from vitkit.training.base import TrainingModule
 from vitkit.training.parts import config_of, part_from
 from vitkit.training.recipe import Recipe
@@ -98,16 +96,8 @@ class DepthEstimator(AdaptsBackbone, TrainingModule):
         if kind == "metric" and not (max_depth and max_depth > 0):
             raise UsageError("a metric depth model needs max_depth, its deepest output (NYU: 10, KITTI: 80; "
                              "--model.max_depth or the data's --data.max_depth)")
-        if self.adaptation.head_init == "probe":
-            raise UsageError("head_init 'probe' fits a linear head on frozen features; DPT's depth head starts "
-                             "random: give --model.adaptation.head_init random")
-        overrides = dict(model_overrides or {})
-        if img_size is not None:
-            overrides["img_size"] = img_size
-        backbone = vitkit.create_model(model_name, pretrained=pretrained, checkpoint=checkpoint, num_classes=0,
-                                       **overrides)
-        if getattr(backbone, "load_report", None) is not None:
-            rank_zero_info(str(backbone.load_report))
+        self.refuse_probe("DPT's depth head")
+        backbone = headless_backbone(model_name, pretrained, checkpoint, img_size, model_overrides)
         self.model = build_depth_model(backbone, indices, channels=channels, reassemble=reassemble, kind=kind,
                                        max_depth=max_depth if kind == "metric" else 1.0)
         self.hparams.indices = list(self.model.indices)

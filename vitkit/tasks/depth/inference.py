@@ -5,7 +5,6 @@ resized to the model's square as evaluation resizes it, the map resized back to 
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 from torch import Tensor
 
 from vitkit.errors import UsageError
-from vitkit.tasks.protocol import Prediction
+from vitkit.tasks.protocol import Prediction, png_bytes
 
 
 def load_depth_checkpoint(path: str):
@@ -37,11 +36,6 @@ def export_model(checkpoint: str, overrides: dict):
                          "--img-size (its ViT takes any multiple of the patch already)")
     return load_depth_checkpoint(checkpoint)
 
-
-def _png(image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 class _Depth:
@@ -79,8 +73,8 @@ class _Depth:
             near = depth
         record = {"size": [image.height, image.width], "kind": self.kind, "min": low, "max": high,
                   "mean": float(depth.mean())}
-        files = {"_depth.png": _png(coloured(near)),
-                 "_depth16.png": _png(Image.fromarray(sixteen.astype(np.uint16)))}
+        files = {"_depth.png": png_bytes(coloured(near)),
+                 "_depth16.png": png_bytes(Image.fromarray(sixteen.astype(np.uint16)))}
         return Prediction(line, record, files)
 
 

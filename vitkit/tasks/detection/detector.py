@@ -10,14 +10,12 @@ from typing import Any
 
 import torch
 from jsonargparse import lazy_instance
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-import vitkit
 from vitkit.errors import UsageError
 from vitkit.evaluation.detection import average_precision, scores
 from vitkit.models.detection import YOLOS, DetectionOutput, detections, truths
-from vitkit.training.adaptation import Adaptation, AdaptsBackbone, Full
+from vitkit.training.adaptation import Adaptation, AdaptsBackbone, Full, headless_backbone
 from vitkit.training.base import TrainingModule
 from vitkit.training.parts import config_of, part_from
 from vitkit.training.recipe import Recipe
@@ -78,16 +76,8 @@ class Detector(AdaptsBackbone, TrainingModule):
             raise UsageError(f"num_classes must be >= 1 (the data module gives it), got {num_classes}")
         if det_tokens < 1 or max_detections < 1:
             raise UsageError(f"det_tokens and max_detections must be >= 1, got {det_tokens} and {max_detections}")
-        if self.adaptation.head_init == "probe":
-            raise UsageError("head_init 'probe' fits a linear head on frozen features; a detector's heads start "
-                             "random: give --model.adaptation.head_init random")
-        overrides = dict(model_overrides or {})
-        if img_size is not None:
-            overrides["img_size"] = img_size
-        backbone = vitkit.create_model(model_name, pretrained=pretrained, checkpoint=checkpoint, num_classes=0,
-                                       **overrides)
-        if getattr(backbone, "load_report", None) is not None:
-            rank_zero_info(str(backbone.load_report))
+        self.refuse_probe("a detector's heads")
+        backbone = headless_backbone(model_name, pretrained, checkpoint, img_size, model_overrides)
         self.model = YOLOS(backbone, num_classes, det_tokens, mid_positions, aux_outputs=aux_loss)
         self.adaptation.apply(self)
         self.metrics = nn.ModuleDict({s: average_precision(class_metrics=s == "test") for s in ("val", "test")})

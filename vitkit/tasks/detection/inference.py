@@ -5,7 +5,6 @@ listed in COCO's result format (x, y, width, height in the image's pixels)."""
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -16,7 +15,7 @@ from torch import Tensor, nn
 
 from vitkit.errors import UsageError
 from vitkit.models.detection import YOLOS, DetectionOutput, corners, to_pixels
-from vitkit.tasks.protocol import Prediction
+from vitkit.tasks.protocol import Prediction, png_bytes
 
 THRESHOLD = 0.5  # the least score a predicted box is drawn and listed with, unless the command gives another
 
@@ -80,11 +79,6 @@ def letterboxed(image, size: int) -> Tensor:
     return Letterbox(size)(tv_tensors.Image(TF.pil_to_tensor(image.convert("RGB")))).as_subclass(Tensor)
 
 
-def _png(image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
 
 def drawn(image, found: list[dict[str, Any]]):
     """The image with each box drawn, its label and score above it, a colour per class."""
@@ -129,7 +123,7 @@ class _Detector:
         line = (", ".join(f"{k} ({n})" for k, n in sorted(counts.items(), key=lambda kv: -kv[1])) or "no objects") + \
             f" (score >= {threshold:g})"
         record = {"size": [image.height, image.width], "detections": listed}
-        files = {"_overlay.png": _png(drawn(image, listed)), "_detections.json": json.dumps(listed).encode()}
+        files = {"_overlay.png": png_bytes(drawn(image, listed)), "_detections.json": json.dumps(listed).encode()}
         return Prediction(line, record, files)
 
     def found(self, outputs: tuple, sizes: list[tuple[int, int]]) -> list[dict[str, Tensor]]:

@@ -5,14 +5,13 @@ windows of the model's size over the image as it is), as a palette PNG, an overl
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from vitkit.errors import UsageError
-from vitkit.tasks.protocol import Prediction
+from vitkit.tasks.protocol import Prediction, png_bytes
 
 
 def load_segmenter_checkpoint(path: str):
@@ -34,11 +33,6 @@ def export_model(checkpoint: str, overrides: dict):
     return load_segmenter_checkpoint(checkpoint)
 
 
-def _png(image) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return buffer.getvalue()
-
 
 class _Segmenter:
     """What both kinds share: a mask to its files, its line and its record."""
@@ -55,8 +49,8 @@ class _Segmenter:
         line = ", ".join(f"{names[i]} {shares[i]:.0%}" for i in order[:3])
         record = {"size": [int(mask.shape[0]), int(mask.shape[1])],
                   "classes": [{"label": names[i], "index": i, "share": float(shares[i])} for i in order]}
-        files = {"_mask.png": _png(mask_image(mask, len(names))),
-                 "_overlay.png": _png(overlay_image(mask, image, len(names)))}
+        files = {"_mask.png": png_bytes(mask_image(mask, len(names))),
+                 "_overlay.png": png_bytes(overlay_image(mask, image, len(names)))}
         return Prediction(line, record, files)
 
 

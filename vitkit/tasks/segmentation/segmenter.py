@@ -12,15 +12,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from jsonargparse import lazy_instance
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torchmetrics.classification import MulticlassConfusionMatrix
 
-import vitkit
 from vitkit.errors import UsageError
 from vitkit.evaluation.segmentation import scores
 from vitkit.models.segmentation import SegmentationOutput, build_segmenter
-from vitkit.training.adaptation import Adaptation, Full
+from vitkit.training.adaptation import Adaptation, Full, headless_backbone
 from vitkit.training.base import TrainingModule
 from vitkit.training.hparams import record_config
 from vitkit.training.parts import config_of, part_from
@@ -108,13 +106,7 @@ class Segmenter(TrainingModule):
             raise UsageError(f"head_init 'probe' fits the linear head (a linear regression on the patch features), and "
                              f"the head is {type(self.head).__name__}: give --model.adaptation.head_init random with "
                              "it")
-        overrides = dict(model_overrides or {})
-        if img_size is not None:
-            overrides["img_size"] = img_size
-        backbone = vitkit.create_model(model_name, pretrained=pretrained, checkpoint=checkpoint, num_classes=0,
-                                       **overrides)
-        if getattr(backbone, "load_report", None) is not None:
-            rank_zero_info(str(backbone.load_report))
+        backbone = headless_backbone(model_name, pretrained, checkpoint, img_size, model_overrides)
         self.model = build_segmenter(backbone, self.head.name, num_classes, self.head.indices,
                                      **self.head.build_args())
         self.head.indices = list(self.model.indices)  # what ran, for the checkpoint
