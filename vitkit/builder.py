@@ -365,14 +365,17 @@ def load_depth_estimator(path: str | os.PathLike):
     return model
 
 
-def load_detector(path: str | os.PathLike) -> YOLOS:
-    """A whole detector from another library's files: a folder of transformers' ``YolosForObjectDetection``, every
-    weight loaded strictly, its class names kept (``model.class_names``)."""
+def load_detector(path: str | os.PathLike) -> nn.Module:
+    """A whole detector from another library's files: a folder of transformers' ``YolosForObjectDetection`` (a
+    :class:`~vitkit.models.detection.YOLOS`) or ``RfDetrForObjectDetection`` (a
+    :class:`~vitkit.models.rf_detr.RFDETR`), every weight loaded strictly, its class names kept
+    (``model.class_names``)."""
     from .checkpoints.detection import read_detector
+    from .models.rf_detr import RFDETR
 
     found = read_detector(path)
     backbone = create_model(found.preset, num_classes=0, **found.overrides)
-    model = YOLOS(backbone, **found.settings)
+    model = (RFDETR if found.kind == "rf_detr" else YOLOS)(backbone, **found.settings)
     model.load_state_dict(found.state_dict)
     model.class_names = found.class_names
     return model

@@ -202,6 +202,45 @@ def test_a_detector_learns_its_scenes_and_each_command_reads_it(learned, tmp_pat
         assert a["bbox"] == pytest.approx(b["bbox"], abs=1e-3)
 
 
+RF_DETR = {"out_indices": [1, 2, 4], "windows": 2, "d_model": 64, "queries": 16, "groups": 3, "decoder_layers": 2,
+           "ffn_dim": 128, "self_heads": 4, "cross_heads": 4, "c2f_blocks": 1}
+
+
+@pytest.mark.slow
+def test_an_rf_detr_learns_its_scenes_and_exports_as_it_scores(learned, tmp_path, capsys):
+    """RF-DETR's recipe on a tiny windowed ViT learns the scenes YOLOS learns; its ONNX file scores as it does."""
+    root, _ = learned
+    run = tmp_path / "run"
+    status = main(["train", "fit", "-c", "det_rf_detr_base", "--data.root", str(root),
+                   "--model.model_name", "vit_tiny_patch16_224", "--model.model_overrides",
+                   '{"patch_size": 8, "embed_dim": 64, "depth": 4, "num_heads": 2}',
+                   "--model.rf_detr", json.dumps(RF_DETR), "--model.recipe", json.dumps(MEMORISE),
+                   "--data.img_size", "64", "--data.hflip", "0", "--data.scale", "[1, 1]", "--data.batch_size", "8",
+                   "--data.num_workers", "0", "--trainer.max_epochs", "150",
+                   "--trainer.check_val_every_n_epoch", "150", "--trainer.accelerator", "cpu",
+                   "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
+                   "--trainer.default_root_dir", str(run)])
+    assert status == 0
+    with open(next(run.glob("logs/*/metrics.csv"))) as f:
+        last = [r for r in csv.DictReader(f) if r.get("val/AP50")][-1]
+    assert float(last["val/AP50"]) >= 0.9, last  # the scenes it trained on, known
+    ckpt = run / "checkpoints" / "last.ckpt"
+    status, err = run_cli(["export", str(ckpt), "-o", str(tmp_path / "rf.onnx")], capsys)
+    assert status == 0, err
+    status, err = run_cli(["evaluate", "--onnx", str(tmp_path / "rf.onnx"), "--data.root", str(root), "--split",
+                           "val", "-o", str(tmp_path / "ev")], capsys)
+    assert status == 0, err
+    assert json.loads((tmp_path / "ev/metrics.json").read_text())["mAP"] == pytest.approx(float(last["val/mAP"]),
+                                                                                          abs=1e-4)
+    status, err = run_cli(["predict", str(root / "val/0000.png"), "--checkpoint", str(ckpt), "-o",
+                           str(tmp_path / "pr")], capsys)
+    assert status == 0, err
+    truth = json.loads((root / "annotations/val.json").read_text())
+    found = json.loads((tmp_path / "pr/0000_detections.json").read_text())
+    assert sorted(d["index"] for d in found) == sorted(a["category_id"] - 1 for a in truth["annotations"]
+                                                       if a["image_id"] == 0)
+
+
 def _repeated(root, into, times: int):
     """A COCO val split of ``root``'s val scenes, each listed ``times`` times (image ids of their own, one file)."""
     truth = json.loads((root / "annotations/val.json").read_text())

@@ -1,10 +1,13 @@
-"""Detectors of other libraries in vitkit's names (``vitkit.models.detection``): transformers'
-``YolosForObjectDetection`` folders (``config.json`` and the weights, as ``save_pretrained`` writes them)."""
+"""Detectors of other libraries in vitkit's names (``vitkit.models.detection``, ``vitkit.models.rf_detr``):
+transformers' ``YolosForObjectDetection`` and ``RfDetrForObjectDetection`` folders (``config.json`` and the weights,
+as ``save_pretrained`` writes them). transformers writes RF-DETR's weights in RF-DETR's own names (``backbone.0.``,
+``transformer.``), which are the names read here."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,13 +75,108 @@ def transformers_yolos(folder: str | os.PathLike) -> DetectorFile:
     return DetectorFile(preset, overrides, "yolos", settings, sd, names)
 
 
+RF_DETR_NAMES = [  # RF-DETR's names (as transformers writes them) -> vitkit.models.rf_detr.RFDETR's
+    (r"^backbone\.0\.projector\.stages\.0\.0\.cv([12])\.bn\.", r"projector.conv\1.norm."),
+    (r"^backbone\.0\.projector\.stages\.0\.0\.cv([12])\.", r"projector.conv\1."),
+    (r"^backbone\.0\.projector\.stages\.0\.0\.m\.(\d+)\.cv([12])\.bn\.", r"projector.bottlenecks.\1.conv\2.norm."),
+    (r"^backbone\.0\.projector\.stages\.0\.0\.m\.(\d+)\.cv([12])\.", r"projector.bottlenecks.\1.conv\2."),
+    (r"^backbone\.0\.projector\.stages\.0\.1\.", "projector.norm."),
+    (r"^refpoint_embed\.weight$", "reference_embed"),
+    (r"^query_feat\.weight$", "query_feat"),
+    (r"^transformer\.decoder\.layers\.(\d+)\.self_attn\.out_proj\.", r"layers.\1.self_attn.proj."),
+    (r"^transformer\.decoder\.layers\.(\d+)\.norm1\.", r"layers.\1.self_attn_norm."),
+    (r"^transformer\.decoder\.layers\.(\d+)\.norm2\.", r"layers.\1.cross_attn_norm."),
+    (r"^transformer\.decoder\.layers\.(\d+)\.norm3\.", r"layers.\1.norm."),
+    (r"^transformer\.decoder\.layers\.(\d+)\.linear([12])\.", r"layers.\1.fc\2."),
+    (r"^transformer\.decoder\.layers\.(\d+)\.cross_attn\.", r"layers.\1.cross_attn."),
+    (r"^transformer\.decoder\.norm\.", "decoder_norm."),
+    (r"^transformer\.decoder\.ref_point_head\.", "ref_point_head."),
+    (r"^transformer\.enc_output\.(\d+)\.", r"enc_output.\1."),
+    (r"^transformer\.enc_output_norm\.(\d+)\.", r"enc_output_norm.\1."),
+    (r"^transformer\.enc_out_class_embed\.(\d+)\.", r"enc_class.\1."),
+    (r"^transformer\.enc_out_bbox_embed\.(\d+)\.", r"enc_box.\1."),
+    (r"^class_embed\.", "class_head."),
+    (r"^bbox_embed\.", "box_head."),
+]
+BACKBONE = "backbone.0.encoder.encoder."
+
+
+def _refuse(folder: Path, config: dict, expected: dict[str, Any]) -> None:
+    wrong = {k: config.get(k) for k, v in expected.items() if config.get(k, v) != v}
+    if wrong:
+        raise CheckpointError(f"{folder}: an RF-DETR with {wrong}; vitkit builds "
+                              f"{ {k: expected[k] for k in wrong} }")
+
+
+def transformers_rf_detr(folder: str | os.PathLike) -> DetectorFile:
+    """A folder that transformers' ``RfDetrForObjectDetection.save_pretrained`` wrote: its windowed DINOv2, the
+    projector, the two-stage heads of every query group and the decoder (``vitkit.models.rf_detr``)."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    backbone_config = config.get("backbone_config") or {}
+    if backbone_config.get("model_type") != "rf_detr_dinov2":
+        raise CheckpointError(f"{folder}: an RF-DETR on a {backbone_config.get('model_type')!r} backbone; vitkit reads "
+                              "the DINOv2 ones (rf_detr_dinov2)")
+    _refuse(folder, config, {"activation_function": "silu", "decoder_activation_function": "relu",
+                             "num_feature_levels": 1, "attention_bias": True})
+    _refuse(folder, backbone_config, {"use_swiglu_ffn": False, "apply_layernorm": True, "num_register_tokens": 0})
+    raw = _weights(folder)
+    body = {k[len(BACKBONE):]: v for k, v in raw.items() if k.startswith(BACKBONE) and not k.endswith("mask_token")}
+    if not body:
+        raise CheckpointError(f"{folder}: no {BACKBONE}* weights; not an RF-DETR checkpoint")
+    backbone, _ = to_vitkit(body)
+    sd = {f"backbone.{k}": v for k, v in backbone.items()}
+    unknown = []
+    for k, v in raw.items():
+        if k.startswith(BACKBONE):
+            continue
+        m = re.match(r"^transformer\.decoder\.layers\.(\d+)\.self_attn\.in_proj_(weight|bias)$", k)
+        if m:  # nn.MultiheadAttention's packed [q | k | v]
+            for name, part in zip("qkv", v.chunk(3), strict=True):
+                sd[f"layers.{m[1]}.self_attn.{name}_proj.{m[2]}"] = part
+            continue
+        ours = k
+        for pattern, repl in RF_DETR_NAMES:
+            ours = re.sub(pattern, repl, ours)
+        if ours == k:
+            unknown.append(k)
+        else:
+            sd[ours] = v
+    if unknown:
+        raise CheckpointError(f"{folder}: weights an RF-DETR has no place for: {', '.join(unknown[:4])}")
+    preset, overrides = preset_for({**backbone_config, "model_type": "dinov2"})
+    overrides["img_size"] = backbone_config.get("image_size", 518)
+    stages = backbone_config.get("out_indices") or [backbone_config.get("num_hidden_layers", 12)]
+    from vitkit.models.rf_detr import RFDETRConfig
+
+    cfg = RFDETRConfig(
+        out_indices=tuple(int(i) for i in stages), windows=int(backbone_config.get("num_windows", 4)),
+        d_model=config.get("d_model", 256), hidden_expansion=float(config.get("hidden_expansion", 0.5)),
+        c2f_blocks=config.get("c2f_num_blocks", 3), projector_eps=float(config.get("layer_norm_eps", 1e-5)),
+        decoder_layers=config.get("decoder_layers", 3), self_heads=config.get("decoder_self_attention_heads", 8),
+        cross_heads=config.get("decoder_cross_attention_heads", 16), points=config.get("decoder_n_points", 4),
+        ffn_dim=config.get("decoder_ffn_dim", 2048), queries=config.get("num_queries", 300),
+        groups=config.get("group_detr", 13), dropout=float(config.get("dropout", 0.1)))
+    labels = config.get("id2label") or {}
+    names = [labels[k] for k in sorted(labels, key=int)] if labels else []
+    settings = dict(num_classes=sd["class_head.weight"].shape[0], cfg=cfg)
+    return DetectorFile(preset, overrides, "rf_detr", settings, sd, names)
+
+
 def read_detector(path: str | os.PathLike) -> DetectorFile:
-    """A detector's file in vitkit's names: a transformers YOLOS folder."""
+    """A detector's file in vitkit's names: a transformers YOLOS or RF-DETR folder."""
     path = Path(path)
     if not path.exists():
         raise MissingFileError(f"{path} is not there: vitkit.load_detector reads a local folder (what "
                                "save_pretrained wrote, or a model's snapshot folder in the Hugging Face cache)")
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} is not a detector vitkit reads: expected a folder of transformers' "
-                              "YolosForObjectDetection (config.json and model.safetensors)")
-    return transformers_yolos(path)
+                              "YolosForObjectDetection or RfDetrForObjectDetection (config.json and "
+                              "model.safetensors)")
+    kind = json.loads((path / "config.json").read_text()).get("model_type")
+    if kind == "rf_detr":
+        return transformers_rf_detr(path)
+    if kind == "yolos":
+        return transformers_yolos(path)
+    raise CheckpointError(f"{path}/config.json has model_type={kind!r}; vitkit reads detectors of model_type "
+                          "'yolos' and 'rf_detr'")

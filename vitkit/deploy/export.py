@@ -133,8 +133,9 @@ def padded(model: nn.Module) -> bool:
 
 
 def _multiple(model: nn.Module) -> int:
-    """What height and width must be a multiple of: the patch, or 1 where the network pads to it."""
-    return 1 if padded(model) else int(model.cfg.patch_size)
+    """What height and width must be a multiple of: the patch (or what the model names, ``size_multiple``: RF-DETR's
+    patch times its windows), or 1 where the network pads to it."""
+    return 1 if padded(model) else int(getattr(model, "size_multiple", None) or model.cfg.patch_size)
 
 
 def min_size(model: nn.Module) -> tuple[int, int]:
@@ -143,7 +144,7 @@ def min_size(model: nn.Module) -> tuple[int, int]:
     stage's map is still at least its window (patch merging halves it, rounding up)."""
     p = int(model.cfg.patch_size)
     if not padded(model) or getattr(model.cfg, "always_partition", False):
-        return p, p
+        return _multiple(model), _multiple(model)
 
     def fits(size: int, axis: int) -> bool:
         n = -(-size // p)

@@ -24,14 +24,28 @@ from .dense import OnBackbone
 
 @dataclass
 class DetectionOutput:
-    """What a detector gives (as transformers' ``*ObjectDetectionOutput``): per query, class logits (B, Q, K + 1, the
-    last "no object") and a box (B, Q, 4: centre x, centre y, width, height in [0, 1] of the input), the same for each
-    earlier layer the training loss reads (``aux``), and the loss where the task has computed it."""
+    """What a detector gives (as transformers' ``*ObjectDetectionOutput``): per query, class logits and a box (B, Q,
+    4: centre x, centre y, width, height relative to the input), the same for each earlier layer the training loss
+    reads (``aux``), and the loss where the task has computed it.
+
+    The logits are (B, Q, K + 1) for a softmax whose last class is "no object" (DETR, YOLOS), or (B, Q, K) with
+    ``sigmoid``, one probability per class (Deformable DETR, RF-DETR). ``groups``: the query groups that each match
+    the objects on their own (Group DETR, in training); ``enc``: a two-stage detector's proposals (logits, boxes),
+    trained as a layer of their own."""
 
     logits: Tensor
     boxes: Tensor
     aux: list[tuple[Tensor, Tensor]] = field(default_factory=list)
     loss: Tensor | None = None
+    sigmoid: bool = False
+    groups: int = 1
+    enc: tuple[Tensor, Tensor] | None = None
+
+    def scores(self) -> tuple[Tensor, Tensor]:
+        """Per query its likeliest object class and that class's probability: (scores (B, Q), labels (B, Q))."""
+        if self.sigmoid:
+            return self.logits.float().sigmoid().max(-1)
+        return self.logits.float().softmax(-1)[..., :-1].max(-1)
 
 
 class MLP(nn.Module):
@@ -168,10 +182,10 @@ def corners(boxes: Tensor) -> Tensor:
 def detections(out: DetectionOutput, sizes: Tensor, input_size: int, max_detections: int = 100
                ) -> list[dict[str, Tensor]]:
     """Per image, its ``max_detections`` best queries as COCO scores them: ``boxes`` (corners in the image's own
-    pixels), ``scores`` and ``labels`` (each query's likeliest class other than "no object", by softmax, as DETR
-    and transformers' ``post_process_object_detection``). ``sizes``: (B, 2) each image's height and width; the input
+    pixels), ``scores`` and ``labels`` (each query's likeliest class, :meth:`DetectionOutput.scores`, as DETR and
+    transformers' ``post_process_object_detection``). ``sizes``: (B, 2) each image's height and width; the input
     (``input_size`` square) is the image letterboxed (:func:`letterbox_size`, padded at the right and bottom)."""
-    scores, labels = out.logits.float().softmax(-1)[..., :-1].max(-1)
+    scores, labels = out.scores()
     xyxy = corners(out.boxes.float())
     result = []
     for i in range(len(xyxy)):

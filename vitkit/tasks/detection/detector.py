@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from vitkit.errors import UsageError
 from vitkit.evaluation.detection import average_precision, scores
 from vitkit.models.detection import YOLOS, DetectionOutput, detections, truths
+from vitkit.models.rf_detr import RFDETR, RFDETRConfig
 from vitkit.training.adaptation import Adaptation, AdaptsBackbone, Full, headless_backbone
 from vitkit.training.base import TrainingModule
 from vitkit.training.parts import config_of, part_from
@@ -28,7 +29,8 @@ WHOLE_MODEL = lazy_instance(Full)
 
 
 class Detector(AdaptsBackbone, TrainingModule):
-    """YOLOS on a vitkit ViT: detection tokens beside the patches, a class and a box per token, no NMS.
+    """A detector on a vitkit ViT, no NMS: YOLOS (detection tokens beside the patches, a class and a box per token)
+    or RF-DETR (a windowed backbone, a projector and a deformable decoder on two-stage queries).
 
     Args:
         model_name: the backbone: a ViT preset or a pretrained name with a class token and learned positions
@@ -39,8 +41,11 @@ class Detector(AdaptsBackbone, TrainingModule):
         img_size: the square input (linked from the data module).
         model_overrides: the backbone's config fields.
         class_names: stored in the checkpoint (linked from the data module).
-        det_tokens: detection tokens: the most objects one image can hold (YOLOS: 100).
+        architecture: ``yolos`` or ``rf_detr``.
+        det_tokens: YOLOS's detection tokens: the most objects one image can hold (YOLOS: 100).
         mid_positions: YOLOS's positions added after every block but the last.
+        rf_detr: RF-DETR's settings (``vitkit.models.rf_detr.RFDETRConfig``: the stages read, windows, queries,
+            query groups, decoder sizes); its images' sides are multiples of the patch times ``windows``.
         aux_loss: the set loss on each earlier block's predictions too (DETR's auxiliary losses).
         max_detections: the detections per image scored and predicted (COCO's 100).
         loss: the set loss's matching costs and weights (``SetLoss``).
@@ -57,8 +62,10 @@ class Detector(AdaptsBackbone, TrainingModule):
         img_size: int | None = None,
         model_overrides: dict[str, Any] | None = None,
         class_names: list[str] | None = None,
+        architecture: str = "yolos",
         det_tokens: int = 100,
         mid_positions: bool = True,
+        rf_detr: RFDETRConfig = RFDETRConfig(),  # noqa: B008 - a frozen dataclass: one shared default is safe
         aux_loss: bool = True,
         max_detections: int = 100,
         loss: SetLoss = SetLoss(),  # noqa: B008 - a frozen dataclass: one shared default is safe
@@ -77,8 +84,15 @@ class Detector(AdaptsBackbone, TrainingModule):
         if det_tokens < 1 or max_detections < 1:
             raise UsageError(f"det_tokens and max_detections must be >= 1, got {det_tokens} and {max_detections}")
         self.refuse_probe("a detector's heads")
+        if architecture not in ("yolos", "rf_detr"):
+            raise UsageError(f"architecture is 'yolos' or 'rf_detr', got {architecture!r}")
         backbone = headless_backbone(model_name, pretrained, checkpoint, img_size, model_overrides)
-        self.model = YOLOS(backbone, num_classes, det_tokens, mid_positions, aux_outputs=aux_loss)
+        if architecture == "rf_detr":
+            cfg = rf_detr if isinstance(rf_detr, RFDETRConfig) else RFDETRConfig(**dict(rf_detr or {}))
+            self.hparams.rf_detr = dataclasses.asdict(cfg)
+            self.model = RFDETR(backbone, num_classes, cfg, aux_outputs=aux_loss)
+        else:
+            self.model = YOLOS(backbone, num_classes, det_tokens, mid_positions, aux_outputs=aux_loss)
         self.adaptation.apply(self)
         self.metrics = nn.ModuleDict({s: average_precision(class_metrics=s == "test") for s in ("val", "test")})
         self.make_ema(self.recipe.ema_decay, self.recipe.ema_is_model)

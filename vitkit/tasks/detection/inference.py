@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from vitkit.errors import UsageError
 from vitkit.models.detection import YOLOS, DetectionOutput, corners, to_pixels
+from vitkit.models.rf_detr import RFDETR
 from vitkit.tasks.protocol import Prediction, png_bytes
 
 THRESHOLD = 0.5  # the least score a predicted box is drawn and listed with, unless the command gives another
@@ -29,11 +30,12 @@ class ExportedDetector(nn.Module):
     task = "detection"
     output_names = ("boxes", "scores", "labels")
 
-    def __init__(self, detector: YOLOS, name: str, class_names: list[str]) -> None:
+    def __init__(self, detector: YOLOS | RFDETR, name: str, class_names: list[str]) -> None:
         super().__init__()
         self.detector, self.name, self.class_names = detector, name, list(class_names)
         self.backbone = detector.backbone  # the network whose architecture decides the sizes an export takes
         self.cfg = detector.backbone.cfg
+        self.size_multiple = getattr(detector, "img_multiple", None)  # RF-DETR's: the patch times its windows
 
     def set_attn_backend(self, backend: str) -> None:
         self.backbone.set_attn_backend(backend)
@@ -43,7 +45,7 @@ class ExportedDetector(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         out: DetectionOutput = self.detector(x)
-        scores, labels = out.logits.float().softmax(-1)[..., :-1].max(-1)
+        scores, labels = out.scores()
         return corners(out.boxes.float()), scores, labels
 
 

@@ -1,0 +1,96 @@
+"""RF-DETR (``vitkit.models.rf_detr``): transformers' RfDetrForObjectDetection folders load into vitkit's RFDETR,
+which gives transformers' logits, boxes and two-stage proposals at the saved size and at others, in evaluation and
+in training (query groups); its loss is transformers' LW-DETR loss on the same predictions."""
+
+import json
+
+import pytest
+import torch
+
+import vitkit
+from vitkit.errors import CheckpointError, UsageError
+from vitkit.models.rf_detr import RFDETR, RFDETRConfig
+from vitkit.tasks.detection.loss import SetLoss
+
+transformers = pytest.importorskip("transformers")
+
+
+def _rf_detr_folder(path, dropout: float = 0.1):
+    """A random RF-DETR of transformers' (every weight moved off its start), windowed, saved."""
+    backbone = dict(model_type="rf_detr_dinov2", hidden_size=48, num_hidden_layers=4, num_attention_heads=3,
+                    mlp_ratio=2, patch_size=8, image_size=64, out_features=["stage1", "stage2", "stage4"],
+                    num_windows=2)
+    cfg = transformers.RfDetrConfig(backbone_config=backbone, d_model=32, decoder_layers=2,
+                                    decoder_self_attention_heads=4, decoder_cross_attention_heads=4,
+                                    decoder_ffn_dim=64, num_queries=6, group_detr=3, c2f_num_blocks=2, num_labels=5,
+                                    dropout=dropout, id2label={i: f"c{i}" for i in range(5)})
+    torch.manual_seed(0)
+    theirs = transformers.RfDetrForObjectDetection(cfg).eval()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    theirs.save_pretrained(path)
+    return theirs
+
+
+def test_a_transformers_rf_detr_folder_gives_its_logits_and_boxes_at_any_size(tmp_path):
+    theirs = _rf_detr_folder(tmp_path / "rf")
+    ours = vitkit.load_detector(tmp_path / "rf").eval()
+    assert isinstance(ours, RFDETR) and ours.class_names == [f"c{i}" for i in range(5)]
+    for size in [(64, 64), (64, 96), (96, 32)]:  # the saved size, then windows of other shapes, positions resized
+        x = torch.randn(2, 3, *size, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            expected, got = theirs(pixel_values=x), ours(x)
+        torch.testing.assert_close(got.logits, expected.logits, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.boxes, expected.pred_boxes, atol=1e-4, rtol=1e-4)
+        assert got.sigmoid and got.logits.shape == (2, 6, 5) and got.logits.std() > 0.05  # not a trivial output
+
+
+def test_in_training_its_groups_proposals_and_loss_are_transformers(tmp_path):
+    theirs = _rf_detr_folder(tmp_path / "rf", dropout=0.0).train()
+    ours = vitkit.load_detector(tmp_path / "rf").train()
+    for m in ours.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(2))
+    two = torch.tensor([[0.3, 0.4, 0.2, 0.3], [0.7, 0.6, 0.3, 0.2]])
+    labels = [{"class_labels": torch.tensor([1, 3]), "boxes": two},
+              {"class_labels": torch.tensor([4]), "boxes": torch.tensor([[0.5, 0.5, 0.4, 0.4]])}]
+    expected, got = theirs(pixel_values=x, labels=labels), ours(x)
+    assert got.groups == 3 and got.logits.shape == (2, 18, 5) and len(got.aux) == 1
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.boxes, expected.pred_boxes, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.enc[0], expected.enc_outputs_class, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.enc[1], expected.enc_outputs_coord_logits, atol=1e-4, rtol=1e-4)
+    total, parts = SetLoss()(got, [{"labels": t["class_labels"], "boxes": t["boxes"]} for t in labels])
+    names = {"class": "loss_ce", "l1": "loss_bbox", "giou": "loss_giou"}
+    for ours_name, value in parts.items():
+        term, _, suffix = ours_name.partition("_")
+        theirs_name = names[term] + (f"_{suffix}" if suffix else "")
+        assert value.item() == pytest.approx(expected.loss_dict[theirs_name].item(), rel=1e-4, abs=1e-6), ours_name
+    assert total.item() == pytest.approx(expected.loss.item(), rel=1e-4)
+    total.backward()  # every part learns: the backbone, the projector, the proposals' heads, the decoder
+    assert all(p.grad is not None for p in ours.parameters())
+
+
+def test_what_rf_detr_cannot_take_is_refused_in_one_line(tmp_path):
+    vit = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, img_size=64, patch_size=8, depth=4)
+    model = RFDETR(vit, 3, RFDETRConfig(out_indices=(1, 2, 4), windows=2, d_model=32, queries=6, groups=2,
+                                        self_heads=4, cross_heads=4))
+    with pytest.raises(UsageError, match=r"multiples of 16 px \(the 8 px patch x 2 windows\), got 64 x 56"):
+        model(torch.randn(1, 3, 64, 56))
+    with pytest.raises(UsageError, match=r"selects 6 queries from the map's 2 x 2 positions"):
+        model.eval()(torch.randn(1, 3, 16, 16))
+    with pytest.raises(UsageError, match=r"out_indices must be stages 1 to 4"):
+        RFDETR(vit, 3, RFDETRConfig(out_indices=(2, 5)))
+    with pytest.raises(UsageError, match="d_model \\(30\\) must be divisible by self_heads"):
+        RFDETRConfig(d_model=30)
+    _rf_detr_folder(tmp_path / "rf")
+    config = json.loads((tmp_path / "rf/config.json").read_text())
+    (tmp_path / "rf/config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
+    with pytest.raises(CheckpointError, match=r"an RF-DETR with \{'activation_function': 'relu'\}; vitkit builds"):
+        vitkit.load_detector(tmp_path / "rf")
+    config["backbone_config"]["model_type"] = "rf_detr_vit"
+    (tmp_path / "rf/config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="an RF-DETR on a 'rf_detr_vit' backbone; vitkit reads the DINOv2"):
+        vitkit.load_detector(tmp_path / "rf")

@@ -1,0 +1,305 @@
+"""RF-DETR (Robinson et al., 2025, "RF-DETR: Neural Architecture Search for Real-Time Detection Transformers") on a
+vitkit ViT: LW-DETR's detector (Chen et al., 2024) on a DINOv2 backbone whose blocks attend within windows but for a
+few global ones.
+
+The pieces, in the order an image meets them:
+
+- :class:`WindowedViT`: the backbone's patches and positions (resampled bicubic, antialiased) split into
+  ``windows`` x ``windows`` windows, each with a copy of the class token; the blocks at ``out_indices`` attend
+  across all windows, the others within theirs. The maps are the states *before* those blocks, through the final
+  norm, the class tokens dropped. The split and its inverse are RF-DETR's reshapes, kept as they are: on a grid
+  whose height and width differ they do not tile the image in rows of windows, and the trained weights expect that.
+- :class:`Projector`: the maps concatenated on channels, a C2f block (YOLOv8's) and a channel LayerNorm: one map of
+  ``d_model`` channels at the patch stride.
+- Two-stage query selection: every map position proposes a box (its cell, 0.05 wide) refined by a head; the
+  ``queries`` best by class score seed the decoder's reference boxes.
+- :class:`Decoder`: ``decoder_layers`` layers of query self-attention (on the one attention core), deformable
+  cross-attention to the map and an MLP, each followed by LayerNorm, post-norm as DETR. The reference boxes stay
+  as the selection gave them; each layer's queries are read by the same class and box heads.
+- Class logits are sigmoids (one per class, no "no object"), boxes (centre x, centre y, width, height) relative to
+  the input. In training ``groups`` query groups (Group DETR) each match the objects on their own and attend only
+  within their group; evaluation keeps the first group.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitkit.errors import UsageError
+from vitkit.layers.deformable import DeformableAttention, QuerySelfAttention
+
+from .dense import OnBackbone
+from .detection import MLP, DetectionOutput
+
+
+@dataclass(frozen=True)
+class RFDETRConfig:
+    """RF-DETR's settings (transformers' ``RfDetrConfig`` defaults, RF-DETR Base's).
+
+    ``out_indices``: the backbone's stages the projector reads (stage k: the state after k blocks); the blocks of
+    those indices (0-based) attend globally. ``windows``: windows per side (1: every block global)."""
+
+    out_indices: tuple[int, ...] = (2, 5, 8, 11)
+    windows: int = 4
+    d_model: int = 256
+    hidden_expansion: float = 0.5
+    c2f_blocks: int = 3
+    projector_eps: float = 1e-5
+    decoder_layers: int = 3
+    self_heads: int = 8
+    cross_heads: int = 16
+    points: int = 4
+    ffn_dim: int = 2048
+    queries: int = 300
+    groups: int = 13
+    dropout: float = 0.1
+
+    def __post_init__(self) -> None:
+        if min(self.windows, self.d_model, self.decoder_layers, self.queries, self.groups, self.points,
+               self.self_heads, self.cross_heads, len(self.out_indices)) < 1:
+            raise UsageError(f"RF-DETR's sizes must be >= 1 and it reads at least one stage, got {self}")
+        if self.d_model % self.self_heads or self.d_model % self.cross_heads:
+            raise UsageError(f"d_model ({self.d_model}) must be divisible by self_heads ({self.self_heads}) and "
+                             f"cross_heads ({self.cross_heads})")
+
+
+class WindowedViT:
+    """How RF-DETR runs a vitkit ViT with a class token as its windowed DINOv2 (module docstring): images
+    (B, 3, H, W), H and W multiples of ``windows`` x the patch -> one map (B, C, h, w) per stage of ``out_indices``.
+    It holds no weights: the ViT is the detector's ``backbone``."""
+
+    def __init__(self, vit: nn.Module, out_indices: tuple[int, ...], windows: int) -> None:
+        if getattr(vit, "cls_token", None) is None or getattr(vit, "pos_embed", None) is None or \
+                getattr(vit, "num_prefix_tokens", 1) != 1:
+            raise UsageError(f"RF-DETR's backbone is a ViT with one class token and learned positions; "
+                             f"{getattr(vit, 'name', type(vit).__name__)} is not")
+        depth = len(vit.blocks)
+        if min(out_indices) < 1 or max(out_indices) > depth:
+            raise UsageError(f"out_indices must be stages 1 to {depth} (the backbone's blocks), got {out_indices}")
+        self.out_indices, self.windows = tuple(out_indices), windows
+        self.global_blocks = set(self.out_indices) if windows > 1 else set(range(depth))
+
+    def partition(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+        """(B, 1 + h·w, C) -> (B·n², 1 + h·w / n², C): RF-DETR's window split, a class token in each window."""
+        B, _, C = x.shape
+        n, (h, w) = self.windows, grid
+        cls, patches = x[:, :1], x[:, 1:]
+        patches = patches.reshape(B, n, w // n, n, h // n, C).transpose(2, 3)  # (B, n, n, w/n, h/n, C): theirs
+        patches = patches.reshape(B * n * n, (h // n) * (w // n), C)
+        return torch.cat([cls.repeat(n * n, 1, 1), patches], dim=1)  # the class tokens are equal: any order holds
+
+    def unpartition(self, x: Tensor, B: int, grid: tuple[int, int]) -> Tensor:
+        """(B·n², h·w / n², C) patch tokens -> a map (B, C, h, w), as RF-DETR reassembles it."""
+        n, (h, w), C = self.windows, grid, x.shape[-1]
+        x = x.reshape(B, n, n, h // n, w // n, C).transpose(2, 3)  # (B, n, h/n, n, w/n, C)
+        return x.reshape(B, h, w, C).permute(0, 3, 1, 2).contiguous()
+
+    def __call__(self, vit: nn.Module, x: Tensor) -> list[Tensor]:
+        p, n = vit.patch_size, self.windows
+        B, _, H, W = x.shape
+        if H % (p * n) or W % (p * n):
+            raise UsageError(f"RF-DETR takes images whose height and width are multiples of {p * n} px (the "
+                             f"{p} px patch x {n} windows), got {H} x {W}")
+        grid = (H // p, W // p)
+        tokens = torch.cat([vit.cls_token.expand(B, -1, -1), vit.patch_embed(x)], dim=1)  # (B, 1 + h·w, C)
+        tokens = vit.norm_pre(vit.pos_drop(tokens + vit.positions_for(grid)))
+        state = self.partition(tokens, grid) if n > 1 else tokens  # (B·n², L, C)
+        states = [state]
+        for i, blk in enumerate(vit.blocks):
+            if i in self.global_blocks and n > 1:  # every window's tokens in one sequence (norms, MLP per token)
+                state = blk(state.reshape(B, -1, state.shape[-1])).reshape(state.shape)
+            else:
+                state = blk(state)
+            states.append(state)
+        maps = []
+        for k in self.out_indices:
+            tokens = vit.norm(states[k])[:, 1:]
+            maps.append(self.unpartition(tokens, B, grid) if n > 1 else
+                        tokens.reshape(B, grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous())
+        return maps
+
+
+class ConvNorm(nn.Module):
+    """A convolution without bias, a LayerNorm over channels and an activation (SiLU, or none)."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, eps: float, act: bool = True) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, kernel, padding=kernel // 2, bias=False)
+        self.norm = nn.LayerNorm(cout, eps=eps)
+        self.act = nn.SiLU() if act else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.norm(self.conv(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
+
+
+class Bottleneck(nn.Module):
+    """Two 3x3 ConvNorms (RF-DETR's RepVGG block, without a shortcut)."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = ConvNorm(width, width, 3, eps), ConvNorm(width, width, 3, eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv2(self.conv1(x))
+
+
+class Projector(nn.Module):
+    """The maps (B, C, h, w) each, concatenated -> C2f (a 1x1 split in two halves, bottlenecks on the second, every
+    output concatenated, a 1x1) -> a channel LayerNorm: (B, d_model, h, w)."""
+
+    def __init__(self, cin: int, cfg: RFDETRConfig) -> None:
+        super().__init__()
+        self.hidden = int(cfg.d_model * cfg.hidden_expansion)
+        self.conv1 = ConvNorm(cin, 2 * self.hidden, 1, cfg.projector_eps)
+        self.bottlenecks = nn.ModuleList(Bottleneck(self.hidden, cfg.projector_eps) for _ in range(cfg.c2f_blocks))
+        self.conv2 = ConvNorm((2 + cfg.c2f_blocks) * self.hidden, cfg.d_model, 1, cfg.projector_eps)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=1e-6)
+
+    def forward(self, maps: list[Tensor]) -> Tensor:
+        parts = list(self.conv1(torch.cat(maps, dim=1)).split(self.hidden, dim=1))
+        x = parts[-1]
+        for block in self.bottlenecks:
+            x = block(x)
+            parts.append(x)
+        x = self.conv2(torch.cat(parts, dim=1))
+        return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def sine_embedding(boxes: Tensor, width: int, temperature: float = 10000.0) -> Tensor:
+    """Boxes (..., 4) in [0, 1] -> (..., 4·width): each coordinate's sines and cosines interleaved, y's before x's
+    (DETR's order), then width and height."""
+    dim_t = torch.arange(width, dtype=torch.float32, device=boxes.device)
+    dim_t = temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / width)
+    parts = [(c[..., None] * 2 * math.pi / dim_t) for c in boxes.unbind(-1)]
+    parts = [torch.stack((e[..., 0::2].sin(), e[..., 1::2].cos()), dim=-1).flatten(-2) for e in parts]
+    parts[0], parts[1] = parts[1], parts[0]
+    return torch.cat(parts, dim=-1).to(boxes.dtype)
+
+
+def refine(boxes: Tensor, deltas: Tensor) -> Tensor:
+    """Boxes (cx, cy, w, h) moved by ``deltas``: the centre by the deltas times the size, the size scaled by their
+    exponential."""
+    return torch.cat([deltas[..., :2] * boxes[..., 2:] + boxes[..., :2], deltas[..., 2:].exp() * boxes[..., 2:]], -1)
+
+
+class DecoderLayer(nn.Module):
+    """Query self-attention, deformable cross-attention to the map and an MLP, each added and LayerNormed."""
+
+    def __init__(self, cfg: RFDETRConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.self_attn = QuerySelfAttention(d, cfg.self_heads)
+        self.self_attn_norm = nn.LayerNorm(d)
+        self.cross_attn = DeformableAttention(d, cfg.cross_heads, levels=1, points=cfg.points)
+        self.cross_attn_norm = nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, cfg.ffn_dim), nn.Linear(cfg.ffn_dim, d)
+        self.norm = nn.LayerNorm(d)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, pos: Tensor, reference: Tensor, memory: Tensor, shape: tuple[int, int],
+                groups: int) -> Tensor:
+        B, N, C = x.shape
+        grouped = (B, groups, N // groups, C)  # Group DETR: each group attends within itself
+        attn = self.self_attn(x.reshape(grouped), pos.reshape(grouped)).reshape(B, N, C)
+        x = self.self_attn_norm(x + self.drop(attn))
+        x = self.cross_attn_norm(x + self.drop(self.cross_attn(x + pos, reference, memory, [shape])))
+        return self.norm(x + self.drop(self.fc2(self.drop(F.relu(self.fc1(x))))))
+
+
+class RFDETR(OnBackbone, nn.Module):
+    """RF-DETR (module docstring) on a vitkit ViT built headless: ``forward`` gives a :class:`DetectionOutput`
+    whose logits are sigmoids (``sigmoid``), with the two-stage proposals (``enc``) when it trains, and each earlier
+    layer's predictions (``aux``) too where ``aux_outputs``."""
+
+    task = "detection"
+
+    def __init__(self, backbone: nn.Module, num_classes: int, cfg: RFDETRConfig | None = None,
+                 aux_outputs: bool = True) -> None:
+        super().__init__()
+        cfg = cfg or RFDETRConfig()
+        self.cfg, self.num_classes, self.aux_outputs = cfg, num_classes, aux_outputs
+        self.backbone = backbone
+        self.windowed = WindowedViT(backbone, cfg.out_indices, cfg.windows)
+        self.projector = Projector(backbone.cfg.embed_dim * len(cfg.out_indices), cfg)
+        d, G, Q = cfg.d_model, cfg.groups, cfg.queries
+        self.reference_embed = nn.Parameter(torch.zeros(Q * G, 4))
+        self.query_feat = nn.Parameter(torch.zeros(Q * G, d))
+        nn.init.normal_(self.query_feat)
+        self.enc_output = nn.ModuleList(nn.Linear(d, d) for _ in range(G))
+        self.enc_output_norm = nn.ModuleList(nn.LayerNorm(d) for _ in range(G))
+        self.enc_class = nn.ModuleList(nn.Linear(d, num_classes) for _ in range(G))
+        self.enc_box = nn.ModuleList(MLP(d, d, 4, 3) for _ in range(G))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.decoder_norm = nn.LayerNorm(d)
+        self.ref_point_head = MLP(2 * d, d, d, 2)
+        self.class_head = nn.Linear(d, num_classes)
+        self.box_head = MLP(d, d, 4, 3)
+        prior = -math.log((1 - 0.01) / 0.01)  # a 1 % prior for every class (focal loss's start)
+        for head in [self.class_head, *self.enc_class]:
+            nn.init.constant_(head.bias, prior)
+        for box in [self.box_head, *self.enc_box]:
+            nn.init.zeros_(box.layers[-1].weight), nn.init.zeros_(box.layers[-1].bias)
+
+    @property
+    def img_multiple(self) -> int:
+        """Inputs' height and width are multiples of this (the patch times the windows per side)."""
+        return self.backbone.patch_size * self.cfg.windows
+
+    def no_weight_decay(self) -> set[str]:
+        return super().no_weight_decay() | {"reference_embed", "query_feat"}
+
+    def _proposals(self, memory: Tensor, shape: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """Every map position's proposal (B, S, 4): its cell's centre, 0.05 wide and high; and (B, S, 1) True where
+        a proposal is not strictly inside (0.01, 0.99), as RF-DETR drops them."""
+        h, w = shape
+        y, x = torch.meshgrid(torch.arange(h, dtype=memory.dtype, device=memory.device),
+                              torch.arange(w, dtype=memory.dtype, device=memory.device), indexing="ij")
+        centre = (torch.stack([x, y], -1) + 0.5) / torch.tensor([w, h], dtype=memory.dtype, device=memory.device)
+        boxes = torch.cat([centre, torch.full_like(centre, 0.05)], -1).view(1, h * w, 4)
+        boxes = boxes.expand(memory.shape[0], -1, -1)  # (B, S, 4); the batch read from the shape stays symbolic
+        invalid = ~((boxes > 0.01) & (boxes < 0.99)).all(-1, keepdim=True)
+        return boxes.masked_fill(invalid, 0.0), invalid
+
+    def _select(self, g: int, memory: Tensor, proposals: Tensor, invalid: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Group ``g``'s two-stage selection: (its queries' features (B, Q, d), their boxes (B, Q, 4), and those
+        boxes detached) of the ``queries`` best-scored proposals."""
+        q = self.enc_output_norm[g](self.enc_output[g](memory))  # (B, S, d)
+        scores = self.enc_class[g](q).masked_fill(invalid, float("-inf")).max(-1)[0]
+        boxes = refine(proposals, self.enc_box[g](q))
+        top = scores.topk(self.cfg.queries, dim=1)[1]  # (B, Q)
+        chosen = boxes.gather(1, top[..., None].expand(-1, -1, 4))
+        return q.gather(1, top[..., None].expand(-1, -1, q.shape[-1])), chosen, chosen.detach()
+
+    def forward(self, x: Tensor) -> DetectionOutput:
+        mapped = self.projector(self.windowed(self.backbone, x))  # (B, d, h, w)
+        B, d, h, w = mapped.shape
+        if not torch.compiler.is_compiling() and h * w < self.cfg.queries:
+            raise UsageError(f"RF-DETR selects {self.cfg.queries} queries from the map's {h} x {w} positions: give a "
+                             f"larger image or fewer queries")
+        memory = mapped.flatten(2).transpose(1, 2)  # (B, S, d)
+        proposals, invalid = self._proposals(memory, (h, w))
+        memory_q = memory.masked_fill(invalid, 0.0)
+        groups = self.cfg.groups if self.training else 1
+        selected = [self._select(g, memory_q, proposals, invalid) for g in range(groups)]
+        Q = self.cfg.queries * groups
+        reference = refine(torch.cat([s[2] for s in selected], 1), self.reference_embed[:Q].expand(B, -1, -1))
+        pos = self.ref_point_head(sine_embedding(reference, d // 2))  # (B, Q, d)
+        states, query = [], self.query_feat[:Q].expand(B, -1, -1)
+        for layer in self.layers:
+            query = layer(query, pos, reference[:, :, None], memory, (h, w), groups)
+            states.append(self.decoder_norm(query))
+        logits, boxes = self._heads(states[-1], reference)
+        out = DetectionOutput(logits, boxes, sigmoid=True, groups=groups)
+        if self.training:
+            out.aux = [self._heads(s, reference) for s in states[:-1]] if self.aux_outputs else []
+            out.enc = (torch.cat([self.enc_class[g](s[0]) for g, s in enumerate(selected)], 1),
+                       torch.cat([s[1] for s in selected], 1))
+        return out
+
+    def _heads(self, state: Tensor, reference: Tensor) -> tuple[Tensor, Tensor]:
+        return self.class_head(state), refine(reference, self.box_head(state))
