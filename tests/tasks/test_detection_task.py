@@ -239,6 +239,16 @@ def test_an_rf_detr_learns_its_scenes_and_exports_as_it_scores(learned, tmp_path
     found = json.loads((tmp_path / "pr/0000_detections.json").read_text())
     assert sorted(d["index"] for d in found) == sorted(a["category_id"] - 1 for a in truth["annotations"]
                                                        if a["image_id"] == 0)
+    # int8: its linear layers quantized (the deformable sampling stays float), gated on the held-out AP
+    cal = _repeated(root, tmp_path / "cal", 16)
+    status, err = run_cli(["export", str(tmp_path / "rf.onnx"), "--int8", "--calibrate", str(cal),
+                           "--calibration-size", "28", "--max-drop", "3", "-o", str(tmp_path / "rf.int8.onnx")],
+                          capsys)
+    assert status == 0, err
+    from vitkit.deploy.onnx_model import OnnxModel
+
+    facts = OnnxModel(str(tmp_path / "rf.int8.onnx")).meta["int8"]
+    assert facts["fp32_mAP"] > 0.5 and 100 * (facts["fp32_mAP"] - facts["int8_mAP"]) <= 3.0, facts
 
 
 def _repeated(root, into, times: int):

@@ -91,6 +91,11 @@ class Detector(AdaptsBackbone, TrainingModule):
             cfg = rf_detr if isinstance(rf_detr, RFDETRConfig) else RFDETRConfig(**dict(rf_detr or {}))
             self.hparams.rf_detr = dataclasses.asdict(cfg)
             self.model = RFDETR(backbone, num_classes, cfg, aux_outputs=aux_loss)
+            side, multiple = backbone.cfg.img_size, self.model.img_multiple
+            if any(s % multiple for s in ((side,) if isinstance(side, int) else side)):
+                raise UsageError(f"RF-DETR takes image sides that are multiples of {multiple} px (the "
+                                 f"{backbone.patch_size} px patch x {cfg.windows} windows), got --data.img_size "
+                                 f"{side}; give {round(side / multiple) * multiple or multiple}")
         else:
             self.model = YOLOS(backbone, num_classes, det_tokens, mid_positions, aux_outputs=aux_loss)
         self.adaptation.apply(self)
