@@ -169,3 +169,43 @@ def test_ema_tracks_weights():
     ema.update(m)
     torch.testing.assert_close(ema.module.weight, w0 + 0.1)
     assert not any(p.requires_grad for p in ema.parameters())
+
+
+def test_head_epochs_hold_the_backbone_still_then_warm_it_up(tmp_path):
+    """``head_epochs``: the backbone's groups stay at LR 0 (its weights unchanged, the head learning) for the first
+    epochs, then warm up into the schedule; a module without a backbone and head refuses it in one line."""
+    import lightning as L
+
+    from tests.tasks.detection_scenes import write_coco
+    from vitkit.data.modules.detection import DetectionDataModule
+    from vitkit.errors import UsageError
+    from vitkit.lit import Detector
+
+    schedule = WarmupSchedule(1.0, 0.0, head_epochs=2.0)
+    schedule.set_length(10, 5)  # 2 steps an epoch: 4 held, then 2 of warmup
+    assert [schedule.held(s) for s in range(4)] == [0.0] * 4
+    assert schedule.held(4) == pytest.approx(0.5 * schedule(4)) and schedule.held(6) == schedule(6) > 0
+    root = write_coco(tmp_path, {"train": 4, "val": 2})
+    recipe = Recipe(lr=1e-3, weight_decay=0.0, warmup_epochs=1.0, head_epochs=1.0)
+    module = Detector("vit_tiny_patch16_224", num_classes=10, img_size=64, det_tokens=4, recipe=recipe,
+                      model_overrides={"patch_size": 16, "embed_dim": 32, "depth": 2, "num_heads": 2})
+    start = {n: p.detach().clone() for n, p in module.model.named_parameters()}
+    seen = {}
+
+    class Watch(L.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            seen[trainer.current_epoch] = {n: not torch.equal(p, start[n]) for n, p in
+                                           pl_module.model.named_parameters()}
+
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, callbacks=[Watch()],
+                        num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(module, DetectionDataModule(str(root), img_size=64, batch_size=2, num_workers=0))
+    moved = seen[0]
+    assert not any(v for n, v in moved.items() if n.startswith("backbone.")), "the backbone moved while held"
+    assert moved["class_head.layers.0.weight"] and moved["det_token"]  # the head learned
+    assert all(v for n, v in seen[1].items() if n.startswith("backbone.blocks."))  # then the backbone did
+    classifier = vitkit.lit.ImageClassifier("vit_tiny_patch16_224", num_classes=3, recipe=recipe,
+                                       model_overrides={"depth": 1, "embed_dim": 32, "num_heads": 2})
+    with pytest.raises(UsageError, match="ImageClassifier takes no recipe.head_epochs"):
+        classifier.configure_optimizers()

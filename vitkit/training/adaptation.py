@@ -184,6 +184,10 @@ class AdaptsBackbone:
         """Where LoRA adapters go: the backbone."""
         return self.model.backbone
 
+    def held_back(self):
+        """What ``recipe.head_epochs`` holds still while the head learns alone: the backbone."""
+        return lambda name: not self.is_head(name)
+
     @staticmethod
     def is_head(name: str) -> bool:
         """Whether a name of the model's parameters or children is outside the backbone: it trains under every

@@ -240,9 +240,19 @@ class TrainingModule(L.LightningModule):
         for group, base, fn in zip(sched.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
             group["lr"] = base * fn(sched.last_epoch)  # the current step's LR, now that the length is known
 
+    def held_back(self) -> Callable[[str], bool] | None:
+        """Which of ``model``'s parameter names ``recipe.head_epochs`` holds still while the head alone learns
+        (None: the module has no such split)."""
+        return None
+
     def configure_optimizers(self) -> dict:
+        held = self.held_back() if self.recipe.head_epochs > 0 else None
+        if self.recipe.head_epochs > 0 and held is None:
+            raise UsageError(f"{type(self).__name__} takes no recipe.head_epochs (a head trained alone first is for "
+                             "the detection and depth tasks; a classifier or segmenter fits its probe with "
+                             f"--model.adaptation.head_init probe), got {self.recipe.head_epochs!r}")
         opt, sched = self.run_recipe().build(self.model, None if self._may_fuse() else False, self.lr_multiplier(),
-                                             self.adapter_lr_scale())  # min_lr / lr as the recipe's: one schedule
+                                             self.adapter_lr_scale(), held)  # min_lr / lr as the recipe's
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     def run_recipe(self) -> Recipe:

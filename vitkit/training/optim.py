@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -37,17 +38,19 @@ def layer_ids(model: nn.Module) -> dict[str, int]:
 
 
 def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | None = None,
-                 adapter_scale: float = 1.0) -> list[dict]:
+                 adapter_scale: float = 1.0, held: Callable[[str], bool] | None = None) -> list[dict]:
     """AdamW groups: no weight decay on 1-D params (norms, biases) and the model's ``no_weight_decay()``
     names (positions, class token, relative-position tables); with ``layer_decay`` each layer's LR is
     scaled by ``layer_decay ** (L - layer_id)`` with layers from ``group_matcher()`` (BEiT/MAE fine-tuning,
     the same groups as timm's ``param_groups_layer_decay``). LoRA adapters (``lora_A``, ``lora_B``) form a group
     of their own at ``adapter_scale`` x the LR, without layer decay: they start from zero in every block, and an
-    early block's adapter at the decayed LR of its pretrained weights would hardly move."""
+    early block's adapter at the decayed LR of its pretrained weights would hardly move. The names ``held`` marks form
+    groups of their own with ``held: True``: the schedule holds them still while the head alone learns
+    (``Recipe.head_epochs``)."""
     skip = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
     ids = layer_ids(model) if layer_decay is not None else {}
     top = max(ids.values(), default=0)
-    groups: dict[tuple[int, bool], dict] = {}
+    groups: dict[tuple[int, bool, bool], dict] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -56,8 +59,9 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
         scale = layer_decay ** (top - lid) if layer_decay is not None else 1.0
         if ".lora_" in name:
             lid, scale = -1, adapter_scale
-        g = groups.setdefault((lid, no_decay), {"params": [], "weight_decay": 0.0 if no_decay else weight_decay,
-                                                 "lr_scale": scale, "names": []})
+        hold = held is not None and held(name)
+        g = groups.setdefault((lid, no_decay, hold), {"params": [], "weight_decay": 0.0 if no_decay else weight_decay,
+                                                      "lr_scale": scale, "names": [], "held": hold})
         g["params"].append(p)
         g["names"].append(name)
     return list(groups.values())
@@ -86,9 +90,12 @@ def inverse_sqrt(step: int, warmup_steps: int) -> float:
     return min(step / warmup_steps, math.sqrt(warmup_steps / step))
 
 
-def scaled_lambda(fn, group_scales: list[float]):
-    """One LambdaLR lambda per group: the schedule times the group's layer-decay scale."""
-    return [lambda step, s=s: fn(step) * s for s in group_scales]
+def scaled_lambda(fn, group_scales: list[float], held: list[bool] | None = None):
+    """One LambdaLR lambda per group: the schedule times the group's layer-decay scale; a ``held`` group's by the
+    schedule's ``held`` multiplier where it has one (0 while the head alone learns)."""
+    held = held or [False] * len(group_scales)
+    hold = getattr(fn, "held", fn)
+    return [lambda step, s=s, f=(hold if h else fn): f(step) * s for s, h in zip(group_scales, held, strict=True)]
 
 
 class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
@@ -98,7 +105,8 @@ class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
 
     def __init__(self, optimizer: torch.optim.Optimizer, schedule) -> None:
         self.schedule = schedule
-        super().__init__(optimizer, scaled_lambda(schedule, [g["lr_scale"] for g in optimizer.param_groups]))
+        super().__init__(optimizer, scaled_lambda(schedule, [g["lr_scale"] for g in optimizer.param_groups],
+                                                  [g.get("held", False) for g in optimizer.param_groups]))
 
     def state_dict(self) -> dict:
         state = super().state_dict()
@@ -111,13 +119,13 @@ FUSED_DEVICES = ("cpu", "cuda", "xpu", "mps")  # where torch has a fused AdamW k
 
 def build_adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
                 layer_decay: float | None, eps: float = 1e-8, fused: bool | None = None,
-                adapter_scale: float = 1.0) -> torch.optim.AdamW:
+                adapter_scale: float = 1.0, held: Callable[[str], bool] | None = None) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups`. ``fused`` (by default wherever every weight is a floating-point tensor on
     a device with the kernel) updates all weights in one kernel: the same update as the loop over weights that
     is torch's default on CPU, in less time (docs/training.md gives the figure).
     ``fused=False`` gives torch's default, for where Lightning refuses a fused optimizer (the training modules
     decide: ``_may_fuse``)."""
-    groups = param_groups(model, weight_decay, layer_decay, adapter_scale)
+    groups = param_groups(model, weight_decay, layer_decay, adapter_scale, held)
     for g in groups:
         g.pop("names")
     if fused is None:
@@ -127,10 +135,11 @@ def build_adamw(model: nn.Module, lr: float, weight_decay: float, betas: tuple[f
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused or None)
 
 
-def build_sgd(model: nn.Module, lr: float, weight_decay: float, momentum: float) -> torch.optim.SGD:
+def build_sgd(model: nn.Module, lr: float, weight_decay: float, momentum: float,
+              held: Callable[[str], bool] | None = None) -> torch.optim.SGD:
     """SGD with momentum over the trainable parameters (the groups of :func:`param_groups`): MAE's linear probe
     (there with LARS, which equals SGD for a single linear layer up to its trust ratio)."""
-    groups = param_groups(model, weight_decay)
+    groups = param_groups(model, weight_decay, held=held)
     for g in groups:
         g.pop("names")
     return torch.optim.SGD(groups, lr=lr, momentum=momentum)

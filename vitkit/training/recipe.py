@@ -28,16 +28,21 @@ class WarmupSchedule:
     polynomial of ``power`` (``decay="poly"``, mmsegmentation's ``(1 - progress) ** 0.9``), or by 1/sqrt(step)
     (``decay="rsqrt"``, Vaswani et al.'s ``min(step / warmup, sqrt(warmup / step))``, floored at ``min_lr_ratio``);
     1 until :meth:`set_length` gives the run's length, which a warmup of ``warmup_steps`` before 1/sqrt(step) does
-    not need."""
+    not need.
+
+    With ``head_epochs`` the groups the optimizer marks ``held`` (the backbone) take :meth:`held`: 0 for the first
+    ``head_epochs`` (the head alone learns, on the backbone's features as they are), then a linear warmup of the
+    schedule's length into the schedule."""
 
     def __init__(self, warmup_epochs: float, min_lr_ratio: float, decay: str = "cosine", power: float = 0.9,
-                 warmup_steps: int | None = None) -> None:
+                 warmup_steps: int | None = None, head_epochs: float = 0.0) -> None:
         if decay not in DECAYS:
             raise UsageError(f"schedule must be one of {', '.join(DECAYS)}, got {decay!r}")
         self.warmup_epochs, self.min_lr_ratio, self.decay, self.power = warmup_epochs, min_lr_ratio, decay, power
-        self.warmup_steps = warmup_steps
+        self.warmup_steps, self.head_epochs = warmup_steps, head_epochs
         self.total: int | None = None
         self.warmup = 0 if warmup_steps is None else warmup_steps
+        self.head_steps = 0
 
     @property
     def needs_length(self) -> bool:
@@ -52,6 +57,14 @@ class WarmupSchedule:
         else:
             self.warmup = min(total, max(1, round(self.warmup_epochs * steps_per_epoch))) if self.warmup_epochs > 0 \
                 else 0
+        self.head_steps = min(total, round(self.head_epochs * steps_per_epoch))
+
+    def held(self, step: int) -> float:
+        """The multiplier of the groups held while the head alone learns (see the class docstring)."""
+        if step < self.head_steps or (self.head_epochs > 0 and self.total is None):
+            return 0.0
+        ramp = min(1.0, (step - self.head_steps + 1) / self.warmup) if self.head_steps and self.warmup else 1.0
+        return self(step) * ramp
 
     def __call__(self, step: int) -> float:
         if self.decay == "rsqrt":
@@ -81,7 +94,11 @@ class Recipe:
     ``lr_batch``: the total batch (devices x nodes x batch x accumulated batches) that ``lr`` and ``min_lr`` are
     given for; a run at another total batch scales both by total / lr_batch (``lr_scaling: linear``, Goyal et al.'s
     rule, DeiT's and MAE's) or by its square root (``sqrt``, for AdamW at small batches, Malladi et al. 2022;
-    DINOv2's). None: the LR as given, whatever the batch."""
+    DINOv2's). None: the LR as given, whatever the batch.
+
+    ``head_epochs``: the first epochs train the head alone (a detector's or depth model's head on its backbone's
+    features as they are; the backbone's LR is 0), then the backbone warms up over ``warmup_epochs`` into the
+    schedule: a probe-first fine-tune in one run, for modules with a backbone and a head that starts random."""
 
     lr: float
     weight_decay: float
@@ -100,6 +117,7 @@ class Recipe:
     compile: bool = False
     lr_batch: int | None = None
     lr_scaling: str = "linear"
+    head_epochs: float = 0.0
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("optimizer", self.optimizer, OPTIMIZERS), ("schedule", self.schedule, DECAYS),
@@ -109,6 +127,9 @@ class Recipe:
                 raise UsageError(f"{name} must be {' or '.join(map(repr, allowed))}, got {value!r}")
         if not self.lr > 0:
             raise UsageError(f"lr must be > 0, got {self.lr!r}")
+        if not self.head_epochs >= 0:
+            raise UsageError(f"head_epochs must be >= 0 (0: the backbone learns from the first step), got "
+                             f"{self.head_epochs!r}")
         steps = self.warmup_steps
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
             raise UsageError(f"warmup_steps must be an integer >= 0 (null: warmup_epochs), got {steps!r}")
@@ -136,17 +157,20 @@ class Recipe:
 
     def multiplier(self) -> WarmupSchedule:
         """The schedule: a function of the optimizer step, whose length is set when fit starts."""
-        return WarmupSchedule(self.warmup_epochs, self.min_lr / self.lr, self.schedule, warmup_steps=self.warmup_steps)
+        return WarmupSchedule(self.warmup_epochs, self.min_lr / self.lr, self.schedule, warmup_steps=self.warmup_steps,
+                              head_epochs=self.head_epochs)
 
     def build(self, model: nn.Module, fused: bool | None = None, multiplier: Callable[[int], float] | None = None,
-              adapter_lr_scale: float = 1.0) -> tuple[torch.optim.Optimizer, ScheduledLR]:
+              adapter_lr_scale: float = 1.0, held: Callable[[str], bool] | None = None
+              ) -> tuple[torch.optim.Optimizer, ScheduledLR]:
         """The optimizer over ``model``'s trainable weights and its per-step scheduler, of ``multiplier`` (a
         function of the step; default :meth:`multiplier`). ``fused``: AdamW's fused kernel (None: where it runs,
-        False: torch's default); LoRA adapters at ``adapter_lr_scale`` x ``lr``."""
+        False: torch's default); LoRA adapters at ``adapter_lr_scale`` x ``lr``; the names ``held`` marks are held
+        still for ``head_epochs``."""
         if self.optimizer == "sgd":
-            opt = build_sgd(model, self.lr, self.weight_decay, self.momentum)
+            opt = build_sgd(model, self.lr, self.weight_decay, self.momentum, held)
         else:
             opt = build_adamw(model, self.lr, self.weight_decay, tuple(self.betas), self.layer_decay, eps=self.eps,
-                              fused=fused, adapter_scale=adapter_lr_scale)
+                              fused=fused, adapter_scale=adapter_lr_scale, held=held)
         return opt, ScheduledLR(opt, multiplier if multiplier is not None else self.multiplier())
 
