@@ -193,6 +193,10 @@ def test_head_epochs_hold_the_backbone_still_then_warm_it_up(tmp_path):
     seen = {}
 
     class Watch(L.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):  # held: no backbone gradient computed
+            grads = seen.setdefault(f"grads_{trainer.current_epoch}", set())
+            grads.update(n.partition(".")[0] for n, p in pl_module.model.named_parameters() if p.grad is not None)
+
         def on_train_epoch_end(self, trainer, pl_module):
             seen[trainer.current_epoch] = {n: not torch.equal(p, start[n]) for n, p in
                                            pl_module.model.named_parameters()}
@@ -205,6 +209,7 @@ def test_head_epochs_hold_the_backbone_still_then_warm_it_up(tmp_path):
     assert not any(v for n, v in moved.items() if n.startswith("backbone.")), "the backbone moved while held"
     assert moved["class_head.layers.0.weight"] and moved["det_token"]  # the head learned
     assert all(v for n, v in seen[1].items() if n.startswith("backbone.blocks."))  # then the backbone did
+    assert "backbone" not in seen["grads_0"] and "backbone" in seen["grads_1"], seen
     classifier = vitkit.lit.ImageClassifier("vit_tiny_patch16_224", num_classes=3, recipe=recipe,
                                        model_overrides={"depth": 1, "embed_dim": 32, "num_heads": 2})
     with pytest.raises(UsageError, match="ImageClassifier takes no recipe.head_epochs"):

@@ -188,6 +188,28 @@ class AdaptsBackbone:
         """What ``recipe.head_epochs`` holds still while the head learns alone: the backbone."""
         return lambda name: not self.is_head(name)
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """While the head learns alone (``recipe.head_epochs``), the backbone, whose LR is 0, computes no gradients
+        in a run of one process with no adapters; DDP's reducer expects every weight's, and LoRA's checkpoints are
+        written from which weights train, so those runs compute them as before."""
+        if hasattr(super(), "on_train_batch_start"):
+            super().on_train_batch_start(batch, batch_idx)
+        if self.recipe.head_epochs <= 0 or isinstance(self.adaptation, LoRA) or self.trainer.world_size > 1:
+            return
+        schedule = getattr(self.lr_schedulers(), "schedule", None)
+        hold = self.global_step < getattr(schedule, "head_steps", 0)
+        flags = getattr(self, "_held_flags", None)
+        if hold and flags is None:
+            self._held_flags = {n: p.requires_grad for n, p in self.model.named_parameters() if not self.is_head(n)}
+            for n, p in self.model.named_parameters():
+                if n in self._held_flags:
+                    p.requires_grad_(False)
+        elif not hold and flags is not None:
+            for n, p in self.model.named_parameters():
+                if n in flags:
+                    p.requires_grad_(flags[n])
+            self._held_flags = None
+
     @staticmethod
     def is_head(name: str) -> bool:
         """Whether a name of the model's parameters or children is outside the backbone: it trains under every
