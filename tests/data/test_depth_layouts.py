@@ -79,3 +79,50 @@ def test_bad_depth_files_end_in_one_line_and_bad_values_are_masked_and_counted(t
     np.save(tmp_path / "cube.npy", np.ones((2, 2, 2)))
     with pytest.raises(UsageError, match=r"a depth map is one value per pixel \(H, W\), got shape \(2, 2, 2\)"):
         read_depth(tmp_path / "cube.npy")
+
+
+def test_nyu_and_kitti_split_files_and_a_hugging_face_dataset_read_the_maps_of_a_folder(tmp_path):
+    """BTS's split files (NYU: a focal after the pair; KITTI: depth maps under a root of their own, frames without
+    ground truth listed as None) and a dataset with an image and a depth column give the folder's samples."""
+    import datasets
+
+    from vitkit.data.depth import list_pairs
+    from vitkit.data.modules.depth import DepthDataModule, HFDepthDataModule
+
+    depth = np.linspace(0.5, 9.5, 12 * 16, dtype=np.float32).reshape(12, 16).round(3)
+    folder = _folder(tmp_path / "folder", depth, ".png")
+    want_image, want_depth = DepthImages(depth_pairs(folder, "train"))[0]
+    kitti = tmp_path / "kitti"
+    (kitti / "raw/2011_09_26/drive_0001/image_02/data").mkdir(parents=True)
+    (kitti / "gt/drive_0001/proj_depth/groundtruth/image_02").mkdir(parents=True)
+    Image.open(folder / "images/train/a.jpg").save(kitti / "raw/2011_09_26/drive_0001/image_02/data/0001.jpg")
+    Image.fromarray(np.round(depth * 256).astype(np.uint16)).save(
+        kitti / "gt/drive_0001/proj_depth/groundtruth/image_02/0001.png")
+    (kitti / "eigen_train.txt").write_text(
+        "2011_09_26/drive_0001/image_02/data/0001.jpg drive_0001/proj_depth/groundtruth/image_02/0001.png 721.5\n"
+        "2011_09_26/drive_0001/image_02/data/0002.jpg None 721.5\n")
+    pairs = list_pairs(kitti / "raw", kitti / "eigen_train.txt", kitti / "gt")
+    assert len(pairs) == 1  # the frame without ground truth left out
+    dm = DepthDataModule(str(kitti / "raw"), train=str(kitti / "eigen_train.txt"), val=str(kitti / "eigen_train.txt"),
+                         test=None, depth_root=str(kitti / "gt"), png_scale=256, img_size=8, num_workers=0)
+    dm.setup("fit")
+    image, got = DepthImages(pairs, 256)[0]
+    torch.testing.assert_close(got.as_subclass(torch.Tensor), want_depth.as_subclass(torch.Tensor), atol=2e-3,
+                               rtol=0)
+    assert torch.equal(image.as_subclass(torch.Tensor), want_image.as_subclass(torch.Tensor))
+    assert len(dm.train_set) == 1 and dm.val_set[0][1].shape == (12, 16)
+    (kitti / "broken.txt").write_text("2011_09_26/drive_0001/image_02/data/0001.jpg\n")
+    with pytest.raises(UsageError, match=r"broken.txt:1: expected 'image depth \[focal\]'"):
+        list_pairs(kitti / "raw", kitti / "broken.txt")
+    (kitti / "missing.txt").write_text("2011_09_26/drive_0001/image_02/data/0001.jpg nowhere.png\n")
+    with pytest.raises(MissingFileError, match=r"missing.txt:1: .*nowhere.png is not there"):
+        list_pairs(kitti / "raw", kitti / "missing.txt", kitti / "gt")
+    rows = {"image": [Image.open(folder / "images/train/a.jpg")] * 3, "depth_map": [depth.tolist()] * 3}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(tmp_path / "hf"))
+    hf = HFDepthDataModule(str(tmp_path / "hf"), img_size=8, num_workers=0, val_fraction=0.34)
+    hf.setup("fit")
+    assert len(hf.train_set) == 2 and len(hf.val_set) == 1
+    image, got = hf.val_set[0]
+    torch.testing.assert_close(got, torch.from_numpy(depth))
+    with pytest.raises(UsageError, match="has no column 'depth'.*its columns are image, depth_map"):
+        HFDepthDataModule(str(tmp_path / "hf"), depth_column="depth", num_workers=0)

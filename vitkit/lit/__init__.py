@@ -6,6 +6,7 @@ from vitkit.data.modules import (
     DepthDataModule,
     DetectionDataModule,
     DigitsDataModule,
+    HFDepthDataModule,
     HFDetectionDataModule,
     HFSegmentationDataModule,
     ImageFolderDataModule,
@@ -43,7 +44,7 @@ from vitkit.training import (
 )
 
 __all__ = ["EMA", "AtomicCheckpointIO", "CSVLogger", "DINOPretraining", "DepthDataModule", "DepthEstimator",
-           "DepthLoss",           "DetectionDataModule", "Detector",
+           "DepthLoss", "DetectionDataModule", "Detector", "HFDepthDataModule",
            "HFDetectionDataModule",
            "DigitsDataModule", "FSDP2Strategy", "SetLoss",
            "Frozen", "Full", "LoRA", "MultiLabel", "Recipe", "SingleLabel", "Teacher",

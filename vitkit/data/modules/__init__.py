@@ -4,13 +4,14 @@ with masks (``segmentation.py``), images with boxes (``detection.py``), images w
 encoder-decoder's text and digit strings (``text.py``). Training batches cross to the device as uint8 and are
 normalised there."""
 
-from .depth import DepthDataModule
+from .depth import DepthDataModule, HFDepthDataModule
 from .detection import DetectionDataModule, HFDetectionDataModule
 from .images import DigitsDataModule, ImageFolderDataModule, ManifestDataModule, UnlabeledImageDataModule
 from .segmentation import HFSegmentationDataModule, SegmentationDataModule, StreamingSegmentationDataModule
 from .text import OcrDigitsDataModule, Seq2SeqDataModule
 
-__all__ = ["DepthDataModule", "DetectionDataModule", "DigitsDataModule", "HFDetectionDataModule", "HFDataModule",
+__all__ = ["DepthDataModule", "DetectionDataModule", "DigitsDataModule", "HFDepthDataModule", "HFDetectionDataModule",
+           "HFDataModule",
            "HFSegmentationDataModule",
            "ImageFolderDataModule",
            "ManifestDataModule", "OcrDigitsDataModule",

@@ -8,13 +8,14 @@ model's output is resized to be scored (as Depth Anything's evaluation does). Ba
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torchvision.transforms import v2
 
-from vitkit.data.depth import DepthImages, depth_pairs
+from vitkit.data.depth import DepthImages, DepthRows, depth_pairs, list_pairs
 from vitkit.data.transforms import data_config, device_batch
 from vitkit.errors import MissingFileError, UsageError
 
@@ -51,13 +52,16 @@ class DepthDataModule(_TrainValLoaders):
     """Images with a depth map each, from a folder of ``images/`` beside ``depth/``.
 
     Each split is ``images/<split>/`` beside ``depth/<split>/``, a map per image of its name (16-bit PNG, ``.npy``
-    or float TIFF).
+    or float TIFF); or a split file (a name ending ``.txt``: NYU's and KITTI's split files as BTS, AdaBins and
+    ZoeDepth read them, ``image depth [focal]`` per line, images under ``root``, maps under ``depth_root``).
 
     Args:
         root: the dataset's folder.
-        train: the training split's name.
-        val: the validation split's name.
-        test: the test split's name, where the folder has one.
+        train: the training split's name, or its split file.
+        val: the validation split's name, or its split file.
+        test: the test split's name (or split file), where the folder has one.
+        depth_root: where a split file's depth maps are (default: ``root``; KITTI's annotated depth is usually a
+            folder of its own).
         png_scale: what a 16-bit PNG's integers are divided by (1000: millimetres, NYU's; 256: KITTI's).
         max_depth: the deepest measurement that counts (NYU: 10, KITTI: 80); deeper pixels are left out of the loss
             and the scores. None: every positive depth.
@@ -70,8 +74,8 @@ class DepthDataModule(_TrainValLoaders):
     """
 
     def __init__(self, root: str, train: str = "train", val: str = "val", test: str | None = "test",
-                 png_scale: float = 1000.0, max_depth: float | None = None, img_size: int = 518,
-                 batch_size: int = 8, hflip: float = 0.5, scale: tuple[float, float] = (1.0, 1.0),
+                 depth_root: str | None = None, png_scale: float = 1000.0, max_depth: float | None = None,
+                 img_size: int = 518, batch_size: int = 8, hflip: float = 0.5, scale: tuple[float, float] = (1.0, 1.0),
                  num_workers: int | None = None, model_name: str | None = None,
                  mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
                  pin_memory: bool = True) -> None:
@@ -95,12 +99,14 @@ class DepthDataModule(_TrainValLoaders):
     collate_fn = staticmethod(collate_depth)
 
     def has(self, name: str | None) -> bool:
+        if name is not None and name.endswith(".txt"):
+            return (self.root / name).is_file() or Path(name).is_file()
         return name is not None and (self.root / "images" / name).is_dir()
 
     def split(self, name: str, train: bool = False) -> DepthImages:
         hp = self.hparams
-        return DepthImages(depth_pairs(self.root, name), hp.png_scale,
-                           DepthTransform(hp.img_size, train, hp.hflip, tuple(hp.scale)))
+        pairs = list_pairs(self.root, name, hp.depth_root) if name.endswith(".txt") else depth_pairs(self.root, name)
+        return DepthImages(pairs, hp.png_scale, DepthTransform(hp.img_size, train, hp.hflip, tuple(hp.scale)))
 
     def setup(self, stage: str | None = None) -> None:
         if hasattr(self, "val_set"):
@@ -119,3 +125,86 @@ class DepthDataModule(_TrainValLoaders):
 
     def describe(self) -> str:
         return f"DepthDataModule({self.root})"
+
+
+class HFDepthDataModule(DepthDataModule):
+    """Images with depth maps from a Hugging Face dataset: an image column and a depth column (a 16-bit or float
+    image, or an array), as NYU Depth v2's copies on the hub hold them.
+
+    Args:
+        name: a hub name (offline-first: the cache answers before the network) or a local folder (``save_to_disk``'s,
+            or data files).
+        data_files: local parquet or arrow files instead of ``name``.
+        config_name: the dataset's configuration.
+        revision: the dataset's revision.
+        image_column: the image column.
+        depth_column: the depth column (integers are divided by ``png_scale``; floats are the depth).
+        train_split: the training split's name.
+        val_split: the validation split's name; without one, ``val_fraction`` of the training rows are held out
+            by ``seed``.
+        test_split: the test split's name, where the dataset has one.
+
+    The other arguments are :class:`DepthDataModule`'s.
+    """
+
+    def __init__(self, name: str | None = None, data_files: Any = None, config_name: str | None = None,
+                 revision: str | None = None, image_column: str = "image", depth_column: str = "depth_map",
+                 train_split: str = "train", val_split: str = "validation", test_split: str | None = "test",
+                 val_fraction: float = 0.1, seed: int = 0, png_scale: float = 1000.0, max_depth: float | None = None,
+                 img_size: int = 518, batch_size: int = 8, hflip: float = 0.5,
+                 scale: tuple[float, float] = (1.0, 1.0), num_workers: int | None = None,
+                 model_name: str | None = None, mean: tuple[float, ...] | None = None,
+                 std: tuple[float, ...] | None = None, pin_memory: bool = True) -> None:
+        from vitkit.data.hf import carve, open_splits
+
+        super(DepthDataModule, self).__init__()  # the loaders' base, not a folder's reading
+        self.save_hyperparameters()
+        if not isinstance(img_size, int) or isinstance(img_size, bool) or img_size < 1:
+            raise UsageError(f"img_size must be one whole number of pixels, got {img_size!r}")
+        if not 0 <= hflip <= 1 or not (len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
+            raise UsageError(f"hflip must be in [0, 1] and scale [low, high] with 0 < low <= high <= 1, got {hflip} "
+                             f"and {list(scale)}")
+        if not png_scale > 0 or (max_depth is not None and not max_depth > 0):
+            raise UsageError(f"png_scale and max_depth must be positive, got {png_scale} and {max_depth}")
+        self.where = str(name if name is not None else data_files)
+        splits, val_split = open_splits(name, data_files, config_name=config_name, revision=revision,
+                                        streaming=False, train_split=train_split, val_split=val_split,
+                                        test_split=test_split, val_fraction=val_fraction)
+        train = splits[train_split]
+        for column in (image_column, depth_column):
+            if column not in train.column_names:
+                raise UsageError(f"{self.where} has no column {column!r} (--data.image_column, --data.depth_column); "
+                                 f"its columns are {', '.join(train.column_names)}")
+        self.rows = {"train": train}
+        if val_split in splits:
+            self.rows["val"] = splits[val_split]
+        else:  # a fixed share of the training rows held out, the same on every rank and run
+            kept, held = carve(len(train), val_fraction, seed)
+            self.rows = {"train": train.select(kept), "val": train.select(held)}
+            rank_zero_info(f"data: {self.where} has no split {val_split!r}; {len(held)} of its {len(train)} training "
+                           f"rows are held out for validation (--data.val_fraction {val_fraction}, seed {seed})")
+        if test_split is not None and test_split in splits:
+            self.rows["test"] = splits[test_split]
+        self.data_cfg = data_config(model_name, img_size, mean=mean, std=std)
+        self.max_depth = max_depth
+
+    def has(self, name: str | None) -> bool:
+        return name in self.rows
+
+    def split(self, name: str, train: bool = False) -> DepthRows:
+        hp = self.hparams
+        return DepthRows(self.rows[name], hp.image_column, hp.depth_column, hp.png_scale,
+                         DepthTransform(hp.img_size, train, hp.hflip, tuple(hp.scale)))
+
+    def setup(self, stage: str | None = None) -> None:
+        if hasattr(self, "val_set"):
+            return
+        if stage in (None, "fit"):
+            self.train_set = self.split("train", True)
+        self.val_set = self.split("val")
+        self.test_set = self.split("test") if self.has("test") else None
+        rank_zero_info(f"data: {self.describe()}: {len(getattr(self, 'train_set', []))} training and "
+                       f"{len(self.val_set)} validation rows with depth maps")
+
+    def describe(self) -> str:
+        return f"HFDepthDataModule({self.where})"
