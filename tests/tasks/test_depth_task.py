@@ -135,3 +135,41 @@ def test_the_server_answers_a_depth_map_and_draws_it(learned):
     assert base64.b64decode(served["depth_png"]) == expected.files["_depth16.png"]
     overlay = ask("overlay")
     assert overlay.media_type == "image/png" and overlay.body == expected.files["_depth.png"]
+
+
+@pytest.mark.slow
+def test_int8_keeps_a_depth_models_absrel_and_refuses_one_it_breaks(learned, tmp_path, capsys):
+    from vitkit.deploy.onnx_model import OnnxModel
+    from vitkit.deploy.quantize import Int8Report, refusal
+
+    root, run = learned
+    ckpt = run / "checkpoints" / "last.ckpt"
+    cal = write_depth_folder(tmp_path / "cal", {"val": 128}, seed=11)  # 28 calibrate, 100 held out
+    assert run_cli(["export", str(ckpt), "-o", str(tmp_path / "fp32.onnx")], capsys)[0] == 0
+    # a 64-wide model at 64 px, where int8 kernels differ from CPU to CPU: 10 % of margin
+    status, err = run_cli(["export", str(tmp_path / "fp32.onnx"), "--int8", "--calibrate", str(cal),
+                           "--calibration-size", "28", "--max-drop", "10", "-o", str(tmp_path / "int8.onnx")], capsys)
+    assert status == 0, err
+    facts = OnnxModel(str(tmp_path / "int8.onnx")).meta["int8"]
+    assert facts["held_out"] == 100 and 0 < facts["fp32_AbsRel"] < 0.5, facts
+    assert facts["int8_AbsRel"] <= 1.1 * facts["fp32_AbsRel"], facts
+    # what the gate scored is what evaluate scores on the held-out images (the last 100 of the seeded order)
+    kept = np.random.default_rng(0).permutation(128)[28:].tolist()
+    held = tmp_path / "held"
+    for part in ("images", "depth"):
+        (held / part / "val").mkdir(parents=True)
+        for k in kept:
+            name = f"{k:04d}.png" if part == "images" else f"{k:04d}.npy"
+            shutil.copy(cal / part / "val" / name, held / part / "val" / name)
+    for name in ("fp32", "int8"):
+        status, err = run_cli(["evaluate", "--onnx", str(tmp_path / f"{name}.onnx"), "--data.root", str(held),
+                               "--split", "val", "-o", str(tmp_path / f"ev_{name}")], capsys)
+        assert status == 0, err
+        scored_ = json.loads((tmp_path / f"ev_{name}/metrics.json").read_text())
+        assert scored_["samples"] == 100 and scored_["AbsRel"] == pytest.approx(facts[f"{name}_AbsRel"], rel=1e-5)
+    # the gate's drop is in percent of fp32's AbsRel (an error: lower is better), and its refusal says so
+    report = Int8Report("x.onnx", "static", 28, 100, 0.05, 0.06, 16, lower_better=True, metric="AbsRel")
+    assert report.drop == pytest.approx(20.0) and "20.00 % worse" in str(report)
+    line = str(refusal(report, 5.0, [("blocks.0.mlp.fc2", 0.3)]))
+    assert line.startswith("int8's AbsRel is 20.00 % worse (fp32 0.0500, int8 0.0600 on 100 held-out images), more "
+                           "than --max-drop 5;") and "blocks.0.mlp.fc2 (0.300)" in line, line

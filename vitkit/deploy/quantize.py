@@ -63,11 +63,21 @@ class Int8Report:
     int8_ms: float = 0.0
     runtime: str = "onnxruntime"  # what the times were measured in
     metric: str = "top-1"  # the gate's score
+    lower_better: bool = False  # an error (a depth model's AbsRel): the drop is in percent of fp32's
 
     @property
     def drop(self) -> float:
-        """Points of the score lost on the held-out images."""
+        """Points of the score lost on the held-out images; for an error, how many percent int8's is above fp32's."""
+        if self.lower_better:
+            return 100 * (self.int8_score - self.fp32_score) / max(self.fp32_score, 1e-12)
         return 100 * (self.fp32_score - self.int8_score)
+
+    @property
+    def lost(self) -> str:
+        """The drop in words."""
+        if self.lower_better:
+            return f"{abs(self.drop):.2f} % {'worse' if self.drop >= 0 else 'better'}"
+        return f"{abs(self.drop):.2f} points {'lost' if self.drop >= 0 else 'gained'}"
 
     def __str__(self) -> str:
         speed = self.fp32_ms / self.int8_ms if self.int8_ms else float("nan")
@@ -75,11 +85,10 @@ class Int8Report:
                  + (f", {len(self.kept)} kept in float" if self.kept else "")
                  + f"; calibrated on {self.calibrated} images",
                  f"{self.metric} on {self.held_out} held-out images: fp32 {self.fp32_score:.4f}, int8 "
-                 f"{self.int8_score:.4f} "
-                 f"({abs(self.drop):.2f} points {'lost' if self.drop >= 0 else 'gained'})",
+                 f"{self.int8_score:.4f} ({self.lost})",
                  f"batch 1 on this CPU ({self.runtime}): fp32 {self.fp32_ms:.2f} ms, int8 {self.int8_ms:.2f} ms "
                  f"({speed:.2f}x)"]
-        if self.fp32_score < 0.01:
+        if self.fp32_score < 0.01 and not self.lower_better:
             lines.append(f"the fp32 model scores {self.fp32_score:.4f} on the held-out images, so the gate compares "
                          "next to nothing: check that the calibration images are of the model's task and classes")
         if speed < 1.0:
@@ -333,7 +342,8 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
                    method)
         int8 = OnnxModel(tmp)
         report = Int8Report(str(out), mode, calibration, held.count, gate.score(base, held), gate.score(int8, held),
-                            len(linear) - len(kept), [module[n] for n in kept], metric=gate.metric)
+                            len(linear) - len(kept), [module[n] for n in kept], metric=gate.metric,
+                            lower_better=getattr(gate, "lower_better", False))
         if report.drop > max_drop:
             errors = layer_errors(fp32, tmp, [n for n in linear if n not in kept], held.x[:16])
             raise refusal(report, max_drop, [(module[n], e) for n, e in errors])
@@ -351,8 +361,10 @@ def refusal(report: Int8Report, max_drop: float, errors: list[tuple[str, float]]
     """The gate's one line: the two scores, and the layers (``errors``: module name and added error, largest first)
     that add the most error."""
     worst = [e for e in errors if e[1] > 0][:5] or errors[:3]
+    loses = f"int8's {report.metric} is {report.drop:.2f} % worse" if report.lower_better else \
+        f"int8 loses {report.drop:.2f} points of {report.metric}"
     return QuantizationRefused(
-        f"int8 loses {report.drop:.2f} points of {report.metric} (fp32 {report.fp32_score:.4f}, int8 "
+        f"{loses} (fp32 {report.fp32_score:.4f}, int8 "
         f"{report.int8_score:.4f} on "
         f"{report.held_out} held-out images), more than --max-drop {max_drop:g}; nothing was written. The layers that "
         "add the most error: " + ", ".join(f"{name} ({e:.3f})" for name, e in worst)

@@ -10,4 +10,5 @@ TASK = Task(
     evaluate="vitkit.tasks.depth.evaluate:evaluate",
     export_model="vitkit.tasks.depth.inference:export_model",
     data_module="vitkit.lit.DepthDataModule",
+    int8_gate="vitkit.tasks.depth.quantize:AbsRel",
 )
