@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+import vitkit
 from tests.commands import error_line_of, run_cli
 from vitkit.cli import main
 from vitkit.data.modules.detection import DetectionDataModule, HFDetectionDataModule
@@ -239,6 +240,15 @@ def test_an_rf_detr_learns_its_scenes_and_exports_as_it_scores(learned, tmp_path
     found = json.loads((tmp_path / "pr/0000_detections.json").read_text())
     assert sorted(d["index"] for d in found) == sorted(a["category_id"] - 1 for a in truth["annotations"]
                                                        if a["image_id"] == 0)
+    loaded = vitkit.load_detector(ckpt)  # the model its run validated, in Python
+    assert type(loaded).__name__ == "RFDETR" and loaded.class_names == NAMES and not loaded.training
+    line = error_line_of(["export", str(ckpt), "--img-size", "96", "-o", str(tmp_path / "x.onnx")])
+    assert "multiples of 16 px already" in line, line
+    line = error_line_of(["train", "fit", "-c", "det_rf_detr_base", "--data.root", str(root), "--model.model_name",
+                          "vit_tiny_patch16_224", "--model.model_overrides", '{"patch_size": 8, "depth": 4}',
+                          "--model.rf_detr", json.dumps({**RF_DETR, "queries": 100}), "--data.img_size", "64",
+                          "--trainer.default_root_dir", str(tmp_path / "refused")])
+    assert "RF-DETR selects its 100 queries from the map's positions, and --data.img_size 64 gives 64" in line, line
     # int8: its linear layers quantized (the deformable sampling stays float), gated on the held-out AP
     cal = _repeated(root, tmp_path / "cal", 16)
     status, err = run_cli(["export", str(tmp_path / "rf.onnx"), "--int8", "--calibrate", str(cal),
@@ -324,7 +334,7 @@ def test_int8_keeps_a_detectors_ap_and_refuses_one_it_breaks(learned, tmp_path, 
     onnx.save(proto, str(tmp_path / "seg.onnx"))
     assert error_line_of(["export", str(tmp_path / "seg.onnx"), "--int8", "--calibrate", str(cal)]) == (
         f"error: {tmp_path / 'seg.onnx'} is a segmentation model, and int8 export scores int8 against fp32 on labelled "
-        "images for the tasks that say how (classification, detection); keep this one in fp32")
+        "images for the tasks that say how (classification, depth, detection); keep this one in fp32")
 
 
 @pytest.mark.parametrize("args, says", [

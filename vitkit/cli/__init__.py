@@ -34,8 +34,10 @@ from types import ModuleType
 COMMANDS: dict[str, str] = {
     "train": "fit, validate, test or predict with LightningCLI (the same as `python train.py ...`)",
     "evaluate": "scores, per-class metrics, confusion matrix, mistakes and calibration of a classifier on a data "
-                "split; k-NN / linear probe of a backbone",
-    "predict": "top-k classes for image files (a segmentation checkpoint: a mask and an overlay for each)",
+                "split (a segmenter's mIoU, a detector's COCO AP, a depth model's errors); k-NN / linear probe of a "
+                "backbone",
+    "predict": "top-k classes for image files (a segmenter: a mask and an overlay; a detector: boxes drawn and COCO "
+               "JSON; a depth model: a coloured and a 16-bit map)",
     "export": "a model or checkpoint -> ONNX (checked in onnxruntime) or torch.export .pt2",
     "serve": "a model file behind an HTTP endpoint (LitServe): POST /predict, a page to try it, /health, /metrics",
     "download": "fetch pretrained weights (or Hugging Face datasets) by name into their cache, for offline use",

@@ -15,7 +15,8 @@ geometry written here).
 * Hugging Face datasets with an image column and an ``objects`` column (``bbox``, ``category``), as transformers'
   detection guide reads cppe-5.
 
-A box of no area (width or height 0 after it is clipped to the image) is dropped, counted in ``dropped``.
+A box of no area (width or height 0 after it is clipped to the image; a COCO file's boxes are clipped to the sizes
+its images list) is dropped, counted in ``dropped``.
 """
 
 from __future__ import annotations
@@ -139,7 +140,10 @@ def coco(images: str | os.PathLike, annotations: str | os.PathLike, transform=No
         found = per_image.get(img["id"], [])
         xywh = torch.tensor([a["bbox"] for a in found], dtype=torch.float32).reshape(-1, 4)
         xyxy = torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], dim=1)
-        keep = (xywh[:, 2] > 0) & (xywh[:, 3] > 0)
+        if isinstance(img.get("width"), (int, float)) and isinstance(img.get("height"), (int, float)):
+            xyxy = torch.minimum(xyxy.clamp(min=0), torch.tensor([img["width"], img["height"]] * 2,
+                                                                 dtype=torch.float32))  # the image's own size
+        keep = (xyxy[:, 2] > xyxy[:, 0]) & (xyxy[:, 3] > xyxy[:, 1])
         dropped += int((~keep).sum())
         labels = torch.tensor([index[a["category_id"]] for a in found], dtype=torch.long)
         crowd = torch.tensor([a.get("iscrowd") in (1, True) for a in found], dtype=torch.bool)

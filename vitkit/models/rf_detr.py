@@ -60,9 +60,12 @@ class RFDETRConfig:
     dropout: float = 0.1
 
     def __post_init__(self) -> None:
-        if min(self.windows, self.d_model, self.decoder_layers, self.queries, self.groups, self.points,
-               self.self_heads, self.cross_heads, len(self.out_indices)) < 1:
-            raise UsageError(f"RF-DETR's sizes must be >= 1 and it reads at least one stage, got {self}")
+        sizes = {k: getattr(self, k) for k in ("windows", "d_model", "decoder_layers", "queries", "groups", "points",
+                                               "self_heads", "cross_heads")}
+        small = {k: v for k, v in sizes.items() if v < 1}
+        if small or not self.out_indices:
+            raise UsageError(f"RF-DETR's sizes must be >= 1 and it reads at least one stage, got "
+                             f"{small or {'out_indices': list(self.out_indices)}}")
         if self.d_model % self.self_heads or self.d_model % self.cross_heads:
             raise UsageError(f"d_model ({self.d_model}) must be divisible by self_heads ({self.self_heads}) and "
                              f"cross_heads ({self.cross_heads})")

@@ -96,6 +96,12 @@ class Detector(AdaptsBackbone, TrainingModule):
                 raise UsageError(f"RF-DETR takes image sides that are multiples of {multiple} px (the "
                                  f"{backbone.patch_size} px patch x {cfg.windows} windows), got --data.img_size "
                                  f"{side}; give {round(side / multiple) * multiple or multiple}")
+            sides = (side, side) if isinstance(side, int) else tuple(side)
+            positions = (sides[0] // backbone.patch_size) * (sides[1] // backbone.patch_size)
+            if positions < cfg.queries:
+                raise UsageError(f"RF-DETR selects its {cfg.queries} queries from the map's positions, and "
+                                 f"--data.img_size {side} gives {positions} ({backbone.patch_size} px patches): give "
+                                 f"a larger image or fewer queries (--model.rf_detr.queries {positions // 2})")
         else:
             self.model = YOLOS(backbone, num_classes, det_tokens, mid_positions, aux_outputs=aux_loss)
         self.adaptation.apply(self)

@@ -65,8 +65,11 @@ def load_detector_checkpoint(path: str) -> ExportedDetector:
 def export_model(checkpoint: str, overrides: dict) -> ExportedDetector:
     """The detector of a checkpoint, as ``vitkit export`` writes it."""
     if overrides:
+        net = load_detector_checkpoint(checkpoint)
+        multiple = net.size_multiple or net.backbone.patch_size
         raise UsageError(f"{checkpoint} is a detection checkpoint: it exports as it was trained, without --overrides "
-                         "or --img-size (its ViT takes any multiple of the patch already)")
+                         f"or --img-size (its file takes any height and width that are multiples of {multiple} px "
+                         "already)")
     return load_detector_checkpoint(checkpoint)
 
 
