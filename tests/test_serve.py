@@ -269,6 +269,8 @@ def test_a_served_classifier_over_http(files, tmp_path):
         assert together[0].json()["predictions"] == together[2].json()["predictions"] == raw["predictions"]
         answer = httpx.post(f"{url}/predict?format=overlay", content=good, headers={**key, "Content-Type": "image/png"})
         assert answer.status_code == 400 and "segmenter" in answer.json()["detail"]
+        answer = httpx.post(f"{url}/predict", files={"file": ("a.png", good)}, data={"format": "overlay"}, headers=key)
+        assert answer.status_code == 400 and "segmenter" in answer.json()["detail"]  # a form's format field is read
         assert httpx.post(f"{url}/predict", content=good, headers={**key, "Content-Type": "image/png"}).json() == \
             {**raw, "ms": pytest.approx(raw["ms"], abs=1e9)}  # still answering
         metrics = httpx.get(f"{url}/metrics", headers=key).text

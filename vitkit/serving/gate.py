@@ -159,7 +159,8 @@ class Gate:
         return images
 
     async def _images(self, scope: dict, receive: Callable, headers: dict) -> dict:
-        """The request's images as the worker takes them: ``{"images": [base64, ...], "format": ...}``."""
+        """The request's images as the worker takes them: ``{"images": [base64, ...], "format": ...}`` (the format
+        from the query, or a form's ``format`` field, or a JSON body's)."""
         from urllib.parse import parse_qs
 
         kind = headers.get("content-type", "").split(";")[0].strip().lower()
@@ -183,6 +184,7 @@ class Gate:
                                        "takes a request (--max-images)") from None
                 raise Refused(400, f"the multipart body does not parse: {e}") from None
             files = [await v.read() for _, v in form.multi_items() if hasattr(v, "read")]
+            fmt = fmt or next((v for k, v in form.multi_items() if k == "format" and isinstance(v, str)), None)
             if not files:
                 raise Refused(400, "the multipart request holds no file: send each image as a file field")
             return {"images": [base64.b64encode(f).decode() for f in self._counted(files)], "format": fmt}
