@@ -9,6 +9,7 @@ CI; `pytest -m fuzz` draws 2,000 each."""
 import base64
 import json
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import example, given
@@ -173,3 +174,24 @@ def test_any_detection_annotations_read_or_end_in_one_line(tmp_path_factory, dat
             continue
         for _, boxes, classes, _ in split.samples:
             assert boxes.dtype == torch.float32 and boxes.shape == (len(classes), 4)
+
+
+@given(text=st.text(max_size=200))
+@example(text="a.png d.npy 518.8\nb.png None 518.8\n")  # a line without ground truth beside one with
+@example(text="a.png\n")
+def test_any_depth_split_file_reads_or_names_the_file(tmp_path_factory, text):
+    """A depth split file of any text (BTS's 'image depth focal' lines): its pairs are read, or the reader ends in a
+    UsageError or MissingFileError naming the file."""
+    from vitkit.data.depth import list_pairs
+    from vitkit.errors import MissingFileError
+
+    root = tmp_path_factory.mktemp("split")
+    Image.new("RGB", (8, 6)).save(root / "a.png")
+    np.save(root / "d.npy", np.ones((6, 8), np.float32))
+    (root / "split.txt").write_text(text)
+    try:
+        pairs = list_pairs(root, "split.txt")
+    except (UsageError, MissingFileError) as e:
+        assert "split.txt" in str(e), e
+        return
+    assert pairs and all(image.is_file() and depth.is_file() for image, depth in pairs)
