@@ -63,10 +63,11 @@ class DeformableAttention(nn.Module):
         grid = grid * torch.arange(1, P + 1, dtype=torch.float32).view(1, 1, P, 1)
         with torch.no_grad():
             self.sampling_offsets.bias.copy_(grid.flatten())
-        for layer in (self.attention_weights,):
-            nn.init.zeros_(layer.weight), nn.init.zeros_(layer.bias)
+        nn.init.zeros_(self.attention_weights.weight)
+        nn.init.zeros_(self.attention_weights.bias)
         for layer in (self.value_proj, self.output_proj):
-            nn.init.xavier_uniform_(layer.weight), nn.init.zeros_(layer.bias)
+            nn.init.xavier_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
 
     def forward(self, query: Tensor, reference: Tensor, memory: Tensor, shapes: list[tuple[int, int]],
                 padding: Tensor | None = None) -> Tensor:

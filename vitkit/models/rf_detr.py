@@ -7,7 +7,7 @@ The pieces, in the order an image meets them:
 - :class:`WindowedViT`: the backbone's patches and positions (resampled bicubic, antialiased) split into
   ``windows`` x ``windows`` windows, each with a copy of the class token; the blocks at ``out_indices`` attend
   across all windows, the others within theirs. The maps are the states *before* those blocks, through the final
-  norm, the class tokens dropped. The split and its inverse are RF-DETR's reshapes, kept as they are: on a grid
+  norm, the class tokens dropped (the blocks after the last stage read are not run). The split and its inverse are RF-DETR's reshapes, kept as they are: on a grid
   whose height and width differ they do not tile the image in rows of windows, and the trained weights expect that.
 - :class:`Projector`: the maps concatenated on channels, a C2f block (YOLOv8's) and a channel LayerNorm: one map of
   ``d_model`` channels at the patch stride.
@@ -112,13 +112,14 @@ class WindowedViT:
         tokens = torch.cat([vit.cls_token.expand(B, -1, -1), vit.patch_embed(x)], dim=1)  # (B, 1 + h·w, C)
         tokens = vit.norm_pre(vit.pos_drop(tokens + vit.positions_for(grid)))
         state = self.partition(tokens, grid) if n > 1 else tokens  # (B·n², L, C)
-        states = [state]
-        for i, blk in enumerate(vit.blocks):
+        states = {0: state}
+        for i, blk in enumerate(vit.blocks[:max(self.out_indices)]):  # the blocks after the last stage read: unused
             if i in self.global_blocks and n > 1:  # every window's tokens in one sequence (norms, MLP per token)
                 state = blk(state.reshape(B, -1, state.shape[-1])).reshape(state.shape)
             else:
                 state = blk(state)
-            states.append(state)
+            if i + 1 in self.out_indices:
+                states[i + 1] = state
         maps = []
         for k in self.out_indices:
             tokens = vit.norm(states[k])[:, 1:]
@@ -228,6 +229,8 @@ class RFDETR(OnBackbone, nn.Module):
         self.cfg, self.num_classes, self.aux_outputs = cfg, num_classes, aux_outputs
         self.backbone = backbone
         self.windowed = WindowedViT(backbone, cfg.out_indices, cfg.windows)
+        for blk in backbone.blocks[max(cfg.out_indices):]:  # never run (no stage reads them): kept for the files' keys,
+            blk.requires_grad_(False)  # out of the optimizer and of DDP's gradient reduction
         self.projector = Projector(backbone.cfg.embed_dim * len(cfg.out_indices), cfg)
         d, G, Q = cfg.d_model, cfg.groups, cfg.queries
         self.reference_embed = nn.Parameter(torch.zeros(Q * G, 4))
@@ -246,7 +249,8 @@ class RFDETR(OnBackbone, nn.Module):
         for head in [self.class_head, *self.enc_class]:
             nn.init.constant_(head.bias, prior)
         for box in [self.box_head, *self.enc_box]:
-            nn.init.zeros_(box.layers[-1].weight), nn.init.zeros_(box.layers[-1].bias)
+            nn.init.zeros_(box.layers[-1].weight)
+            nn.init.zeros_(box.layers[-1].bias)
 
     @property
     def img_multiple(self) -> int:
