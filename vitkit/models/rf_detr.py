@@ -7,8 +7,9 @@ The pieces, in the order an image meets them:
 - :class:`WindowedViT`: the backbone's patches and positions (resampled bicubic, antialiased) split into
   ``windows`` x ``windows`` windows, each with a copy of the class token; the blocks at ``out_indices`` attend
   across all windows, the others within theirs. The maps are the states *before* those blocks, through the final
-  norm, the class tokens dropped (the blocks after the last stage read are not run). The split and its inverse are RF-DETR's reshapes, kept as they are: on a grid
-  whose height and width differ they do not tile the image in rows of windows, and the trained weights expect that.
+  norm, the class tokens dropped (the blocks after the last stage read are not run). The split and its inverse are
+  RF-DETR's reshapes, kept as they are: on a grid whose height and width differ they do not tile the image in rows
+  of windows, and the trained weights expect that.
 - :class:`Projector`: the maps concatenated on channels, a C2f block (YOLOv8's) and a channel LayerNorm: one map of
   ``d_model`` channels at the patch stride.
 - Two-stage query selection: every map position proposes a box (its cell, 0.05 wide) refined by a head; the
