@@ -49,10 +49,13 @@ def evaluate(cfg, explicit: set[str], device: torch.device, onnx=None) -> int:
     result = _run(run, dm, ds, device, max_detections)
     out = Path(cfg.out)
     metrics = write_detection_report(result, names, out, dm.data_cfg.mean, dm.data_cfg.std, {"split": split})
-    weakest = ", ".join(f"{k} {v:.3f}" for k, v in sorted(metrics["per_class_AP"].items(), key=lambda kv: kv[1])[:5])
+    scored = {k: v for k, v in metrics["per_class_AP"].items() if v >= 0}  # -1: the split holds none of the class
+    weakest = ", ".join(f"{k} {v:.3f}" for k, v in sorted(scored.items(), key=lambda kv: kv[1])[:5])
+    absent = sorted(set(metrics["per_class_AP"]) - set(scored))
     print(f"{dm.describe()} ({split}):\nmAP {metrics['mAP']:.4f}  AP50 {metrics['AP50']:.4f}  AP75 "
           f"{metrics['AP75']:.4f}  AR100 {metrics['AR100']:.4f}  ({metrics['samples']} images, {len(names)} classes)"
-          f"\nweakest classes (AP): {weakest}\n-> {out}")
+          f"\nweakest classes (AP): {weakest or '-'}"
+          + (f"\nnot in this split (no AP): {', '.join(absent)}" if absent else "") + f"\n-> {out}")
     return 0
 
 
