@@ -173,3 +173,46 @@ def test_int8_keeps_a_depth_models_absrel_and_refuses_one_it_breaks(learned, tmp
     line = str(refusal(report, 5.0, [("blocks.0.mlp.fc2", 0.3)]))
     assert line.startswith("int8's AbsRel is 20.00 % worse (fp32 0.0500, int8 0.0600 on 100 held-out images), more "
                            "than --max-drop 5;") and "blocks.0.mlp.fc2 (0.300)" in line, line
+
+
+@pytest.mark.slow
+def test_the_linear_probe_recipe_learns_depth_from_a_frozen_backbone_and_exports(learned, tmp_path, capsys):
+    """``depth_linear_probe``: a linear head on the frozen backbone of the learned model's run (its weights as a file)
+    scores its scenes better than a flat map (what a probe that learned nothing gives, aligned the same way), and its
+    ONNX file scores as the checkpoint."""
+    from safetensors.torch import save_file
+
+    from vitkit.tasks.depth.inference import load_depth_checkpoint
+
+    root, run = learned
+    backbone = load_depth_checkpoint(str(run / "checkpoints/last.ckpt")).backbone
+    save_file({k: v.contiguous() for k, v in backbone.state_dict().items()}, str(tmp_path / "backbone.safetensors"))
+    probe = tmp_path / "probe"
+    status = main(["train", "fit", "-c", "depth_linear_probe", "--data.root", str(root), "--model.model_name",
+                   "vit_tiny_patch16_224", "--model.model_overrides", TINY, "--model.checkpoint",
+                   str(tmp_path / "backbone.safetensors"), "--data.img_size", "64", "--data.hflip", "0",
+                   "--data.scale", "[1, 1]", "--data.batch_size", "4", "--data.num_workers", "0",
+                   "--model.recipe.lr", "3e-3", "--trainer.max_epochs", "40", "--trainer.check_val_every_n_epoch",
+                   "40", "--trainer.accelerator", "cpu", "--trainer.precision", "32-true",
+                   "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(probe)])
+    assert status == 0
+    with open(next(probe.glob("logs/*/metrics.csv"))) as f:
+        last = [r for r in csv.DictReader(f) if r.get("val/AbsRel")][-1]
+    maps = [torch.from_numpy(np.load(p)) for p in sorted((root / "depth/val").glob("*.npy"))]
+    flat = DepthMetrics()
+    for m in maps:
+        p, valid = scored(torch.ones_like(m) + 1e-3 * torch.rand_like(m), m, "relative", None)
+        flat.update(p[None], m[None], valid[None])
+    assert float(last["val/AbsRel"]) < 0.8 * flat.compute()["AbsRel"], (last, flat.compute())
+    ckpt = probe / "checkpoints/last.ckpt"
+    net = load_depth_checkpoint(str(ckpt))
+    assert type(net.head).__name__ == "LinearDepthHead"
+    torch.testing.assert_close(net.backbone.state_dict()["blocks.0.attn.qkv.weight"],
+                               backbone.state_dict()["blocks.0.attn.qkv.weight"])  # the backbone did not move
+    status, err = run_cli(["export", str(ckpt), "-o", str(tmp_path / "probe.onnx")], capsys)
+    assert status == 0, err
+    status, err = run_cli(["evaluate", "--onnx", str(tmp_path / "probe.onnx"), "--data.root", str(root), "--split",
+                           "val", "-o", str(tmp_path / "ev")], capsys)
+    assert status == 0, err
+    assert json.loads((tmp_path / "ev/metrics.json").read_text())["AbsRel"] == pytest.approx(
+        float(last["val/AbsRel"]), rel=1e-4)

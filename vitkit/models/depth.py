@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from vitkit.errors import UsageError
 
 from .dense import DenseModel, is_hierarchical, layer_indices
-from .heads import DPTDepthHead
+from .heads import DPTDepthHead, LinearDepthHead
 
 
 class DepthModel(DenseModel):
@@ -21,7 +21,7 @@ class DepthModel(DenseModel):
     task = "depth"  # the task whose commands read its exports (vitkit.task metadata)
     output_names = ("depth",)
 
-    def __init__(self, backbone: nn.Module, head: DPTDepthHead, indices: Sequence[int]) -> None:
+    def __init__(self, backbone: nn.Module, head: DPTDepthHead | LinearDepthHead, indices: Sequence[int]) -> None:
         super().__init__(backbone, indices, norm=True)
         self.head = head
 
@@ -45,13 +45,17 @@ class DepthModel(DenseModel):
 
 def build_depth_model(backbone: nn.Module, indices: Sequence[int] | None = None, *, channels: int = 256,
                       reassemble: Sequence[int] | None = None, hidden: int = 32, kind: str = "relative",
-                      max_depth: float = 1.0) -> DepthModel:
-    """A :class:`DepthModel` with DPT's depth head on a built plain ViT ``backbone`` (``num_classes=0``); ``indices``
+                      max_depth: float = 1.0, head: str = "dpt") -> DepthModel:
+    """A :class:`DepthModel` with DPT's depth head (``head="dpt"``) or a linear probe (``"linear"``,
+    :class:`~vitkit.models.heads.LinearDepthHead`) on a built plain ViT ``backbone`` (``num_classes=0``); ``indices``
     default: four layers evenly spread, ending at the last (2, 5, 8, 11 of 12: Depth Anything's for ViT-S and B)."""
+    if head not in ("dpt", "linear"):
+        raise UsageError(f"a depth model's head is dpt or linear, got {head!r}")
     if is_hierarchical(backbone):
         raise UsageError(f"DPT's depth head reads a plain ViT's maps of one resolution; "
                          f"{getattr(backbone, 'name', type(backbone).__name__)} gives maps at several")
     indices = layer_indices(backbone, indices, 4)
     chs = [backbone.feature_info[i]["num_chs"] for i in indices]
-    head = DPTDepthHead(chs, channels, reassemble, hidden, kind, max_depth)
-    return DepthModel(backbone, head, indices)
+    if head == "linear":
+        return DepthModel(backbone, LinearDepthHead(chs, kind, max_depth), indices)
+    return DepthModel(backbone, DPTDepthHead(chs, channels, reassemble, hidden, kind, max_depth), indices)

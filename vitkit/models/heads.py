@@ -222,4 +222,27 @@ class DPTDepthHead(DPTNeck):
         return x[:, 0]
 
 
+class LinearDepthHead(nn.Module):
+    """A linear depth probe (DINOv2's "linear4" depth head, without its depth bins): the layers' maps concatenated,
+    upsampled 4x, BatchNorm, a 1x1 conv to one channel, upsampled to ``size``, then softplus (relative depth: positive
+    inverse depth, and no pixel stops learning as under a ReLU) or a sigmoid times ``max_depth`` (metric depth): one
+    linear map of the frozen features per pixel."""
+
+    def __init__(self, in_channels: Sequence[int], kind: str = "relative", max_depth: float = 1.0) -> None:
+        super().__init__()
+        if kind not in ("relative", "metric"):
+            raise UsageError(f"a depth head's kind is relative or metric, got {kind!r}")
+        self.kind, self.max_depth = kind, float(max_depth)
+        self.norm = nn.BatchNorm2d(sum(in_channels))
+        self.conv = nn.Conv2d(sum(in_channels), 1, 1)
+
+    def forward(self, maps: Sequence[Tensor], size: Sequence[int]) -> Tensor:
+        x = torch.cat([F.interpolate(m, size=maps[0].shape[-2:], mode="bilinear", align_corners=False)
+                       for m in maps], dim=1)
+        x = F.interpolate(x, scale_factor=4, mode="bilinear", align_corners=False)
+        x = F.interpolate(self.conv(self.norm(x)), size=tuple(size), mode="bilinear", align_corners=False)
+        x = F.softplus(x) if self.kind == "relative" else torch.sigmoid(x) * self.max_depth
+        return x[:, 0]
+
+
 HEADS = {"linear": LinearHead, "upernet": UperNetHead, "dpt": DPTHead}

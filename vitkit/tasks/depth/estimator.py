@@ -60,6 +60,8 @@ class DepthEstimator(AdaptsBackbone, TrainingModule):
             depth) or ``metric`` (depth in the data's unit up to ``max_depth``).
         max_depth: a metric model's deepest output (NYU: 10 m, KITTI: 80 m; linked from the data's ``max_depth``
             where it has one), and the range a relative model's aligned output is clipped to.
+        head: ``dpt`` (DPT's depth head, Depth Anything's) or ``linear`` (a linear probe of the layers' maps,
+            DINOv2's "linear4" depth head without its bins: ``depth_linear_probe``).
         indices: the four layers the head reads (default: evenly spread, ending at the last).
         channels: the fused maps' width (Depth Anything: 64 for ViT-S, 128 for B, 256 for L).
         reassemble: the four reassembled maps' widths (default: 1/8, 1/4, 1/2 and all of the backbone's).
@@ -77,6 +79,7 @@ class DepthEstimator(AdaptsBackbone, TrainingModule):
         model_overrides: dict[str, Any] | None = None,
         kind: str = "relative",
         max_depth: float | None = None,
+        head: str = "dpt",
         indices: list[int] | None = None,
         channels: int = 64,
         reassemble: list[int] | None = None,
@@ -96,10 +99,10 @@ class DepthEstimator(AdaptsBackbone, TrainingModule):
         if kind == "metric" and not (max_depth and max_depth > 0):
             raise UsageError("a metric depth model needs max_depth, its deepest output (NYU: 10, KITTI: 80; "
                              "--model.max_depth or the data's --data.max_depth)")
-        self.refuse_probe("DPT's depth head")
+        self.refuse_probe("a depth head")
         backbone = headless_backbone(model_name, pretrained, checkpoint, img_size, model_overrides)
         self.model = build_depth_model(backbone, indices, channels=channels, reassemble=reassemble, kind=kind,
-                                       max_depth=max_depth if kind == "metric" else 1.0)
+                                       max_depth=max_depth if kind == "metric" else 1.0, head=head)
         self.hparams.indices = list(self.model.indices)
         self.adaptation.apply(self)
         self.metrics = nn.ModuleDict({s: DepthMetrics() for s in ("val", "test")})
