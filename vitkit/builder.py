@@ -368,20 +368,12 @@ def load_depth_estimator(path: str | os.PathLike):
 def load_detector(path: str | os.PathLike) -> nn.Module:
     """A whole detector: a folder of transformers' ``YolosForObjectDetection`` (a
     :class:`~vitkit.models.detection.YOLOS`) or ``RfDetrForObjectDetection`` (a
-    :class:`~vitkit.models.rf_detr.RFDETR`), every weight loaded strictly, or a ``vitkit.lit.Detector`` checkpoint
-    (``.ckpt``: the model its run validated); its class names kept (``model.class_names``)."""
+    :class:`~vitkit.models.rf_detr.RFDETR`), every weight loaded strictly, its class names kept
+    (``model.class_names``). A ``vitkit.lit.Detector`` run's checkpoint is Lightning's:
+    ``vitkit.lit.Detector.load_from_checkpoint(path).eval().evaluated()`` is the model it validated."""
     from .checkpoints.detection import read_detector
     from .models.rf_detr import RFDETR
 
-    if str(path).endswith(".ckpt"):  # a vitkit.lit.Detector run's: the model it validated
-        import vitkit.lit  # noqa: F401 - the checkpoint's class, resolved by Lightning
-
-        from .tasks.detection.inference import load_detector_checkpoint
-
-        exported = load_detector_checkpoint(str(path))
-        model = exported.detector
-        model.class_names = exported.class_names
-        return model
     found = read_detector(path)
     backbone = create_model(found.preset, num_classes=0, **found.overrides)
     model = (RFDETR if found.kind == "rf_detr" else YOLOS)(backbone, **found.settings)

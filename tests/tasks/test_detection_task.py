@@ -15,7 +15,7 @@ import vitkit
 from tests.commands import error_line_of, run_cli
 from vitkit.cli import main
 from vitkit.data.modules.detection import DetectionDataModule, HFDetectionDataModule
-from vitkit.errors import UsageError
+from vitkit.errors import CheckpointError, UsageError
 from vitkit.evaluation.detection import average_precision, coco_files, scores
 from vitkit.models.detection import truths
 
@@ -240,8 +240,12 @@ def test_an_rf_detr_learns_its_scenes_and_exports_as_it_scores(learned, tmp_path
     found = json.loads((tmp_path / "pr/0000_detections.json").read_text())
     assert sorted(d["index"] for d in found) == sorted(a["category_id"] - 1 for a in truth["annotations"]
                                                        if a["image_id"] == 0)
-    loaded = vitkit.load_detector(ckpt)  # the model its run validated, in Python
-    assert type(loaded).__name__ == "RFDETR" and loaded.class_names == NAMES and not loaded.training
+    with pytest.raises(CheckpointError, match=r"Detector.load_from_checkpoint\(path\).eval\(\).evaluated\(\)"):
+        vitkit.load_detector(ckpt)  # the way to a run's model, named
+    from vitkit.lit import Detector
+
+    loaded = Detector.load_from_checkpoint(str(ckpt)).eval().evaluated()
+    assert type(loaded).__name__ == "RFDETR" and not loaded.training
     line = error_line_of(["export", str(ckpt), "--img-size", "96", "-o", str(tmp_path / "x.onnx")])
     assert "multiples of 16 px already" in line, line
     line = error_line_of(["train", "fit", "-c", "det_rf_detr_base", "--data.root", str(root), "--model.model_name",

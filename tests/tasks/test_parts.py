@@ -116,7 +116,7 @@ def test_every_classifier_checkpoint_of_before_translates_into_its_parts(path):
     (["--model.recipe.lrr", "1e-3"],
      "--model.recipe.lrr: Recipe has no field 'lrr' (did you mean lr?); it has lr, weight_decay, betas, eps, "
      "optimizer, momentum, layer_decay, warmup_epochs, warmup_steps, min_lr, schedule, ema_decay, ema_is_model, "
-     "nonfinite_loss, compile, lr_batch, lr_scaling"),
+     "nonfinite_loss, compile, lr_batch, lr_scaling, head_epochs"),
 ])
 def test_a_flat_flag_ends_in_one_line_naming_the_parts_flags(flags, says, tmp_path):
     from tests.commands import error_line_of

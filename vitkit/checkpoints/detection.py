@@ -170,9 +170,11 @@ def read_detector(path: str | os.PathLike) -> DetectorFile:
         raise MissingFileError(f"{path} is not there: vitkit.load_detector reads a local folder (what "
                                "save_pretrained wrote, or a model's snapshot folder in the Hugging Face cache)")
     if not (path / "config.json").is_file():
+        own = ("; a vitkit run's checkpoint loads with "
+               "vitkit.lit.Detector.load_from_checkpoint(path).eval().evaluated()") if path.suffix == ".ckpt" else ""
         raise CheckpointError(f"{path} is not a detector vitkit reads: expected a folder of transformers' "
                               "YolosForObjectDetection or RfDetrForObjectDetection (config.json and "
-                              "model.safetensors)")
+                              f"model.safetensors){own}")
     kind = json.loads((path / "config.json").read_text()).get("model_type")
     if kind == "rf_detr":
         return transformers_rf_detr(path)

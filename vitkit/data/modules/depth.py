@@ -128,8 +128,9 @@ class DepthDataModule(_TrainValLoaders):
 
 
 class HFDepthDataModule(DepthDataModule):
-    """Images with depth maps from a Hugging Face dataset: an image column and a depth column (a 16-bit or float
-    image, or an array), as NYU Depth v2's copies on the hub hold them.
+    """Images with depth maps from a Hugging Face dataset (an image column and a depth column).
+
+    The depth is a 16-bit or float image, or an array, as NYU Depth v2's copies on the hub hold it.
 
     Args:
         name: a hub name (offline-first: the cache answers before the network) or a local folder (``save_to_disk``'s,
