@@ -146,8 +146,9 @@ def main() -> None:
     train = scenes(digits[order[:4000]], args.train, args.size, rng)
     val = scenes(digits[order[4000:]], args.val, args.size, rng)  # digits never trained on
     photo = [motorcycle()]
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               "unknown CPU")
+    from vitkit.benchmarking.bench import cpu_name
+
+    cpu = cpu_name()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "scenes"
         write_split(root, "train", train)

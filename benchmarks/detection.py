@@ -13,9 +13,7 @@ transformers.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,20 +21,10 @@ import numpy as np
 import torch
 
 import vitkit
-from vitkit.benchmarking.bench import publish
+from vitkit.benchmarking.bench import cpu_name, interleaved_ms, onnx_runner, publish
 from vitkit.deploy.export import INPUT, export_onnx
 from vitkit.deploy.quantize import CalibrationBatches, linear_nodes, write_int8
 from vitkit.tasks.detection.inference import ExportedDetector
-
-
-def _onnx(path: Path, threads: int) -> Callable[[np.ndarray], None]:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda x: session.run(None, {name: x})
 
 
 def _torch(model: torch.nn.Module, transformers_model: bool = False) -> Callable[[np.ndarray], None]:
@@ -63,21 +51,7 @@ def _entries(folder: Path, tmp: Path, size: int, threads: int) -> dict[str, Call
     write_int8(str(fp32), int8, "static", CalibrationBatches(INPUT, calibration), linear_nodes(onnx.load(str(fp32))),
                "minmax")
     return {"transformers": _torch(theirs, transformers_model=True), "vitkit": _torch(ours),
-            "onnx_fp32": _onnx(fp32, threads), "onnx_int8": _onnx(int8, threads)}
-
-
-def _time(entries: dict[str, Callable], x: np.ndarray, rounds: int, iters: int, pause: float) -> dict[str, float]:
-    for run in entries.values():
-        run(x)
-    times: dict[str, list[float]] = {k: [] for k in entries}
-    for _ in range(rounds):
-        for name, run in entries.items():
-            time.sleep(pause)
-            start = time.perf_counter()
-            for _ in range(iters):
-                run(x)
-            times[name].append(1000 * (time.perf_counter() - start) / iters)
-    return {k: statistics.median(v) for k, v in times.items()}
+            "onnx_fp32": onnx_runner(fp32, threads), "onnx_int8": onnx_runner(int8, threads)}
 
 
 def main() -> None:
@@ -93,8 +67,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from transformers import RfDetrConfig, RfDetrForObjectDetection
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               "unknown CPU")
+    cpu = cpu_name()
     import transformers
 
     rows = [f"CPU: {cpu}, {args.threads} threads; torch {torch.__version__}, transformers {transformers.__version__}; "
@@ -112,7 +85,7 @@ def main() -> None:
                 folder)  # positions at the size timed: neither model resamples them
             entries = _entries(folder, Path(tmp), size, args.threads)
             x = np.random.default_rng(1).standard_normal((1, 3, size, size)).astype(np.float32)
-            ms = _time(entries, x, args.rounds, args.iters, args.pause)
+            ms = interleaved_ms(entries, x, args.rounds, args.iters, args.pause)
 
             def cell(k: str, ms=ms) -> str:
                 return f"{ms[k]:.0f} ({ms['transformers'] / ms[k]:.2f}x)"

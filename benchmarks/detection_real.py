@@ -166,8 +166,9 @@ def main() -> None:
     first, second = order[:4000], order[4000:]  # the held-out scenes are of digits never trained on
     train = scenes(data["x"][first], data["y"][first], args.train, args.size, rng)
     val = scenes(data["x"][second], data["y"][second], args.val, args.size, rng)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               "unknown CPU")
+    from vitkit.benchmarking.bench import cpu_name
+
+    cpu = cpu_name()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "scenes"
         write_coco(root, "train", train)

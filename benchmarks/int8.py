@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,20 +25,10 @@ import numpy as np
 import torch
 
 import vitkit
-from vitkit.benchmarking.bench import publish
+from vitkit.benchmarking.bench import cpu_name, interleaved_ms, onnx_runner, publish
 from vitkit.deploy.export import INPUT, OPSET, export_onnx, prepare
 from vitkit.deploy.quantize import CalibrationBatches, int8_fixed_size, linear_nodes, write_int8
 from vitkit.models.config import pair
-
-
-def _onnx(path: Path, threads: int) -> Callable[[np.ndarray], None]:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return lambda x: session.run(None, {name: x})
 
 
 def _openvino(path: Path, threads: int, precision: str | None = None) -> Callable[[np.ndarray], None] | None:
@@ -78,7 +66,8 @@ def _entries(model: torch.nn.Module, tmp: Path, threads: int, pt2e: bool, opset:
     static, dynamic = tmp / f"{model.name}.static.onnx", tmp / f"{model.name}.dynamic.onnx"
     write_int8(str(graph), static, "static", CalibrationBatches(INPUT, calibration), nodes, "minmax")
     write_int8(str(graph), dynamic, "dynamic", None, nodes, "minmax")
-    entries = {"fp32": _onnx(fp32, threads), "static": _onnx(static, threads), "dynamic": _onnx(dynamic, threads),
+    entries = {"fp32": onnx_runner(fp32, threads), "static": onnx_runner(static, threads),
+               "dynamic": onnx_runner(dynamic, threads),
                "openvino": _openvino(static, threads), "openvino_f32": _openvino(static, threads, "f32"),
                **(_pt2e(model, calibration, autotune) if pt2e else {}),
                "pt_fp32": _compiled_fp32(model) if pt2e else None, "bf16": _bf16(copy.deepcopy(model))}
@@ -113,20 +102,6 @@ def _compiled_fp32(model: torch.nn.Module) -> Callable[[np.ndarray], None]:
     return numpy_runner(prepare(model, False)[0], compile=True)
 
 
-def _time(entries: dict[str, Callable], x: np.ndarray, rounds: int, iters: int, pause: float) -> dict[str, float]:
-    for run in entries.values():
-        run(x)
-    times: dict[str, list[float]] = {k: [] for k in entries}
-    for _ in range(rounds):
-        for name, run in entries.items():
-            time.sleep(pause)
-            start = time.perf_counter()
-            for _ in range(iters):
-                run(x)
-            times[name].append(1000 * (time.perf_counter() - start) / iters)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="vit_base_patch16_224,deit_small_patch16_224,swin_tiny_patch4_window7_224")
@@ -143,8 +118,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="a markdown table (printed too)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               "unknown CPU")
+    cpu = cpu_name()
     rows = [f"CPU: {cpu}, {args.threads} threads; torch {torch.__version__}; median ms per batch of "
             f"{args.rounds} interleaved rounds x {args.iters} calls, "
             f"{args.pause} s idle before each; the int8 graphs at opset {args.opset}", "",
@@ -164,7 +138,7 @@ def main() -> None:
             entries = _entries(model, Path(tmp), args.threads, args.pt2e, args.opset, args.autotune)
             for batch in map(int, args.batch_sizes.split(",")):
                 x = np.random.default_rng(1).standard_normal((batch, 3, h, w)).astype(np.float32)
-                ms = _time(entries, x, args.rounds, args.iters, args.pause)
+                ms = interleaved_ms(entries, x, args.rounds, args.iters, args.pause)
 
                 def cell(k: str, ms=ms) -> str:
                     return f"{ms[k]:.1f} ({ms['fp32'] / ms[k]:.2f}x)" if k in ms else "-"

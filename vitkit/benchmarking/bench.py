@@ -236,6 +236,34 @@ def device_name(device: torch.device) -> str:
     return f"{cpu_name()} x{torch.get_num_threads()} threads"
 
 
+def onnx_runner(path: str | Path, threads: int) -> Callable:
+    """A function that runs the ONNX file at ``path`` in onnxruntime on the CPU (``threads`` intra-op threads) on one
+    input array."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return lambda x: session.run(None, {name: x})
+
+
+def interleaved_ms(entries: dict[str, Callable], x, rounds: int, iters: int, pause: float) -> dict[str, float]:
+    """Each entry's median ms per call on ``x``: one warm-up call each, then ``rounds`` rounds in which every entry
+    runs ``iters`` calls after ``pause`` idle seconds (a runtime's spinning threads then take nothing from the next)."""
+    for run_one in entries.values():
+        run_one(x)
+    times: dict[str, list[float]] = {k: [] for k in entries}
+    for _ in range(rounds):
+        for name, run_one in entries.items():
+            time.sleep(pause)
+            start = time.perf_counter()
+            for _ in range(iters):
+                run_one(x)
+            times[name].append(1000 * (time.perf_counter() - start) / iters)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def publish(text: str, out: Path | None) -> None:
     """A benchmark's result: printed, and written to ``out`` (its folder made) when given."""
     print(text)
