@@ -453,3 +453,33 @@ def carve(n: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = max(1, round(n * fraction))
     return sorted(order[n_val:]), sorted(order[:n_val])
+
+
+def split_rows(name: str | None, data_files: Any, *, config_name: str | None, revision: str | None,
+               train_split: str, val_split: str, test_split: str | None, val_fraction: float, seed: int,
+               columns: dict[str, str]) -> dict[str, Any]:
+    """The rows of a map-style dataset by split (``train``, ``val``, and ``test`` where it has one), each of
+    ``columns`` (the column -> the flag that names it) checked on the training rows; without a validation split,
+    ``val_fraction`` of the training rows held out by ``seed`` (:func:`carve`), said in one line."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    where = str(name if name is not None else data_files)
+    splits, val_split = open_splits(name, data_files, config_name=config_name, revision=revision, streaming=False,
+                                    train_split=train_split, val_split=val_split, test_split=test_split,
+                                    val_fraction=val_fraction)
+    train = splits[train_split]
+    for column in columns:
+        if column not in train.column_names:
+            raise UsageError(f"{where} has no column {column!r} ({', '.join(columns.values())}); its columns are "
+                             f"{', '.join(train.column_names)}")
+    rows = {"train": train}
+    if val_split in splits:
+        rows["val"] = splits[val_split]
+    else:  # a fixed share of the training rows held out, the same on every rank and run
+        kept, held = carve(len(train), val_fraction, seed)
+        rows = {"train": train.select(kept), "val": train.select(held)}
+        rank_zero_info(f"data: {where} has no split {val_split!r}; {len(held)} of its {len(train)} training rows are "
+                       f"held out for validation (--data.val_fraction {val_fraction}, seed {seed})")
+    if test_split is not None and test_split in splits:
+        rows["test"] = splits[test_split]
+    return rows

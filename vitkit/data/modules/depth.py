@@ -156,7 +156,7 @@ class HFDepthDataModule(DepthDataModule):
                  scale: tuple[float, float] = (1.0, 1.0), num_workers: int | None = None,
                  model_name: str | None = None, mean: tuple[float, ...] | None = None,
                  std: tuple[float, ...] | None = None, pin_memory: bool = True) -> None:
-        from vitkit.data.hf import carve, open_splits
+        from vitkit.data.hf import split_rows
 
         super(DepthDataModule, self).__init__()  # the loaders' base, not a folder's reading
         self.save_hyperparameters()
@@ -168,24 +168,10 @@ class HFDepthDataModule(DepthDataModule):
         if not png_scale > 0 or (max_depth is not None and not max_depth > 0):
             raise UsageError(f"png_scale and max_depth must be positive, got {png_scale} and {max_depth}")
         self.where = str(name if name is not None else data_files)
-        splits, val_split = open_splits(name, data_files, config_name=config_name, revision=revision,
-                                        streaming=False, train_split=train_split, val_split=val_split,
-                                        test_split=test_split, val_fraction=val_fraction)
-        train = splits[train_split]
-        for column in (image_column, depth_column):
-            if column not in train.column_names:
-                raise UsageError(f"{self.where} has no column {column!r} (--data.image_column, --data.depth_column); "
-                                 f"its columns are {', '.join(train.column_names)}")
-        self.rows = {"train": train}
-        if val_split in splits:
-            self.rows["val"] = splits[val_split]
-        else:  # a fixed share of the training rows held out, the same on every rank and run
-            kept, held = carve(len(train), val_fraction, seed)
-            self.rows = {"train": train.select(kept), "val": train.select(held)}
-            rank_zero_info(f"data: {self.where} has no split {val_split!r}; {len(held)} of its {len(train)} training "
-                           f"rows are held out for validation (--data.val_fraction {val_fraction}, seed {seed})")
-        if test_split is not None and test_split in splits:
-            self.rows["test"] = splits[test_split]
+        self.rows = split_rows(name, data_files, config_name=config_name, revision=revision,
+                               train_split=train_split, val_split=val_split, test_split=test_split,
+                               val_fraction=val_fraction, seed=seed,
+                               columns={image_column: "--data.image_column", depth_column: "--data.depth_column"})
         self.data_cfg = data_config(model_name, img_size, mean=mean, std=std)
         self.max_depth = max_depth
 

@@ -237,7 +237,7 @@ class HFDetectionDataModule(DetectionDataModule):
                  model_name: str | None = None, hflip: float = 0.5, scale: tuple[float, float] = (1.0, 1.0),
                  mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
                  pin_memory: bool = True) -> None:
-        from vitkit.data.hf import carve, open_splits
+        from vitkit.data.hf import split_rows
 
         super(DetectionDataModule, self).__init__()  # the loaders' base, not a folder's reading
         self.save_hyperparameters()
@@ -245,24 +245,11 @@ class HFDetectionDataModule(DetectionDataModule):
         if bbox_format not in ("xywh", "xyxy"):
             raise UsageError(f"bbox_format must be xywh (COCO's) or xyxy (corners), got {bbox_format!r}")
         self.where, self.layout = str(name if name is not None else data_files), "hf"
-        splits, val_split = open_splits(name, data_files, config_name=config_name, revision=revision,
-                                        streaming=False, train_split=train_split, val_split=val_split,
-                                        test_split=test_split, val_fraction=val_fraction)
-        train = splits[train_split]
-        for column in (image_column, objects_column):
-            if column not in train.column_names:
-                raise UsageError(f"{self.where} has no column {column!r} (--data.image_column, "
-                                 f"--data.objects_column); its columns are {', '.join(train.column_names)}")
-        self.rows = {"train": train}
-        if val_split in splits:
-            self.rows["val"] = splits[val_split]
-        else:  # a fixed share of the training rows held out, the same on every rank and run
-            kept, held = carve(len(train), val_fraction, seed)
-            self.rows = {"train": train.select(kept), "val": train.select(held)}
-            rank_zero_info(f"data: {self.where} has no split {val_split!r}; {len(held)} of its {len(train)} training "
-                           f"rows are held out for validation (--data.val_fraction {val_fraction}, seed {seed})")
-        if test_split is not None and test_split in splits:
-            self.rows["test"] = splits[test_split]
+        self.rows = split_rows(name, data_files, config_name=config_name, revision=revision,
+                               train_split=train_split, val_split=val_split, test_split=test_split,
+                               val_fraction=val_fraction, seed=seed,
+                               columns={image_column: "--data.image_column", objects_column: "--data.objects_column"})
+        train = self.rows["train"]
         self.classes = list(names or self._category_names(train))
         self.num_classes = len(self.classes)
         self.data_cfg = data_config(model_name, img_size, mean=mean, std=std)
