@@ -208,7 +208,7 @@ RF_DETR = {"out_indices": [1, 2, 4], "windows": 2, "d_model": 64, "queries": 16,
 
 
 @pytest.mark.slow
-def test_an_rf_detr_learns_its_scenes_and_exports_as_it_scores(learned, tmp_path, capsys):
+def test_an_rf_detr_learns_its_scenes_and_exports_as_it_scores(learned, tmp_path, capsys, monkeypatch):
     """RF-DETR's recipe on a tiny windowed ViT learns the scenes YOLOS learns; its ONNX file scores as it does."""
     root, _ = learned
     run = tmp_path / "run"
@@ -255,10 +255,13 @@ def test_an_rf_detr_learns_its_scenes_and_exports_as_it_scores(learned, tmp_path
     assert "RF-DETR selects its 100 queries from the map's positions, and --data.img_size 64 gives 64" in line, line
     # int8: its linear layers quantized (the deformable sampling stays float), gated on the held-out AP
     cal = _repeated(root, tmp_path / "cal", 16)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # onnxruntime's shape inference writes scratch files where it runs
     status, err = run_cli(["export", str(tmp_path / "rf.onnx"), "--int8", "--calibrate", str(cal),
                            "--calibration-size", "28", "--max-drop", "3", "-o", str(tmp_path / "rf.int8.onnx")],
                           capsys)
     assert status == 0, err
+    assert list((tmp_path / "cwd").iterdir()) == []  # none left in the user's working directory
     from vitkit.deploy.onnx_model import OnnxModel
 
     facts = OnnxModel(str(tmp_path / "rf.int8.onnx")).meta["int8"]

@@ -266,9 +266,14 @@ def write_int8(src: str, dst: Path, mode: str, reader, nodes: list[str], method:
     shaped = dst.with_name(dst.name + ".shapes")
     try:  # the shapes onnxruntime's quantizer asks for (its pre-processing without the graph optimisation, which
         # would rename the nodes): a graph it cannot infer is quantized as it is
+        import contextlib
+        import tempfile
+
         from onnxruntime.quantization.shape_inference import quant_pre_process
 
-        quant_pre_process(src, str(shaped), skip_optimization=True)
+        # its symbolic shape inference writes a temporary model and its weights into the working directory
+        with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):
+            quant_pre_process(os.path.abspath(src), str(shaped.absolute()), skip_optimization=True)
         src = str(shaped)
     except Exception:  # noqa: BLE001
         pass
