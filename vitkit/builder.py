@@ -351,17 +351,43 @@ def load_segmenter(path: str | os.PathLike, img_size: int | tuple[int, int] | No
     return model
 
 
-def load_depth_estimator(path: str | os.PathLike):
-    """A whole depth estimator from another library's files: a folder of transformers'
-    ``DepthAnythingForDepthEstimation`` (Depth Anything V1 or V2, relative or metric), every weight loaded strictly;
-    ``model(images)`` gives depth (B, H, W)."""
-    from .checkpoints.depth import read_depth_file
+def load_depth_estimator(path: str | os.PathLike, backbone: str | os.PathLike | nn.Module | None = None,
+                         max_depth: float | None = None):
+    """A whole depth estimator from another library's files, every weight loaded strictly; ``model(images)`` gives
+    depth (B, H, W) at the input's size. ``path``: a folder of transformers' ``DepthAnythingForDepthEstimation``
+    (Depth Anything V1 or V2, relative or metric) or ``DPTForDepthEstimation`` (Intel's DPT, Meta's DPT-DINOv2), or a
+    DINOv2 depth head file of Meta's (``dinov2_vits14_nyu_dpt_head.pth``, ``..._linear4_head.pth``), whose
+    ``backbone`` is its own file (``dinov2_vits14_pretrain.pth`` or any format vitkit reads), a pretrained name
+    (``vit_small_patch14_dinov2.lvd142m``) or a built headless vitkit ViT. ``max_depth``: a DINOv2 head's range
+    (default 80 for a KITTI file's name, 10 otherwise)."""
+    from .checkpoints.depth import head_indices, read_depth_file
     from .models.depth import build_depth_model
 
-    found = read_depth_file(path)
-    backbone = create_model(found.preset, num_classes=0, **found.overrides)
-    model = build_depth_model(backbone, **found.settings)
-    model.load_state_dict(found.state_dict)
+    found = read_depth_file(path, max_depth)
+    if found.backbone_file:
+        if backbone is None:
+            raise UsageError(f"{path} is a DINOv2 depth head alone: give its backbone, "
+                             "load_depth_estimator(head, backbone='dinov2_vits14_pretrain.pth')")
+        if isinstance(backbone, nn.Module):
+            net = backbone
+            if hasattr(net, "configure"):  # Meta's DINOv2 resamples its positions without antialiasing
+                net.configure(pos_antialias=False)
+        elif _is_path(str(backbone)):
+            net = create_model(None, checkpoint=backbone, num_classes=0, pos_antialias=False)
+        else:
+            net = create_model(str(backbone), pretrained=True, num_classes=0, pos_antialias=False)
+        settings = dict(found.settings, indices=head_indices(found, len(net.feature_info), net.num_features))
+    else:
+        if backbone is not None:
+            raise UsageError(f"{path} holds its backbone; backbone= is for a DINOv2 depth head file")
+        net = create_model(found.preset, num_classes=0, **found.overrides)
+        settings = found.settings
+    model = build_depth_model(net, **settings)
+    own = model.state_dict()
+    weights = {**{k: v for k, v in own.items() if k.startswith(found.unused)}, **found.state_dict}
+    if found.backbone_file:
+        weights.update({k: v for k, v in own.items() if k.startswith("backbone.")})
+    model.load_state_dict(weights)
     return model
 
 

@@ -58,8 +58,9 @@ def test_what_is_not_a_depth_anything_is_refused_in_one_line(tmp_path):
         vitkit.load_depth_estimator(tmp_path / "nope")
     with pytest.raises(CheckpointError, match="expected a folder of transformers' DepthAnythingForDepthEstimation"):
         vitkit.load_depth_estimator(tmp_path)
-    (tmp_path / "config.json").write_text('{"model_type": "dpt"}')
-    with pytest.raises(CheckpointError, match="has model_type='dpt', not 'depth_anything'"):
+    (tmp_path / "config.json").write_text('{"model_type": "glpn"}')
+    with pytest.raises(CheckpointError, match="has model_type='glpn'; vitkit reads depth estimators of model_type "
+                       "'depth_anything' and 'dpt'"):
         vitkit.load_depth_estimator(tmp_path)
     swin = vitkit.create_model("swin_tiny_patch4_window7_224", num_classes=0)
     with pytest.raises(UsageError, match="DPT's depth head reads a plain ViT's maps of one resolution"):

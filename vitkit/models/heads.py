@@ -23,6 +23,8 @@ from torch.nn import functional as F
 
 from vitkit.errors import UsageError
 
+READOUTS = ("ignore", "add", "project")  # what DPT does with a layer's class token
+
 
 def resize(x: Tensor, size: Sequence[int]) -> Tensor:
     """Bilinear, corners not aligned (mmsegmentation's, transformers' and Meta's ``resize``); a no-op at the size."""
@@ -125,10 +127,10 @@ class FCNHead(nn.Module):
 
 
 class _ResidualConvUnit(nn.Module):
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, bias: bool = True) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
-        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=bias)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         return x + self.conv2(F.relu(self.conv1(F.relu(x))))
@@ -136,47 +138,76 @@ class _ResidualConvUnit(nn.Module):
 
 class _Fusion(nn.Module):
     """DPT's fusion block: this level's map (through a residual unit, resized to the path's size where they differ)
-    added to the coarser path, a residual unit, upsampled (to the next finer level's size, or 2x at the finest), a
-    1x1 conv: Depth Anything's and transformers' ``FeatureFusionLayer``."""
+    added to the coarser path, a residual unit, upsampled (to the next finer level's size, or 2x), a 1x1 conv:
+    Depth Anything's and transformers' ``FeatureFusionLayer``, DINOv2's ``FeatureFusionBlock``."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, bias: bool = True, double: bool = False) -> None:
         super().__init__()
-        self.skip = _ResidualConvUnit(channels)
-        self.refine = _ResidualConvUnit(channels)
+        self.double = double
+        self.skip = _ResidualConvUnit(channels, bias)
+        self.refine = _ResidualConvUnit(channels, bias)
         self.project = nn.Conv2d(channels, channels, 1)
 
     def forward(self, x: Tensor, level: Tensor | None = None, size: Sequence[int] | None = None) -> Tensor:
-        if level is not None:
-            x = x + self.skip(resize(level, x.shape[-2:]))
+        if level is not None:  # doubling, the path outgrows an odd level: always resized (a no-op at its size),
+            # so that an exported graph holds the resize for every input size
+            level = F.interpolate(level, size=x.shape[-2:], mode="bilinear", align_corners=False) if self.double \
+                else resize(level, x.shape[-2:])
+            x = x + self.skip(level)
         x = self.refine(x)
-        to = {"scale_factor": 2} if size is None else {"size": tuple(size)}
+        to = {"scale_factor": 2} if size is None or self.double else {"size": tuple(size)}
         return self.project(F.interpolate(x, **to, mode="bilinear", align_corners=True))
 
 
 class DPTNeck(nn.Module):
     """DPT's reassembly and fusion on four maps of one plain ViT's resolution (1/patch): each projected (1x1) to its
     width of ``reassemble`` and resampled to 4x, 2x, 1x and 1/2x of it, brought to ``channels`` (3x3), then fused
-    from the coarsest to the finest, each fusion upsampling to the next level's size; :meth:`fuse` gives the finest
-    fused map (2x the finest level's size). A head subclass adds what reads it."""
+    from the coarsest to the finest; :meth:`fuse` gives the finest fused map. A head subclass adds what reads it.
 
-    def __init__(self, in_channels: Sequence[int], channels: int = 256, reassemble: Sequence[int] | None = None
-                 ) -> None:
+    ``readout``: what the class token of each layer does before the projection: ``ignore`` (Depth Anything's),
+    ``add`` (added to every patch) or ``project`` (concatenated to every patch, a linear map back and GELU: DPT's
+    and DINOv2's depth heads). ``double``: each fusion upsamples 2x (DPT's, transformers' ``DPTForDepthEstimation``
+    and DINOv2's) instead of to the next level's size (Depth Anything's); they differ where the patch grid is odd.
+    ``bias``: the fusions' residual convs have biases (DINOv2's have none)."""
+
+    def __init__(self, in_channels: Sequence[int], channels: int = 256, reassemble: Sequence[int] | None = None,
+                 readout: str = "ignore", double: bool = False, bias: bool = True) -> None:
         super().__init__()
         if len(in_channels) != 4:
             raise UsageError(f"{type(self).__name__} takes the maps of 4 layers, got {len(in_channels)}")
+        if readout not in READOUTS:
+            raise UsageError(f"DPT's readout is one of {', '.join(READOUTS)}, got {readout!r}")
         dim = in_channels[-1]
         widths = list(reassemble or (dim // 8, dim // 4, dim // 2, dim))
-        self.in_channels = list(in_channels)
+        self.in_channels, self.readout, self.double = list(in_channels), readout, double
+        self.readouts = nn.ModuleList(nn.Sequential(nn.Linear(2 * c, c), nn.GELU()) for c in in_channels) \
+            if readout == "project" else None
         self.projects = nn.ModuleList(nn.Conv2d(c, w, 1) for c, w in zip(in_channels, widths, strict=True))
         self.resamples = nn.ModuleList([nn.ConvTranspose2d(widths[0], widths[0], 4, stride=4),
                                         nn.ConvTranspose2d(widths[1], widths[1], 2, stride=2), nn.Identity(),
                                         nn.Conv2d(widths[3], widths[3], 3, stride=2, padding=1)])
         self.levels = nn.ModuleList(nn.Conv2d(w, channels, 3, padding=1, bias=False) for w in widths)
-        self.fusions = nn.ModuleList(_Fusion(channels) for _ in widths)
+        self.fusions = nn.ModuleList(_Fusion(channels, bias, double) for _ in widths)
 
-    def fuse(self, maps: Sequence[Tensor]) -> Tensor:
-        levels = [lv(rs(pr(m))) for m, pr, rs, lv in zip(maps, self.projects, self.resamples, self.levels,
-                                                          strict=True)]
+    @property
+    def reads_class_token(self) -> bool:
+        """Whether the maps come paired with their layer's class token (B, C)."""
+        return self.readout != "ignore"
+
+    def _read_out(self, i: int, m: Tensor | tuple[Tensor, Tensor]) -> Tensor:
+        if self.readout == "ignore":
+            return m
+        m, token = m
+        B, C, h, w = m.shape
+        if self.readout == "add":
+            return m + token[:, :, None, None]
+        x = m.flatten(2).transpose(1, 2)  # (B, h*w, C)
+        x = self.readouts[i](torch.cat([x, token[:, None].expand_as(x)], dim=-1))
+        return x.transpose(1, 2).reshape(B, C, h, w)
+
+    def fuse(self, maps: Sequence[Tensor] | Sequence[tuple[Tensor, Tensor]]) -> Tensor:
+        levels = [lv(rs(pr(self._read_out(i, m)))) for i, (m, pr, rs, lv) in
+                  enumerate(zip(maps, self.projects, self.resamples, self.levels, strict=True))]
         x = self.fusions[3](levels[3], size=levels[2].shape[-2:])
         for i in (2, 1, 0):
             x = self.fusions[i](x, levels[i], size=levels[i - 1].shape[-2:] if i else None)
@@ -197,18 +228,34 @@ class DPTHead(DPTNeck):
 
 
 class DPTDepthHead(DPTNeck):
-    """DPT for depth (Ranftl et al., 2021; Depth Anything's head): the neck's finest map through a 3x3 conv to half
-    its channels, upsampled to ``size`` (the input's patch grid times the patch), a 3x3 conv to ``hidden``, ReLU, a
-    1x1 conv to one channel, then ReLU (relative depth: affine-invariant inverse depth) or a sigmoid (metric depth, in
-    the units of ``max_depth``), times ``max_depth`` (1 for a relative model as a rule). The names are transformers'
-    ``head.conv1``/``conv2``/``conv3``."""
+    """DPT for depth (Ranftl et al., 2021): the neck's finest map through a 3x3 conv to half its channels, upsampled,
+    a 3x3 conv to ``hidden``, ReLU, a 1x1 conv to one channel. The names are transformers' ``head.conv1``/``conv2``/
+    ``conv3``; ``style`` is whose head it is:
+
+    * ``depth_anything``: upsampled to ``size`` (the input's patch grid times the patch), then ReLU (relative depth:
+      affine-invariant inverse depth) or a sigmoid (metric depth, in the units of ``max_depth``), times
+      ``max_depth`` (1 for a relative model as a rule).
+    * ``dpt`` (transformers' ``DPTForDepthEstimation``, DINOv2's DPT depth heads): the neck's fusions double, an
+      optional 3x3 conv and ReLU first (``project``), upsampled 2x (the input's size at 16-pixel patches; the model
+      resizes other outputs to the input), then ReLU, plus ``min_depth``, clamped to ``max_depth`` for a metric
+      model (DINOv2's NYU heads: 0.001 to 10 m).
+    """
 
     def __init__(self, in_channels: Sequence[int], channels: int = 256, reassemble: Sequence[int] | None = None,
-                 hidden: int = 32, kind: str = "relative", max_depth: float = 1.0) -> None:
-        super().__init__(in_channels, channels, reassemble)
+                 hidden: int = 32, kind: str = "relative", max_depth: float | None = 1.0, *,
+                 style: str = "depth_anything", readout: str = "ignore", project: bool = False, bias: bool = True,
+                 min_depth: float = 0.0) -> None:
+        if style not in ("depth_anything", "dpt"):
+            raise UsageError(f"a DPT depth head's style is depth_anything or dpt, got {style!r}")
+        super().__init__(in_channels, channels, reassemble, readout, double=style == "dpt", bias=bias)
         if kind not in ("relative", "metric"):
             raise UsageError(f"a depth head's kind is relative or metric, got {kind!r}")
-        self.kind, self.max_depth = kind, float(max_depth)
+        self.kind, self.style, self.min_depth = kind, style, float(min_depth)
+        self.at_input_size = style == "depth_anything"  # DPT's doubles: the model resizes it to the input
+        self.max_depth = None if max_depth is None else float(max_depth)
+        if style == "depth_anything" and self.max_depth is None:
+            raise UsageError("Depth Anything's head scales its output by max_depth; got None")
+        self.project = nn.Conv2d(channels, channels, 3, padding=1) if project else None
         self.conv1 = nn.Conv2d(channels, channels // 2, 3, padding=1)
         self.conv2 = nn.Conv2d(channels // 2, hidden, 3, padding=1)
         self.conv3 = nn.Conv2d(hidden, 1, 1)
@@ -216,10 +263,16 @@ class DPTDepthHead(DPTNeck):
             nn.init.constant_(self.conv3.bias, 1.0)
 
     def forward(self, maps: Sequence[Tensor], size: Sequence[int]) -> Tensor:
-        x = F.interpolate(self.conv1(self.fuse(maps)), size=tuple(size), mode="bilinear", align_corners=True)
-        x = self.conv3(F.relu(self.conv2(x)))
-        x = (F.relu(x) if self.kind == "relative" else torch.sigmoid(x)) * self.max_depth
-        return x[:, 0]
+        x = self.fuse(maps)
+        if self.project is not None:
+            x = F.relu(self.project(x))
+        to = {"scale_factor": 2} if self.style == "dpt" else {"size": tuple(size)}
+        x = F.interpolate(self.conv1(x), **to, mode="bilinear", align_corners=True)
+        x = self.conv3(F.relu(self.conv2(x)))[:, 0]
+        if self.style == "dpt":
+            x = F.relu(x) + self.min_depth
+            return x.clamp(max=self.max_depth) if self.kind == "metric" and self.max_depth else x
+        return (F.relu(x) if self.kind == "relative" else torch.sigmoid(x)) * self.max_depth
 
 
 class LinearDepthHead(nn.Module):
@@ -227,6 +280,8 @@ class LinearDepthHead(nn.Module):
     upsampled 4x, BatchNorm, a 1x1 conv to one channel, upsampled to ``size``, then softplus (relative depth: positive
     inverse depth, and no pixel stops learning as under a ReLU) or a sigmoid times ``max_depth`` (metric depth): one
     linear map of the frozen features per pixel."""
+
+    at_input_size = True
 
     def __init__(self, in_channels: Sequence[int], kind: str = "relative", max_depth: float = 1.0) -> None:
         super().__init__()

@@ -64,7 +64,8 @@ class _Depth:
         depth = depth[0].numpy()
         low, high = float(depth.min()), float(depth.max())
         if self.kind == "metric":
-            line = f"depth {low:.3g} to {high:.3g} (the model's unit, up to {self.max_depth:g})"
+            cap = f", up to {self.max_depth:g}" if self.max_depth else ""
+            line = f"depth {low:.3g} to {high:.3g} (the model's unit{cap})"
             sixteen = np.clip(np.round(depth * 1000), 0, 65535)  # millimetres where the unit is the metre
             near = -depth  # coloured near warm
         else:
