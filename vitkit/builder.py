@@ -394,8 +394,8 @@ def load_depth_estimator(path: str | os.PathLike, backbone: str | os.PathLike | 
 def load_detector(path: str | os.PathLike) -> nn.Module:
     """A whole detector: a folder of transformers' ``YolosForObjectDetection`` (a
     :class:`~vitkit.models.detection.YOLOS`) or ``RfDetrForObjectDetection`` (a
-    :class:`~vitkit.models.rf_detr.RFDETR`), every weight loaded strictly, its class names kept
-    (``model.class_names``). A ``vitkit.lit.Detector`` run's checkpoint is Lightning's:
+    :class:`~vitkit.models.rf_detr.RFDETR`), or a ``.pth`` of RF-DETR's own code, every weight loaded strictly, its
+    class names kept (``model.class_names``). A ``vitkit.lit.Detector`` run's checkpoint is Lightning's:
     ``vitkit.lit.Detector.load_from_checkpoint(path).eval().evaluated()`` is the model it validated."""
     from .checkpoints.detection import read_detector
     from .models.rf_detr import RFDETR

@@ -15,12 +15,12 @@ from vitkit.tasks.detection.loss import SetLoss
 transformers = pytest.importorskip("transformers")
 
 
-def _rf_detr_folder(path, dropout: float = 0.1):
+def _rf_detr_folder(path, dropout: float = 0.1, hidden: int = 48, heads: int = 3, eps: float = 1e-5):
     """A random RF-DETR of transformers' (every weight moved off its start), windowed, saved."""
-    backbone = dict(model_type="rf_detr_dinov2", hidden_size=48, num_hidden_layers=4, num_attention_heads=3,
+    backbone = dict(model_type="rf_detr_dinov2", hidden_size=hidden, num_hidden_layers=4, num_attention_heads=heads,
                     mlp_ratio=2, patch_size=8, image_size=64, out_features=["stage1", "stage2", "stage4"],
                     num_windows=2)
-    cfg = transformers.RfDetrConfig(backbone_config=backbone, d_model=32, decoder_layers=2,
+    cfg = transformers.RfDetrConfig(backbone_config=backbone, d_model=32, decoder_layers=2, layer_norm_eps=eps,
                                     decoder_self_attention_heads=4, decoder_cross_attention_heads=4,
                                     decoder_ffn_dim=64, num_queries=6, group_detr=3, c2f_num_blocks=2, num_labels=5,
                                     dropout=dropout, id2label={i: f"c{i}" for i in range(5)})
@@ -44,6 +44,36 @@ def test_a_transformers_rf_detr_folder_gives_its_logits_and_boxes_at_any_size(tm
         torch.testing.assert_close(got.logits, expected.logits, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(got.boxes, expected.pred_boxes, atol=1e-4, rtol=1e-4)
         assert got.sigmoid and got.logits.shape == (2, 6, 5) and got.logits.std() > 0.05  # not a trivial output
+
+
+def test_an_rf_detr_checkpoint_of_its_own_code_gives_the_same_detections(tmp_path):
+    from argparse import Namespace
+    from pathlib import PosixPath
+
+    from safetensors.torch import load_file
+
+    # RF-DETR's own files: its names (transformers writes the same), DINOv2's 64-wide heads, LayerNorms at 1e-6
+    theirs = _rf_detr_folder(tmp_path / "rf", hidden=128, heads=2, eps=1e-6)
+    c = theirs.config
+    args = Namespace(encoder="dinov2_windowed_small", out_feature_indexes=[1, 2, 4], num_windows=2, patch_size=8,
+                     positional_encoding_size=8, hidden_dim=32, dec_layers=2, sa_nheads=4, ca_nheads=4,
+                     dec_n_points=c.decoder_n_points, dim_feedforward=64, num_queries=6, group_detr=3,
+                     projector_scale=["P4"], layer_norm=True, two_stage=True, bbox_reparam=True,
+                     lite_refpoint_refine=True, class_names=[f"c{i}" for i in range(5)], dropout=0.0,
+                     output_dir=PosixPath("output"))
+    weights = load_file(tmp_path / "rf" / "model.safetensors")
+    torch.save({"model": weights, "args": args, "epoch": 11, "optimizer": {"state": {}}}, tmp_path / "rf.pth")
+    ours = vitkit.load_detector(tmp_path / "rf.pth").eval()
+    assert ours.class_names == args.class_names and ours.cfg.windows == 2 and ours.cfg.projector_eps == 1e-6
+    x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected, got = theirs(pixel_values=x), ours(x)
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.boxes, expected.pred_boxes, atol=1e-4, rtol=1e-4)
+    args.projector_scale = ["P3", "P5"]
+    torch.save({"model": weights, "args": args}, tmp_path / "large.pth")
+    with pytest.raises(CheckpointError, match=r"an RF-DETR with \{'projector_scale': \['P3', 'P5'\]\}"):
+        vitkit.load_detector(tmp_path / "large.pth")
 
 
 def test_in_training_its_groups_proposals_and_loss_are_transformers(tmp_path):

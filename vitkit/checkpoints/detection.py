@@ -108,22 +108,11 @@ def _refuse(folder: Path, config: dict, expected: dict[str, Any]) -> None:
                               f"{ {k: expected[k] for k in wrong} }")
 
 
-def transformers_rf_detr(folder: str | os.PathLike) -> DetectorFile:
-    """A folder that transformers' ``RfDetrForObjectDetection.save_pretrained`` wrote: its windowed DINOv2, the
-    projector, the two-stage heads of every query group and the decoder (``vitkit.models.rf_detr``)."""
-    folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
-    backbone_config = config.get("backbone_config") or {}
-    if backbone_config.get("model_type") != "rf_detr_dinov2":
-        raise CheckpointError(f"{folder}: an RF-DETR on a {backbone_config.get('model_type')!r} backbone; vitkit reads "
-                              "the DINOv2 ones (rf_detr_dinov2)")
-    _refuse(folder, config, {"activation_function": "silu", "decoder_activation_function": "relu",
-                             "num_feature_levels": 1, "attention_bias": True})
-    _refuse(folder, backbone_config, {"use_swiglu_ffn": False, "apply_layernorm": True, "num_register_tokens": 0})
-    raw = _weights(folder)
+def _rf_detr_weights(where: Path, raw: dict[str, Tensor]) -> dict[str, Tensor]:
+    """RF-DETR's weights in its own names (its ``.pth`` files' and transformers' folders') in vitkit's."""
     body = {k[len(BACKBONE):]: v for k, v in raw.items() if k.startswith(BACKBONE) and not k.endswith("mask_token")}
     if not body:
-        raise CheckpointError(f"{folder}: no {BACKBONE}* weights; not an RF-DETR checkpoint")
+        raise CheckpointError(f"{where}: no {BACKBONE}* weights; not an RF-DETR checkpoint")
     backbone, _ = to_vitkit(body)
     sd = {f"backbone.{k}": v for k, v in backbone.items()}
     unknown = []
@@ -143,7 +132,23 @@ def transformers_rf_detr(folder: str | os.PathLike) -> DetectorFile:
         else:
             sd[ours] = v
     if unknown:
-        raise CheckpointError(f"{folder}: weights an RF-DETR has no place for: {', '.join(unknown[:4])}")
+        raise CheckpointError(f"{where}: weights an RF-DETR has no place for: {', '.join(unknown[:4])}")
+    return sd
+
+
+def transformers_rf_detr(folder: str | os.PathLike) -> DetectorFile:
+    """A folder that transformers' ``RfDetrForObjectDetection.save_pretrained`` wrote: its windowed DINOv2, the
+    projector, the two-stage heads of every query group and the decoder (``vitkit.models.rf_detr``)."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    backbone_config = config.get("backbone_config") or {}
+    if backbone_config.get("model_type") != "rf_detr_dinov2":
+        raise CheckpointError(f"{folder}: an RF-DETR on a {backbone_config.get('model_type')!r} backbone; vitkit reads "
+                              "the DINOv2 ones (rf_detr_dinov2)")
+    _refuse(folder, config, {"activation_function": "silu", "decoder_activation_function": "relu",
+                             "num_feature_levels": 1, "attention_bias": True})
+    _refuse(folder, backbone_config, {"use_swiglu_ffn": False, "apply_layernorm": True, "num_register_tokens": 0})
+    sd = _rf_detr_weights(folder, _weights(folder))
     preset, overrides = preset_for({**backbone_config, "model_type": "dinov2"})
     overrides["img_size"] = backbone_config.get("image_size", 518)
     stages = backbone_config.get("out_indices") or [backbone_config.get("num_hidden_layers", 12)]
@@ -163,18 +168,65 @@ def transformers_rf_detr(folder: str | os.PathLike) -> DetectorFile:
     return DetectorFile(preset, overrides, "rf_detr", settings, sd, names)
 
 
+def rf_detr_checkpoint(path: str | os.PathLike, raw: dict[str, Any]) -> DetectorFile:
+    """A checkpoint RF-DETR's own code wrote (``rf-detr-base.pth``, a run's ``checkpoint_best_total.pth``): its
+    weights under ``model`` in RF-DETR's names and its settings under ``args`` (an
+    ``argparse.Namespace``, read without running code). The windowed DINOv2 without registers and one projector level
+    (``projector_scale: [P4]``, every released size but the deprecated Large) are read; others are refused."""
+    path = Path(path)
+    args = raw.get("args")
+    args = vars(args) if hasattr(args, "__dict__") else dict(args or {})
+    if not isinstance(raw.get("model"), dict) or not args:
+        raise CheckpointError(f"{path}: an RF-DETR checkpoint holds its weights under 'model' and its settings under "
+                              f"'args'; this one has {sorted(raw)[:6]}")
+    encoder = str(args.get("encoder", ""))
+    if not encoder.startswith("dinov2_windowed_") and encoder not in ("dinov2_small", "dinov2_base"):
+        raise CheckpointError(f"{path}: an RF-DETR on the {encoder!r} encoder; vitkit reads the windowed DINOv2 "
+                              "without registers (dinov2_windowed_small, dinov2_windowed_base)")
+    _refuse(path, args, {"projector_scale": ["P4"], "layer_norm": True, "two_stage": True, "bbox_reparam": True,
+                         "lite_refpoint_refine": True, "rms_norm": False, "segmentation_head": False})
+    sd = _rf_detr_weights(path, raw["model"])
+    dim = sd["backbone.cls_token"].shape[-1]
+    patch = int(args.get("patch_size", 14))
+    grid = int(args.get("positional_encoding_size", 37))
+    depth = len({k.split(".")[2] for k in sd if k.startswith("backbone.blocks.")})
+    preset, overrides = preset_for({"model_type": "dinov2", "hidden_size": dim, "num_hidden_layers": depth,
+                                    "num_attention_heads": dim // 64, "patch_size": patch, "image_size": grid * patch,
+                                    "mlp_ratio": sd["backbone.blocks.0.mlp.fc1.weight"].shape[0] / dim})
+    overrides["img_size"] = grid * patch
+    from vitkit.models.rf_detr import RFDETRConfig
+
+    blocks = len({k.split(".")[2] for k in sd if k.startswith("projector.bottlenecks.")})
+    cfg = RFDETRConfig(
+        out_indices=tuple(int(i) for i in args.get("out_feature_indexes", (2, 5, 8, 11))),
+        windows=int(args.get("num_windows", 4)) if "windowed" in encoder else 1, d_model=int(args["hidden_dim"]),
+        c2f_blocks=blocks, projector_eps=1e-6, decoder_layers=int(args.get("dec_layers", 3)),
+        self_heads=int(args.get("sa_nheads", 8)), cross_heads=int(args.get("ca_nheads", 16)),
+        points=int(args.get("dec_n_points", 2)), ffn_dim=int(args.get("dim_feedforward", 2048)),
+        queries=int(args.get("num_queries", 300)), groups=int(args.get("group_detr", 13)),
+        dropout=float(args.get("dropout", 0.0)))
+    names = [str(n) for n in args.get("class_names") or []]
+    classes = sd["class_head.weight"].shape[0]
+    return DetectorFile(preset, overrides, "rf_detr", dict(num_classes=classes, cfg=cfg),
+                        sd, names if len(names) == classes else [])
+
+
 def read_detector(path: str | os.PathLike) -> DetectorFile:
-    """A detector's file in vitkit's names: a transformers YOLOS or RF-DETR folder."""
+    """A detector's file in vitkit's names: a transformers YOLOS or RF-DETR folder, or RF-DETR's own ``.pth``."""
     path = Path(path)
     if not path.exists():
         raise MissingFileError(f"{path} is not there: vitkit.load_detector reads a local folder (what "
                                "save_pretrained wrote, or a model's snapshot folder in the Hugging Face cache)")
+    if path.is_file() and path.suffix in (".pth", ".pt"):
+        raw = read_file(path)
+        if "args" in raw and "model" in raw:
+            return rf_detr_checkpoint(path, raw)
     if not (path / "config.json").is_file():
         own = ("; a vitkit run's checkpoint loads with "
                "vitkit.lit.Detector.load_from_checkpoint(path).eval().evaluated()") if path.suffix == ".ckpt" else ""
         raise CheckpointError(f"{path} is not a detector vitkit reads: expected a folder of transformers' "
                               "YolosForObjectDetection or RfDetrForObjectDetection (config.json and "
-                              f"model.safetensors){own}")
+                              f"model.safetensors) or an RF-DETR .pth (model and args){own}")
     kind = json.loads((path / "config.json").read_text()).get("model_type")
     if kind == "rf_detr":
         return transformers_rf_detr(path)
