@@ -403,6 +403,7 @@ def load_detector(path: str | os.PathLike) -> nn.Module:
     found = read_detector(path)
     backbone = create_model(found.preset, num_classes=0, **found.overrides)
     model = (RFDETR if found.kind == "rf_detr" else YOLOS)(backbone, **found.settings)
-    model.load_state_dict(found.state_dict)
+    own = {k: v for k, v in model.state_dict().items() if found.unused and k.startswith(found.unused)}
+    model.load_state_dict({**own, **found.state_dict})
     model.class_names = found.class_names
     return model

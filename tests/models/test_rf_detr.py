@@ -109,7 +109,7 @@ def test_what_rf_detr_cannot_take_is_refused_in_one_line(tmp_path):
                                         self_heads=4, cross_heads=4))
     with pytest.raises(UsageError, match=r"multiples of 16 px \(the 8 px patch x 2 windows\), got 64 x 56"):
         model(torch.randn(1, 3, 64, 56))
-    with pytest.raises(UsageError, match=r"selects 6 queries from the map's 2 x 2 positions"):
+    with pytest.raises(UsageError, match=r"selects 6 queries from the maps' 4 positions \(2 x 2\)"):
         model.eval()(torch.randn(1, 3, 16, 16))
     with pytest.raises(UsageError, match=r"out_indices must be stages 1 to 4"):
         RFDETR(vit, 3, RFDETRConfig(out_indices=(2, 5)))
@@ -124,3 +124,17 @@ def test_what_rf_detr_cannot_take_is_refused_in_one_line(tmp_path):
     (tmp_path / "rf/config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="an RF-DETR on a 'rf_detr_vit' backbone; vitkit reads the DINOv2"):
         vitkit.load_detector(tmp_path / "rf")
+
+
+def test_a_state_dict_of_the_one_level_projector_loads_into_the_levels():
+    vit = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, img_size=64, patch_size=8, depth=2)
+    cfg = RFDETRConfig(out_indices=(1, 2), windows=2, d_model=32, queries=6, groups=2, self_heads=4, cross_heads=4)
+    model = RFDETR(vit, 3, cfg).eval()
+    before = {k.replace("projector.0.", "projector."): v for k, v in model.state_dict().items()}  # earlier runs' keys
+    assert "projector.conv1.conv.weight" in before
+    fresh = RFDETR(vitkit.create_model("vit_tiny_patch16_224", num_classes=0, img_size=64, patch_size=8, depth=2), 3,
+                   cfg).eval()
+    fresh.load_state_dict(before)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x).boxes, model(x).boxes)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from vitkit.errors import MissingFileError
@@ -32,6 +33,7 @@ class DetectorFile:
     settings: dict[str, Any]
     state_dict: dict[str, Tensor]
     class_names: list[str] = field(default_factory=list)
+    unused: tuple[str, ...] = ()  # weights the model has and never runs (LW-DETR's backbone's final norm)
 
 
 def _weights(folder: Path) -> dict[str, Tensor]:
@@ -76,11 +78,11 @@ def transformers_yolos(folder: str | os.PathLike) -> DetectorFile:
 
 
 RF_DETR_NAMES = [  # RF-DETR's names (as transformers writes them) -> vitkit.models.rf_detr.RFDETR's
-    (r"^backbone\.0\.projector\.stages\.0\.0\.cv([12])\.bn\.", r"projector.conv\1.norm."),
-    (r"^backbone\.0\.projector\.stages\.0\.0\.cv([12])\.", r"projector.conv\1."),
-    (r"^backbone\.0\.projector\.stages\.0\.0\.m\.(\d+)\.cv([12])\.bn\.", r"projector.bottlenecks.\1.conv\2.norm."),
-    (r"^backbone\.0\.projector\.stages\.0\.0\.m\.(\d+)\.cv([12])\.", r"projector.bottlenecks.\1.conv\2."),
-    (r"^backbone\.0\.projector\.stages\.0\.1\.", "projector.norm."),
+    (r"^backbone\.0\.projector\.stages\.0\.0\.cv([12])\.bn\.", r"projector.0.conv\1.norm."),
+    (r"^backbone\.0\.projector\.stages\.0\.0\.cv([12])\.", r"projector.0.conv\1."),
+    (r"^backbone\.0\.projector\.stages\.0\.0\.m\.(\d+)\.cv([12])\.bn\.", r"projector.0.bottlenecks.\1.conv\2.norm."),
+    (r"^backbone\.0\.projector\.stages\.0\.0\.m\.(\d+)\.cv([12])\.", r"projector.0.bottlenecks.\1.conv\2."),
+    (r"^backbone\.0\.projector\.stages\.0\.1\.", "projector.0.norm."),
     (r"^refpoint_embed\.weight$", "reference_embed"),
     (r"^query_feat\.weight$", "query_feat"),
     (r"^transformer\.decoder\.layers\.(\d+)\.self_attn\.out_proj\.", r"layers.\1.self_attn.proj."),
@@ -196,7 +198,7 @@ def rf_detr_checkpoint(path: str | os.PathLike, raw: dict[str, Any]) -> Detector
     overrides["img_size"] = grid * patch
     from vitkit.models.rf_detr import RFDETRConfig
 
-    blocks = len({k.split(".")[2] for k in sd if k.startswith("projector.bottlenecks.")})
+    blocks = len({k.split(".")[3] for k in sd if k.startswith("projector.0.bottlenecks.")})
     cfg = RFDETRConfig(
         out_indices=tuple(int(i) for i in args.get("out_feature_indexes", (2, 5, 8, 11))),
         windows=int(args.get("num_windows", 4)) if "windowed" in encoder else 1, d_model=int(args["hidden_dim"]),
@@ -209,6 +211,103 @@ def rf_detr_checkpoint(path: str | os.PathLike, raw: dict[str, Any]) -> Detector
     classes = sd["class_head.weight"].shape[0]
     return DetectorFile(preset, overrides, "rf_detr", dict(num_classes=classes, cfg=cfg),
                         sd, names if len(names) == classes else [])
+
+
+LW_DETR_NAMES = [  # transformers' LW-DETR names (as save_pretrained writes them) -> vitkit.models.rf_detr.RFDETR's
+    (r"^model\.backbone\.backbone\.embeddings\.projection\.", "backbone.patch_embed.proj."),
+    (r"^model\.backbone\.backbone\.encoder\.layer\.(\d+)\.attention\.output\.", r"backbone.blocks.\1.attn.proj."),
+    (r"^model\.backbone\.backbone\.encoder\.layer\.(\d+)\.gamma_([12])$", r"backbone.blocks.\1.ls\2.gamma"),
+    (r"^model\.backbone\.backbone\.encoder\.layer\.(\d+)\.intermediate\.", r"backbone.blocks.\1.mlp."),
+    (r"^model\.backbone\.backbone\.encoder\.layer\.(\d+)\.layernorm_before\.", r"backbone.blocks.\1.norm1."),
+    (r"^model\.backbone\.backbone\.encoder\.layer\.(\d+)\.layernorm_after\.", r"backbone.blocks.\1.norm2."),
+    (r"^model\.backbone\.projector\.scale_layers\.(\d+)\.sampling_layers\.(\d+)\.layers\.",
+     r"projector.\1.samplers.\2."),
+    (r"^model\.backbone\.projector\.scale_layers\.(\d+)\.projector_layer\.", r"projector.\1."),
+    (r"^model\.backbone\.projector\.scale_layers\.(\d+)\.layer_norm\.", r"projector.\1.norm."),
+    (r"^model\.decoder\.layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.self_attn.proj."),
+    (r"^model\.decoder\.layers\.(\d+)\.self_attn\.([qkv]_proj)\.", r"layers.\1.self_attn.\2."),
+    (r"^model\.decoder\.layers\.(\d+)\.self_attn_layer_norm\.", r"layers.\1.self_attn_norm."),
+    (r"^model\.decoder\.layers\.(\d+)\.cross_attn\.", r"layers.\1.cross_attn."),
+    (r"^model\.decoder\.layers\.(\d+)\.cross_attn_layer_norm\.", r"layers.\1.cross_attn_norm."),
+    (r"^model\.decoder\.layers\.(\d+)\.mlp\.", r"layers.\1."),
+    (r"^model\.decoder\.layers\.(\d+)\.layer_norm\.", r"layers.\1.norm."),
+    (r"^model\.decoder\.layernorm\.", "decoder_norm."),
+    (r"^model\.decoder\.ref_point_head\.", "ref_point_head."),
+    (r"^model\.enc_output\.(\d+)\.", r"enc_output.\1."),
+    (r"^model\.enc_output_norm\.(\d+)\.", r"enc_output_norm.\1."),
+    (r"^model\.enc_out_class_embed\.(\d+)\.", r"enc_class.\1."),
+    (r"^model\.enc_out_bbox_embed\.(\d+)\.", r"enc_box.\1."),
+    (r"^model\.query_feat\.weight$", "query_feat"),
+    (r"^model\.reference_point_embed\.weight$", "reference_embed"),
+    (r"^class_embed\.", "class_head."),
+    (r"^bbox_embed\.", "box_head."),
+]
+IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+
+
+def transformers_lw_detr(folder: str | os.PathLike) -> DetectorFile:
+    """A folder that transformers' ``LwDetrForObjectDetection.save_pretrained`` wrote: LW-DETR's own ViT (no class
+    token, windows of the image in some blocks, layer scale, keys without bias), the multi-scale projector with
+    batch norms, the two-stage heads of every query group and the decoder (``vitkit.models.rf_detr`` with
+    ``window_blocks``)."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    vit = config.get("backbone_config") or {}
+    if vit.get("model_type") != "lw_detr_vit":
+        raise CheckpointError(f"{folder}: an LW-DETR on a {vit.get('model_type')!r} backbone; vitkit reads its own "
+                              "ViT (lw_detr_vit)")
+    _refuse(folder, config, {"activation_function": "silu", "decoder_activation_function": "relu",
+                             "attention_bias": True})
+    _refuse(folder, vit, {"use_absolute_position_embeddings": True, "hidden_act": "gelu"})
+    raw, sd, unknown = _weights(folder), {}, []
+    layer = r"^model\.backbone\.backbone\.encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\.(\w+)$"
+    qkv: dict[str, dict[str, Tensor]] = {}
+    for k, v in raw.items():
+        m = re.match(layer, k)
+        if m:  # q, k and v in one matrix; q's and v's biases apart (the keys have none)
+            if m[3] == "weight":
+                qkv.setdefault(m[1], {})[m[2]] = v
+            else:
+                sd[f"backbone.blocks.{m[1]}.attn.{m[2][0]}_bias"] = v
+            continue
+        if k == "model.backbone.backbone.embeddings.position_embeddings":
+            sd["backbone.pos_embed"] = v[:, 1:]  # the class token's slot: LW-DETR has no class token
+            continue
+        ours = k
+        for pattern, repl in LW_DETR_NAMES:
+            ours = re.sub(pattern, repl, ours)
+        if ours == k:
+            unknown.append(k)
+        else:
+            sd[ours] = v
+    for i, parts in qkv.items():
+        sd[f"backbone.blocks.{i}.attn.qkv.weight"] = torch.cat([parts[n] for n in ("query", "key", "value")])
+    if unknown or "backbone.pos_embed" not in sd:
+        raise CheckpointError(f"{folder}: weights an LW-DETR has no place for: {', '.join(unknown[:4]) or 'none'}; "
+                              "or no position embeddings")
+    pretrain = vit.get("pretrain_image_size", 224)
+    preset, overrides = preset_for({**vit, "model_type": "vit", "image_size": pretrain,
+                                    "intermediate_size": int(vit["hidden_size"] * vit.get("mlp_ratio", 4))})
+    overrides.update(img_size=pretrain, class_token=False, no_embed_class=True, global_pool="",
+                     qkv_bias="qv" if vit.get("qkv_bias", True) else False, init_values=1.0,
+                     norm_eps=float(vit.get("layer_norm_eps", 1e-6)), pos_antialias=False, **IMAGENET)
+    from vitkit.models.rf_detr import RFDETRConfig
+
+    windows = int(round(vit.get("num_windows", 16) ** 0.5))
+    cfg = RFDETRConfig(
+        out_indices=tuple(int(i) for i in vit.get("out_indices") or [vit.get("num_hidden_layers", 12)]),
+        windows=windows, window_blocks=tuple(int(i) for i in vit.get("window_block_indices") or ()),
+        scales=tuple(float(f) for f in config.get("projector_scale_factors") or ()), projector_norm="batch",
+        d_model=config.get("d_model", 256), hidden_expansion=float(config.get("hidden_expansion", 0.5)),
+        c2f_blocks=config.get("c2f_num_blocks", 3), projector_eps=float(config.get("batch_norm_eps", 1e-5)),
+        decoder_layers=config.get("decoder_layers", 3), self_heads=config.get("decoder_self_attention_heads", 8),
+        cross_heads=config.get("decoder_cross_attention_heads", 16), points=config.get("decoder_n_points", 4),
+        ffn_dim=config.get("decoder_ffn_dim", 2048), queries=config.get("num_queries", 300),
+        groups=config.get("group_detr", 13), dropout=float(config.get("dropout", 0.0)))
+    labels = config.get("id2label") or {}
+    names = [labels[k] for k in sorted(labels, key=int)] if labels else []
+    settings = dict(num_classes=sd["class_head.weight"].shape[0], cfg=cfg)
+    return DetectorFile(preset, overrides, "rf_detr", settings, sd, names, unused=("backbone.norm.",))
 
 
 def read_detector(path: str | os.PathLike) -> DetectorFile:
@@ -225,12 +324,14 @@ def read_detector(path: str | os.PathLike) -> DetectorFile:
         own = ("; a vitkit run's checkpoint loads with "
                "vitkit.lit.Detector.load_from_checkpoint(path).eval().evaluated()") if path.suffix == ".ckpt" else ""
         raise CheckpointError(f"{path} is not a detector vitkit reads: expected a folder of transformers' "
-                              "YolosForObjectDetection or RfDetrForObjectDetection (config.json and "
-                              f"model.safetensors) or an RF-DETR .pth (model and args){own}")
+                              "YolosForObjectDetection, RfDetrForObjectDetection or LwDetrForObjectDetection "
+                              f"(config.json and model.safetensors) or an RF-DETR .pth (model and args){own}")
     kind = json.loads((path / "config.json").read_text()).get("model_type")
     if kind == "rf_detr":
         return transformers_rf_detr(path)
     if kind == "yolos":
         return transformers_yolos(path)
+    if kind == "lw_detr":
+        return transformers_lw_detr(path)
     raise CheckpointError(f"{path}/config.json has model_type={kind!r}; vitkit reads detectors of model_type "
-                          "'yolos' and 'rf_detr'")
+                          "'yolos', 'rf_detr' and 'lw_detr'")

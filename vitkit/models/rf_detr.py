@@ -43,7 +43,10 @@ class RFDETRConfig:
     """RF-DETR's settings (transformers' ``RfDetrConfig`` defaults, RF-DETR Base's).
 
     ``out_indices``: the backbone's stages the projector reads (stage k: the state after k blocks); the blocks of
-    those indices (0-based) attend globally. ``windows``: windows per side (1: every block global)."""
+    those indices (0-based) attend globally. ``windows``: windows per side (1: every block global).
+    ``window_blocks``: LW-DETR's backbone instead (:class:`WindowedPlainViT`): these blocks attend within windows,
+    the others globally. ``scales``: the projector's levels (1: the patch stride; 0.5 and 2: half and twice the
+    resolution, LW-DETR's larger models). ``projector_norm``: ``layer`` (RF-DETR's) or ``batch`` (LW-DETR's)."""
 
     out_indices: tuple[int, ...] = (2, 5, 8, 11)
     windows: int = 4
@@ -59,6 +62,9 @@ class RFDETRConfig:
     queries: int = 300
     groups: int = 13
     dropout: float = 0.1
+    window_blocks: tuple[int, ...] | None = None
+    scales: tuple[float, ...] = (1.0,)
+    projector_norm: str = "layer"
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in ("windows", "d_model", "decoder_layers", "queries", "groups", "points",
@@ -67,6 +73,9 @@ class RFDETRConfig:
         if small or not self.out_indices:
             raise UsageError(f"RF-DETR's sizes must be >= 1 and it reads at least one stage, got "
                              f"{small or {'out_indices': list(self.out_indices)}}")
+        if not self.scales or set(self.scales) - {0.5, 1.0, 2.0} or self.projector_norm not in ("layer", "batch"):
+            raise UsageError(f"the projector's scales are 0.5, 1 or 2 and its norm layer or batch, got scales "
+                             f"{list(self.scales)} and projector_norm {self.projector_norm!r}")
         if self.d_model % self.self_heads or self.d_model % self.cross_heads:
             raise UsageError(f"d_model ({self.d_model}) must be divisible by self_heads ({self.self_heads}) and "
                              f"cross_heads ({self.cross_heads})")
@@ -129,43 +138,101 @@ class WindowedViT:
         return maps
 
 
-class ConvNorm(nn.Module):
-    """A convolution without bias, a LayerNorm over channels and an activation (SiLU, or none)."""
+class WindowedPlainViT:
+    """How LW-DETR runs a vitkit ViT without a class token (its own ViT, CAE-pretrained): the patches and positions
+    (resampled bicubic) split into ``windows`` x ``windows`` windows of the image; the blocks of ``window_blocks``
+    attend within their window, the others across all; the maps are the states after ``out_indices`` blocks, as they
+    are (no final norm). It holds no weights: the ViT is the detector's ``backbone``."""
 
-    def __init__(self, cin: int, cout: int, kernel: int, eps: float, act: bool = True) -> None:
+    def __init__(self, vit: nn.Module, out_indices: tuple[int, ...], windows: int, window_blocks: tuple[int, ...]
+                 ) -> None:
+        if getattr(vit, "num_prefix_tokens", 1) != 0 or getattr(vit, "pos_embed", None) is None:
+            raise UsageError(f"LW-DETR's backbone is a ViT with learned positions and no class token; "
+                             f"{getattr(vit, 'name', type(vit).__name__)} is not")
+        depth = len(vit.blocks)
+        if min(out_indices) < 1 or max(out_indices) > depth:
+            raise UsageError(f"out_indices must be stages 1 to {depth} (the backbone's blocks), got {out_indices}")
+        self.out_indices, self.windows, self.window_blocks = tuple(out_indices), windows, set(window_blocks)
+
+    def __call__(self, vit: nn.Module, x: Tensor) -> list[Tensor]:
+        p, n = vit.patch_size, self.windows
+        B, _, H, W = x.shape
+        if H % (p * n) or W % (p * n):
+            raise UsageError(f"LW-DETR takes images whose height and width are multiples of {p * n} px (the "
+                             f"{p} px patch x {n} windows), got {H} x {W}")
+        h, w = H // p, W // p
+        tokens = vit.norm_pre(vit.pos_drop(vit.patch_embed(x) + vit.positions_for((h, w))))  # (B, h·w, C)
+        C = tokens.shape[-1]
+        state = tokens.reshape(B, n, h // n, n, w // n, C).transpose(2, 3).reshape(B * n * n, -1, C)  # windows
+        maps = []
+        for i, blk in enumerate(vit.blocks[:max(self.out_indices)]):
+            state = blk(state) if i in self.window_blocks else blk(state.reshape(B, -1, C)).reshape(state.shape)
+            if i + 1 in self.out_indices:
+                grid = state.reshape(B, n, n, h // n, w // n, C).transpose(2, 3).reshape(B, h, w, C)
+                maps.append(grid.permute(0, 3, 1, 2).contiguous())  # (B, C, h, w)
+        return maps
+
+
+class ConvNorm(nn.Module):
+    """A convolution without bias, a norm over channels (LayerNorm, RF-DETR's, or BatchNorm, LW-DETR's) and an
+    activation (SiLU, ReLU or none)."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, eps: float, act: str = "silu", norm: str = "layer",
+                 stride: int = 1) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(cin, cout, kernel, padding=kernel // 2, bias=False)
-        self.norm = nn.LayerNorm(cout, eps=eps)
-        self.act = nn.SiLU() if act else nn.Identity()
+        self.conv = nn.Conv2d(cin, cout, kernel, stride, padding=kernel // 2, bias=False)
+        self.channels_last = norm == "layer"
+        self.norm = nn.LayerNorm(cout, eps=eps) if self.channels_last else nn.BatchNorm2d(cout, eps=eps)
+        self.act = {"silu": nn.SiLU(), "relu": nn.ReLU(), "": nn.Identity()}[act]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.act(self.norm(self.conv(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
+        x = self.conv(x)
+        x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2) if self.channels_last else self.norm(x)
+        return self.act(x)
 
 
 class Bottleneck(nn.Module):
     """Two 3x3 ConvNorms (RF-DETR's RepVGG block, without a shortcut)."""
 
-    def __init__(self, width: int, eps: float) -> None:
+    def __init__(self, width: int, eps: float, norm: str = "layer") -> None:
         super().__init__()
-        self.conv1, self.conv2 = ConvNorm(width, width, 3, eps), ConvNorm(width, width, 3, eps)
+        self.conv1, self.conv2 = ConvNorm(width, width, 3, eps, norm=norm), ConvNorm(width, width, 3, eps, norm=norm)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.conv2(self.conv1(x))
 
 
-class Projector(nn.Module):
-    """The maps (B, C, h, w) each, concatenated -> C2f (a 1x1 split in two halves, bottlenecks on the second, every
-    output concatenated, a 1x1) -> a channel LayerNorm: (B, d_model, h, w)."""
+def _sampler(width: int, scale: float, eps: float, norm: str) -> nn.Module:
+    """One map brought to a level's scale: 2x by a transposed conv (to half the channels; a quarter, through a 1x1
+    ConvNorm first, above 512), 1/2 by a strided 3x3 ConvNorm with ReLU (LW-DETR's)."""
+    if scale == 2.0:
+        if width > 512:
+            return nn.Sequential(ConvNorm(width, width // 2, 1, eps, "relu", norm),
+                                 nn.ConvTranspose2d(width // 2, width // 4, 2, stride=2))
+        return nn.Sequential(nn.ConvTranspose2d(width, width // 2, 2, stride=2))
+    if scale == 0.5:
+        return nn.Sequential(ConvNorm(width, width, 3, eps, "relu", norm, stride=2))
+    return nn.Sequential()
 
-    def __init__(self, cin: int, cfg: RFDETRConfig) -> None:
+
+class Projector(nn.Module):
+    """One level: the maps (B, C, h, w) each brought to ``scale`` (``samplers``), concatenated -> C2f (a 1x1 split
+    in two halves, bottlenecks on the second, every output concatenated, a 1x1) -> a channel LayerNorm:
+    (B, d_model, h·scale, w·scale)."""
+
+    def __init__(self, widths: list[int], cfg: RFDETRConfig, scale: float = 1.0) -> None:
         super().__init__()
+        eps, norm = cfg.projector_eps, cfg.projector_norm
         self.hidden = int(cfg.d_model * cfg.hidden_expansion)
-        self.conv1 = ConvNorm(cin, 2 * self.hidden, 1, cfg.projector_eps)
-        self.bottlenecks = nn.ModuleList(Bottleneck(self.hidden, cfg.projector_eps) for _ in range(cfg.c2f_blocks))
-        self.conv2 = ConvNorm((2 + cfg.c2f_blocks) * self.hidden, cfg.d_model, 1, cfg.projector_eps)
+        self.samplers = nn.ModuleList(_sampler(c, scale, eps, norm) for c in widths)
+        cin = sum(c // (2 if c <= 512 else 4) if scale == 2.0 else c for c in widths)
+        self.conv1 = ConvNorm(cin, 2 * self.hidden, 1, eps, norm=norm)
+        self.bottlenecks = nn.ModuleList(Bottleneck(self.hidden, eps, norm) for _ in range(cfg.c2f_blocks))
+        self.conv2 = ConvNorm((2 + cfg.c2f_blocks) * self.hidden, cfg.d_model, 1, eps, norm=norm)
         self.norm = nn.LayerNorm(cfg.d_model, eps=1e-6)
 
     def forward(self, maps: list[Tensor]) -> Tensor:
+        maps = [sample(m) for sample, m in zip(self.samplers, maps, strict=True)]
         parts = list(self.conv1(torch.cat(maps, dim=1)).split(self.hidden, dim=1))
         x = parts[-1]
         for block in self.bottlenecks:
@@ -173,6 +240,14 @@ class Projector(nn.Module):
             parts.append(x)
         x = self.conv2(torch.cat(parts, dim=1))
         return self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def _one_level_projector(state_dict: dict, prefix: str, *args) -> None:
+    """A state dict of RF-DETR with one projector (``projector.conv1...``, before the levels) in today's names
+    (``projector.0.conv1...``)."""
+    old = prefix + "projector."
+    for k in [k for k in state_dict if k.startswith(old) and not k[len(old):].split(".")[0].isdigit()]:
+        state_dict[old + "0." + k[len(old):]] = state_dict.pop(k)
 
 
 def sine_embedding(boxes: Tensor, width: int, temperature: float = 10000.0) -> Tensor:
@@ -200,19 +275,19 @@ class DecoderLayer(nn.Module):
         d = cfg.d_model
         self.self_attn = QuerySelfAttention(d, cfg.self_heads)
         self.self_attn_norm = nn.LayerNorm(d)
-        self.cross_attn = DeformableAttention(d, cfg.cross_heads, levels=1, points=cfg.points)
+        self.cross_attn = DeformableAttention(d, cfg.cross_heads, levels=len(cfg.scales), points=cfg.points)
         self.cross_attn_norm = nn.LayerNorm(d)
         self.fc1, self.fc2 = nn.Linear(d, cfg.ffn_dim), nn.Linear(cfg.ffn_dim, d)
         self.norm = nn.LayerNorm(d)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, pos: Tensor, reference: Tensor, memory: Tensor, shape: tuple[int, int],
+    def forward(self, x: Tensor, pos: Tensor, reference: Tensor, memory: Tensor, shapes: list[tuple[int, int]],
                 groups: int) -> Tensor:
         B, N, C = x.shape
         grouped = (B, groups, N // groups, C)  # Group DETR: each group attends within itself
         attn = self.self_attn(x.reshape(grouped), pos.reshape(grouped)).reshape(B, N, C)
         x = self.self_attn_norm(x + self.drop(attn))
-        x = self.cross_attn_norm(x + self.drop(self.cross_attn(x + pos, reference, memory, [shape])))
+        x = self.cross_attn_norm(x + self.drop(self.cross_attn(x + pos, reference, memory, shapes)))
         return self.norm(x + self.drop(self.fc2(self.drop(F.relu(self.fc1(x))))))
 
 
@@ -229,10 +304,15 @@ class RFDETR(OnBackbone, nn.Module):
         cfg = cfg or RFDETRConfig()
         self.cfg, self.num_classes, self.aux_outputs = cfg, num_classes, aux_outputs
         self.backbone = backbone
-        self.windowed = WindowedViT(backbone, cfg.out_indices, cfg.windows)
+        self.windowed = WindowedViT(backbone, cfg.out_indices, cfg.windows) if cfg.window_blocks is None else \
+            WindowedPlainViT(backbone, cfg.out_indices, cfg.windows, cfg.window_blocks)
         for blk in backbone.blocks[max(cfg.out_indices):]:  # never run (no stage reads them): kept for the files' keys,
             blk.requires_grad_(False)  # out of the optimizer and of DDP's gradient reduction
-        self.projector = Projector(backbone.cfg.embed_dim * len(cfg.out_indices), cfg)
+        if cfg.window_blocks is not None:  # LW-DETR reads the blocks' states as they are: the final norm is unused
+            backbone.norm.requires_grad_(False)
+        widths = [backbone.cfg.embed_dim] * len(cfg.out_indices)
+        self.projector = nn.ModuleList(Projector(widths, cfg, scale) for scale in cfg.scales)
+        self._register_load_state_dict_pre_hook(_one_level_projector)
         d, G, Q = cfg.d_model, cfg.groups, cfg.queries
         self.reference_embed = nn.Parameter(torch.zeros(Q * G, 4))
         self.query_feat = nn.Parameter(torch.zeros(Q * G, d))
@@ -261,15 +341,17 @@ class RFDETR(OnBackbone, nn.Module):
     def no_weight_decay(self) -> set[str]:
         return super().no_weight_decay() | {"reference_embed", "query_feat"}
 
-    def _proposals(self, memory: Tensor, shape: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        """Every map position's proposal (B, S, 4): its cell's centre, 0.05 wide and high; and (B, S, 1) True where
-        a proposal is not strictly inside (0.01, 0.99), as RF-DETR drops them."""
-        h, w = shape
-        y, x = torch.meshgrid(torch.arange(h, dtype=memory.dtype, device=memory.device),
-                              torch.arange(w, dtype=memory.dtype, device=memory.device), indexing="ij")
-        centre = (torch.stack([x, y], -1) + 0.5) / torch.tensor([w, h], dtype=memory.dtype, device=memory.device)
-        boxes = torch.cat([centre, torch.full_like(centre, 0.05)], -1).view(1, h * w, 4)
-        boxes = boxes.expand(memory.shape[0], -1, -1)  # (B, S, 4); the batch read from the shape stays symbolic
+    def _proposals(self, memory: Tensor, shapes: list[tuple[int, int]]) -> tuple[Tensor, Tensor]:
+        """Every map position's proposal (B, S, 4): its cell's centre, 0.05 wide and high at the first level (twice
+        that at the next, ...); and (B, S, 1) True where a proposal is not strictly inside (0.01, 0.99), as RF-DETR
+        drops them."""
+        levels = []
+        for level, (h, w) in enumerate(shapes):
+            y, x = torch.meshgrid(torch.arange(h, dtype=memory.dtype, device=memory.device),
+                                  torch.arange(w, dtype=memory.dtype, device=memory.device), indexing="ij")
+            centre = (torch.stack([x, y], -1) + 0.5) / torch.tensor([w, h], dtype=memory.dtype, device=memory.device)
+            levels.append(torch.cat([centre, torch.full_like(centre, 0.05 * 2.0 ** level)], -1).view(1, h * w, 4))
+        boxes = torch.cat(levels, 1).expand(memory.shape[0], -1, -1)  # (B, S, 4); the batch stays symbolic
         invalid = ~((boxes > 0.01) & (boxes < 0.99)).all(-1, keepdim=True)
         return boxes.masked_fill(invalid, 0.0), invalid
 
@@ -284,13 +366,15 @@ class RFDETR(OnBackbone, nn.Module):
         return q.gather(1, top[..., None].expand(-1, -1, q.shape[-1])), chosen, chosen.detach()
 
     def forward(self, x: Tensor) -> DetectionOutput:
-        mapped = self.projector(self.windowed(self.backbone, x))  # (B, d, h, w)
-        B, d, h, w = mapped.shape
-        if not torch.compiler.is_compiling() and h * w < self.cfg.queries:
-            raise UsageError(f"RF-DETR selects {self.cfg.queries} queries from the map's {h} x {w} positions: give a "
-                             f"larger image or fewer queries")
-        memory = mapped.flatten(2).transpose(1, 2)  # (B, S, d)
-        proposals, invalid = self._proposals(memory, (h, w))
+        features = self.windowed(self.backbone, x)
+        mapped = [level(features) for level in self.projector]  # (B, d, h_l, w_l) per level
+        (B, d), shapes = mapped[0].shape[:2], [tuple(m.shape[-2:]) for m in mapped]
+        positions = sum(h * w for h, w in shapes)
+        if not torch.compiler.is_compiling() and positions < self.cfg.queries:
+            raise UsageError(f"RF-DETR selects {self.cfg.queries} queries from the maps' {positions} positions "
+                             f"({' + '.join(f'{h} x {w}' for h, w in shapes)}): give a larger image or fewer queries")
+        memory = torch.cat([m.flatten(2).transpose(1, 2) for m in mapped], 1)  # (B, S, d)
+        proposals, invalid = self._proposals(memory, shapes)
         memory_q = memory.masked_fill(invalid, 0.0)
         groups = self.cfg.groups if self.training else 1
         selected = [self._select(g, memory_q, proposals, invalid) for g in range(groups)]
@@ -299,7 +383,7 @@ class RFDETR(OnBackbone, nn.Module):
         pos = self.ref_point_head(sine_embedding(reference, d // 2))  # (B, Q, d)
         states, query = [], self.query_feat[:Q].expand(B, -1, -1)
         for layer in self.layers:
-            query = layer(query, pos, reference[:, :, None], memory, (h, w), groups)
+            query = layer(query, pos, reference[:, :, None].expand(-1, -1, len(shapes), -1), memory, shapes, groups)
             states.append(self.decoder_norm(query))
         logits, boxes = self._heads(states[-1], reference)
         out = DetectionOutput(logits, boxes, sigmoid=True, groups=groups)
