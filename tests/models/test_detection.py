@@ -55,8 +55,8 @@ def test_what_is_not_a_yolos_is_refused_in_one_line(tmp_path):
     with pytest.raises(MissingFileError, match="hustvl/yolos-tiny is not there: vitkit.load_detector reads a local"):
         vitkit.load_detector("hustvl/yolos-tiny")
     (tmp_path / "config.json").write_text('{"model_type": "vit"}')
-    with pytest.raises(CheckpointError, match="model_type='vit'; vitkit reads detectors of model_type 'yolos' and "
-                                              "'rf_detr'"):
+    with pytest.raises(CheckpointError, match="model_type='vit'; vitkit reads detectors of model_type 'yolos', "
+                                              "'rf_detr' and 'lw_detr'"):
         vitkit.load_detector(tmp_path)
 
 

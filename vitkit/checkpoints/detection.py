@@ -245,21 +245,10 @@ LW_DETR_NAMES = [  # transformers' LW-DETR names (as save_pretrained writes them
 IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 
 
-def transformers_lw_detr(folder: str | os.PathLike) -> DetectorFile:
-    """A folder that transformers' ``LwDetrForObjectDetection.save_pretrained`` wrote: LW-DETR's own ViT (no class
-    token, windows of the image in some blocks, layer scale, keys without bias), the multi-scale projector with
-    batch norms, the two-stage heads of every query group and the decoder (``vitkit.models.rf_detr`` with
-    ``window_blocks``)."""
-    folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
-    vit = config.get("backbone_config") or {}
-    if vit.get("model_type") != "lw_detr_vit":
-        raise CheckpointError(f"{folder}: an LW-DETR on a {vit.get('model_type')!r} backbone; vitkit reads its own "
-                              "ViT (lw_detr_vit)")
-    _refuse(folder, config, {"activation_function": "silu", "decoder_activation_function": "relu",
-                             "attention_bias": True})
-    _refuse(folder, vit, {"use_absolute_position_embeddings": True, "hidden_act": "gelu"})
-    raw, sd, unknown = _weights(folder), {}, []
+def _lw_detr_weights(folder: Path, raw: dict[str, Tensor]) -> dict[str, Tensor]:
+    """transformers' LW-DETR weights in vitkit's names (``LW_DETR_NAMES``; q, k and v joined)."""
+    sd: dict[str, Tensor] = {}
+    unknown: list[str] = []
     layer = r"^model\.backbone\.backbone\.encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\.(\w+)$"
     qkv: dict[str, dict[str, Tensor]] = {}
     for k, v in raw.items():
@@ -285,6 +274,24 @@ def transformers_lw_detr(folder: str | os.PathLike) -> DetectorFile:
     if unknown or "backbone.pos_embed" not in sd:
         raise CheckpointError(f"{folder}: weights an LW-DETR has no place for: {', '.join(unknown[:4]) or 'none'}; "
                               "or no position embeddings")
+    return sd
+
+
+def transformers_lw_detr(folder: str | os.PathLike) -> DetectorFile:
+    """A folder that transformers' ``LwDetrForObjectDetection.save_pretrained`` wrote: LW-DETR's own ViT (no class
+    token, windows of the image in some blocks, layer scale, keys without bias), the multi-scale projector with
+    batch norms, the two-stage heads of every query group and the decoder (``vitkit.models.rf_detr`` with
+    ``window_blocks``)."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    vit = config.get("backbone_config") or {}
+    if vit.get("model_type") != "lw_detr_vit":
+        raise CheckpointError(f"{folder}: an LW-DETR on a {vit.get('model_type')!r} backbone; vitkit reads its own "
+                              "ViT (lw_detr_vit)")
+    _refuse(folder, config, {"activation_function": "silu", "decoder_activation_function": "relu",
+                             "attention_bias": True})
+    _refuse(folder, vit, {"use_absolute_position_embeddings": True, "hidden_act": "gelu"})
+    sd = _lw_detr_weights(folder, _weights(folder))
     pretrain = vit.get("pretrain_image_size", 224)
     preset, overrides = preset_for({**vit, "model_type": "vit", "image_size": pretrain,
                                     "intermediate_size": int(vit["hidden_size"] * vit.get("mlp_ratio", 4))})
