@@ -398,9 +398,14 @@ def load_detector(path: str | os.PathLike) -> nn.Module:
     class names kept (``model.class_names``). A ``vitkit.lit.Detector`` run's checkpoint is Lightning's:
     ``vitkit.lit.Detector.load_from_checkpoint(path).eval().evaluated()`` is the model it validated."""
     from .checkpoints.detection import read_detector
+
+    return detector_from(read_detector(path))
+
+
+def detector_from(found) -> nn.Module:
+    """The detector a :class:`~vitkit.checkpoints.detection.DetectorFile` describes, its weights loaded strictly."""
     from .models.rf_detr import RFDETR
 
-    found = read_detector(path)
     backbone = create_model(found.preset, num_classes=0, **found.overrides)
     model = (RFDETR if found.kind == "rf_detr" else YOLOS)(backbone, **found.settings)
     own = {k: v for k, v in model.state_dict().items() if found.unused and k.startswith(found.unused)}

@@ -433,3 +433,41 @@ def test_the_server_answers_a_detectors_boxes_and_draws_them(learned):
             [d["label"] for d in expected["detections"]]
     overlay = ask("overlay", images[:1])
     assert overlay.media_type == "image/png" and Image.open(io.BytesIO(overlay.body)).size == images[0].size
+
+
+def test_a_run_starts_from_a_trained_rf_detr_and_its_checkpoint_needs_no_file(tmp_path):
+    """--model.detector: every weight of transformers' RF-DETR (5 classes) loaded, new class heads for the data's,
+    trained; the run's checkpoint rebuilds the model without the folder."""
+    transformers = pytest.importorskip("transformers")
+    backbone = dict(model_type="rf_detr_dinov2", hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+                    mlp_ratio=2, patch_size=8, image_size=48, out_features=["stage1", "stage2", "stage4"],
+                    num_windows=2)
+    cfg = transformers.RfDetrConfig(backbone_config=backbone, d_model=32, decoder_layers=2, decoder_ffn_dim=64,
+                                    decoder_self_attention_heads=4, decoder_cross_attention_heads=4, num_queries=8,
+                                    group_detr=2, c2f_num_blocks=1, num_labels=5)
+    torch.manual_seed(0)
+    transformers.RfDetrForObjectDetection(cfg).save_pretrained(tmp_path / "rf")
+    trained = vitkit.load_detector(tmp_path / "rf")
+    from vitkit.lit import Detector
+
+    start = Detector(detector=str(tmp_path / "rf"), num_classes=3, img_size=64).model.state_dict()
+    theirs = trained.state_dict()
+    kept = [k for k in theirs if not k.startswith(("class_head.", "enc_class.")) and k != "backbone.pos_embed"]
+    assert all(torch.equal(start[k], theirs[k]) for k in kept)  # every weight but the class heads', as trained
+    assert start["class_head.weight"].shape == (3, 32) and start["backbone.pos_embed"].shape[1] == 1 + 8 * 8
+    root = write_coco(tmp_path / "scenes", {"train": 4, "val": 4}, seed=3)
+    run = tmp_path / "run"
+    status = main(["train", "fit", "-c", "det_finetune_small_data", "--data.root", str(root),
+                   "--model.detector", str(tmp_path / "rf"), "--data.img_size", "64", "--data.batch_size", "4",
+                   "--data.num_workers", "0", "--trainer.max_steps", "2", "--trainer.accelerator", "cpu",
+                   "--trainer.precision", "32-true", "--trainer.enable_progress_bar", "false",
+                   "--trainer.default_root_dir", str(run)])
+    assert status == 0
+    shutil.rmtree(tmp_path / "rf")  # the checkpoint holds every weight and the settings
+    module = Detector.load_from_checkpoint(str(run / "checkpoints" / "last.ckpt"))
+    net = module.model
+    assert module.hparams.detector is None and net.cfg.queries == 8 and net.cfg.windows == 2
+    assert net.class_head.out_features == len(NAMES) != 5  # the data's classes, heads anew
+    assert all(net.state_dict()[k].shape == theirs[k].shape for k in kept)
+    with pytest.raises(UsageError, match="--model.detector holds the backbone's weights too"):
+        Detector(detector=str(run / "x"), checkpoint="b.safetensors", num_classes=2)

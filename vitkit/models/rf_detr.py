@@ -326,12 +326,24 @@ class RFDETR(OnBackbone, nn.Module):
         self.ref_point_head = MLP(2 * d, d, d, 2)
         self.class_head = nn.Linear(d, num_classes)
         self.box_head = MLP(d, d, 4, 3)
-        prior = -math.log((1 - 0.01) / 0.01)  # a 1 % prior for every class (focal loss's start)
-        for head in [self.class_head, *self.enc_class]:
-            nn.init.constant_(head.bias, prior)
+        self._class_prior()
         for box in [self.box_head, *self.enc_box]:
             nn.init.zeros_(box.layers[-1].weight)
             nn.init.zeros_(box.layers[-1].bias)
+
+    def reset_classes(self, num_classes: int) -> None:
+        """New class heads (the decoder's and every group's proposals') for ``num_classes``, each class at a 1 %
+        prior (focal loss's start): a trained detector fine-tuned on other classes keeps everything else."""
+        d, G = self.cfg.d_model, self.cfg.groups
+        self.num_classes = num_classes
+        self.class_head = nn.Linear(d, num_classes)
+        self.enc_class = nn.ModuleList(nn.Linear(d, num_classes) for _ in range(G))
+        self._class_prior()
+
+    def _class_prior(self) -> None:
+        prior = -math.log((1 - 0.01) / 0.01)  # a 1 % prior for every class (focal loss's start)
+        for head in [self.class_head, *self.enc_class]:
+            nn.init.constant_(head.bias, prior)
 
     @property
     def img_multiple(self) -> int:

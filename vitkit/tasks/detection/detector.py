@@ -28,6 +28,21 @@ RECIPE = Recipe(lr=1e-4, weight_decay=1e-4, warmup_epochs=1.0, min_lr=1e-6, lr_b
 WHOLE_MODEL = lazy_instance(Full)
 
 
+def _check_size(side: Any, multiple: int, patch: int, cfg: RFDETRConfig) -> None:
+    """One line where RF-DETR cannot take the data's image size: a side that is not whole windows, or fewer map
+    positions than queries."""
+    if any(s % multiple for s in ((side,) if isinstance(side, int) else side)):
+        raise UsageError(f"RF-DETR takes image sides that are multiples of {multiple} px (the {patch} px patch x "
+                         f"{cfg.windows} windows), got --data.img_size {side}; give "
+                         f"{round(side / multiple) * multiple or multiple}")
+    sides = (side, side) if isinstance(side, int) else tuple(side)
+    positions = (sides[0] // patch) * (sides[1] // patch)
+    if positions < cfg.queries:
+        raise UsageError(f"RF-DETR selects its {cfg.queries} queries from the map's positions, and --data.img_size "
+                         f"{side} gives {positions} ({patch} px patches): give a larger image or fewer queries "
+                         f"(--model.rf_detr.queries {positions // 2})")
+
+
 class Detector(AdaptsBackbone, TrainingModule):
     """A detector on a vitkit ViT, no NMS: YOLOS (detection tokens beside the patches, a class and a box per token)
     or RF-DETR (a windowed backbone, a projector and a deformable decoder on two-stage queries).
@@ -37,6 +52,11 @@ class Detector(AdaptsBackbone, TrainingModule):
             (``vit_small_patch14_dinov2.lvd142m``, ``vit_tiny_patch16_224.augreg_in21k``).
         pretrained: load the name's weights (offline-first).
         checkpoint: the backbone's weights from a file (any format vitkit reads).
+        detector: a whole trained RF-DETR or LW-DETR to start from (a transformers folder or an RF-DETR ``.pth``,
+            as ``vitkit.load_detector`` reads them): its backbone, architecture and settings are the file's
+            (``model_name``, ``architecture`` and ``rf_detr`` give way), every weight is loaded, and its class heads
+            start anew unless the file has ``num_classes`` classes. Its run's checkpoints hold everything: the file
+            is not read again.
         num_classes: the object classes (linked from the data module).
         img_size: the square input (linked from the data module).
         model_overrides: the backbone's config fields.
@@ -58,6 +78,7 @@ class Detector(AdaptsBackbone, TrainingModule):
         model_name: str = "vit_small_patch14_dinov2",
         pretrained: bool = False,
         checkpoint: str | None = None,
+        detector: str | None = None,
         num_classes: int | None = None,
         img_size: int | None = None,
         model_overrides: dict[str, Any] | None = None,
@@ -86,27 +107,55 @@ class Detector(AdaptsBackbone, TrainingModule):
         self.refuse_probe("a detector's heads")
         if architecture not in ("yolos", "rf_detr"):
             raise UsageError(f"architecture is 'yolos' or 'rf_detr', got {architecture!r}")
-        backbone = headless_backbone(model_name, pretrained, checkpoint, img_size, model_overrides)
-        if architecture == "rf_detr":
+        if detector is not None:
+            self.model = self._trained(detector, num_classes, img_size, pretrained or checkpoint)
+            self.model.aux_outputs = aux_loss
+            backbone, cfg = self.model.backbone, self.model.cfg
+            side, multiple = img_size or backbone.cfg.img_size, self.model.img_multiple
+        elif architecture == "rf_detr":
+            backbone = headless_backbone(model_name, pretrained, checkpoint, img_size, model_overrides)
             cfg = rf_detr if isinstance(rf_detr, RFDETRConfig) else RFDETRConfig(**dict(rf_detr or {}))
             self.hparams.rf_detr = dataclasses.asdict(cfg)
             self.model = RFDETR(backbone, num_classes, cfg, aux_outputs=aux_loss)
             side, multiple = backbone.cfg.img_size, self.model.img_multiple
-            if any(s % multiple for s in ((side,) if isinstance(side, int) else side)):
-                raise UsageError(f"RF-DETR takes image sides that are multiples of {multiple} px (the "
-                                 f"{backbone.patch_size} px patch x {cfg.windows} windows), got --data.img_size "
-                                 f"{side}; give {round(side / multiple) * multiple or multiple}")
-            sides = (side, side) if isinstance(side, int) else tuple(side)
-            positions = (sides[0] // backbone.patch_size) * (sides[1] // backbone.patch_size)
-            if positions < cfg.queries:
-                raise UsageError(f"RF-DETR selects its {cfg.queries} queries from the map's positions, and "
-                                 f"--data.img_size {side} gives {positions} ({backbone.patch_size} px patches): give "
-                                 f"a larger image or fewer queries (--model.rf_detr.queries {positions // 2})")
         else:
+            backbone = headless_backbone(model_name, pretrained, checkpoint, img_size, model_overrides)
             self.model = YOLOS(backbone, num_classes, det_tokens, mid_positions, aux_outputs=aux_loss)
+        if isinstance(self.model, RFDETR):
+            _check_size(side, multiple, backbone.patch_size, cfg)
         self.adaptation.apply(self)
         self.metrics = nn.ModuleDict({s: average_precision(class_metrics=s == "test") for s in ("val", "test")})
         self.make_ema(self.recipe.ema_decay, self.recipe.ema_is_model)
+
+    def _trained(self, path: str, num_classes: int, img_size: Any, backbone_weights: Any) -> RFDETR:
+        """The detector of ``path`` with class heads for ``num_classes``, its positions resampled to ``img_size``;
+        its preset and settings become this module's, so that a checkpoint of the run rebuilds it without the
+        file."""
+        from vitkit.builder import detector_from
+        from vitkit.checkpoints.detection import read_detector
+
+        if backbone_weights:
+            raise UsageError("--model.detector holds the backbone's weights too: leave out --model.pretrained and "
+                             "--model.checkpoint")
+        found = read_detector(path)
+        if found.kind != "rf_detr":
+            raise UsageError(f"{path} is a {found.kind.upper()}; --model.detector starts from an RF-DETR or LW-DETR "
+                             "(a YOLOS starts from its backbone: --model.checkpoint)")
+        net = detector_from(found)
+        if net.num_classes != num_classes:
+            net.reset_classes(num_classes)
+        if img_size is not None:  # the size the run trains at, as a module rebuilt from its settings has it
+            net.backbone.set_input_size(img_size)
+        overrides = {k: v for k, v in found.overrides.items() if k != "img_size"}
+        self.hparams.update(model_name=found.preset, model_overrides=overrides, architecture="rf_detr",
+                            rf_detr=dataclasses.asdict(net.cfg))
+        return net
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        hp = checkpoint.get("hyper_parameters")
+        if hp is not None and hp.get("detector"):  # the state dict holds every weight: rebuilt from the settings
+            hp["detector"] = None
 
     def forward(self, x: Tensor) -> DetectionOutput:
         return self.evaluated()(x)
