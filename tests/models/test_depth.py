@@ -65,3 +65,16 @@ def test_what_is_not_a_depth_anything_is_refused_in_one_line(tmp_path):
     swin = vitkit.create_model("swin_tiny_patch4_window7_224", num_classes=0)
     with pytest.raises(UsageError, match="DPT's depth head reads a plain ViT's maps of one resolution"):
         build_depth_model(swin)
+
+
+@pytest.mark.parametrize("head", ["dpt", "linear"])
+def test_every_weight_a_depth_model_trains_gets_a_gradient(head):
+    """DDP stops on a trainable parameter without a gradient: DPT's coarsest fusion's skip unit, which never runs,
+    is not trainable, and every other weight learns."""
+    backbone = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, img_size=32, patch_size=8, embed_dim=32,
+                                   depth=4, num_heads=2)
+    model = build_depth_model(backbone, channels=16, hidden=8, head=head).train()
+    model(torch.randn(2, 3, 32, 32)).square().mean().backward()
+    assert [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None] == []
+    if head == "dpt":
+        assert not any(p.requires_grad for p in model.head.fusions[3].skip.parameters())

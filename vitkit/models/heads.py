@@ -188,6 +188,9 @@ class DPTNeck(nn.Module):
                                         nn.Conv2d(widths[3], widths[3], 3, stride=2, padding=1)])
         self.levels = nn.ModuleList(nn.Conv2d(w, channels, 3, padding=1, bias=False) for w in widths)
         self.fusions = nn.ModuleList(_Fusion(channels, bias, double) for _ in widths)
+        # the coarsest fusion has no finer level to take: its skip unit never runs (kept for the files' keys), out of
+        # the optimizer and of DDP's gradient reduction, which stops on a parameter that gets no gradient
+        self.fusions[3].skip.requires_grad_(False)
 
     @property
     def reads_class_token(self) -> bool:
