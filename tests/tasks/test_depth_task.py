@@ -83,6 +83,10 @@ def test_a_depth_model_learns_its_scenes_better_than_the_mean_map_and_each_comma
         assert status == 0, err
         coloured, sixteen = Image.open(out / "0000_depth.png"), Image.open(out / "0000_depth16.png")
         assert coloured.mode == "RGB" and coloured.size == sixteen.size == (64, 64)
+        values = np.load(out / "0000_depth.npy")
+        assert values.shape == (64, 64) and values.dtype == np.float32
+        spread = (values - values.min()) / (values.max() - values.min()) * 65535  # the 16-bit map's, unrounded
+        assert np.abs(spread - np.asarray(sixteen, dtype=np.float32)).max() <= 0.5
         found[source[0]] = np.asarray(sixteen, dtype=np.float32)
     assert np.abs(found["--checkpoint"] - found["--onnx"]).max() <= 2  # of 65535: the same map
     truth = 1 / np.load(root / "depth/val/0000.npy")  # nearer is larger in both

@@ -37,7 +37,7 @@ def parser():
     p.add_argument("-o", "--output", default="masks", help="a segmenter (vitkit.lit.Segmenter): the folder for each "
                    "image's NAME_mask.png (class indices, coloured) and NAME_overlay.png; a detector: for its "
                    "NAME_overlay.png and NAME_detections.json (COCO's result format); a depth model: for its "
-                   "NAME_depth.png (coloured) and NAME_depth16.png")
+                   "NAME_depth.png (coloured), NAME_depth16.png and NAME_depth.npy (float32)")
     return p
 
 

@@ -1,10 +1,12 @@
 """How a depth model predicts, for ``vitkit predict`` and ``vitkit serve`` (the task protocol's predictor), and how it
 is exported: a ``vitkit.lit.DepthEstimator`` checkpoint (the model its run validated) or its ONNX export, the image
 resized to the model's square as evaluation resizes it, the map resized back to the image's size: a coloured picture
-(near warm, far cool) and a 16-bit PNG (a metric model's millimetres; a relative model's range spread over 0-65535)."""
+(near warm, far cool), a 16-bit PNG (a metric model's millimetres; a relative model's range spread over 0-65535) and
+the float values (``.npy``)."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,8 +76,10 @@ class _Depth:
             near = depth
         record = {"size": [image.height, image.width], "kind": self.kind, "min": low, "max": high,
                   "mean": float(depth.mean())}
+        raw = io.BytesIO()
+        np.save(raw, depth.astype(np.float32))  # the values themselves: inverse depth, or depth in the model's unit
         files = {"_depth.png": png_bytes(coloured(near)),
-                 "_depth16.png": png_bytes(Image.fromarray(sixteen.astype(np.uint16)))}
+                 "_depth16.png": png_bytes(Image.fromarray(sixteen.astype(np.uint16))), "_depth.npy": raw.getvalue()}
         return Prediction(line, record, files)
 
 
