@@ -4,6 +4,7 @@ file) load into vitkit's depth model on the one ViT and give the peer's depth at
 (DPT's output, 16/14 of the input at 14-pixel patches or of an odd grid's size, resized to the input as Meta's
 depthers resize it)."""
 
+import numpy as np
 import pytest
 import torch
 from torch.nn import functional as F
@@ -176,17 +177,25 @@ def test_what_vitkit_does_not_read_of_dpt_is_refused_in_one_line(tmp_path):
         vitkit.load_depth_estimator(tmp_path / "seg.pth", backbone=tmp_path / "seg.pth")
 
 
-def test_a_dpt_dinov2_exports_with_its_resizes_at_every_size(tmp_path):
+def test_a_dpt_dinov2_folder_exports_with_its_resizes_at_every_size(tmp_path, capsys):
+    """``vitkit export`` and ``predict`` take the folder as they take a run's checkpoint."""
     ort = pytest.importorskip("onnxruntime")
-    from vitkit.deploy.export import export_onnx
+    from PIL import Image
+
+    from tests.commands import run_cli
 
     theirs = _dpt_dinov2()
     theirs.save_pretrained(tmp_path / "dpt")
-    ours = vitkit.load_depth_estimator(tmp_path / "dpt").eval()
-    export_onnx(ours, tmp_path / "dpt.onnx")  # exported at the preset's size: an even grid, every resize a no-op
+    status, err = run_cli(["export", str(tmp_path / "dpt"), "-o", str(tmp_path / "dpt.onnx")], capsys)
+    assert status == 0, err  # exported at the preset's size: an even grid, every resize a no-op
     session = ort.InferenceSession(str(tmp_path / "dpt.onnx"))
     x = torch.randn(1, 3, 42, 70, generator=torch.Generator().manual_seed(1))  # a 3 x 5 grid: DPT's path outgrows it
     (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
     with torch.no_grad():
         expected = _at_input(theirs(pixel_values=x).predicted_depth, (42, 70))
     torch.testing.assert_close(torch.from_numpy(got), expected, atol=1e-4, rtol=1e-4)
+    Image.fromarray((np.random.default_rng(0).random((40, 70, 3)) * 255).astype(np.uint8)).save(tmp_path / "a.png")
+    status, err = run_cli(["predict", str(tmp_path / "a.png"), "--checkpoint", str(tmp_path / "dpt"), "-o",
+                           str(tmp_path / "out")], capsys)
+    assert status == 0, err
+    assert np.load(tmp_path / "out" / "a_depth.npy").shape == (40, 70)

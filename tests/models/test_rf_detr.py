@@ -4,6 +4,7 @@ in training (query groups); its loss is transformers' LW-DETR loss on the same p
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,11 +16,12 @@ from vitkit.tasks.detection.loss import SetLoss
 transformers = pytest.importorskip("transformers")
 
 
-def _rf_detr_folder(path, dropout: float = 0.1, hidden: int = 48, heads: int = 3, eps: float = 1e-5):
+def _rf_detr_folder(path, dropout: float = 0.1, hidden: int = 48, heads: int = 3, eps: float = 1e-5, **backbone_config):
     """A random RF-DETR of transformers' (every weight moved off its start), windowed, saved."""
     backbone = dict(model_type="rf_detr_dinov2", hidden_size=hidden, num_hidden_layers=4, num_attention_heads=heads,
                     mlp_ratio=2, patch_size=8, image_size=64, out_features=["stage1", "stage2", "stage4"],
                     num_windows=2)
+    backbone.update(backbone_config)
     cfg = transformers.RfDetrConfig(backbone_config=backbone, d_model=32, decoder_layers=2, layer_norm_eps=eps,
                                     decoder_self_attention_heads=4, decoder_cross_attention_heads=4,
                                     decoder_ffn_dim=64, num_queries=6, group_detr=3, c2f_num_blocks=2, num_labels=5,
@@ -74,6 +76,17 @@ def test_an_rf_detr_checkpoint_of_its_own_code_gives_the_same_detections(tmp_pat
     torch.save({"model": weights, "args": args}, tmp_path / "large.pth")
     with pytest.raises(CheckpointError, match=r"an RF-DETR with \{'projector_scale': \['P3', 'P5'\]\}"):
         vitkit.load_detector(tmp_path / "large.pth")
+
+
+def test_the_blocks_a_folder_names_for_windows_attend_within_them(tmp_path):
+    theirs = _rf_detr_folder(tmp_path / "rf", window_block_indexes=[0, 2])  # not RF-DETR's rule (0 and 3)
+    ours = vitkit.load_detector(tmp_path / "rf").eval()
+    assert ours.cfg.window_blocks == (0, 2) and ours.windowed.global_blocks == {1, 3}
+    x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected, got = theirs(pixel_values=x), ours(x)
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got.boxes, expected.pred_boxes, atol=1e-4, rtol=1e-4)
 
 
 def test_in_training_its_groups_proposals_and_loss_are_transformers(tmp_path):
@@ -138,3 +151,19 @@ def test_a_state_dict_of_the_one_level_projector_loads_into_the_levels():
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(fresh(x).boxes, model(x).boxes)
+
+
+def test_the_commands_read_an_rf_detr_folder_at_its_windows_size(tmp_path, capsys):
+    """vitkit predict and export take a transformers folder as a run's checkpoint: its positions made at 56 px (7
+    patches, as RF-DETR Base's at 518), its letterbox whole windows (64 px, as RF-DETR Base's 560)."""
+    from PIL import Image
+
+    from tests.commands import run_cli
+
+    _rf_detr_folder(tmp_path / "rf", image_size=56)
+    Image.fromarray((np.random.default_rng(0).random((40, 70, 3)) * 255).astype(np.uint8)).save(tmp_path / "a.png")
+    status, err = run_cli(["predict", str(tmp_path / "a.png"), "--checkpoint", str(tmp_path / "rf"), "--threshold",
+                           "0", "-o", str(tmp_path / "found")], capsys)
+    assert status == 0, err
+    found = json.loads((tmp_path / "found" / "a_detections.json").read_text())
+    assert len(found) == 6 and {d["label"] for d in found} <= {f"c{i}" for i in range(5)}

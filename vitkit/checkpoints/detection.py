@@ -156,8 +156,10 @@ def transformers_rf_detr(folder: str | os.PathLike) -> DetectorFile:
     stages = backbone_config.get("out_indices") or [backbone_config.get("num_hidden_layers", 12)]
     from vitkit.models.rf_detr import RFDETRConfig
 
+    named = backbone_config.get("window_block_indexes")
     cfg = RFDETRConfig(
         out_indices=tuple(int(i) for i in stages), windows=int(backbone_config.get("num_windows", 4)),
+        window_blocks=None if named is None else tuple(int(i) for i in named),
         d_model=config.get("d_model", 256), hidden_expansion=float(config.get("hidden_expansion", 0.5)),
         c2f_blocks=config.get("c2f_num_blocks", 3), projector_eps=float(config.get("layer_norm_eps", 1e-5)),
         decoder_layers=config.get("decoder_layers", 3), self_heads=config.get("decoder_self_attention_heads", 8),
@@ -199,8 +201,10 @@ def rf_detr_checkpoint(path: str | os.PathLike, raw: dict[str, Any]) -> Detector
     from vitkit.models.rf_detr import RFDETRConfig
 
     blocks = len({k.split(".")[3] for k in sd if k.startswith("projector.0.bottlenecks.")})
+    named = args.get("window_block_indexes")
     cfg = RFDETRConfig(
         out_indices=tuple(int(i) for i in args.get("out_feature_indexes", (2, 5, 8, 11))),
+        window_blocks=None if named is None else tuple(int(i) for i in named),
         windows=int(args.get("num_windows", 4)) if "windowed" in encoder else 1, d_model=int(args["hidden_dim"]),
         c2f_blocks=blocks, projector_eps=1e-6, decoder_layers=int(args.get("dec_layers", 3)),
         self_heads=int(args.get("sa_nheads", 8)), cross_heads=int(args.get("ca_nheads", 16)),

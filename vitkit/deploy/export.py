@@ -3,7 +3,7 @@
 An ONNX export carries what a consumer needs to feed the model: the input size, mean, std, crop_pct and
 interpolation of its eval transform and its label names, as metadata (``vitkit.*`` keys). Every export is run
 once against PyTorch on random input (two batch sizes, and another image size when sizes are dynamic) and
-fails if the outputs differ by more than ``atol``.
+fails if the outputs differ by more than ``atol`` (relative to an output's largest magnitude where that is above 1).
 
 A segmenter (``vitkit.models.segmentation``) exports as its backbone does, its output (B, classes, H, W) and its
 metadata ``vitkit.task: segmentation``; UperNet's pooling pyramid computes its bins from each input's size
@@ -56,7 +56,8 @@ class ExportReport:
     model: str
     input_shape: tuple[int, ...]  # of the example; dynamic axes below
     dynamic: list[str]
-    checks: list[tuple[tuple[int, ...], float]] = field(default_factory=list)  # (input shape, max |diff|)
+    checks: list[tuple[tuple[int, ...], float]] = field(default_factory=list)  # (input shape, max |diff|, relative
+    # to the output's largest magnitude where that is above 1)
 
     @property
     def max_abs_diff(self) -> float:
@@ -105,12 +106,18 @@ def output_names(model: nn.Module) -> tuple[str, ...]:
 
 
 def _differ(got, expected) -> float:
-    """The largest absolute difference between the export's outputs and the model's, over every floating-point
-    output (a detector's labels are the argmax of the scores compared here)."""
+    """The largest difference between the export's outputs and the model's, over every floating-point output (a
+    detector's labels are the argmax of the scores compared here): absolute, and relative to the output's largest
+    magnitude where that is above 1 (a metric depth map in metres, whose float32 rounding grows with it)."""
     got = list(got) if isinstance(got, (list, tuple)) else [got]
     expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
-    return max(float(np.abs(np.asarray(g, dtype=np.float64) - e.detach().double().cpu().numpy()).max())
-               for g, e in zip(got, expected, strict=True) if e.is_floating_point())
+    worst = 0.0
+    for g, e in zip(got, expected, strict=True):
+        if e.is_floating_point():
+            e = e.detach().double().cpu().numpy()
+            scale = max(1.0, float(np.abs(e).max())) if e.size else 1.0
+            worst = max(worst, float(np.abs(np.asarray(g, dtype=np.float64) - e).max()) / scale)
+    return worst
 
 
 def _net(model: nn.Module) -> nn.Module:

@@ -42,11 +42,12 @@ from .detection import MLP, DetectionOutput
 class RFDETRConfig:
     """RF-DETR's settings (transformers' ``RfDetrConfig`` defaults, RF-DETR Base's).
 
-    ``out_indices``: the backbone's stages the projector reads (stage k: the state after k blocks); the blocks of
-    those indices (0-based) attend globally. ``windows``: windows per side (1: every block global).
-    ``window_blocks``: LW-DETR's backbone instead (:class:`WindowedPlainViT`): these blocks attend within windows,
-    the others globally. ``scales``: the projector's levels (1: the patch stride; 0.5 and 2: half and twice the
-    resolution, LW-DETR's larger models). ``projector_norm``: ``layer`` (RF-DETR's) or ``batch`` (LW-DETR's)."""
+    ``out_indices``: the backbone's stages the projector reads (stage k: the state after k blocks).
+    ``windows``: windows per side (1: every block global). ``window_blocks``: the blocks that attend within windows,
+    the others globally (None: RF-DETR's rule, every block but those whose index is in ``out_indices``). A backbone
+    with a class token runs as RF-DETR's windowed DINOv2 (:class:`WindowedViT`), one without as LW-DETR's ViT
+    (:class:`WindowedPlainViT`). ``scales``: the projector's levels (1: the patch stride; 0.5 and 2: half and twice
+    the resolution, LW-DETR's larger models). ``projector_norm``: ``layer`` (RF-DETR's) or ``batch`` (LW-DETR's)."""
 
     out_indices: tuple[int, ...] = (2, 5, 8, 11)
     windows: int = 4
@@ -86,7 +87,8 @@ class WindowedViT:
     (B, 3, H, W), H and W multiples of ``windows`` x the patch -> one map (B, C, h, w) per stage of ``out_indices``.
     It holds no weights: the ViT is the detector's ``backbone``."""
 
-    def __init__(self, vit: nn.Module, out_indices: tuple[int, ...], windows: int) -> None:
+    def __init__(self, vit: nn.Module, out_indices: tuple[int, ...], windows: int,
+                 window_blocks: tuple[int, ...] | None = None) -> None:
         if getattr(vit, "cls_token", None) is None or getattr(vit, "pos_embed", None) is None or \
                 getattr(vit, "num_prefix_tokens", 1) != 1:
             raise UsageError(f"RF-DETR's backbone is a ViT with one class token and learned positions; "
@@ -95,7 +97,12 @@ class WindowedViT:
         if min(out_indices) < 1 or max(out_indices) > depth:
             raise UsageError(f"out_indices must be stages 1 to {depth} (the backbone's blocks), got {out_indices}")
         self.out_indices, self.windows = tuple(out_indices), windows
-        self.global_blocks = set(self.out_indices) if windows > 1 else set(range(depth))
+        if windows == 1:
+            self.global_blocks = set(range(depth))
+        elif window_blocks is None:  # RF-DETR's rule
+            self.global_blocks = set(self.out_indices)
+        else:
+            self.global_blocks = set(range(depth)) - set(window_blocks)
 
     def partition(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
         """(B, 1 + h·w, C) -> (B·n², 1 + h·w / n², C): RF-DETR's window split, a class token in each window."""
@@ -144,15 +151,17 @@ class WindowedPlainViT:
     attend within their window, the others across all; the maps are the states after ``out_indices`` blocks, as they
     are (no final norm). It holds no weights: the ViT is the detector's ``backbone``."""
 
-    def __init__(self, vit: nn.Module, out_indices: tuple[int, ...], windows: int, window_blocks: tuple[int, ...]
-                 ) -> None:
+    def __init__(self, vit: nn.Module, out_indices: tuple[int, ...], windows: int,
+                 window_blocks: tuple[int, ...] | None = None) -> None:
         if getattr(vit, "num_prefix_tokens", 1) != 0 or getattr(vit, "pos_embed", None) is None:
             raise UsageError(f"LW-DETR's backbone is a ViT with learned positions and no class token; "
                              f"{getattr(vit, 'name', type(vit).__name__)} is not")
         depth = len(vit.blocks)
         if min(out_indices) < 1 or max(out_indices) > depth:
             raise UsageError(f"out_indices must be stages 1 to {depth} (the backbone's blocks), got {out_indices}")
-        self.out_indices, self.windows, self.window_blocks = tuple(out_indices), windows, set(window_blocks)
+        self.out_indices, self.windows = tuple(out_indices), windows
+        rule = set(range(max(out_indices))) - {i for i in out_indices}  # RF-DETR's, where none are named
+        self.window_blocks = set(rule if window_blocks is None else window_blocks) if windows > 1 else set()
 
     def __call__(self, vit: nn.Module, x: Tensor) -> list[Tensor]:
         p, n = vit.patch_size, self.windows
@@ -304,11 +313,12 @@ class RFDETR(OnBackbone, nn.Module):
         cfg = cfg or RFDETRConfig()
         self.cfg, self.num_classes, self.aux_outputs = cfg, num_classes, aux_outputs
         self.backbone = backbone
-        self.windowed = WindowedViT(backbone, cfg.out_indices, cfg.windows) if cfg.window_blocks is None else \
-            WindowedPlainViT(backbone, cfg.out_indices, cfg.windows, cfg.window_blocks)
+        plain = getattr(backbone, "num_prefix_tokens", 1) == 0  # no class token: LW-DETR's ViT
+        self.windowed = WindowedPlainViT(backbone, cfg.out_indices, cfg.windows, cfg.window_blocks) if plain else \
+            WindowedViT(backbone, cfg.out_indices, cfg.windows, cfg.window_blocks)
         for blk in backbone.blocks[max(cfg.out_indices):]:  # never run (no stage reads them): kept for the files' keys,
             blk.requires_grad_(False)  # out of the optimizer and of DDP's gradient reduction
-        if cfg.window_blocks is not None:  # LW-DETR reads the blocks' states as they are: the final norm is unused
+        if plain:  # LW-DETR reads the blocks' states as they are: the final norm is unused
             backbone.norm.requires_grad_(False)
         widths = [backbone.cfg.embed_dim] * len(cfg.out_indices)
         self.projector = nn.ModuleList(Projector(widths, cfg, scale) for scale in cfg.scales)

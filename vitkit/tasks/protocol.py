@@ -77,6 +77,9 @@ class Task:
         int8_gate: ``"module:function"``: (an fp32 export, ``OnnxModel``) -> what ``vitkit export --int8 --calibrate
             DIR`` scores fp32 against int8 by (``vitkit.deploy.quantize.TopOne`` says how); without one, its exports
             are not quantized.
+        claims: ``"module:function"``: (a path that is not a Lightning checkpoint) -> whether it is one of the task's
+            models of another library (a transformers folder of its ``model_type``, another library's file): its
+            commands then read it as they read the task's checkpoints.
     """
 
     name: str
@@ -89,9 +92,10 @@ class Task:
     onnx_kinds: tuple[str, ...] = ()
     data_module: str | None = None
     int8_gate: str | None = None
+    claims: str | None = None
 
     def function(self, which: str) -> Callable:
-        """The task's function ``which`` (``predictor``, ``evaluate``, ``export_model``), imported."""
+        """The task's function ``which`` (``predictor``, ``evaluate``, ``export_model``, ``claims``), imported."""
         path = getattr(self, which)
         if path is None:
             from vitkit.errors import UsageError
@@ -111,3 +115,17 @@ def lazy_names(package: str, where: dict[str, str]) -> tuple[list[str], Callable
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     return sorted(where), getattr_
+
+
+def folder_model_type(path: str) -> str | None:
+    """The ``model_type`` of a transformers folder's ``config.json`` at ``path``; None for anything else."""
+    import json
+    from pathlib import Path
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        return json.loads(config.read_text()).get("model_type")
+    except (ValueError, AttributeError):
+        return None

@@ -86,6 +86,9 @@ def for_checkpoint(path: str) -> Task:
     if recorded:
         raise CheckpointError(f"{path} is a checkpoint of {recorded}, which no vitkit task predicts, evaluates or "
                               f"exports (the tasks: {', '.join(tasks())})")
+    for task in tasks().values():  # another library's model of a task (a transformers folder of its model_type)
+        if task.claims is not None and task.function("claims")(str(path)):
+            return task
     return other_files()
 
 

@@ -15,13 +15,26 @@ import torch
 from torch import Tensor
 
 from vitkit.errors import UsageError
-from vitkit.tasks.protocol import Prediction, png_bytes
+from vitkit.tasks.protocol import Prediction, folder_model_type, png_bytes
+
+
+def claims(path: str) -> bool:
+    """A transformers folder of Depth Anything or DPT (``vitkit.load_depth_estimator`` reads it)."""
+    return folder_model_type(path) in ("depth_anything", "dpt")
 
 
 def load_depth_checkpoint(path: str):
     """The model a ``vitkit.lit.DepthEstimator`` checkpoint's run validated (its EMA where that is what it
-    validated), in eval mode."""
+    validated), in eval mode; or the model of a transformers folder (:func:`claims`)."""
     from .estimator import DepthEstimator
+
+    if claims(path):
+        import vitkit
+
+        net = vitkit.load_depth_estimator(path).eval()
+        net.class_names = None
+        net.max_depth = net.head.max_depth if net.kind == "metric" else None
+        return net
 
     module = DepthEstimator.load_from_checkpoint(path, map_location="cpu").eval()
     net = module.evaluated()

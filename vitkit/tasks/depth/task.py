@@ -11,4 +11,5 @@ TASK = Task(
     export_model="vitkit.tasks.depth.inference:export_model",
     data_module="vitkit.lit.DepthDataModule",
     int8_gate="vitkit.tasks.depth.quantize:AbsRel",
+    claims="vitkit.tasks.depth.inference:claims",
 )

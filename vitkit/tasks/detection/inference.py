@@ -6,7 +6,9 @@ listed in COCO's result format (x, y, width, height in the image's pixels)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,7 +18,7 @@ from torch import Tensor, nn
 from vitkit.errors import UsageError
 from vitkit.models.detection import YOLOS, DetectionOutput, corners, to_pixels
 from vitkit.models.rf_detr import RFDETR
-from vitkit.tasks.protocol import Prediction, png_bytes
+from vitkit.tasks.protocol import Prediction, folder_model_type, png_bytes
 
 THRESHOLD = 0.5  # the least score a predicted box is drawn and listed with, unless the command gives another
 
@@ -49,10 +51,39 @@ class ExportedDetector(nn.Module):
         return corners(out.boxes.float()), scores, labels
 
 
+def claims(path: str) -> bool:
+    """A transformers folder of YOLOS, RF-DETR or LW-DETR, or a ``.pth`` of RF-DETR's own code (its weights under
+    ``model`` and its settings under ``args``): what ``vitkit.load_detector`` reads."""
+    if folder_model_type(path) in ("yolos", "rf_detr", "lw_detr"):
+        return True
+    if not str(path).endswith((".pth", ".pt")) or not os.path.isfile(path):
+        return False
+    from vitkit.checkpoints.files import read_file
+
+    try:
+        raw = read_file(Path(path))
+    except Exception:  # noqa: BLE001 - not a file this task claims; the task that takes it says what is wrong
+        return False
+    return isinstance(raw.get("model"), dict) and "args" in raw
+
+
 def load_detector_checkpoint(path: str) -> ExportedDetector:
     """The model a ``vitkit.lit.Detector`` checkpoint's run validated (its EMA where that is what it validated), in
-    eval mode, as its export runs it."""
+    eval mode, as its export runs it; or the detector of another library's file (:func:`claims`)."""
     from .detector import Detector
+
+    if claims(path):
+        import vitkit
+
+        net = vitkit.load_detector(path).eval()
+        multiple, side = getattr(net, "img_multiple", 1), net.backbone.cfg.img_size
+        side = side if isinstance(side, int) else side[0]
+        if side % multiple:  # RF-DETR's positions are made at 518 px (37 patches) and its images are 560: the
+            net.backbone.set_input_size(-(-side // multiple) * multiple)  # letterbox's square, whole windows
+        names = list(net.class_names or [str(i) for i in range(net.num_classes)])
+        exported = ExportedDetector(net, net.backbone.name, names).eval()
+        exported.max_detections = 100  # COCO's
+        return exported
 
     module = Detector.load_from_checkpoint(path, map_location="cpu").eval()
     net = module.evaluated()

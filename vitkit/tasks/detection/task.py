@@ -11,4 +11,5 @@ TASK = Task(
     export_model="vitkit.tasks.detection.inference:export_model",
     data_module="vitkit.lit.DetectionDataModule",
     int8_gate="vitkit.tasks.detection.quantize:MeanAP",
+    claims="vitkit.tasks.detection.inference:claims",
 )
