@@ -62,6 +62,9 @@ def test_what_is_not_a_depth_anything_is_refused_in_one_line(tmp_path):
     with pytest.raises(CheckpointError, match="has model_type='glpn'; vitkit reads depth estimators of model_type "
                        "'depth_anything' and 'dpt'"):
         vitkit.load_depth_estimator(tmp_path)
+    backbone = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, img_size=32, patch_size=8, depth=4)
+    with pytest.raises(UsageError, match="save_pretrained writes a classifier or a backbone .* a depth model"):
+        vitkit.save_pretrained(build_depth_model(backbone, channels=16), tmp_path / "saved")
     swin = vitkit.create_model("swin_tiny_patch4_window7_224", num_classes=0)
     with pytest.raises(UsageError, match="DPT's depth head reads a plain ViT's maps of one resolution"):
         build_depth_model(swin)

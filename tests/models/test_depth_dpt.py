@@ -188,6 +188,8 @@ def test_a_dpt_dinov2_folder_exports_with_its_resizes_at_every_size(tmp_path, ca
     theirs.save_pretrained(tmp_path / "dpt")
     status, err = run_cli(["export", str(tmp_path / "dpt"), "-o", str(tmp_path / "dpt.onnx")], capsys)
     assert status == 0, err  # exported at the preset's size: an even grid, every resize a no-op
+    meta = {p.key: p.value for p in __import__("onnx").load(str(tmp_path / "dpt.onnx")).metadata_props}
+    assert meta["vitkit.model"] == "dpt"  # the folder's name, not its backbone preset's
     session = ort.InferenceSession(str(tmp_path / "dpt.onnx"))
     x = torch.randn(1, 3, 42, 70, generator=torch.Generator().manual_seed(1))  # a 3 x 5 grid: DPT's path outgrows it
     (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})

@@ -307,6 +307,11 @@ def save_pretrained(model: nn.Module, directory: str | os.PathLike, class_names:
     config.json has timm's layout (architecture, num_classes, pretrained_cfg) plus a ``vitkit`` section
     with the full config, so ``vitkit.create_model(checkpoint=DIR)`` rebuilds the exact model. The weights carry
     the names of timm's model of the same preset (for timm's Eva class, EVA-02 and DINOv3, not vitkit's own)."""
+    if getattr(model, "task", None) is not None or not hasattr(model, "num_features"):
+        raise UsageError(f"save_pretrained writes a classifier or a backbone (timm's folder); "
+                         f"{type(model).__name__} is a {getattr(model, 'task', 'other')} model: a run's checkpoint "
+                         "keeps it, `vitkit export` writes its ONNX file, and its backbone saves alone "
+                         "(save_pretrained(model.backbone, ...))")
     name, model_args = timm_args(model)
     directory = Path(directory)
     cfg = dataclasses.asdict(model.cfg)

@@ -59,7 +59,12 @@ class DenseModel(OnBackbone, nn.Module):
 
     @property
     def name(self) -> str:
-        return self.backbone.name
+        """The backbone's preset, or the name the model was given (a loaded folder's)."""
+        return self.__dict__.get("_name") or self.backbone.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self.__dict__["_name"] = value
 
     def set_attn_backend(self, backend: str) -> None:
         self.backbone.set_attn_backend(backend)

@@ -7,6 +7,7 @@ the float values (``.npy``)."""
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ def load_depth_checkpoint(path: str):
         import vitkit
 
         net = vitkit.load_depth_estimator(path).eval()
+        net.name = os.path.basename(os.path.normpath(path))  # what an export records: the folder, not its backbone
         net.class_names = None
         net.max_depth = net.head.max_depth if net.kind == "metric" else None
         return net

@@ -81,7 +81,8 @@ def load_detector_checkpoint(path: str) -> ExportedDetector:
         if side % multiple:  # RF-DETR's positions are made at 518 px (37 patches) and its images are 560: the
             net.backbone.set_input_size(-(-side // multiple) * multiple)  # letterbox's square, whole windows
         names = list(net.class_names or [str(i) for i in range(net.num_classes)])
-        exported = ExportedDetector(net, net.backbone.name, names).eval()
+        name = Path(path).stem if os.path.isfile(path) else Path(path).name  # the file's, not its backbone preset's
+        exported = ExportedDetector(net, name, names).eval()
         exported.max_detections = 100  # COCO's
         return exported
 
