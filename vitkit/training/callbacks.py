@@ -250,9 +250,16 @@ class ModelSummary(RichModelSummary):
     them only from a module's ``example_input_array``, and shows 0 for every module without one. ``vitkit bench``
     and ``vitkit models`` give a model's GMACs."""
 
+    def on_fit_start(self, trainer, pl_module) -> None:
+        ema = getattr(pl_module, "ema", None)  # the weights' average: a copy of the model, counted apart from frozen
+        self._summarize_kwargs["averaged"] = sum(p.numel() for p in ema.parameters()) \
+            if isinstance(ema, torch.nn.Module) else 0
+        super().on_fit_start(trainer, pl_module)
+
     @staticmethod
     def summarize(summary_data: list[tuple[str, list[str]]], total_parameters: int, trainable_parameters: int,
                   model_size: float, total_training_modes: dict[str, int], total_flops: int, **kwargs: Any) -> None:
+        averaged = kwargs.pop("averaged", 0)
         if total_flops:
             return RichModelSummary.summarize(summary_data, total_parameters, trainable_parameters, model_size,
                                               total_training_modes, total_flops, **kwargs)
@@ -268,5 +275,6 @@ class ModelSummary(RichModelSummary):
         console = get_console()
         console.print(table)
         count = lambda n: get_human_readable_count(int(n)).strip()  # noqa: E731
-        frozen, size = count(total_parameters - trainable_parameters), get_formatted_model_size(model_size)
-        console.print(f"[bold]Params[/]: {count(trainable_parameters)} trainable, {frozen} frozen ({size} MB)")
+        frozen, size = count(total_parameters - trainable_parameters - averaged), get_formatted_model_size(model_size)
+        kept = f", {count(averaged)} in the weights' average (EMA)" if averaged else ""
+        console.print(f"[bold]Params[/]: {count(trainable_parameters)} trainable, {frozen} frozen{kept} ({size} MB)")
