@@ -66,6 +66,11 @@ def test_an_rf_detr_checkpoint_of_its_own_code_gives_the_same_detections(tmp_pat
     weights = load_file(tmp_path / "rf" / "model.safetensors")
     torch.save({"model": weights, "args": args, "epoch": 11, "optimizer": {"state": {}}}, tmp_path / "rf.pth")
     ours = vitkit.load_detector(tmp_path / "rf.pth").eval()
+    from vitkit.tasks import registry
+
+    assert registry.for_checkpoint(str(tmp_path / "rf.pth")).name == "detection"  # the commands take it
+    torch.save({"model": weights}, tmp_path / "other.pth")  # no settings: not RF-DETR's, the classifier's reading
+    assert registry.for_checkpoint(str(tmp_path / "other.pth")).name == "classification"
     assert ours.class_names == args.class_names and ours.cfg.windows == 2 and ours.cfg.projector_eps == 1e-6
     x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():

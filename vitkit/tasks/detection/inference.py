@@ -58,13 +58,14 @@ def claims(path: str) -> bool:
         return True
     if not str(path).endswith((".pth", ".pt")) or not os.path.isfile(path):
         return False
-    from vitkit.checkpoints.files import read_file
+    from vitkit.checkpoints.files import SAFE_GLOBALS
 
-    try:
-        raw = read_file(Path(path))
+    try:  # memory-mapped: a classifier's file of hundreds of MB is not read to be told apart
+        with torch.serialization.safe_globals(SAFE_GLOBALS):
+            raw = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - not a file this task claims; the task that takes it says what is wrong
         return False
-    return isinstance(raw.get("model"), dict) and "args" in raw
+    return isinstance(raw, dict) and isinstance(raw.get("model"), dict) and "args" in raw
 
 
 def load_detector_checkpoint(path: str) -> ExportedDetector:
