@@ -131,6 +131,10 @@ def test_what_rf_detr_cannot_take_is_refused_in_one_line(tmp_path):
         model.eval()(torch.randn(1, 3, 16, 16))
     with pytest.raises(UsageError, match=r"out_indices must be stages 1 to 4"):
         RFDETR(vit, 3, RFDETRConfig(out_indices=(2, 5)))
+    eva = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, img_size=64, patch_size=8, depth=4,
+                              rope="axial")
+    with pytest.raises(UsageError, match="RF-DETR runs its backbone's blocks in windows without rotary positions"):
+        RFDETR(eva, 3, RFDETRConfig(out_indices=(1, 2, 4), windows=2))
     with pytest.raises(UsageError, match="d_model \\(30\\) must be divisible by self_heads"):
         RFDETRConfig(d_model=30)
     _rf_detr_folder(tmp_path / "rf")

@@ -82,6 +82,16 @@ class RFDETRConfig:
                              f"cross_heads ({self.cross_heads})")
 
 
+def _check_windowable(vit: nn.Module, who: str) -> None:
+    """One line where a backbone's blocks cannot run in windows as they are here: rotary positions (EVA-02, DINOv3),
+    which a window would have to carry, or token merging, which changes the token count block by block."""
+    cfg = getattr(vit, "cfg", None)
+    if getattr(cfg, "rope", "") or getattr(cfg, "token_merging", 0):
+        raise UsageError(f"{who} runs its backbone's blocks in windows without rotary positions or token merging; "
+                         f"{getattr(vit, 'name', type(vit).__name__)} has rope={getattr(cfg, 'rope', '')!r}, "
+                         f"token_merging={getattr(cfg, 'token_merging', 0)!r}")
+
+
 class WindowedViT:
     """How RF-DETR runs a vitkit ViT with a class token as its windowed DINOv2 (module docstring): images
     (B, 3, H, W), H and W multiples of ``windows`` x the patch -> one map (B, C, h, w) per stage of ``out_indices``.
@@ -93,6 +103,7 @@ class WindowedViT:
                 getattr(vit, "num_prefix_tokens", 1) != 1:
             raise UsageError(f"RF-DETR's backbone is a ViT with one class token and learned positions; "
                              f"{getattr(vit, 'name', type(vit).__name__)} is not")
+        _check_windowable(vit, "RF-DETR")
         depth = len(vit.blocks)
         if min(out_indices) < 1 or max(out_indices) > depth:
             raise UsageError(f"out_indices must be stages 1 to {depth} (the backbone's blocks), got {out_indices}")
@@ -156,6 +167,7 @@ class WindowedPlainViT:
         if getattr(vit, "num_prefix_tokens", 1) != 0 or getattr(vit, "pos_embed", None) is None:
             raise UsageError(f"LW-DETR's backbone is a ViT with learned positions and no class token; "
                              f"{getattr(vit, 'name', type(vit).__name__)} is not")
+        _check_windowable(vit, "LW-DETR")
         depth = len(vit.blocks)
         if min(out_indices) < 1 or max(out_indices) > depth:
             raise UsageError(f"out_indices must be stages 1 to {depth} (the backbone's blocks), got {out_indices}")
