@@ -8,7 +8,7 @@ import torch
 
 import vitkit
 from vitkit.errors import CheckpointError
-from vitkit.models.rf_detr import RFDETR
+from vitkit.models.rf_detr import RFDETR, RFDETRConfig
 from vitkit.tasks.detection.loss import SetLoss
 
 transformers = pytest.importorskip("transformers")
@@ -93,3 +93,17 @@ def test_an_lw_detr_of_another_kind_is_refused_by_the_setting(tmp_path):
     config.write_text(config.read_text().replace('"activation_function": "silu"', '"activation_function": "relu"'))
     with pytest.raises(CheckpointError, match=r"an RF-DETR with \{'activation_function': 'relu'\}"):
         vitkit.load_detector(tmp_path / "lw")
+
+
+def test_lw_detrs_windows_take_a_vit_without_a_class_token_and_train_all_it_runs():
+    """A SigLIP-style ViT (no class token, an attention pool the detector never runs): every trainable weight gets a
+    gradient (DDP stops on one that does not), the pool and the final norm do not train."""
+    vit = vitkit.create_model("vit_base_patch16_siglip_224", num_classes=0, img_size=64, patch_size=8, depth=4,
+                              embed_dim=64, num_heads=2)
+    cfg = RFDETRConfig(out_indices=(1, 2, 4), windows=2, d_model=32, queries=6, groups=2, self_heads=4,
+                       cross_heads=4)
+    model = RFDETR(vit, 3, cfg).train()
+    out = model(torch.randn(2, 3, 64, 64))
+    (out.logits.sum() + out.boxes.sum() + out.enc[0].sum() + out.enc[1].sum()).backward()
+    assert [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None] == []
+    assert not any(p.requires_grad for p in [*vit.attn_pool.parameters(), *vit.norm.parameters()])

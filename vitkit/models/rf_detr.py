@@ -330,8 +330,11 @@ class RFDETR(OnBackbone, nn.Module):
             WindowedViT(backbone, cfg.out_indices, cfg.windows, cfg.window_blocks)
         for blk in backbone.blocks[max(cfg.out_indices):]:  # never run (no stage reads them): kept for the files' keys,
             blk.requires_grad_(False)  # out of the optimizer and of DDP's gradient reduction
-        if plain:  # LW-DETR reads the blocks' states as they are: the final norm is unused
-            backbone.norm.requires_grad_(False)
+        unused = ["attn_pool", "fc_norm", "head"] + (["norm"] if plain else [])  # LW-DETR reads the states as
+        for name in unused:  # they are; no detector pools: never run, so out of the optimizer and DDP's reduction
+            part = getattr(backbone, name, None)
+            if isinstance(part, nn.Module):
+                part.requires_grad_(False)
         widths = [backbone.cfg.embed_dim] * len(cfg.out_indices)
         self.projector = nn.ModuleList(Projector(widths, cfg, scale) for scale in cfg.scales)
         self._register_load_state_dict_pre_hook(_one_level_projector)
