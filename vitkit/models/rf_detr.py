@@ -82,14 +82,18 @@ class RFDETRConfig:
                              f"cross_heads ({self.cross_heads})")
 
 
-def _check_windowable(vit: nn.Module, who: str) -> None:
-    """One line where a backbone's blocks cannot run in windows as they are here: rotary positions (EVA-02, DINOv3),
-    which a window would have to carry, or token merging, which changes the token count block by block."""
+def _check_windowable(vit: nn.Module, who: str, out_indices: tuple[int, ...]) -> None:
+    """One line where a backbone's blocks cannot run in windows as they are here (rotary positions, EVA-02's and
+    DINOv3's, which a window would have to carry; token merging, which changes the token count block by block), or
+    where ``out_indices`` name no stage of it."""
     cfg = getattr(vit, "cfg", None)
     if getattr(cfg, "rope", "") or getattr(cfg, "token_merging", 0):
         raise UsageError(f"{who} runs its backbone's blocks in windows without rotary positions or token merging; "
                          f"{getattr(vit, 'name', type(vit).__name__)} has rope={getattr(cfg, 'rope', '')!r}, "
                          f"token_merging={getattr(cfg, 'token_merging', 0)!r}")
+    depth = len(vit.blocks)
+    if min(out_indices) < 1 or max(out_indices) > depth:
+        raise UsageError(f"out_indices must be stages 1 to {depth} (the backbone's blocks), got {out_indices}")
 
 
 class WindowedViT:
@@ -103,11 +107,8 @@ class WindowedViT:
                 getattr(vit, "num_prefix_tokens", 1) != 1:
             raise UsageError(f"RF-DETR's backbone is a ViT with one class token and learned positions; "
                              f"{getattr(vit, 'name', type(vit).__name__)} is not")
-        _check_windowable(vit, "RF-DETR")
-        depth = len(vit.blocks)
-        if min(out_indices) < 1 or max(out_indices) > depth:
-            raise UsageError(f"out_indices must be stages 1 to {depth} (the backbone's blocks), got {out_indices}")
-        self.out_indices, self.windows = tuple(out_indices), windows
+        _check_windowable(vit, "RF-DETR", out_indices)
+        self.out_indices, self.windows, depth = tuple(out_indices), windows, len(vit.blocks)
         if windows == 1:
             self.global_blocks = set(range(depth))
         elif window_blocks is None:  # RF-DETR's rule
@@ -167,10 +168,7 @@ class WindowedPlainViT:
         if getattr(vit, "num_prefix_tokens", 1) != 0 or getattr(vit, "pos_embed", None) is None:
             raise UsageError(f"LW-DETR's backbone is a ViT with learned positions and no class token; "
                              f"{getattr(vit, 'name', type(vit).__name__)} is not")
-        _check_windowable(vit, "LW-DETR")
-        depth = len(vit.blocks)
-        if min(out_indices) < 1 or max(out_indices) > depth:
-            raise UsageError(f"out_indices must be stages 1 to {depth} (the backbone's blocks), got {out_indices}")
+        _check_windowable(vit, "LW-DETR", out_indices)
         self.out_indices, self.windows = tuple(out_indices), windows
         rule = set(range(max(out_indices))) - {i for i in out_indices}  # RF-DETR's, where none are named
         self.window_blocks = set(rule if window_blocks is None else window_blocks) if windows > 1 else set()
