@@ -140,6 +140,45 @@ def _write_int8_program(folder: Path) -> Path:
     return folder / "w.int8.pt2"
 
 
+def _write_rf_detr_pth(folder: Path) -> Path:
+    """RF-DETR's own file: transformers' RF-DETR's weights (RF-DETR's names) under ``model``, its settings under
+    ``args``."""
+    from argparse import Namespace
+
+    from tests.models.test_rf_detr import _rf_detr_folder
+
+    theirs = _rf_detr_folder(folder / "rf", hidden=128, heads=2, eps=1e-6)
+    args = Namespace(encoder="dinov2_windowed_small", out_feature_indexes=[1, 2, 4], num_windows=2, patch_size=8,
+                     positional_encoding_size=8, hidden_dim=32, dec_layers=2, sa_nheads=4, ca_nheads=4,
+                     dec_n_points=theirs.config.decoder_n_points, dim_feedforward=64, num_queries=6, group_detr=3,
+                     projector_scale=["P4"], class_names=[f"c{i}" for i in range(5)])
+    from safetensors.torch import load_file
+
+    torch.save({"model": load_file(folder / "rf" / "model.safetensors"), "args": args}, folder / "rf-detr.pth")
+    shutil.rmtree(folder / "rf")
+    return folder / "rf-detr.pth"
+
+
+def _write_lw_detr_folder(folder: Path) -> Path:
+    from tests.models.test_lw_detr import _lw_detr_folder
+
+    _lw_detr_folder(folder / "lw")
+    return folder / "lw"
+
+
+def _write_dinov2_depth_head(folder: Path) -> Path:
+    from tests.models.test_depth_dpt import _dpt_dinov2, _meta_dpt_head
+
+    torch.save({"state_dict": _meta_dpt_head(_dpt_dinov2())}, folder / "dinov2_vits14_nyu_dpt_head.pth")
+    return folder / "dinov2_vits14_nyu_dpt_head.pth"
+
+
+def _depth_head(path: Path):  # what load_depth_estimator does with Meta's head file and a backbone built apart
+    backbone = vitkit.create_model("vit_small_patch14_dinov2", num_classes=0, img_size=56, depth=4, embed_dim=64,
+                                   num_heads=1)
+    return vitkit.load_depth_estimator(path, backbone=backbone)
+
+
 def _int8_program(path: Path):  # what load_int8_program reads: the program and its metadata (compiled when called)
     from vitkit.deploy.quantize_program import load_int8_program
 
@@ -169,6 +208,9 @@ FORMATS = [
     Format("export weights", _write_export_folder, _recorded, damaged="model.safetensors"),
     Format("ONNX", _write_onnx, _onnx),
     Format("int8 .pt2", _write_int8_program, _int8_program),
+    Format("RF-DETR .pth", _write_rf_detr_pth, vitkit.load_detector),
+    Format("LW-DETR config.json", _write_lw_detr_folder, vitkit.load_detector, damaged="config.json"),
+    Format("DINOv2 depth head", _write_dinov2_depth_head, _depth_head),
 ]
 
 

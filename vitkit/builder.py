@@ -364,6 +364,8 @@ def load_depth_estimator(path: str | os.PathLike, backbone: str | os.PathLike | 
     from .models.depth import build_depth_model
 
     found = read_depth_file(path, max_depth)
+    from .checkpoints.files import interpreted
+
     if found.backbone_file:
         if backbone is None:
             raise UsageError(f"{path} is a DINOv2 depth head alone: give its backbone, "
@@ -380,15 +382,19 @@ def load_depth_estimator(path: str | os.PathLike, backbone: str | os.PathLike | 
     else:
         if backbone is not None:
             raise UsageError(f"{path} holds its backbone; backbone= is for a DINOv2 depth head file")
-        net = create_model(found.preset, num_classes=0, **found.overrides)
-        settings = found.settings
-    model = build_depth_model(net, **settings)
-    own = model.state_dict()
-    weights = {**{k: v for k, v in own.items() if k.startswith(found.unused)}, **found.state_dict}
-    if found.backbone_file:
-        weights.update({k: v for k, v in own.items() if k.startswith("backbone.")})
-    model.load_state_dict(weights)
-    return model
+        net, settings = None, found.settings
+
+    def build() -> nn.Module:
+        made = net if net is not None else create_model(found.preset, num_classes=0, **found.overrides)
+        model = build_depth_model(made, **settings)
+        own = model.state_dict()
+        weights = {**{k: v for k, v in own.items() if k.startswith(found.unused)}, **found.state_dict}
+        if found.backbone_file:
+            weights.update({k: v for k, v in own.items() if k.startswith("backbone.")})
+        model.load_state_dict(weights)
+        return model
+
+    return interpreted(path, build)
 
 
 def load_detector(path: str | os.PathLike) -> nn.Module:
@@ -399,16 +405,22 @@ def load_detector(path: str | os.PathLike) -> nn.Module:
     ``vitkit.lit.Detector.load_from_checkpoint(path).eval().evaluated()`` is the model it validated."""
     from .checkpoints.detection import read_detector
 
-    return detector_from(read_detector(path))
+    return detector_from(read_detector(path), path)
 
 
-def detector_from(found) -> nn.Module:
-    """The detector a :class:`~vitkit.checkpoints.detection.DetectorFile` describes, its weights loaded strictly."""
+def detector_from(found, where: str | os.PathLike) -> nn.Module:
+    """The detector a :class:`~vitkit.checkpoints.detection.DetectorFile` of ``where`` describes, its weights loaded
+    strictly (weights or settings the model refuses are the file's error)."""
+    from .checkpoints.files import interpreted
     from .models.rf_detr import RFDETR
 
-    backbone = create_model(found.preset, num_classes=0, **found.overrides)
-    model = (RFDETR if found.kind == "rf_detr" else YOLOS)(backbone, **found.settings)
-    own = {k: v for k, v in model.state_dict().items() if found.unused and k.startswith(found.unused)}
-    model.load_state_dict({**own, **found.state_dict})
+    def build() -> nn.Module:
+        backbone = create_model(found.preset, num_classes=0, **found.overrides)
+        model = (RFDETR if found.kind == "rf_detr" else YOLOS)(backbone, **found.settings)
+        own = {k: v for k, v in model.state_dict().items() if found.unused and k.startswith(found.unused)}
+        model.load_state_dict({**own, **found.state_dict})
+        return model
+
+    model = interpreted(where, build)
     model.class_names = found.class_names
     return model

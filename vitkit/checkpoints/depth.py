@@ -6,7 +6,6 @@ the backbone comes from its own file)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from torch import Tensor
 from vitkit.errors import MissingFileError
 
 from .detection import _weights
-from .files import CheckpointError, read_file
+from .files import CheckpointError, interpreted, read_config, read_file
 from .formats import to_vitkit, unwrap
 from .hf_config import preset_for
 
@@ -82,7 +81,7 @@ def transformers_depth_anything(folder: str | os.PathLike) -> DepthFile:
     """A folder that transformers' ``DepthAnythingForDepthEstimation.save_pretrained`` wrote: a DINOv2 backbone under
     ``backbone.`` (its maps read at ``out_indices``, through its final norm) and DPT's neck and depth head."""
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
+    config = read_config(folder)
     if config.get("model_type") != "depth_anything":
         raise CheckpointError(f"{folder}/config.json has model_type={config.get('model_type')!r}, not "
                               "'depth_anything'")
@@ -123,7 +122,7 @@ def transformers_dpt(folder: str | os.PathLike) -> DepthFile:
     DINOv2 backbone under ``backbone.`` (Meta's ``dpt-dinov2-*``), the class token read out by ``readout_type``,
     fusions that double, and DPT's depth head. DPT-Hybrid (a BiT stem) and other backbones are refused."""
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
+    config = read_config(folder)
     if config.get("model_type") != "dpt":
         raise CheckpointError(f"{folder}/config.json has model_type={config.get('model_type')!r}, not 'dpt'")
     backbone_config = config.get("backbone_config") or {}
@@ -237,13 +236,14 @@ def read_depth_file(path: str | os.PathLike, max_depth: float | None = None) -> 
                                "save_pretrained wrote, or a model's snapshot folder in the Hugging Face cache) or a "
                                "DINOv2 depth head file")
     if path.is_file():
-        return dinov2_depth_head(path, max_depth)
+        return interpreted(path, lambda: dinov2_depth_head(path, max_depth))
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} is not a depth estimator vitkit reads: expected a folder of transformers' "
                               "DepthAnythingForDepthEstimation or DPTForDepthEstimation (config.json and "
                               "model.safetensors), or a DINOv2 depth head file")
-    model_type = json.loads((path / "config.json").read_text()).get("model_type")
+    model_type = read_config(path).get("model_type")
     if model_type not in ("dpt", "depth_anything"):
         raise CheckpointError(f"{path}/config.json has model_type={model_type!r}; vitkit reads depth estimators of "
                               "model_type 'depth_anything' and 'dpt'")
-    return transformers_dpt(path) if model_type == "dpt" else transformers_depth_anything(path)
+    return interpreted(path, lambda: transformers_dpt(path) if model_type == "dpt" else
+                       transformers_depth_anything(path))

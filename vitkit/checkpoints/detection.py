@@ -5,7 +5,6 @@ as ``save_pretrained`` writes them). transformers writes RF-DETR's weights in RF
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from torch import Tensor
 
 from vitkit.errors import MissingFileError
 
-from .files import CheckpointError, read_file
+from .files import CheckpointError, interpreted, read_config, read_file
 from .formats import to_vitkit, unwrap
 from .hf_config import preset_for
 
@@ -48,7 +47,7 @@ def transformers_yolos(folder: str | os.PathLike) -> DetectorFile:
     position table split into the class token's and the patches', kept by the backbone, and the detection tokens',
     kept by YOLOS), the mid-layer positions, and the class and box MLPs."""
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
+    config = read_config(folder)
     if config.get("model_type") != "yolos":
         raise CheckpointError(f"{folder}/config.json has model_type={config.get('model_type')!r}, not 'yolos'")
     raw = _weights(folder)
@@ -142,7 +141,7 @@ def transformers_rf_detr(folder: str | os.PathLike) -> DetectorFile:
     """A folder that transformers' ``RfDetrForObjectDetection.save_pretrained`` wrote: its windowed DINOv2, the
     projector, the two-stage heads of every query group and the decoder (``vitkit.models.rf_detr``)."""
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
+    config = read_config(folder)
     backbone_config = config.get("backbone_config") or {}
     if backbone_config.get("model_type") != "rf_detr_dinov2":
         raise CheckpointError(f"{folder}: an RF-DETR on a {backbone_config.get('model_type')!r} backbone; vitkit reads "
@@ -287,7 +286,7 @@ def transformers_lw_detr(folder: str | os.PathLike) -> DetectorFile:
     batch norms, the two-stage heads of every query group and the decoder (``vitkit.models.rf_detr`` with
     ``window_blocks``)."""
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
+    config = read_config(folder)
     vit = config.get("backbone_config") or {}
     if vit.get("model_type") != "lw_detr_vit":
         raise CheckpointError(f"{folder}: an LW-DETR on a {vit.get('model_type')!r} backbone; vitkit reads its own "
@@ -330,19 +329,16 @@ def read_detector(path: str | os.PathLike) -> DetectorFile:
     if path.is_file() and path.suffix in (".pth", ".pt"):
         raw = read_file(path)
         if "args" in raw and "model" in raw:
-            return rf_detr_checkpoint(path, raw)
+            return interpreted(path, lambda: rf_detr_checkpoint(path, raw))
     if not (path / "config.json").is_file():
         own = ("; a vitkit run's checkpoint loads with "
                "vitkit.lit.Detector.load_from_checkpoint(path).eval().evaluated()") if path.suffix == ".ckpt" else ""
         raise CheckpointError(f"{path} is not a detector vitkit reads: expected a folder of transformers' "
                               "YolosForObjectDetection, RfDetrForObjectDetection or LwDetrForObjectDetection "
                               f"(config.json and model.safetensors) or an RF-DETR .pth (model and args){own}")
-    kind = json.loads((path / "config.json").read_text()).get("model_type")
-    if kind == "rf_detr":
-        return transformers_rf_detr(path)
-    if kind == "yolos":
-        return transformers_yolos(path)
-    if kind == "lw_detr":
-        return transformers_lw_detr(path)
+    kind = read_config(path).get("model_type")
+    readers = {"rf_detr": transformers_rf_detr, "yolos": transformers_yolos, "lw_detr": transformers_lw_detr}
+    if kind in readers:
+        return interpreted(path, lambda: readers[kind](path))
     raise CheckpointError(f"{path}/config.json has model_type={kind!r}; vitkit reads detectors of model_type "
                           "'yolos', 'rf_detr' and 'lw_detr'")

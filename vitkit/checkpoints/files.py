@@ -10,13 +10,16 @@ import pickle
 import re
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from vitkit.errors import CheckpointError
+
+T = TypeVar("T")
 
 # Plain-data classes found in training checkpoints that ``weights_only`` refuses by default; rebuilding
 # them sets attributes and nothing else (timm and DeiT save their argparse Namespace as ``args``).
@@ -41,14 +44,7 @@ def resolve(path: str | os.PathLike) -> tuple[Path, dict | None]:
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     if path.is_file() or is_sharded(path):
         return path, None
-    config = None
-    if (path / "config.json").is_file():
-        try:
-            config = json.loads((path / "config.json").read_text())
-        except (ValueError, RecursionError) as e:  # JSON, UTF-8, nesting too deep
-            raise CheckpointError(f"{path / 'config.json'} is not valid JSON: {_first_line(e)}") from None
-        if not isinstance(config, dict):
-            raise CheckpointError(f"{path / 'config.json'} holds a JSON {type(config).__name__}, expected an object")
+    config = read_config(path) if (path / "config.json").is_file() else None
     for name in WEIGHT_NAMES:
         if (path / name).is_file():
             return path / name, config
@@ -57,6 +53,30 @@ def resolve(path: str | os.PathLike) -> tuple[Path, dict | None]:
         return path / found[0], config
     raise CheckpointError(f"folder {str(path)!r} holds no single weight file: expected one of {list(WEIGHT_NAMES)}"
                           f"{f', found several: {found}' if found else ', found none'}")
+
+
+def read_config(folder: Path) -> dict:
+    """A folder's ``config.json`` as a dict, or a :class:`CheckpointError` naming it (not JSON, not an object)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (ValueError, RecursionError) as e:  # JSON, UTF-8, nesting too deep
+        raise CheckpointError(f"{folder / 'config.json'} is not valid JSON: {_first_line(e)}") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{folder / 'config.json'} holds a JSON {type(config).__name__}, expected an object")
+    return config
+
+
+def interpreted(where: Path | str, read: Callable[[], T]) -> T:
+    """``read()`` (the reading of another library's file into vitkit's settings and names), where an error that
+    the file's own content causes (a key missing, a value of the wrong type or size, settings vitkit's model
+    refuses) is the file's: a :class:`CheckpointError` naming it."""
+    try:
+        return read()
+    except CheckpointError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise CheckpointError(f"{where}: its content does not describe a model vitkit reads ({_first_line(e)})") \
+            from None
 
 
 def _is_torchscript(path: Path) -> bool:

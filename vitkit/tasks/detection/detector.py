@@ -141,7 +141,7 @@ class Detector(AdaptsBackbone, TrainingModule):
         if found.kind != "rf_detr":
             raise UsageError(f"{path} is a {found.kind.upper()}; --model.detector starts from an RF-DETR or LW-DETR "
                              "(a YOLOS starts from its backbone: --model.checkpoint)")
-        net = detector_from(found)
+        net = detector_from(found, path)
         if net.num_classes != num_classes:
             net.reset_classes(num_classes)
         if img_size is not None:  # the size the run trains at, as a module rebuilt from its settings has it
