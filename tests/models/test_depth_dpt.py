@@ -136,6 +136,11 @@ def test_a_dinov2_dpt_head_file_on_its_backbone_file_gives_metas_depth(tmp_path)
     assert 0.49 < capped.max() <= 0.5 + 1e-6
     with pytest.raises(UsageError, match="is a DINOv2 depth head alone: give its backbone"):
         vitkit.load_depth_estimator(head)
+    with pytest.raises(UsageError, match="max_depth is a DINOv2 head's deepest output, above 0"):
+        vitkit.load_depth_estimator(head, backbone=_backbone(theirs, backbone), max_depth=-1)
+    theirs.save_pretrained(tmp_path / "folder")
+    with pytest.raises(UsageError, match="max_depth= is for a DINOv2 depth head file; .* records its own range"):
+        vitkit.load_depth_estimator(tmp_path / "folder", max_depth=5)
     wider = vitkit.create_model("vit_small_patch14_dinov2", num_classes=0, img_size=56, depth=4)
     vitkit.save_pretrained(wider, tmp_path / "wider")
     with pytest.raises(CheckpointError, match="reads maps 64 wide in all; the backbone's are 384 wide"):

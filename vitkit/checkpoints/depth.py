@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
-from vitkit.errors import MissingFileError
+from vitkit.errors import MissingFileError, UsageError
 
 from .detection import _weights
 from .files import CheckpointError, interpreted, read_config, read_file
@@ -235,8 +235,12 @@ def read_depth_file(path: str | os.PathLike, max_depth: float | None = None) -> 
         raise MissingFileError(f"{path} is not there: vitkit.load_depth_estimator reads a local folder (what "
                                "save_pretrained wrote, or a model's snapshot folder in the Hugging Face cache) or a "
                                "DINOv2 depth head file")
+    if max_depth is not None and not max_depth > 0:
+        raise UsageError(f"max_depth is a DINOv2 head's deepest output, above 0 (NYU: 10, KITTI: 80), got {max_depth}")
     if path.is_file():
         return interpreted(path, lambda: dinov2_depth_head(path, max_depth))
+    if max_depth is not None:
+        raise UsageError(f"max_depth= is for a DINOv2 depth head file; {path} records its own range")
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} is not a depth estimator vitkit reads: expected a folder of transformers' "
                               "DepthAnythingForDepthEstimation or DPTForDepthEstimation (config.json and "

@@ -11,13 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from vitkit.errors import MissingFileError
 
 from .files import CheckpointError, interpreted, read_config, read_file
-from .formats import to_vitkit, unwrap
+from .formats import fuse_qkv, rename, rename_key, to_vitkit, unwrap
 from .hf_config import preset_for
 
 
@@ -125,9 +124,7 @@ def _rf_detr_weights(where: Path, raw: dict[str, Tensor]) -> dict[str, Tensor]:
             for name, part in zip("qkv", v.chunk(3), strict=True):
                 sd[f"layers.{m[1]}.self_attn.{name}_proj.{m[2]}"] = part
             continue
-        ours = k
-        for pattern, repl in RF_DETR_NAMES:
-            ours = re.sub(pattern, repl, ours)
+        ours = rename_key(k, RF_DETR_NAMES)
         if ours == k:
             unknown.append(k)
         else:
@@ -217,6 +214,7 @@ def rf_detr_checkpoint(path: str | os.PathLike, raw: dict[str, Any]) -> Detector
 
 
 LW_DETR_NAMES = [  # transformers' LW-DETR names (as save_pretrained writes them) -> vitkit.models.rf_detr.RFDETR's
+    (r"^model\.backbone\.backbone\.encoder\.layer\.(\d+)\.attention\.attention\.", r"backbone.blocks.\1.attn."),
     (r"^model\.backbone\.backbone\.embeddings\.projection\.", "backbone.patch_embed.proj."),
     (r"^model\.backbone\.backbone\.encoder\.layer\.(\d+)\.attention\.output\.", r"backbone.blocks.\1.attn.proj."),
     (r"^model\.backbone\.backbone\.encoder\.layer\.(\d+)\.gamma_([12])$", r"backbone.blocks.\1.ls\2.gamma"),
@@ -249,34 +247,15 @@ IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 
 
 def _lw_detr_weights(folder: Path, raw: dict[str, Tensor]) -> dict[str, Tensor]:
-    """transformers' LW-DETR weights in vitkit's names (``LW_DETR_NAMES``; q, k and v joined)."""
-    sd: dict[str, Tensor] = {}
-    unknown: list[str] = []
-    layer = r"^model\.backbone\.backbone\.encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\.(\w+)$"
-    qkv: dict[str, dict[str, Tensor]] = {}
-    for k, v in raw.items():
-        m = re.match(layer, k)
-        if m:  # q, k and v in one matrix; q's and v's biases apart (the keys have none)
-            if m[3] == "weight":
-                qkv.setdefault(m[1], {})[m[2]] = v
-            else:
-                sd[f"backbone.blocks.{m[1]}.attn.{m[2][0]}_bias"] = v
-            continue
-        if k == "model.backbone.backbone.embeddings.position_embeddings":
-            sd["backbone.pos_embed"] = v[:, 1:]  # the class token's slot: LW-DETR has no class token
-            continue
-        ours = k
-        for pattern, repl in LW_DETR_NAMES:
-            ours = re.sub(pattern, repl, ours)
-        if ours == k:
-            unknown.append(k)
-        else:
-            sd[ours] = v
-    for i, parts in qkv.items():
-        sd[f"backbone.blocks.{i}.attn.qkv.weight"] = torch.cat([parts[n] for n in ("query", "key", "value")])
-    if unknown or "backbone.pos_embed" not in sd:
+    """transformers' LW-DETR weights in vitkit's names (``LW_DETR_NAMES``; q, k and v joined, q's and v's biases
+    apart: the keys have none)."""
+    sd = fuse_qkv(rename(raw, LW_DETR_NAMES))
+    pos = sd.pop("model.backbone.backbone.embeddings.position_embeddings", None)
+    unknown = [k for k in sd if k.startswith("model.")]  # still in transformers' names
+    if unknown or pos is None:
         raise CheckpointError(f"{folder}: weights an LW-DETR has no place for: {', '.join(unknown[:4]) or 'none'}; "
                               "or no position embeddings")
+    sd["backbone.pos_embed"] = pos[:, 1:]  # the class token's slot: LW-DETR has no class token
     return sd
 
 

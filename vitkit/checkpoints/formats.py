@@ -372,13 +372,15 @@ def strip_prefixes(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     return sd
 
 
+def rename_key(key: str, rules: Rules) -> str:
+    """``key`` through every rule in turn."""
+    for pattern, repl in rules:
+        key = re.sub(pattern, repl, key)
+    return key
+
+
 def rename(sd: dict[str, Tensor], rules: Rules) -> dict[str, Tensor]:
-    out = {}
-    for k, v in sd.items():
-        for pattern, repl in rules:
-            k = re.sub(pattern, repl, k)
-        out[k] = v
-    return out
+    return {rename_key(k, rules): v for k, v in sd.items()}
 
 
 def fuse_qkv(sd: dict[str, Tensor]) -> dict[str, Tensor]:

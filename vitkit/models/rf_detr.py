@@ -96,6 +96,13 @@ def _check_windowable(vit: nn.Module, who: str, out_indices: tuple[int, ...]) ->
         raise UsageError(f"out_indices must be stages 1 to {depth} (the backbone's blocks), got {out_indices}")
 
 
+def _check_input(who: str, patch: int, windows: int, H: int, W: int) -> None:
+    """One line where an image is not whole windows of whole patches."""
+    if H % (patch * windows) or W % (patch * windows):
+        raise UsageError(f"{who} takes images whose height and width are multiples of {patch * windows} px (the "
+                         f"{patch} px patch x {windows} windows), got {H} x {W}")
+
+
 class WindowedViT:
     """How RF-DETR runs a vitkit ViT with a class token as its windowed DINOv2 (module docstring): images
     (B, 3, H, W), H and W multiples of ``windows`` x the patch -> one map (B, C, h, w) per stage of ``out_indices``.
@@ -134,9 +141,7 @@ class WindowedViT:
     def __call__(self, vit: nn.Module, x: Tensor) -> list[Tensor]:
         p, n = vit.patch_size, self.windows
         B, _, H, W = x.shape
-        if H % (p * n) or W % (p * n):
-            raise UsageError(f"RF-DETR takes images whose height and width are multiples of {p * n} px (the "
-                             f"{p} px patch x {n} windows), got {H} x {W}")
+        _check_input("RF-DETR", p, n, H, W)
         grid = (H // p, W // p)
         tokens = torch.cat([vit.cls_token.expand(B, -1, -1), vit.patch_embed(x)], dim=1)  # (B, 1 + h·w, C)
         tokens = vit.norm_pre(vit.pos_drop(tokens + vit.positions_for(grid)))
@@ -176,9 +181,7 @@ class WindowedPlainViT:
     def __call__(self, vit: nn.Module, x: Tensor) -> list[Tensor]:
         p, n = vit.patch_size, self.windows
         B, _, H, W = x.shape
-        if H % (p * n) or W % (p * n):
-            raise UsageError(f"LW-DETR takes images whose height and width are multiples of {p * n} px (the "
-                             f"{p} px patch x {n} windows), got {H} x {W}")
+        _check_input("LW-DETR", p, n, H, W)
         h, w = H // p, W // p
         tokens = vit.norm_pre(vit.pos_drop(vit.patch_embed(x) + vit.positions_for((h, w))))  # (B, h·w, C)
         C = tokens.shape[-1]
