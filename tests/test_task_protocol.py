@@ -3,7 +3,6 @@ package outside vitkit (``tests/fixtures/toy_task``: per-image regression, named
 point group) trains, predicts, evaluates and exports through the ``vitkit`` command with no edit to vitkit."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vitkit.cli import main
 from vitkit.tasks import registry
 from vitkit.tasks.protocol import Task
 
@@ -40,29 +40,71 @@ def test_a_task_that_is_not_a_task_or_names_another_is_refused(monkeypatch):
         registry._add({"classification": None}, Task("classification", ()), "x")
 
 
-@pytest.mark.slow
-def test_a_toy_task_package_trains_predicts_evaluates_and_exports_through_the_commands(tmp_path):
+@pytest.fixture
+def toy_site(tmp_path, monkeypatch):
+    """The toy task's distribution on the path, as ``pip install`` leaves one; gone again after the test."""
     shutil.copytree(FIXTURE, tmp_path / "site")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "VITKIT_TRACEBACK": "1"}
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    registry.tasks.cache_clear()
+    yield tmp_path
+    monkeypatch.undo()
+    registry.tasks.cache_clear()
+    for name in [m for m in sys.modules if m == "toy_regression" or m.startswith("toy_regression.")]:
+        del sys.modules[name]
+
+
+@pytest.mark.slow
+def test_a_toy_task_package_trains_predicts_evaluates_and_exports_through_the_commands(toy_site, capsys,
+                                                                                      monkeypatch):
+    tmp_path = toy_site
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VITKIT_TRACEBACK", "1")
 
     def vitkit(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "vitkit.cli", *args], capture_output=True, text=True,
-                              timeout=600, env=env, cwd=tmp_path)
-        assert done.returncode == 0, (args, done.stdout[-2000:], done.stderr[-3000:])
-        return done.stdout
+        status = main(list(args))
+        said = capsys.readouterr()
+        assert not status, (args, said.err[-3000:])
+        return said.out
 
-    vitkit("train", "fit", "--model", "toy_regression.Regressor", "--data", "toy_regression.Brightness",
+    assert "regression" in registry.tasks()  # found by its entry point, as an installed package's
+    vitkit("train", "fit", "--seed_everything", "0", "--model", "toy_regression.Regressor", "--data",
+           "toy_regression.Brightness",
            "--trainer.max_epochs", "4", "--trainer.accelerator", "cpu", "--trainer.devices", "1",
            "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run"))
     ckpt = next((tmp_path / "run").rglob("*.ckpt"))  # Lightning's own checkpoint callback: no recipe names one
     image = tmp_path / "grey.png"
     Image.fromarray(np.full((40, 40, 3), 204, np.uint8)).save(image)  # brightness 0.8
-    said = vitkit("predict", str(image), "--checkpoint", str(ckpt))
-    torch_value = float(said.split("brightness ")[1].split()[0])
-    assert abs(torch_value - 0.8) < 0.25, said
+    out = vitkit("predict", str(image), "--checkpoint", str(ckpt))
+    torch_value = float(out.split("brightness ")[1].split()[0])
+    assert abs(torch_value - 0.8) < 0.25, out
     vitkit("evaluate", "--checkpoint", str(ckpt), "--data", "toy_regression.Brightness", "-o", str(tmp_path / "ev"))
     scores = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert scores["mae"] < scores["mae_of_the_mean"], scores  # it learned: below predicting the mean
     vitkit("export", str(ckpt), "-o", str(tmp_path / "reg.onnx"))
-    said = vitkit("predict", str(image), "--onnx", str(tmp_path / "reg.onnx"))
-    assert float(said.split("brightness ")[1].split()[0]) == pytest.approx(torch_value, abs=2e-3)
+    out = vitkit("predict", str(image), "--onnx", str(tmp_path / "reg.onnx"))
+    assert float(out.split("brightness ")[1].split()[0]) == pytest.approx(torch_value, abs=2e-3)
+
+
+def test_an_export_written_again_at_the_same_path_is_read_again_by_evaluate(tmp_path):
+    """``vitkit evaluate --onnx`` finds the task by the file's metadata: a second export to the same path in one
+    Python process (a notebook's, a test's) is that file, not the first one remembered."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from vitkit.cli.evaluate import _task
+
+    def write(task: str) -> None:
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        for key, value in {"task": task, "input_size": "[3, 8, 8]", "mean": "[0.5, 0.5, 0.5]",
+                           "std": "[0.5, 0.5, 0.5]"}.items():
+            model.metadata_props.add(key=f"vitkit.{key}", value=value)
+        onnx.save(model, path)
+
+    path = str(tmp_path / "model.onnx")
+    write("classification")
+    assert _task(["--onnx", path]).name == "classification"
+    write("depth")
+    assert _task(["--onnx", path]).name == "depth"

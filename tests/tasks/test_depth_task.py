@@ -1,5 +1,5 @@
-"""The depth task: a depth model learns its scenes better than the mean depth map does, and train, evaluate, export
-and predict read it through the task protocol (the ONNX export scores and predicts as the checkpoint)."""
+"""The depth task: a depth model learns its scenes better than the mean depth map does, and evaluate and predict
+read it (every task's export, server and commands alike: ``tests/test_task_contract.py``)."""
 
 import csv
 import json
@@ -44,8 +44,8 @@ def learned(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_depth_model_learns_its_scenes_better_than_the_mean_map_and_each_command_reads_it(learned, tmp_path,
-                                                                                            capsys):
+def test_a_depth_model_learns_its_scenes_better_than_the_mean_map_and_evaluate_and_predict_read_it(learned, tmp_path,
+                                                                                                    capsys):
     root, run = learned
     ckpt = run / "checkpoints" / "last.ckpt"
     with open(next(run.glob("logs/*/metrics.csv"))) as f:
@@ -67,30 +67,18 @@ def test_a_depth_model_learns_its_scenes_better_than_the_mean_map_and_each_comma
     metrics = json.loads((tmp_path / "ev/metrics.json").read_text())
     assert metrics["AbsRel"] == pytest.approx(float(last["val/AbsRel"]), rel=1e-4) and metrics["samples"] == 16
     assert len(list((tmp_path / "ev/worst").glob("*.png"))) == 8
-    # export, and the export scores and predicts as the checkpoint does
-    status, err = run_cli(["export", str(ckpt), "-o", str(tmp_path / "depth.onnx")], capsys)
+    image = root / "images/val/0000.png"  # the export predicts as the checkpoint: test_task_contract.py
+    status, err = run_cli(["predict", str(image), "--checkpoint", str(ckpt), "-o", str(tmp_path / "out")], capsys)
     assert status == 0, err
-    status, err = run_cli(["evaluate", "--onnx", str(tmp_path / "depth.onnx"), "--data.root", str(root), "--split",
-                           "val", "-o", str(tmp_path / "ev_onnx")], capsys)
-    assert status == 0, err
-    assert json.loads((tmp_path / "ev_onnx/metrics.json").read_text())["AbsRel"] == pytest.approx(
-        metrics["AbsRel"], rel=1e-4)
-    image = root / "images/val/0000.png"
-    found = {}
-    for source in (["--checkpoint", str(ckpt)], ["--onnx", str(tmp_path / "depth.onnx")]):
-        out = tmp_path / source[0][2:]
-        status, err = run_cli(["predict", str(image), *source, "-o", str(out)], capsys)
-        assert status == 0, err
-        coloured, sixteen = Image.open(out / "0000_depth.png"), Image.open(out / "0000_depth16.png")
-        assert coloured.mode == "RGB" and coloured.size == sixteen.size == (64, 64)
-        values = np.load(out / "0000_depth.npy")
-        assert values.shape == (64, 64) and values.dtype == np.float32
-        spread = (values - values.min()) / (values.max() - values.min()) * 65535  # the 16-bit map's, unrounded
-        assert np.abs(spread - np.asarray(sixteen, dtype=np.float32)).max() <= 0.5
-        found[source[0]] = np.asarray(sixteen, dtype=np.float32)
-    assert np.abs(found["--checkpoint"] - found["--onnx"]).max() <= 2  # of 65535: the same map
+    coloured, sixteen = Image.open(tmp_path / "out/0000_depth.png"), Image.open(tmp_path / "out/0000_depth16.png")
+    assert coloured.mode == "RGB" and coloured.size == sixteen.size == (64, 64)
+    values = np.load(tmp_path / "out/0000_depth.npy")
+    assert values.shape == (64, 64) and values.dtype == np.float32
+    spread = (values - values.min()) / (values.max() - values.min()) * 65535  # the 16-bit map's, unrounded
+    sixteen = np.asarray(sixteen, dtype=np.float32)
+    assert np.abs(spread - sixteen).max() <= 0.5
     truth = 1 / np.load(root / "depth/val/0000.npy")  # nearer is larger in both
-    assert np.corrcoef(found["--checkpoint"].ravel(), truth.ravel())[0, 1] > 0.9
+    assert np.corrcoef(sixteen.ravel(), truth.ravel())[0, 1] > 0.9
 
 
 @pytest.mark.slow
@@ -106,39 +94,6 @@ def test_a_depth_checkpoint_is_refused_where_it_does_not_fit_in_one_line(learned
                           str(tmp_path / "ev")])
     assert line == "error: a depth model is scored on images with depth maps (vitkit.lit.DepthDataModule, " \
         "--data.root DIR), not DigitsDataModule", line
-
-
-@pytest.mark.slow
-def test_the_server_answers_a_depth_map_and_draws_it(learned):
-    """vitkit serve's model code on a depth checkpoint: the 16-bit map predict writes, and format=overlay the
-    coloured map."""
-    import base64
-    import io
-
-    from vitkit.serving.api import VitkitAPI
-    from vitkit.serving.model import load_predictor, source_of
-
-    root, run = learned
-    ckpt = str(run / "checkpoints/last.ckpt")
-    options = {"topk": 5, "max_patches": None, "mode": "whole"}
-    api = VitkitAPI(source_of(ckpt, False), options, threads=1)
-    api.setup("cpu")
-    image = Image.open(root / "images/val/0001.png").convert("RGB")
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    data = base64.b64encode(buffer.getvalue()).decode()
-
-    def ask(fmt: str):
-        return api.encode_response(api.predict(api.decode_request({"images": [data], "format": fmt})))
-
-    served = ask("json")["predictions"][0]
-    predictor, task = load_predictor(source_of(ckpt, False), options)
-    assert task == "depth"
-    expected = predictor.result(image, predictor.run([predictor.prepare(image)])[0], options)
-    assert served["kind"] == "relative" and served["min"] == pytest.approx(expected.record["min"], abs=1e-5)
-    assert base64.b64decode(served["depth_png"]) == expected.files["_depth16.png"]
-    overlay = ask("overlay")
-    assert overlay.media_type == "image/png" and overlay.body == expected.files["_depth.png"]
 
 
 @pytest.mark.slow

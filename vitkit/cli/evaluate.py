@@ -12,6 +12,7 @@ defaults to the model's own (its size, mean, std, crop and interpolation).
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -66,6 +67,7 @@ def _argv(argv: list[str]) -> list[str]:
         from vitkit.tasks import registry
 
         argv = ["--data", _task(argv).data_module or registry.other_files().data_module, *argv]
+    open("/tmp/contract/dbg.txt", "a").write(repr(argv) + "\n")
     flags = ("--knn", "--linear-probe")
     out = []
     for i, a in enumerate(argv):
@@ -100,9 +102,15 @@ def _task(argv: list[str]):
     return registry.other_files()
 
 
-@functools.cache
 def _onnx(path: str):
-    """The export at ``path`` in onnxruntime, loaded once however often the command asks."""
+    """The export at ``path`` in onnxruntime, loaded once however often the command asks (a file written again at
+    the same path, as a second export in one Python process writes it, is loaded again)."""
+    stat = Path(path).stat() if Path(path).is_file() else None
+    return _loaded(path, stat and (stat.st_mtime_ns, stat.st_size, stat.st_ino))
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded(path: str, version):
     from vitkit.deploy.onnx_model import OnnxModel
 
     return OnnxModel(path)

@@ -34,9 +34,10 @@ def parser():
                    "H W or one number (default two thirds of the model's size)")
     p.add_argument("--threshold", type=float, default=None, metavar="S", help="a detector: the least score of the "
                    "boxes drawn and listed (default 0.5)")
-    p.add_argument("-o", "--output", default="masks", help="a segmenter (vitkit.lit.Segmenter): the folder for each "
-                   "image's NAME_mask.png (class indices, coloured) and NAME_overlay.png; a detector: for its "
-                   "NAME_overlay.png and NAME_detections.json (COCO's result format); a depth model: for its "
+    p.add_argument("-o", "--output", default="predictions", help="the folder of the files each image gives "
+                   "(default predictions/): a segmenter's NAME_mask.png (class indices, coloured) and "
+                   "NAME_overlay.png; a detector's "
+                   "NAME_overlay.png and NAME_detections.json (COCO's result format); a depth model's "
                    "NAME_depth.png (coloured), NAME_depth16.png and NAME_depth.npy (float32)")
     return p
 

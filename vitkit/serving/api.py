@@ -155,9 +155,8 @@ class VitkitAPI(ls.LitAPI):
         predictions = []
         for result in output["results"]:
             record = dict(result.record)
-            if "_mask.png" in result.files:  # a segmenter: its mask as a palette PNG of class indices
-                record["mask_png"] = base64.b64encode(result.files["_mask.png"]).decode()
-            if "_depth16.png" in result.files:  # a depth model: its map as a 16-bit PNG (predict's _depth16.png)
-                record["depth_png"] = base64.b64encode(result.files["_depth16.png"]).decode()
+            for suffix, key in getattr(self.predictor, "served_files", {}).items():  # a mask, a depth map
+                if suffix in result.files:
+                    record[key] = base64.b64encode(result.files[suffix]).decode()
             predictions.append(record)
         return {"predictions": predictions, "ms": output["ms"]}

@@ -41,7 +41,11 @@ class Predictor(Protocol):
     """A loaded model and its preprocessing, for one image at a time or a batch. ``prepare`` turns a decoded image
     into the model's input exactly as evaluation prepares it (the size, crop, mean and std the model records);
     ``run`` is one forward of prepared inputs stacked in a batch (or one at a time where the inputs' shapes differ);
-    ``result`` reads one output, of the image given, as a :class:`Prediction`."""
+    ``result`` reads one output, of the image given, as a :class:`Prediction`.
+
+    What a server answers besides the record, a predictor says by optional attributes: ``draws_overlay`` (True: its
+    files hold a picture, ``overlay_file``, default ``_overlay.png``, answered to ``format=overlay``) and
+    ``served_files`` (file suffix -> the JSON answer's key: those files, as base64, beside the record)."""
 
     names: list[str]
 

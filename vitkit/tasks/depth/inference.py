@@ -63,6 +63,7 @@ class _Depth:
     names: list[str] = []
     draws_overlay = True  # vitkit serve's format=overlay answers the coloured map
     overlay_file = "_depth.png"
+    served_files = {"_depth16.png": "depth_png"}  # its JSON answer's map: predict's 16-bit PNG, as base64
 
     def prepare(self, image) -> Tensor:
         from torchvision import tv_tensors

@@ -39,6 +39,7 @@ class _Segmenter:
 
     names: list[str]
     draws_overlay = True  # its files hold _overlay.png: what vitkit serve answers to format=overlay
+    served_files = {"_mask.png": "mask_png"}  # its JSON answer's mask: a palette PNG of class indices, as base64
 
     def result(self, image, mask: np.ndarray, options: dict[str, Any]) -> Prediction:
         from vitkit.masks import mask_image, overlay_image
