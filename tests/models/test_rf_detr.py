@@ -10,7 +10,7 @@ import torch
 
 import vitkit
 from vitkit.errors import CheckpointError, UsageError
-from vitkit.models.rf_detr import RFDETR, RFDETRConfig
+from vitkit.models.rf_detr import RFDETR, RFDETRConfig, WindowedViT
 from vitkit.tasks.detection.loss import SetLoss
 
 transformers = pytest.importorskip("transformers")
@@ -131,10 +131,10 @@ def test_what_rf_detr_cannot_take_is_refused_in_one_line(tmp_path):
         model.eval()(torch.randn(1, 3, 16, 16))
     with pytest.raises(UsageError, match=r"out_indices must be stages 1 to 4"):
         RFDETR(vit, 3, RFDETRConfig(out_indices=(2, 5)))
-    eva = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, img_size=64, patch_size=8, depth=4,
-                              rope="axial")
-    with pytest.raises(UsageError, match="RF-DETR runs its backbone's blocks in windows without rotary positions"):
-        RFDETR(eva, 3, RFDETRConfig(out_indices=(1, 2, 4), windows=2))
+    merging = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, img_size=64, patch_size=8, depth=4,
+                                  token_merging=2)
+    with pytest.raises(UsageError, match="RF-DETR runs its backbone's blocks in windows, without token merging"):
+        RFDETR(merging, 3, RFDETRConfig(out_indices=(1, 2, 4), windows=2))
     with pytest.raises(UsageError, match="d_model \\(30\\) must be divisible by self_heads"):
         RFDETRConfig(d_model=30)
     _rf_detr_folder(tmp_path / "rf")
@@ -176,3 +176,47 @@ def test_the_commands_read_an_rf_detr_folder_at_its_windows_size(tmp_path, capsy
     assert status == 0, err
     found = json.loads((tmp_path / "found" / "a_detections.json").read_text())
     assert len(found) == 6 and {d["label"] for d in found} <= {f"c{i}" for i in range(5)}
+
+
+WINDOWED = {  # backbones whose windows carry more than a class token and learned positions
+    "dinov3": dict(pos_embed="none", rope="dinov3", reg_tokens=4),  # rotary positions alone, registers
+    "eva02": dict(rope="axial", rope_ref_grid=8),  # learned and rotary positions
+    "dinov2_reg": dict(reg_tokens=4, no_embed_class=True),  # registers, positions on the patches only
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WINDOWED))
+def test_rf_detrs_windows_carry_registers_and_rotary_positions(kind):
+    """One window is the ViT's own forward; in windows, each window is the ViT run on its patches alone (MAE's
+    ``keep`` path: the prefix tokens, those patches' positions and rotary rows), and RF-DETR trains on it."""
+    torch.manual_seed(0)
+    vit = vitkit.create_model("vit_tiny_patch16_224", num_classes=0, img_size=64, patch_size=8, depth=4,
+                              embed_dim=64, num_heads=2, **WINDOWED[kind]).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        whole = WindowedViT(vit, (1, 2, 4), 1)(vit, x)
+        expected = vit.forward_intermediates(x, indices=[0, 1, 3], norm=True, intermediates_only=True)
+        for a, b in zip(whole, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+        windowed = WindowedViT(vit, (4,), 2, window_blocks=(0, 1, 2, 3))(vit, x)[0]  # (2, C, 8, 8)
+        patches = vit.patch_embed(x)
+        for i in range(2):
+            for j in range(2):
+                rows, cols = range(4 * i, 4 * i + 4), range(4 * j, 4 * j + 4)
+                keep = torch.tensor([r * 8 + c for r in rows for c in cols]).expand(2, -1)
+                tokens, rope = vit.embed_tokens(patches, (8, 8), keep=keep, resample=True)
+                for k, blk in enumerate(vit.blocks):
+                    tokens = blk(tokens, rope=vit._layer_rope(rope, k))
+                alone = vit.norm(tokens)[:, vit.num_prefix_tokens:].reshape(2, 4, 4, -1).permute(0, 3, 1, 2)
+                torch.testing.assert_close(windowed[:, :, 4 * i:4 * i + 4, 4 * j:4 * j + 4], alone, atol=1e-5,
+                                           rtol=1e-5)
+    cfg = RFDETRConfig(out_indices=(1, 2, 4), windows=2, d_model=32, queries=6, groups=2, self_heads=4,
+                       cross_heads=4, decoder_layers=2, ffn_dim=64)
+    model = RFDETR(vit, 3, cfg).train()
+    boxes = torch.tensor([[0.4, 0.45, 0.4, 0.5]])  # cx cy w h
+    targets = [{"boxes": boxes, "labels": torch.tensor([1])}, {"boxes": boxes, "labels": torch.tensor([2])}]
+    SetLoss()(model(x), targets)[0].backward()
+    trained = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trained and all(model.get_parameter(n).grad is not None for n in trained)
+    with torch.no_grad():  # another size: positions resampled, rotary rows of the larger grid
+        assert model.eval()(torch.randn(1, 3, 64, 96)).boxes.shape == (1, 6, 4)

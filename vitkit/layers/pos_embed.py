@@ -268,9 +268,15 @@ def keep_tokens(x: Tensor, rope: tuple[Tensor, Tensor] | None, keep: Tensor,
     B, _, C = x.shape
     patches = x[:, num_prefix:].gather(1, keep[..., None].expand(-1, -1, C))  # (B, K, C)
     x = torch.cat([x[:, :num_prefix], patches], dim=1)
-    if rope is None:
-        return x, None
     rows = torch.cat([torch.arange(num_prefix, device=keep.device).expand(B, -1), keep + num_prefix], dim=1)
+    return x, rope_rows(rope, rows)
+
+
+def rope_rows(rope: tuple[Tensor, Tensor] | None, rows: Tensor) -> tuple[Tensor, Tensor] | None:
+    """RoPE tables of sequences made of a ViT's tokens: ``rows`` (S, L) the token indices of each sequence ->
+    per-sequence tables, (S, 1, L, D') for shared tables, (depth, S, heads, L, D') for per-block ones."""
+    if rope is None:
+        return None
     if rope[0].dim() == 2:  # (prefix + N, D') shared by every block and head
-        return x, (rope[0][rows][:, None], rope[1][rows][:, None])
-    return x, (rope[0][:, :, rows].transpose(1, 2), rope[1][:, :, rows].transpose(1, 2))
+        return rope[0][rows][:, None], rope[1][rows][:, None]
+    return rope[0][:, :, rows].transpose(1, 2), rope[1][:, :, rows].transpose(1, 2)

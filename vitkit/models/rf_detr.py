@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from vitkit.errors import UsageError
 from vitkit.layers.deformable import DeformableAttention, QuerySelfAttention
+from vitkit.layers.pos_embed import rope_rows
 
 from .dense import OnBackbone
 from .detection import MLP, DetectionOutput
@@ -83,14 +84,11 @@ class RFDETRConfig:
 
 
 def _check_windowable(vit: nn.Module, who: str, out_indices: tuple[int, ...]) -> None:
-    """One line where a backbone's blocks cannot run in windows as they are here (rotary positions, EVA-02's and
-    DINOv3's, which a window would have to carry; token merging, which changes the token count block by block), or
-    where ``out_indices`` name no stage of it."""
-    cfg = getattr(vit, "cfg", None)
-    if getattr(cfg, "rope", "") or getattr(cfg, "token_merging", 0):
-        raise UsageError(f"{who} runs its backbone's blocks in windows without rotary positions or token merging; "
-                         f"{getattr(vit, 'name', type(vit).__name__)} has rope={getattr(cfg, 'rope', '')!r}, "
-                         f"token_merging={getattr(cfg, 'token_merging', 0)!r}")
+    """One line where a backbone's blocks cannot run in windows (token merging, which changes the token count block
+    by block), or where ``out_indices`` name no stage of it."""
+    if getattr(getattr(vit, "cfg", None), "token_merging", 0):
+        raise UsageError(f"{who} runs its backbone's blocks in windows, without token merging; "
+                         f"{getattr(vit, 'name', type(vit).__name__)} has token_merging={vit.cfg.token_merging!r}")
     depth = len(vit.blocks)
     if min(out_indices) < 1 or max(out_indices) > depth:
         raise UsageError(f"out_indices must be stages 1 to {depth} (the backbone's blocks), got {out_indices}")
@@ -106,13 +104,16 @@ def _check_input(who: str, patch: int, windows: int, H: int, W: int) -> None:
 class WindowedViT:
     """How RF-DETR runs a vitkit ViT with a class token as its windowed DINOv2 (module docstring): images
     (B, 3, H, W), H and W multiples of ``windows`` x the patch -> one map (B, C, h, w) per stage of ``out_indices``.
-    It holds no weights: the ViT is the detector's ``backbone``."""
+
+    Each window holds the prefix tokens (the class token, and registers where the ViT has them, as DINOv2-reg and
+    DINOv3) and its patches; rotary positions (DINOv3's, EVA-02's) go with each patch into its window and into the
+    global blocks, which attend over every window's tokens at once, as RF-DETR's do. It holds no weights: the ViT
+    is the detector's ``backbone``."""
 
     def __init__(self, vit: nn.Module, out_indices: tuple[int, ...], windows: int,
                  window_blocks: tuple[int, ...] | None = None) -> None:
-        if getattr(vit, "cls_token", None) is None or getattr(vit, "pos_embed", None) is None or \
-                getattr(vit, "num_prefix_tokens", 1) != 1:
-            raise UsageError(f"RF-DETR's backbone is a ViT with one class token and learned positions; "
+        if getattr(vit, "cls_token", None) is None or not hasattr(vit, "embed_tokens"):
+            raise UsageError(f"RF-DETR's backbone is a ViT with a class token; "
                              f"{getattr(vit, 'name', type(vit).__name__)} is not")
         _check_windowable(vit, "RF-DETR", out_indices)
         self.out_indices, self.windows, depth = tuple(out_indices), windows, len(vit.blocks)
@@ -123,14 +124,14 @@ class WindowedViT:
         else:
             self.global_blocks = set(range(depth)) - set(window_blocks)
 
-    def partition(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
-        """(B, 1 + h·w, C) -> (B·n², 1 + h·w / n², C): RF-DETR's window split, a class token in each window."""
+    def partition(self, x: Tensor, grid: tuple[int, int], prefix: int) -> Tensor:
+        """(B, P + h·w, C) -> (B·n², P + h·w / n², C): RF-DETR's window split, the P prefix tokens in each window."""
         B, _, C = x.shape
         n, (h, w) = self.windows, grid
-        cls, patches = x[:, :1], x[:, 1:]
+        head, patches = x[:, :prefix], x[:, prefix:]
         patches = patches.reshape(B, n, w // n, n, h // n, C).transpose(2, 3)  # (B, n, n, w/n, h/n, C): theirs
         patches = patches.reshape(B * n * n, (h // n) * (w // n), C)
-        return torch.cat([cls.repeat(n * n, 1, 1), patches], dim=1)  # the class tokens are equal: any order holds
+        return torch.cat([head.repeat_interleave(n * n, dim=0), patches], dim=1)
 
     def unpartition(self, x: Tensor, B: int, grid: tuple[int, int]) -> Tensor:
         """(B·n², h·w / n², C) patch tokens -> a map (B, C, h, w), as RF-DETR reassembles it."""
@@ -139,27 +140,37 @@ class WindowedViT:
         return x.reshape(B, h, w, C).permute(0, 3, 1, 2).contiguous()
 
     def __call__(self, vit: nn.Module, x: Tensor) -> list[Tensor]:
-        p, n = vit.patch_size, self.windows
+        p, n, P = vit.patch_size, self.windows, vit.num_prefix_tokens
         B, _, H, W = x.shape
         _check_input("RF-DETR", p, n, H, W)
         grid = (H // p, W // p)
-        tokens = torch.cat([vit.cls_token.expand(B, -1, -1), vit.patch_embed(x)], dim=1)  # (B, 1 + h·w, C)
-        tokens = vit.norm_pre(vit.pos_drop(tokens + vit.positions_for(grid)))
-        state = self.partition(tokens, grid) if n > 1 else tokens  # (B·n², L, C)
+        tokens, rope = vit.embed_tokens(vit.patch_embed(x), grid, resample=True)  # (B, P + h·w, C)
+        state = self.partition(tokens, grid, P) if n > 1 else tokens  # (B·n², L, C)
+        ropes = self._ropes(rope, grid, P, B, state.shape[1], tokens.device)
         states = {0: state}
         for i, blk in enumerate(vit.blocks[:max(self.out_indices)]):  # the blocks after the last stage read: unused
             if i in self.global_blocks and n > 1:  # every window's tokens in one sequence (norms, MLP per token)
-                state = blk(state.reshape(B, -1, state.shape[-1])).reshape(state.shape)
+                state = blk(state.reshape(B, -1, state.shape[-1]), rope=vit._layer_rope(ropes[1], i))
+                state = state.reshape(B * n * n, -1, state.shape[-1])
             else:
-                state = blk(state)
+                state = blk(state, rope=vit._layer_rope(ropes[0], i))
             if i + 1 in self.out_indices:
                 states[i + 1] = state
         maps = []
         for k in self.out_indices:
-            tokens = vit.norm(states[k])[:, 1:]
+            tokens = vit.norm(states[k])[:, P:]
             maps.append(self.unpartition(tokens, B, grid) if n > 1 else
                         tokens.reshape(B, grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous())
         return maps
+
+    def _ropes(self, rope, grid: tuple[int, int], prefix: int, B: int, length: int, device) -> tuple:
+        """The RoPE tables (or None) of the windows' sequences (B·n², L) and of the global blocks' (B, n²·L): each
+        token's own row, the prefix tokens' in every window."""
+        if rope is None or self.windows == 1:
+            return rope, rope
+        index = torch.arange(prefix + grid[0] * grid[1], device=device, dtype=torch.float32)[None, :, None]
+        rows = self.partition(index, grid, prefix)[..., 0].long()  # (n², L): each window's token indices
+        return rope_rows(rope, rows.repeat(B, 1)), rope_rows(rope, rows.reshape(1, -1).repeat(B, 1))
 
 
 class WindowedPlainViT:
@@ -170,8 +181,9 @@ class WindowedPlainViT:
 
     def __init__(self, vit: nn.Module, out_indices: tuple[int, ...], windows: int,
                  window_blocks: tuple[int, ...] | None = None) -> None:
-        if getattr(vit, "num_prefix_tokens", 1) != 0 or getattr(vit, "pos_embed", None) is None:
-            raise UsageError(f"LW-DETR's backbone is a ViT with learned positions and no class token; "
+        if getattr(vit, "num_prefix_tokens", 1) != 0 or getattr(vit, "pos_embed", None) is None or \
+                getattr(getattr(vit, "cfg", None), "rope", ""):
+            raise UsageError(f"LW-DETR's backbone is a ViT with learned positions, no rotary ones and no class token; "
                              f"{getattr(vit, 'name', type(vit).__name__)} is not")
         _check_windowable(vit, "LW-DETR", out_indices)
         self.out_indices, self.windows = tuple(out_indices), windows

@@ -179,7 +179,7 @@ class VisionTransformer(FollowsConfig, nn.Module):
         learned_rope = {"rope.freqs"} if self.rope is not None else set()  # as timm
         return {"pos_embed", "cls_token", "dist_token", "reg_token"} | learned_rope
 
-    def _pos_embed(self, x: Tensor, grid: tuple[int, int]) -> Tensor:
+    def _pos_embed(self, x: Tensor, grid: tuple[int, int], resample: bool = False) -> Tensor:
         B = x.shape[0]
         prefix: list[Tensor] = []
         if self.cls_token is not None:
@@ -191,7 +191,7 @@ class VisionTransformer(FollowsConfig, nn.Module):
         pos = self.pos_embed
         if pos is None:  # RoPE alone
             return self.pos_drop(torch.cat(prefix + [x], dim=1))
-        if self.dynamic_img_size:  # timm's dynamic_img_size: bicubic (antialiased) to this input's grid
+        if self.dynamic_img_size or resample:  # timm's dynamic_img_size: bicubic (antialiased) to this input's grid
             pos = self.positions_for(grid)
         if self.no_embed_class:  # positions cover patches only: add, then prepend
             x = torch.cat(prefix + [x + pos], dim=1)
@@ -215,15 +215,16 @@ class VisionTransformer(FollowsConfig, nn.Module):
             check_multiple(x, p)
         return self.patch_embed(x), (x.shape[-2] // p, x.shape[-1] // p)
 
-    def embed_tokens(self, patches: Tensor, grid: tuple[int, int],
-                     keep: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+    def embed_tokens(self, patches: Tensor, grid: tuple[int, int], keep: Tensor | None = None,
+                     resample: bool = False) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """Patch tokens (B, N, C) -> the blocks' input (B, prefix + N, C) and its RoPE tables (or None): the prefix
-        tokens and positions added, then with ``keep`` ((B, K) patch indices) only those patches, in that order, with
-        their RoPE rows (MAE's encoder; timm's patch_drop sits here), then ``norm_pre``."""
+        tokens and positions added (``resample``: the learned positions resampled to ``grid`` as with
+        dynamic_img_size), then with ``keep`` ((B, K) patch indices) only those patches, in that order, with their
+        RoPE rows (MAE's encoder; timm's patch_drop sits here), then ``norm_pre``."""
         rope = rope_tables(self.rope_kind, grid, self.head_dim, self.rope_temperature, self.num_prefix_tokens,
                            patches.device, self.rope_xy, self.rope_ref_grid,
                            self.rope.freqs if self.rope is not None else None)
-        x = self._pos_embed(patches, grid)
+        x = self._pos_embed(patches, grid, resample)
         if keep is not None:
             x, rope = keep_tokens(x, rope, keep, self.num_prefix_tokens)
         return self.norm_pre(x), rope  # (B, prefix + N, C), or prefix + K
