@@ -220,3 +220,46 @@ def test_rf_detrs_windows_carry_registers_and_rotary_positions(kind):
     assert trained and all(model.get_parameter(n).grad is not None for n in trained)
     with torch.no_grad():  # another size: positions resampled, rotary rows of the larger grid
         assert model.eval()(torch.randn(1, 3, 64, 96)).boxes.shape == (1, 6, 4)
+
+
+@pytest.mark.slow
+def test_rf_detr_reads_a_swins_stages_at_stride_16_trains_and_exports_at_another_size(tmp_path):
+    """A Swin's stages 2 to 4 (strides 8, 16, 32): each map brought to stage 3's grid (stride 16: RF-DETR's P4), the
+    stage there read as it is; every weight it runs learns, the unread final norm and head do not train; sides are
+    multiples of stage 4's stride, refused in one line otherwise; the ONNX export takes another multiple."""
+    ort = pytest.importorskip("onnxruntime")
+    from vitkit.deploy.export import export_onnx
+    from vitkit.tasks.detection.inference import ExportedDetector
+
+    torch.manual_seed(0)
+    swin = vitkit.create_model("swin_tiny_patch4_window7_224", num_classes=0, img_size=64, embed_dim=16,
+                               depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2), window_size=4)
+    cfg = RFDETRConfig(out_indices=(2, 3, 4), d_model=32, queries=6, groups=2, self_heads=4, cross_heads=4,
+                       decoder_layers=1, ffn_dim=64)
+    model = RFDETR(swin, 3, cfg)
+    assert (model.img_multiple, model.map_stride, model.windowed.widths) == (32, 16, [32, 64, 128])
+    x = torch.randn(2, 3, 64, 96)
+    with torch.no_grad():
+        maps = model.windowed(swin, x)
+        stage3 = swin.forward_intermediates(x, indices=[2], intermediates_only=True)[0]
+    assert [tuple(m.shape) for m in maps] == [(2, 32, 4, 6), (2, 64, 4, 6), (2, 128, 4, 6)]
+    torch.testing.assert_close(maps[1], stage3)
+    boxes = torch.tensor([[0.4, 0.45, 0.4, 0.5]])
+    SetLoss()(model.train()(x), [{"boxes": boxes, "labels": torch.tensor([1])}] * 2)[0].backward()
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained and all(model.get_parameter(n).grad is not None for n in trained)
+    assert not any(n.startswith("backbone.norm.") for n in trained)
+    with pytest.raises(UsageError, match=r"multiples of 32 px \(the stride of swin_tiny_patch4_window7_224's stage "
+                                         r"4\), got 64 x 80"):
+        model(torch.randn(1, 3, 64, 80))
+    with pytest.raises(UsageError, match="window_blocks name a plain ViT's blocks"):
+        RFDETR(swin, 3, RFDETRConfig(out_indices=(2, 3, 4), window_blocks=(0,)))
+    model.eval()
+    export_onnx(ExportedDetector(model, swin.name, ["a", "b", "c"]).eval(), tmp_path / "swin.onnx")
+    session = ort.InferenceSession(str(tmp_path / "swin.onnx"))
+    other = torch.randn(1, 3, 96, 64)
+    got = session.run(None, {session.get_inputs()[0].name: other.numpy()})
+    with torch.no_grad():
+        expected = ExportedDetector(model, swin.name, ["a", "b", "c"]).eval()(other)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_allclose(a, b.numpy(), atol=1e-4, rtol=1e-4)

@@ -140,18 +140,18 @@ def padded(model: nn.Module) -> bool:
 
 
 def _multiple(model: nn.Module) -> int:
-    """What height and width must be a multiple of: the patch (or what the model names, ``size_multiple``: RF-DETR's
-    patch times its windows), or 1 where the network pads to it."""
-    return 1 if padded(model) else int(getattr(model, "size_multiple", None) or model.cfg.patch_size)
+    """What height and width must be a multiple of: what the model names (``size_multiple``: RF-DETR's patch times its
+    windows, or the stride of the last Swin stage it reads), else the patch, or 1 where the network pads to it."""
+    return int(getattr(model, "size_multiple", None) or (1 if padded(model) else model.cfg.patch_size))
 
 
 def min_size(model: nn.Module) -> tuple[int, int]:
     """The smallest (H, W) a dynamic-size export takes: one patch for ViT, and for a Swin that keeps its windows at
     every size (``always_partition``: a smaller map is padded); for another Swin, the smallest size at which every
     stage's map is still at least its window (patch merging halves it, rounding up)."""
-    p = int(model.cfg.patch_size)
+    p, m = int(model.cfg.patch_size), _multiple(model)
     if not padded(model) or getattr(model.cfg, "always_partition", False):
-        return _multiple(model), _multiple(model)
+        return m, m
 
     def fits(size: int, axis: int) -> bool:
         n = -(-size // p)
@@ -161,7 +161,7 @@ def min_size(model: nn.Module) -> tuple[int, int]:
                 return False
         return True
 
-    return tuple(next(s for s in range(1, 1 << 16) if fits(s, axis)) for axis in (0, 1))
+    return tuple(next(s for s in range(m, 1 << 16, m) if fits(s, axis)) for axis in (0, 1))
 
 
 def prepare(model: nn.Module, dynamic_size: bool | None) -> tuple[nn.Module, bool]:
@@ -190,13 +190,12 @@ def _dims(model: nn.Module, dynamic_size: bool) -> tuple[dict[int, Any], list[st
         return {0: batch}, ["batch"]
     h, w = pair(model.cfg.img_size)
     names = ["batch", "height", "width"]
-    if padded(model):  # any size from the smallest that keeps every stage's window
-        (h0, w0) = min_size(model)
+    (h0, w0), p = min_size(model), _multiple(model)
+    if p == 1:  # any size from the smallest that keeps every stage's window
         return ({0: batch, 2: torch.export.Dim("height", min=h0, max=max(1024, 4 * h)),
                  3: torch.export.Dim("width", min=w0, max=max(1024, 4 * w))}, names)
-    p = _multiple(model)
-    return ({0: batch, 2: p * torch.export.Dim("grid_h", min=1, max=max(64, 4 * h // p)),
-             3: p * torch.export.Dim("grid_w", min=1, max=max(64, 4 * w // p))}, names)
+    return ({0: batch, 2: p * torch.export.Dim("grid_h", min=h0 // p, max=max(64, 4 * h // p)),
+             3: p * torch.export.Dim("grid_w", min=w0 // p, max=max(64, 4 * w // p))}, names)
 
 
 def _tracing(model: nn.Module, dynamic_size: bool):
@@ -220,13 +219,13 @@ def _check_inputs(model: nn.Module, dynamic_size: bool) -> list[torch.Tensor]:
     cfg, g = model.cfg, torch.Generator().manual_seed(0)
     h, w = pair(cfg.img_size)
     shapes = [(1, cfg.in_chans, h, w), (3, cfg.in_chans, h, w)]
-    if dynamic_size and padded(model):  # another, non-square size: one more row in the last stage (Swin-T at
+    p = _multiple(model)
+    if dynamic_size and p == 1:  # another, non-square size: one more row in the last stage (Swin-T at
         # 224 -> 257: the last stage now shifts), and a narrower width that every stage pads
         cell, w0 = cfg.patch_size * 2 ** (len(_net(model).layers) - 1), min_size(model)[1]
         shapes.append((2, cfg.in_chans, h + cell + 1, max(w0, w - cfg.patch_size - 1)))
-    elif dynamic_size:  # another, non-square multiple of the patch
-        p = _multiple(model)
-        shapes.append((2, cfg.in_chans, h + 2 * p, max(p, w - p)))
+    elif dynamic_size:  # another, non-square multiple of the patch (of what the model names)
+        shapes.append((2, cfg.in_chans, h + 2 * p, max(min_size(model)[1], w - p)))
     return [torch.randn(s, generator=g) for s in shapes]
 
 

@@ -207,6 +207,47 @@ class WindowedPlainViT:
         return maps
 
 
+class StagedMaps:
+    """How RF-DETR reads a backbone of stages (Swin): the outputs of the stages of ``out_indices`` (stage k: after k
+    stages, at stride patch x 2^(k-1)), each brought to the grid of the read stage nearest stride 16 (RF-DETR's
+    level, P4), finer maps averaged over their cells, coarser ones upsampled bilinearly. Swin's windows are its own:
+    RF-DETR's ``windows`` are a plain ViT's. It holds no weights: the backbone is the detector's."""
+
+    def __init__(self, net: nn.Module, out_indices: tuple[int, ...], window_blocks: tuple[int, ...] | None) -> None:
+        depth, name = len(net.layers), getattr(net, "name", type(net).__name__)
+        if min(out_indices) < 1 or max(out_indices) > depth:
+            raise UsageError(f"out_indices must be stages 1 to {depth} ({name}'s stages), got {tuple(out_indices)}")
+        if window_blocks is not None:
+            raise UsageError(f"window_blocks name a plain ViT's blocks that attend in windows; {name} has windows of "
+                             f"its own (give none)")
+        if getattr(net.cfg, "token_merging", 0):
+            raise UsageError(f"RF-DETR reads {name} without token merging")
+        self.out_indices, self.name = tuple(out_indices), name
+        self.strides = [net.cfg.patch_size * 2 ** (k - 1) for k in self.out_indices]
+        self.widths = [net.cfg.embed_dim * 2 ** (k - 1) for k in self.out_indices]
+        self.stride = min(self.strides, key=lambda s: (abs(math.log2(s / 16)), s))
+        self.multiple = max(self.strides)  # every read map a whole number of the reference's cells
+
+    def rule(self) -> str:
+        return f"the stride of {self.name}'s stage {max(self.out_indices)}"
+
+    def __call__(self, net: nn.Module, x: Tensor) -> list[Tensor]:
+        H, W = x.shape[-2:]
+        if H % self.multiple or W % self.multiple:
+            raise UsageError(f"RF-DETR takes images whose height and width are multiples of {self.multiple} px "
+                             f"({self.rule()}), got {H} x {W}")
+        maps = net.forward_intermediates(x, indices=[k - 1 for k in self.out_indices], stop_early=True,
+                                         intermediates_only=True)
+        out = []
+        for m, s in zip(maps, self.strides, strict=True):
+            if s < self.stride:
+                m = F.avg_pool2d(m, self.stride // s)
+            elif s > self.stride:
+                m = F.interpolate(m, scale_factor=s // self.stride, mode="bilinear", align_corners=False)
+            out.append(m)
+        return out
+
+
 class ConvNorm(nn.Module):
     """A convolution without bias, a norm over channels (LayerNorm, RF-DETR's, or BatchNorm, LW-DETR's) and an
     activation (SiLU, ReLU or none)."""
@@ -338,17 +379,21 @@ class RFDETR(OnBackbone, nn.Module):
         cfg = cfg or RFDETRConfig()
         self.cfg, self.num_classes, self.aux_outputs = cfg, num_classes, aux_outputs
         self.backbone = backbone
+        staged = hasattr(backbone, "layers") and not hasattr(backbone, "blocks")  # stages of their own: Swin
         plain = getattr(backbone, "num_prefix_tokens", 1) == 0  # no class token: LW-DETR's ViT
-        self.windowed = WindowedPlainViT(backbone, cfg.out_indices, cfg.windows, cfg.window_blocks) if plain else \
-            WindowedViT(backbone, cfg.out_indices, cfg.windows, cfg.window_blocks)
-        for blk in backbone.blocks[max(cfg.out_indices):]:  # never run (no stage reads them): kept for the files' keys,
-            blk.requires_grad_(False)  # out of the optimizer and of DDP's gradient reduction
-        unused = ["attn_pool", "fc_norm", "head"] + (["norm"] if plain else [])  # LW-DETR reads the states as
-        for name in unused:  # they are; no detector pools: never run, so out of the optimizer and DDP's reduction
+        if staged:
+            self.windowed = StagedMaps(backbone, cfg.out_indices, cfg.window_blocks)
+        else:
+            self.windowed = WindowedPlainViT(backbone, cfg.out_indices, cfg.windows, cfg.window_blocks) if plain \
+                else WindowedViT(backbone, cfg.out_indices, cfg.windows, cfg.window_blocks)
+        for blk in (backbone.layers if staged else backbone.blocks)[max(cfg.out_indices):]:  # never run (no stage
+            blk.requires_grad_(False)  # reads them): kept for the files' keys, out of the optimizer and DDP's reduction
+        unused = ["attn_pool", "fc_norm", "head"] + (["norm"] if plain or staged else [])  # LW-DETR reads the states
+        for name in unused:  # as they are; no detector pools: never run, so out of the optimizer and DDP's reduction
             part = getattr(backbone, name, None)
             if isinstance(part, nn.Module):
                 part.requires_grad_(False)
-        widths = [backbone.cfg.embed_dim] * len(cfg.out_indices)
+        widths = self.windowed.widths if staged else [backbone.cfg.embed_dim] * len(cfg.out_indices)
         self.projector = nn.ModuleList(Projector(widths, cfg, scale) for scale in cfg.scales)
         self._register_load_state_dict_pre_hook(_one_level_projector)
         d, G, Q = cfg.d_model, cfg.groups, cfg.queries
@@ -385,8 +430,22 @@ class RFDETR(OnBackbone, nn.Module):
 
     @property
     def img_multiple(self) -> int:
-        """Inputs' height and width are multiples of this (the patch times the windows per side)."""
+        """Inputs' height and width are multiples of this (the patch times the windows per side; a Swin's stride at
+        its last read stage)."""
+        if isinstance(self.windowed, StagedMaps):
+            return self.windowed.multiple
         return self.backbone.patch_size * self.cfg.windows
+
+    @property
+    def map_stride(self) -> int:
+        """The pixels per position of the maps the decoder reads at scale 1."""
+        return self.windowed.stride if isinstance(self.windowed, StagedMaps) else self.backbone.patch_size
+
+    def size_rule(self) -> str:
+        """Why the sides are multiples of :attr:`img_multiple`, in words."""
+        if isinstance(self.windowed, StagedMaps):
+            return self.windowed.rule()
+        return f"the {self.backbone.patch_size} px patch x {self.cfg.windows} windows"
 
     def no_weight_decay(self) -> set[str]:
         return super().no_weight_decay() | {"reference_embed", "query_feat"}

@@ -28,18 +28,18 @@ RECIPE = Recipe(lr=1e-4, weight_decay=1e-4, warmup_epochs=1.0, min_lr=1e-6, lr_b
 WHOLE_MODEL = lazy_instance(Full)
 
 
-def _check_size(side: Any, multiple: int, patch: int, cfg: RFDETRConfig) -> None:
+def _check_size(side: Any, model: RFDETR) -> None:
     """One line where RF-DETR cannot take the data's image size: a side that is not whole windows, or fewer map
     positions than queries."""
+    multiple, stride, cfg = model.img_multiple, model.map_stride, model.cfg
     if any(s % multiple for s in ((side,) if isinstance(side, int) else side)):
-        raise UsageError(f"RF-DETR takes image sides that are multiples of {multiple} px (the {patch} px patch x "
-                         f"{cfg.windows} windows), got --data.img_size {side}; give "
-                         f"{round(side / multiple) * multiple or multiple}")
+        raise UsageError(f"RF-DETR takes image sides that are multiples of {multiple} px ({model.size_rule()}), got "
+                         f"--data.img_size {side}; give {round(side / multiple) * multiple or multiple}")
     sides = (side, side) if isinstance(side, int) else tuple(side)
-    positions = (sides[0] // patch) * (sides[1] // patch)
+    positions = (sides[0] // stride) * (sides[1] // stride)
     if positions < cfg.queries:
         raise UsageError(f"RF-DETR selects its {cfg.queries} queries from the map's positions, and --data.img_size "
-                         f"{side} gives {positions} ({patch} px patches): give a larger image or fewer queries "
+                         f"{side} gives {positions} ({stride} px each): give a larger image or fewer queries "
                          f"(--model.rf_detr.queries {positions // 2})")
 
 
@@ -111,18 +111,18 @@ class Detector(AdaptsBackbone, TrainingModule):
             self.model = self._trained(detector, num_classes, img_size, pretrained or checkpoint)
             self.model.aux_outputs = aux_loss
             backbone, cfg = self.model.backbone, self.model.cfg
-            side, multiple = img_size or backbone.cfg.img_size, self.model.img_multiple
+            side = img_size or backbone.cfg.img_size
         elif architecture == "rf_detr":
             backbone = headless_backbone(model_name, pretrained, checkpoint, img_size, model_overrides)
             cfg = rf_detr if isinstance(rf_detr, RFDETRConfig) else RFDETRConfig(**dict(rf_detr or {}))
             self.hparams.rf_detr = dataclasses.asdict(cfg)
             self.model = RFDETR(backbone, num_classes, cfg, aux_outputs=aux_loss)
-            side, multiple = backbone.cfg.img_size, self.model.img_multiple
+            side = backbone.cfg.img_size
         else:
             backbone = headless_backbone(model_name, pretrained, checkpoint, img_size, model_overrides)
             self.model = YOLOS(backbone, num_classes, det_tokens, mid_positions, aux_outputs=aux_loss)
         if isinstance(self.model, RFDETR):
-            _check_size(side, multiple, backbone.patch_size, cfg)
+            _check_size(side, self.model)
         self.adaptation.apply(self)
         self.metrics = nn.ModuleDict({s: average_precision(class_metrics=s == "test") for s in ("val", "test")})
         self.make_ema(self.recipe.ema_decay, self.recipe.ema_is_model)
