@@ -44,12 +44,12 @@ def _check_size(side: Any, model: RFDETR) -> None:
 
 
 class Detector(AdaptsBackbone, TrainingModule):
-    """A detector on a vitkit ViT, no NMS: YOLOS (detection tokens beside the patches, a class and a box per token)
-    or RF-DETR (a windowed backbone, a projector and a deformable decoder on two-stage queries).
+    """A detector on a vitkit ViT or Swin, no NMS: YOLOS (detection tokens beside a ViT's patches, a class and a box
+    per token) or RF-DETR (a windowed backbone, a projector and a deformable decoder on two-stage queries).
 
     Args:
-        model_name: the backbone: a ViT preset or a pretrained name with a class token and learned positions
-            (``vit_small_patch14_dinov2.lvd142m``, ``vit_tiny_patch16_224.augreg_in21k``).
+        model_name: the backbone: a ViT preset or a pretrained name (``vit_small_patch14_dinov2.lvd142m``,
+            ``vit_tiny_patch16_224.augreg_in21k``); RF-DETR also reads DINOv3, EVA-02 and Swin presets.
         pretrained: load the name's weights (offline-first).
         checkpoint: the backbone's weights from a file (any format vitkit reads).
         detector: a whole trained RF-DETR or LW-DETR to start from (a transformers folder or an RF-DETR ``.pth``,
@@ -65,7 +65,8 @@ class Detector(AdaptsBackbone, TrainingModule):
         det_tokens: YOLOS's detection tokens: the most objects one image can hold (YOLOS: 100).
         mid_positions: YOLOS's positions added after every block but the last.
         rf_detr: RF-DETR's settings (``vitkit.models.rf_detr.RFDETRConfig``: the stages read, windows, queries,
-            query groups, decoder sizes); its images' sides are multiples of the patch times ``windows``.
+            query groups, decoder sizes); its images' sides are multiples of the patch times ``windows`` (on a
+            Swin: of its last read stage's stride).
         aux_loss: the set loss on each earlier block's predictions too (DETR's auxiliary losses).
         max_detections: the detections per image scored and predicted (COCO's 100).
         loss: the set loss's matching costs and weights (``SetLoss``).
