@@ -67,7 +67,6 @@ def _argv(argv: list[str]) -> list[str]:
         from vitkit.tasks import registry
 
         argv = ["--data", _task(argv).data_module or registry.other_files().data_module, *argv]
-    open("/tmp/contract/dbg.txt", "a").write(repr(argv) + "\n")
     flags = ("--knn", "--linear-probe")
     out = []
     for i, a in enumerate(argv):
