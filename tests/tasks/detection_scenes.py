@@ -40,8 +40,9 @@ def scenes(n: int, size: int = 64, seed: int = 0, digits: tuple[int, int] = (1, 
 NAMES = [str(i) for i in range(10)]
 
 
-def write_coco(root: Path, splits: dict[str, int], size: int = 64, seed: int = 0) -> Path:
-    """``root/annotations/<split>.json`` over ``root/<split>/*.png``."""
+def write_coco(root: Path, splits: dict[str, int], size: int = 64, seed: int = 0, step: int = 1) -> Path:
+    """``root/annotations/<split>.json`` over ``root/<split>/*.png``; class c's category id is ``1 + step * c``
+    (``step`` > 1: ids with gaps, as COCO's own)."""
     (root / "annotations").mkdir(parents=True, exist_ok=True)
     for j, (split, n) in enumerate(splits.items()):
         (root / split).mkdir(exist_ok=True)
@@ -51,10 +52,11 @@ def write_coco(root: Path, splits: dict[str, int], size: int = 64, seed: int = 0
             Image.fromarray(image).save(root / split / name)
             images.append({"id": i, "file_name": name, "height": image.shape[0], "width": image.shape[1]})
             for box, label in zip(boxes.tolist(), labels.tolist(), strict=True):
-                annotations.append({"id": len(annotations), "image_id": i, "category_id": label + 1, "iscrowd": 0,
+                annotations.append({"id": len(annotations), "image_id": i, "category_id": 1 + step * label,
+                                    "iscrowd": 0,
                                     "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]],
                                     "area": (box[2] - box[0]) * (box[3] - box[1])})
-        categories = [{"id": c + 1, "name": name} for c, name in enumerate(NAMES)]
+        categories = [{"id": 1 + step * c, "name": name} for c, name in enumerate(NAMES)]
         (root / "annotations" / f"{split}.json").write_text(
             json.dumps({"images": images, "annotations": annotations, "categories": categories}))
     return root

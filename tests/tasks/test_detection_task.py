@@ -149,8 +149,9 @@ def test_coco_scores_are_pycocotools_cocoeval_on_the_written_files(tmp_path):
 
 @pytest.fixture(scope="module")
 def learned(tmp_path_factory):
-    """A tiny detector trained on 8 scenes until it knows them (its validation split is the same 8 scenes)."""
-    root = write_coco(tmp_path_factory.mktemp("scenes"), {"train": 8}, seed=5)
+    """A tiny detector trained on 8 scenes until it knows them (its validation split is the same 8 scenes); the
+    classes' COCO ids have gaps (1, 4, 7, ...), as COCO's own."""
+    root = write_coco(tmp_path_factory.mktemp("scenes"), {"train": 8}, seed=5, step=3)
     shutil.copytree(root / "train", root / "val")
     shutil.copy(root / "annotations/train.json", root / "annotations/val.json")
     run = tmp_path_factory.mktemp("run")
@@ -182,11 +183,12 @@ def test_a_detector_learns_its_scenes_and_evaluate_and_predict_read_it(learned, 
     assert {"truth.json", "predictions.json", "pr_curve.png", "worst"} <= {p.name for p in (tmp_path / "ev").iterdir()}
     image = root / "val" / "0000.png"
     truth = json.loads((root / "annotations/val.json").read_text())
-    expected = sorted(a["category_id"] - 1 for a in truth["annotations"] if a["image_id"] == 0)
+    expected = sorted(a["category_id"] for a in truth["annotations"] if a["image_id"] == 0)
     status, err = run_cli(["predict", str(image), "--checkpoint", str(ckpt), "-o", str(tmp_path / "out")], capsys)
     assert status == 0, err
     found = json.loads((tmp_path / "out/0000_detections.json").read_text())
-    assert sorted(d["index"] for d in found) == expected  # the export's are the checkpoint's: test_task_contract.py
+    assert sorted(d["category_id"] for d in found) == expected  # the file's own ids (COCO's result format)
+    assert sorted(d["index"] for d in found) == [(c - 1) // 3 for c in expected]
     assert (tmp_path / "out/0000_overlay.png").is_file()
 
 
@@ -220,13 +222,14 @@ def test_an_rf_detr_learns_its_scenes_and_exports_as_it_scores(learned, tmp_path
     assert status == 0, err
     assert json.loads((tmp_path / "ev/metrics.json").read_text())["mAP"] == pytest.approx(float(last["val/mAP"]),
                                                                                           abs=1e-4)
-    status, err = run_cli(["predict", str(root / "val/0000.png"), "--checkpoint", str(ckpt), "-o",
-                           str(tmp_path / "pr")], capsys)
-    assert status == 0, err
     truth = json.loads((root / "annotations/val.json").read_text())
-    found = json.loads((tmp_path / "pr/0000_detections.json").read_text())
-    assert sorted(d["index"] for d in found) == sorted(a["category_id"] - 1 for a in truth["annotations"]
-                                                       if a["image_id"] == 0)
+    for source in (["--checkpoint", str(ckpt)], ["--onnx", str(tmp_path / "rf.onnx")]):  # the export records the ids
+        out = tmp_path / source[0][2:]
+        status, err = run_cli(["predict", str(root / "val/0000.png"), *source, "-o", str(out)], capsys)
+        assert status == 0, err
+        found = json.loads((out / "0000_detections.json").read_text())
+        assert sorted(d["category_id"] for d in found) == sorted(a["category_id"] for a in truth["annotations"]
+                                                                 if a["image_id"] == 0)
     with pytest.raises(CheckpointError, match=r"Detector.load_from_checkpoint\(path\).eval\(\).evaluated\(\)"):
         vitkit.load_detector(ckpt)  # the way to a run's model, named
     from vitkit.lit import Detector

@@ -59,11 +59,13 @@ def _kept(xyxy: torch.Tensor, size: tuple[int, int]) -> tuple[torch.Tensor, torc
 
 class DetectionImages(Dataset):
     """What the layouts share: (image path, boxes in corners, labels, crowd flags) per sample, read and transformed
-    on demand. ``transform`` is a ``torchvision.transforms.v2`` transform called as ``transform(image, target)``."""
+    on demand. ``transform`` is a ``torchvision.transforms.v2`` transform called as ``transform(image, target)``.
+    ``category_ids``: a COCO file's category id of each class (index order), None for the other layouts."""
 
     def __init__(self, samples: list[tuple[Path, torch.Tensor, torch.Tensor, torch.Tensor]], class_names: list[str],
-                 transform=None, dropped: int = 0) -> None:
+                 transform=None, dropped: int = 0, category_ids: list | None = None) -> None:
         self.samples, self.class_names, self.transform, self.dropped = samples, class_names, transform, dropped
+        self.category_ids = category_ids
 
     @property
     def num_classes(self) -> int:
@@ -149,7 +151,7 @@ def coco(images: str | os.PathLike, annotations: str | os.PathLike, transform=No
         crowd = torch.tensor([a.get("iscrowd") in (1, True) for a in found], dtype=torch.bool)
         samples.append((images / img["file_name"], xyxy[keep], labels[keep], crowd[keep]))
     _all_there([p for p, *_ in samples], f"{annotations} lists", images)
-    return DetectionImages(samples, [names[i] for i in ids], transform, dropped)
+    return DetectionImages(samples, [names[i] for i in ids], transform, dropped, ids)
 
 
 def _all_there(paths: list[Path], who: str, where: Path) -> None:
@@ -301,6 +303,7 @@ class HFDetectionImages(Dataset):
                  transform=None) -> None:
         self.rows, self.image_column, self.objects_column = rows, image_column, objects_column
         self.class_names, self.bbox_format, self.transform, self.dropped = class_names, bbox_format, transform, 0
+        self.category_ids = None  # the category feature's values are the class indices
 
     @property
     def num_classes(self) -> int:

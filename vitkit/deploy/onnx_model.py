@@ -33,6 +33,8 @@ _METADATA = {
                "null or a list of strings"),
     "thresholds": (lambda v: v is None or _numbers(v) and all(0 <= x <= 1 for x in v),
                    "null or a list of numbers in [0, 1]"),
+    "category_ids": (lambda v: isinstance(v, list) and all(isinstance(x, (int, str)) and not isinstance(x, bool)
+                                                           for x in v), "a list of ints or strings"),
 }
 
 

@@ -154,7 +154,8 @@ class DetectionDataModule(_TrainValLoaders):
         if layout not in ("auto", found):
             raise UsageError(f"{self.root} holds a {found} layout, and --data.layout is {layout}")
         self.layout = found
-        self.classes = self._read(first, None).class_names
+        read = self._read(first, None)
+        self.classes, self.category_ids = read.class_names, read.category_ids  # ids: a COCO file's, else None
         self.num_classes = len(self.classes)
         self.data_cfg = data_config(model_name, img_size, mean=mean, std=std)
 
@@ -175,9 +176,10 @@ class DetectionDataModule(_TrainValLoaders):
         hp = self.hparams
         ds = self._read(name, BoxTransform(hp.img_size, train, hp.hflip, tuple(hp.scale)) if train else
                         BoxTransform(hp.img_size, False))
-        if ds.class_names != self.classes:
+        if ds.class_names != self.classes or ds.category_ids != self.category_ids:
             raise UsageError(f"the {name} split of {self.describe()} names the classes {ds.class_names[:8]}, the "
-                             f"training split {self.classes[:8]}: one list of classes for every split")
+                             f"training split {self.classes[:8]} (category ids {str(ds.category_ids)[:40]} and "
+                             f"{str(self.category_ids)[:40]}): one list of classes for every split")
         if ds.dropped:
             rank_zero_info(f"data: {ds.dropped} box(es) of no area left out of the {name} split")
         return ds
@@ -251,6 +253,7 @@ class HFDetectionDataModule(DetectionDataModule):
                                columns={image_column: "--data.image_column", objects_column: "--data.objects_column"})
         train = self.rows["train"]
         self.classes = list(names or self._category_names(train))
+        self.category_ids = None  # the category feature's values are the class indices
         self.num_classes = len(self.classes)
         self.data_cfg = data_config(model_name, img_size, mean=mean, std=std)
 

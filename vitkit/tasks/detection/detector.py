@@ -44,8 +44,10 @@ def _check_size(side: Any, model: RFDETR) -> None:
 
 
 class Detector(AdaptsBackbone, TrainingModule):
-    """A detector on a vitkit ViT or Swin, no NMS: YOLOS (detection tokens beside a ViT's patches, a class and a box
-    per token) or RF-DETR (a windowed backbone, a projector and a deformable decoder on two-stage queries).
+    """A detector on a vitkit ViT or Swin, without NMS.
+
+    YOLOS (detection tokens beside a ViT's patches, a class and a box per token) or RF-DETR (a windowed backbone, a
+    projector and a deformable decoder on two-stage queries).
 
     Args:
         model_name: the backbone: a ViT preset or a pretrained name (``vit_small_patch14_dinov2.lvd142m``,
@@ -61,6 +63,8 @@ class Detector(AdaptsBackbone, TrainingModule):
         img_size: the square input (linked from the data module).
         model_overrides: the backbone's config fields.
         class_names: stored in the checkpoint (linked from the data module).
+        category_ids: a COCO file's category id of each class, in index order (linked from the data module; None
+            for the other layouts): the ``category_id`` predictions carry (the index + 1 where None).
         architecture: ``yolos`` or ``rf_detr``.
         det_tokens: YOLOS's detection tokens: the most objects one image can hold (YOLOS: 100).
         mid_positions: YOLOS's positions added after every block but the last.
@@ -93,6 +97,7 @@ class Detector(AdaptsBackbone, TrainingModule):
         loss: SetLoss = SetLoss(),  # noqa: B008 - a frozen dataclass: one shared default is safe
         recipe: Recipe = RECIPE,
         adaptation: Adaptation = WHOLE_MODEL,
+        category_ids: list[int | str] | None = None,
     ) -> None:
         super().__init__()
         self.keep_arguments()

@@ -38,6 +38,12 @@ class ExportedDetector(nn.Module):
         self.backbone = detector.backbone  # the network whose architecture decides the sizes an export takes
         self.cfg = detector.backbone.cfg
         self.size_multiple = getattr(detector, "img_multiple", None)  # RF-DETR's: the patch times its windows
+        self.category_ids: list | None = None  # a COCO file's id of each class: what predictions name
+
+    @property
+    def extra_metadata(self) -> dict[str, Any]:
+        """What an export records beside the labels: the classes' COCO category ids, where the run had them."""
+        return {"category_ids": self.category_ids} if self.category_ids is not None else {}
 
     def set_attn_backend(self, backend: str) -> None:
         self.backbone.set_attn_backend(backend)
@@ -92,6 +98,7 @@ def load_detector_checkpoint(path: str) -> ExportedDetector:
     names = list(module.hparams.class_names or [str(i) for i in range(net.num_classes)])
     exported = ExportedDetector(net, net.backbone.name, names).eval()
     exported.max_detections = module.hparams.max_detections
+    exported.category_ids = module.hparams.get("category_ids")
     return exported
 
 
@@ -153,7 +160,9 @@ class _Detector:
         for box, score, label in zip(found["boxes"][keep].tolist(), found["scores"][keep].tolist(),
                                      found["labels"][keep].tolist(), strict=True):
             name = self.names[label] if label < len(self.names) else str(label)
-            listed.append({"label": name, "index": int(label), "category_id": int(label) + 1, "score": float(score),
+            ids = self.category_ids
+            category = ids[label] if ids is not None and label < len(ids) else int(label) + 1
+            listed.append({"label": name, "index": int(label), "category_id": category, "score": float(score),
                            "bbox": [box[0], box[1], box[2] - box[0], box[3] - box[1]]})
         counts: dict[str, int] = {}
         for d in listed:
@@ -179,7 +188,7 @@ class TorchDetector(_Detector):
     """A detector's checkpoint in PyTorch."""
 
     def __init__(self, net: ExportedDetector) -> None:
-        self.net, self.names = net, net.class_names
+        self.net, self.names, self.category_ids = net, net.class_names, net.category_ids
         self.size, self.max_detections = int(net.cfg.img_size if isinstance(net.cfg.img_size, int) else
                                              net.cfg.img_size[0]), getattr(net, "max_detections", 100)
         self.mean = torch.tensor(net.cfg.mean).view(1, -1, 1, 1) * 255
@@ -201,6 +210,7 @@ class OnnxDetector(_Detector):
 
     def __init__(self, model) -> None:
         self.model, self.names = model, list(model.labels or [])
+        self.category_ids = model.meta.get("category_ids")
         self.size, self.max_detections = int(model.meta["input_size"][1]), 100
         c = model.meta["input_size"][0]
         self.mean = np.asarray(model.meta["mean"][:c], np.float32).reshape(1, -1, 1, 1) * 255
