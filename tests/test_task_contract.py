@@ -126,16 +126,19 @@ def _predict_alike(case: Case, image: Path, ckpt: Path, onnx: Path, tmp_path: Pa
 
 
 def _serve_alike(case: Case, image: Image.Image, ckpt: Path, onnx: Path, name: str) -> None:
-    """The server's model code on the checkpoint and on its export: JSON answers equal to the predictor's records
-    (with its files as base64 where the task serves one), the checkpoint's and the export's alike;
-    ``format=overlay``, where the task draws one, its picture."""
+    """The server's model code on the checkpoint and on its export, two images of two shapes in one request: JSON
+    answers equal to the predictor's records of each image alone (with its files as base64 where the task serves
+    one), the checkpoint's and the export's alike; ``format=overlay``, where the task draws one, its picture."""
     from vitkit.serving.api import VitkitAPI
     from vitkit.serving.model import load_predictor, source_of
 
-    picture = Image.open(image).convert("RGB")
-    buffer = io.BytesIO()
-    picture.save(buffer, format="PNG")
-    data = base64.b64encode(buffer.getvalue()).decode()
+    first = Image.open(image).convert("RGB")
+    pictures = [first, first.resize((first.width * 3 // 4, first.height))]  # another shape, batched with the first
+    data = []
+    for picture in pictures:
+        buffer = io.BytesIO()
+        picture.save(buffer, format="PNG")
+        data.append(base64.b64encode(buffer.getvalue()).decode())
     options = {**OPTIONS, **case.options}
     answers = []
     for path in (ckpt, onnx):
@@ -143,15 +146,15 @@ def _serve_alike(case: Case, image: Image.Image, ckpt: Path, onnx: Path, name: s
         api.setup("cpu")
         predictor, task = load_predictor(source_of(str(path), False), options)
         assert task == name
-        expected = predictor.result(picture, predictor.run([predictor.prepare(picture)])[0], options)
-        served = api.encode_response(api.predict(api.decode_request({"images": [data], "format": "json"})))
-        answer = served["predictions"][0]
-        close({k: answer[k] for k in expected.record}, expected.record)
-        for key in set(answer) - set(expected.record):  # a file of the prediction's, as base64 (a mask, a map)
-            assert base64.b64decode(answer[key]) in expected.files.values(), key
-        answers.append({k: answer[k] for k in expected.record})
+        served = api.encode_response(api.predict(api.decode_request({"images": data, "format": "json"})))
+        for picture, answer in zip(pictures, served["predictions"], strict=True):
+            expected = predictor.result(picture, predictor.run([predictor.prepare(picture)])[0], options)
+            close({k: answer[k] for k in expected.record}, expected.record)
+            for key in set(answer) - set(expected.record):  # a file of the prediction's, as base64 (a mask, a map)
+                assert base64.b64decode(answer[key]) in expected.files.values(), key
+            answers.append({k: answer[k] for k in expected.record})
         if getattr(predictor, "draws_overlay", False):
-            drawn = api.encode_response(api.predict(api.decode_request({"images": [data], "format": "overlay"})))
+            drawn = api.encode_response(api.predict(api.decode_request({"images": data[:1], "format": "overlay"})))
             assert drawn.media_type == "image/png"
-            assert drawn.body == expected.files[getattr(predictor, "overlay_file", "_overlay.png")]
-    close(answers[1], answers[0])
+            assert Image.open(io.BytesIO(drawn.body)).size == first.size
+    close(answers[2:], answers[:2])
