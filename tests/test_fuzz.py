@@ -172,6 +172,7 @@ def test_any_detection_annotations_read_or_end_in_one_line(tmp_path_factory, dat
             split = read()
         except UsageError:
             continue
+        assert split.category_ids is None or len(split.category_ids) == len(split.class_names)  # an id per class
         for _, boxes, classes, _ in split.samples:
             assert boxes.dtype == torch.float32 and boxes.shape == (len(classes), 4)
 

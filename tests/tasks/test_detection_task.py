@@ -425,3 +425,18 @@ def test_a_run_starts_from_a_trained_rf_detr_and_its_checkpoint_needs_no_file(tm
     assert all(net.state_dict()[k].shape == theirs[k].shape for k in kept)
     with pytest.raises(UsageError, match="--model.detector holds the backbone's weights too"):
         Detector(detector=str(run / "x"), checkpoint="b.safetensors", num_classes=2)
+
+
+def test_category_ids_that_do_not_fit_the_classes_end_in_one_line(tmp_path):
+    from vitkit.deploy.onnx_model import read_metadata
+    from vitkit.lit import Detector
+
+    with pytest.raises(UsageError, match=r"category_ids names an id for each of the 3 classes, got 2: \[1, 5\]"):
+        Detector(model_name="vit_tiny_patch16_224", num_classes=3, img_size=32, category_ids=[1, 5],
+                 model_overrides={"depth": 1})
+    meta = {"vitkit.labels": json.dumps(["a", "b"]), "vitkit.category_ids": json.dumps([1, 5])}
+    assert read_metadata("m.onnx", meta)["category_ids"] == [1, 5]
+    for damaged, says in ((json.dumps([1]), "names 1 ids for its 2 labels"), ('{"a": 1}', "a list of ints or strings"),
+                          ("[1, true]", "a list of ints or strings"), ("[1,", "is not valid JSON")):
+        with pytest.raises(CheckpointError, match=f"m.onnx: its metadata vitkit.category_ids.*{says}"):
+            read_metadata("m.onnx", {**meta, "vitkit.category_ids": damaged})

@@ -70,6 +70,10 @@ def read_metadata(path: str, meta: dict[str, str]) -> dict[str, Any]:
         if not check(value):
             raise CheckpointError(f"{path}: its metadata {key} should be {what}, got {text[:60]!r}")
         out[name] = value
+    ids, labels = out.get("category_ids"), out.get("labels")
+    if ids is not None and labels is not None and len(ids) != len(labels):
+        raise CheckpointError(f"{path}: its metadata vitkit.category_ids names {len(ids)} ids for its "
+                              f"{len(labels)} labels")
     return out
 
 

@@ -141,7 +141,7 @@ class WindowedPlainViT:
 
 class StagedMaps:
     """How RF-DETR reads a backbone of stages (Swin): the outputs of the stages of ``out_indices`` (stage k: after k
-    stages, at stride patch x 2^(k-1)), each brought to the grid of the read stage nearest stride 16 (RF-DETR's
+    stages, at its ``feature_info`` reduction), each brought to the grid of the read stage nearest stride 16 (RF-DETR's
     level, P4), finer maps averaged over their cells, coarser ones upsampled bilinearly. Swin's windows are its own:
     RF-DETR's ``windows`` are a plain ViT's. It holds no weights: the backbone is the detector's."""
 
@@ -155,8 +155,8 @@ class StagedMaps:
         if getattr(net.cfg, "token_merging", 0):
             raise UsageError(f"RF-DETR reads {name} without token merging")
         self.out_indices, self.name = tuple(out_indices), name
-        self.strides = [net.cfg.patch_size * 2 ** (k - 1) for k in self.out_indices]
-        self.widths = [net.cfg.embed_dim * 2 ** (k - 1) for k in self.out_indices]
+        stages = [net.feature_info[k - 1] for k in self.out_indices]  # the backbone's own: channels, reduction
+        self.strides, self.widths = [s["reduction"] for s in stages], [s["num_chs"] for s in stages]
         self.stride = min(self.strides, key=lambda s: (abs(math.log2(s / 16)), s))
         self.multiple = max(self.strides)  # every read map a whole number of the reference's cells
 

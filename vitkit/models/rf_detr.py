@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from vitkit.errors import UsageError
 from vitkit.layers.deformable import DeformableAttention, QuerySelfAttention
 
-from .dense import OnBackbone
+from .dense import OnBackbone, is_hierarchical
 from .detection import MLP, DetectionOutput
 from .detr_backbones import StagedMaps, WindowedPlainViT, WindowedViT
 
@@ -214,7 +214,7 @@ class RFDETR(OnBackbone, nn.Module):
         cfg = cfg or RFDETRConfig()
         self.cfg, self.num_classes, self.aux_outputs = cfg, num_classes, aux_outputs
         self.backbone = backbone
-        staged = hasattr(backbone, "layers") and not hasattr(backbone, "blocks")  # stages of their own: Swin
+        staged = is_hierarchical(backbone)  # stages of their own: Swin
         plain = getattr(backbone, "num_prefix_tokens", 1) == 0  # no class token: LW-DETR's ViT
         if staged:
             self.windowed = StagedMaps(backbone, cfg.out_indices, cfg.window_blocks)

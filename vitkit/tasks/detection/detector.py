@@ -108,6 +108,9 @@ class Detector(AdaptsBackbone, TrainingModule):
         self.hparams.loss = dataclasses.asdict(self.loss)
         if num_classes is None or num_classes < 1:
             raise UsageError(f"num_classes must be >= 1 (the data module gives it), got {num_classes}")
+        if category_ids is not None and len(category_ids) != num_classes:
+            raise UsageError(f"category_ids names an id for each of the {num_classes} classes, got "
+                             f"{len(category_ids)}: {str(category_ids)[:60]}")
         if det_tokens < 1 or max_detections < 1:
             raise UsageError(f"det_tokens and max_detections must be >= 1, got {det_tokens} and {max_detections}")
         self.refuse_probe("a detector's heads")
