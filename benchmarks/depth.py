@@ -1,7 +1,8 @@
 """Depth Anything's batch-1 latency on the CPU: transformers' ``DepthAnythingForDepthEstimation`` in PyTorch beside the
 same model (its ``save_pretrained`` folder loaded by ``vitkit.load_depth_estimator``) in vitkit's PyTorch, vitkit's
-ONNX export in onnxruntime (fp32 as ``vitkit export`` writes it) and its static int8 (the linear layers, as
-``vitkit export --int8`` quantizes them; calibrated on 4 random inputs: the speed does not depend on the weights).
+ONNX export in onnxruntime (fp32 as ``vitkit export`` writes it) and its static int8 (the linear layers, the
+convolutions and the attention's products, as ``vitkit export --int8`` quantizes a depth model; calibrated on 4
+random inputs: the speed does not depend on the weights).
 Depth Anything V2 Small's shape (DINOv2 ViT-S/14 read at blocks 3, 6, 9 and 12, DPT's neck of 48 to 384 channels
 fused at 64) with random weights, at 518 px (its size) and a smaller one. Every entry is timed in interleaved rounds
 after a warm-up; the median ms is reported, with each entry's speed-up over transformers.
@@ -23,6 +24,7 @@ import vitkit
 from vitkit.benchmarking.bench import cpu_name, interleaved_ms, onnx_runner, publish
 from vitkit.deploy.export import INPUT, export_onnx
 from vitkit.deploy.quantize import CalibrationBatches, linear_nodes, write_int8
+from vitkit.tasks.depth.quantize import AbsRel
 
 SMALL = {"backbone_config": {"model_type": "dinov2", "hidden_size": 384, "num_attention_heads": 6,
                              "out_indices": [3, 6, 9, 12], "image_size": 518, "patch_size": 14,
@@ -51,8 +53,8 @@ def _entries(folder: Path, tmp: Path, size: int, threads: int) -> dict[str, Call
     fp32, int8 = tmp / f"depth_{size}.onnx", tmp / f"depth_{size}.int8.onnx"
     export_onnx(ours, fp32)
     calibration = np.random.default_rng(0).standard_normal((4, 3, size, size)).astype(np.float32)  # 16 at 518: 24 GiB
-    write_int8(str(fp32), int8, "static", CalibrationBatches(INPUT, calibration), linear_nodes(onnx.load(str(fp32))),
-               "minmax")
+    nodes = linear_nodes(onnx.load(str(fp32)), AbsRel.layers)
+    write_int8(str(fp32), int8, "static", CalibrationBatches(INPUT, calibration), nodes, "minmax")
     return {"transformers": _torch(theirs, transformers_model=True), "vitkit": _torch(ours),
             "onnx_fp32": onnx_runner(fp32, threads), "onnx_int8": onnx_runner(int8, threads)}
 

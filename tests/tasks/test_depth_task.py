@@ -6,6 +6,7 @@ import json
 import shutil
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from PIL import Image
@@ -111,6 +112,16 @@ def test_int8_keeps_a_depth_models_absrel_and_refuses_one_it_breaks(learned, tmp
     assert status == 0, err
     facts = OnnxModel(str(tmp_path / "int8.onnx")).meta["int8"]
     assert facts["held_out"] == 100 and 0 < facts["fp32_AbsRel"] < 0.5, facts
+    # the DPT head's convolutions and the attention's products are int8 too, not only the linear layers
+    graph = onnx.load(str(tmp_path / "int8.onnx")).graph
+    weights = {t.name for t in graph.initializer}
+    dequantized = {n.output[0]: n.input[0] in weights for n in graph.node if n.op_type == "DequantizeLinear"}
+    conv = [n for n in graph.node if n.op_type == "Conv"]
+    assert conv and all(n.input[0] in dequantized and dequantized.get(n.input[1]) for n in conv)
+    products = [n for n in graph.node if n.op_type == "MatMul"  # two activations, both dequantized
+                and all(i in dequantized and not dequantized[i] for i in n.input)]
+    assert facts["layers"] == {"linear": facts["layers"]["linear"], "convolution": len(conv),
+                               "attention": len(products)} and len(products) > 0 < facts["layers"]["linear"], facts
     assert facts["int8_AbsRel"] <= 1.1 * facts["fp32_AbsRel"], facts
     # what the gate scored is what evaluate scores on the held-out images (the last 100 of the seeded order)
     kept = np.random.default_rng(0).permutation(128)[28:].tolist()

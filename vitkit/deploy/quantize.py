@@ -8,12 +8,14 @@ The images are preprocessed as the model's metadata says (the data module's eval
 
 * ``static`` (the default): onnxruntime's QDQ quantization of the MatMul and Gemm nodes whose second input is a
   weight, per output channel, activations from the calibration images' ranges. The attention's two products (both
-  inputs activations), softmax, LayerNorm and GELU stay in float.
+  inputs activations), the convolutions, softmax, LayerNorm and GELU stay in float, unless the gate's ``layers``
+  names ``"attention"`` (those products) or ``"convolution"`` (the Conv nodes with weights): a depth model's gate
+  names both, its DPT head being convolutions at up to the image's size and its attention over many tokens.
 * ``dynamic``: the same weights in int8, each activation quantized as it comes; no calibration ranges.
 
 The file is written only when the int8 model loses at most ``max_drop`` points of the gate's score (the gate's own
 default where not given) on the held-out images.
-Otherwise the refusal gives the two scores and names the linear layers that add the most error. The error of a
+Otherwise the refusal gives the two scores and names the layers that add the most error. The error of a
 layer is its output's relative error under int8 minus its input's, both measured on held-out images. Those layers
 stay float with ``keep`` (patterns matched against the node names). Both models are also timed at batch 1 in the
 same process; the report says when int8 is not faster.
@@ -64,6 +66,7 @@ class Int8Report:
     runtime: str = "onnxruntime"  # what the times were measured in
     metric: str = "top-1"  # the gate's score
     lower_better: bool = False  # an error (a depth model's AbsRel): the drop is in percent of fp32's
+    kinds: dict[str, int] = field(default_factory=dict)  # the quantized layers of each kind, where not all linear
 
     @property
     def drop(self) -> float:
@@ -81,7 +84,10 @@ class Int8Report:
 
     def __str__(self) -> str:
         speed = self.fp32_ms / self.int8_ms if self.int8_ms else float("nan")
-        lines = [f"{self.path}: int8 ({self.mode}), {self.quantized} linear layers quantized"
+        names = {"linear": "linear layers", "convolution": "convolutions", "attention": "attention products"}
+        layers = (", ".join(f"{n} {names[k]}" for k, n in self.kinds.items() if n) if self.kinds
+                  else f"{self.quantized} linear layers")
+        lines = [f"{self.path}: int8 ({self.mode}), {layers} quantized"
                  + (f", {len(self.kept)} kept in float" if self.kept else "")
                  + f"; calibrated on {self.calibrated} images",
                  f"{self.metric} on {self.held_out} held-out images: fp32 {self.fp32_score:.4f}, int8 "
@@ -119,12 +125,27 @@ def labelled_images(folder: str | os.PathLike, labels: list[str] | None) -> list
     return [(p, index[c]) for c in classes for p in sorted((root / c).iterdir()) if is_image_file(p)]
 
 
-def linear_nodes(model) -> list[str]:
-    """The names of the MatMul and Gemm nodes of an ONNX graph whose second input is a weight (an initializer):
-    the linear layers, not the attention's products of two activations."""
+def layer_kinds(model) -> dict[str, str]:
+    """Each quantizable node of an ONNX graph by name -> its kind: ``linear`` (a MatMul or Gemm whose second input is
+    a weight, an initializer), ``convolution`` (a Conv with a weight) or ``attention`` (a MatMul of two activations:
+    the attention's products)."""
     weights = {t.name for t in model.graph.initializer}
-    return [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1
-            and n.input[1] in weights]
+    kinds = {}
+    for n in model.graph.node:
+        weighted = len(n.input) > 1 and n.input[1] in weights
+        if n.op_type in ("MatMul", "Gemm") and weighted:
+            kinds[n.name] = "linear"
+        elif n.op_type == "Conv" and weighted:
+            kinds[n.name] = "convolution"
+        elif n.op_type == "MatMul":
+            kinds[n.name] = "attention"
+    return kinds
+
+
+def linear_nodes(model, layers: tuple[str, ...] = ("linear",)) -> list[str]:
+    """The names of the nodes of an ONNX graph of the ``layers`` kinds (:func:`layer_kinds`): by default the linear
+    layers, not the attention's products of two activations."""
+    return [n for n, kind in layer_kinds(model).items() if kind in layers]
 
 
 def module_names(model) -> dict[str, str]:
@@ -299,9 +320,11 @@ def _quantize(src: str, dst: Path, mode: str, reader, nodes: list[str], method: 
     calibrate = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                  "percentile": CalibrationMethod.Percentile}[method]
     # uint8 inputs and int8 weights (the u8s8 kernels dynamic int8 runs too); each layer's output is left in float,
-    # where its bias, the residual and the next norm take it, instead of being quantized again and dequantized at once
-    quantize_static(src, str(dst), reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=["MatMul", "Gemm"],
-                    nodes_to_quantize=nodes, per_channel=True, activation_type=QuantType.QUInt8,
+    # where its bias, the residual and the next norm take it, instead of being quantized again and dequantized at once.
+    # A convolution's output is quantized: onnxruntime fuses a Conv into its int8 kernel (QLinearConv) only then
+    quantize_static(src, str(dst), reader, quant_format=QuantFormat.QDQ,
+                    op_types_to_quantize=["MatMul", "Gemm", "Conv"], nodes_to_quantize=nodes, per_channel=True,
+                    activation_type=QuantType.QUInt8,
                     weight_type=QuantType.QInt8, calibrate_method=calibrate,
                     extra_options={"OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"]})
 
@@ -334,32 +357,39 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
     max_drop = gate.max_drop if max_drop is None else max_drop
     x, held = gate.inputs(calibrate, calibration, seed)
     proto = onnx.load(str(fp32))
-    linear, module = linear_nodes(proto), module_names(proto)
+    # the dynamic mode quantizes the linear layers alone (onnxruntime's dynamic convolution is slower than float)
+    layers = tuple(getattr(gate, "layers", ("linear",))) if mode == "static" else ("linear",)
+    linear, module = linear_nodes(proto, layers), module_names(proto)
     kept = [n for n in linear if any(fnmatch.fnmatch(module[n], p) or fnmatch.fnmatch(n, p) for p in keep)]
     if keep and not kept:
-        raise QuantizationRefused(f"--keep-fp32 {' '.join(keep)} matches no linear layer; their names look like "
+        raise QuantizationRefused(f"--keep-fp32 {' '.join(keep)} matches no quantized layer; their names look like "
                                   f"{', '.join(module[n] for n in linear[:3])} (patterns as fnmatch's: "
                                   "'blocks.11.*', '*.fc2')")
-    out = Path(out)
+    out, quantized = Path(out), [n for n in linear if n not in kept]
     tmp = out.with_name(out.name + ".int8.tmp")
     try:
-        write_int8(str(fp32), tmp, mode, CalibrationBatches(base.input.name, x), [n for n in linear if n not in kept],
-                   method)
+        write_int8(str(fp32), tmp, mode, CalibrationBatches(base.input.name, x), quantized, method)
         int8 = OnnxModel(tmp)
         report = Int8Report(str(out), mode, calibration, held.count, gate.score(base, held), gate.score(int8, held),
-                            len(linear) - len(kept), [module[n] for n in kept], metric=gate.metric,
-                            lower_better=getattr(gate, "lower_better", False))
+                            len(quantized), [module[n] for n in kept], metric=gate.metric,
+                            lower_better=getattr(gate, "lower_better", False),
+                            kinds={} if layers == ("linear",) else _count(layer_kinds(proto), quantized, layers))
         if report.drop > max_drop:
-            errors = layer_errors(fp32, tmp, [n for n in linear if n not in kept], held.x[:16])
+            errors = layer_errors(fp32, tmp, quantized, held.x[:16])
             raise refusal(report, max_drop, [(module[n], e) for n, e in errors])
         report.fp32_ms, report.int8_ms = batch1_ms([base, int8], held.x)
         _carry_metadata(proto, tmp, {"mode": mode, "calibrated": calibration, "held_out": report.held_out,
                                      f"fp32_{gate.key}": report.fp32_score, f"int8_{gate.key}": report.int8_score,
-                                     "kept": [module[n] for n in kept]})
+                                     "kept": [module[n] for n in kept],
+                                     "layers": report.kinds or {"linear": report.quantized}})
         os.replace(tmp, out)
         return report
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _count(kinds: dict[str, str], nodes: list[str], layers: tuple[str, ...]) -> dict[str, int]:
+    return {k: sum(kinds[n] == k for n in nodes) for k in layers}
 
 
 def refusal(report: Int8Report, max_drop: float, errors: list[tuple[str, float]]) -> QuantizationRefused:

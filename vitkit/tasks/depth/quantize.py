@@ -19,6 +19,8 @@ class AbsRel:
     ``vitkit evaluate`` scores a depth model); lower is better, and the drop is in percent of fp32's."""
 
     metric, key, max_drop, lower_better = "AbsRel", "AbsRel", 5.0, True
+    # int8 too: the DPT head's convolutions, at up to the image's size, and the attention's products over many tokens
+    layers = ("linear", "convolution", "attention")
 
     def __init__(self, base) -> None:
         self.base = base
