@@ -139,7 +139,7 @@ def test_bad_int8_input_ends_in_one_line(trained, tmp_path, capsys, caplog):
         in caplog.text
     assert error_line_of(["export", str(fp32), "--int8", "--calibrate", str(cal), "--calibration-size", "500"]) == (
         f"error: --calibrate {cal} holds 597 images; 500 to calibrate (--calibration-size) and 100 held out for the "
-        "accuracy gate need 600")
+        "accuracy gate need 600; --calibration-size 497 fits these")
     assert error_line_of(["export", str(fp32), "--int8"]).startswith("error: --int8 needs --calibrate DIR")
     assert error_line_of(["export", "vit_tiny_patch16_224", "--int8", "dynamic", "--format", "torch-export",
                           "--calibrate", str(cal)]) == (

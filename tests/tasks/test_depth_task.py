@@ -117,11 +117,19 @@ def test_int8_keeps_a_depth_models_absrel_and_refuses_one_it_breaks(learned, tmp
     weights = {t.name for t in graph.initializer}
     dequantized = {n.output[0]: n.input[0] in weights for n in graph.node if n.op_type == "DequantizeLinear"}
     conv = [n for n in graph.node if n.op_type == "Conv"]
-    assert conv and all(n.input[0] in dequantized and dequantized.get(n.input[1]) for n in conv)
+    int8_conv = [n for n in conv if n.input[0] in dequantized and dequantized.get(n.input[1])]
     products = [n for n in graph.node if n.op_type == "MatMul"  # two activations, both dequantized
                 and all(i in dequantized and not dequantized[i] for i in n.input)]
-    assert facts["layers"] == {"linear": facts["layers"]["linear"], "convolution": len(conv),
+    assert facts["layers"] == {"linear": facts["layers"]["linear"], "convolution": len(int8_conv),
                                "attention": len(products)} and len(products) > 0 < facts["layers"]["linear"], facts
+    # every convolution but the head's last: its output is the depth map, which stays float (not 256 levels)
+    assert [n.input[1] in weights for n in conv if n not in int8_conv] == [True], facts
+    sample = np.stack([np.asarray(Image.open(p).convert("RGB").resize((64, 64)), np.float32) for p in
+                       sorted((cal / "images" / "val").glob("*.png"))[:4]]).transpose(0, 3, 1, 2) / 255
+    int8 = OnnxModel(str(tmp_path / "int8.onnx"))
+    mean, std = (np.array(int8.meta[k], np.float32)[:, None, None] for k in ("mean", "std"))
+    depth = np.asarray(int8(((sample - mean) / std).astype(np.float32)))
+    assert len(np.unique(depth)) > 1024, len(np.unique(depth))
     assert facts["int8_AbsRel"] <= 1.1 * facts["fp32_AbsRel"], facts
     # what the gate scored is what evaluate scores on the held-out images (the last 100 of the seeded order)
     kept = np.random.default_rng(0).permutation(128)[28:].tolist()

@@ -320,7 +320,7 @@ def test_int8_keeps_a_detectors_ap_and_refuses_one_it_breaks(learned, tmp_path, 
     fp32 = str(tmp_path / "fp32.onnx")
     assert error_line_of(["export", fp32, "--int8", "--calibrate", str(root)]) == (
         f"error: --calibrate {root} holds 8 images in its val split; 200 to calibrate (--calibration-size) and 100 "
-        "held out for the AP gate need 300")
+        "held out for the AP gate need 300; give it at least 116")
     (tmp_path / "cats" / "tabby").mkdir(parents=True)
     assert error_line_of(["export", fp32, "--int8", "--calibrate", str(tmp_path / "cats")]).startswith(
         f"error: --calibrate {tmp_path / 'cats'}: a detector calibrates on a COCO, YOLO or VOC folder")

@@ -42,8 +42,8 @@ def parser():
                    "more points than this on the held-out images: of top-1 for a classifier (0.5), of COCO's "
                    "AP50:95 for a detector (1); for a depth model, when its AbsRel is more than this percent worse "
                    "(5)")
-    q.add_argument("--keep-fp32", nargs="+", default=(), metavar="PATTERN", help="linear layers to keep in float, "
-                   "by module name (fnmatch: 'blocks.11.*', '*.fc2', 'head')")
+    q.add_argument("--keep-fp32", nargs="+", default=(), metavar="PATTERN", help="layers to keep in float, by "
+                   "module name (fnmatch: '*blocks.11.*', '*.fc2', 'head.*'; a refusal names the model's own)")
     return p
 
 

@@ -9,8 +9,9 @@ The images are preprocessed as the model's metadata says (the data module's eval
 * ``static`` (the default): onnxruntime's QDQ quantization of the MatMul and Gemm nodes whose second input is a
   weight, per output channel, activations from the calibration images' ranges. The attention's two products (both
   inputs activations), the convolutions, softmax, LayerNorm and GELU stay in float, unless the gate's ``layers``
-  names ``"attention"`` (those products) or ``"convolution"`` (the Conv nodes with weights): a depth model's gate
-  names both, its DPT head being convolutions at up to the image's size and its attention over many tokens.
+  names ``"attention"`` (those products) or ``"convolution"`` (the Conv nodes with weights but one that makes an
+  output, whose int8 result would be the model's: 256 levels of depth): a depth model's gate names both, its DPT
+  head being convolutions at up to the image's size and its attention over many tokens.
 * ``dynamic``: the same weights in int8, each activation quantized as it comes; no calibration ranges.
 
 The file is written only when the int8 model loses at most ``max_drop`` points of the gate's score (the gate's own
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 MODES = ("static", "dynamic")
 METHODS = ("minmax", "entropy", "percentile")
 MIN_HELD_OUT = 100  # images the gate scores: 0.5 points is then one image in 200 at most
+MIN_CALIBRATION = 16  # the fewest calibration images a refusal suggests
 
 
 class QuantizationRefused(UsageError):
@@ -130,16 +132,34 @@ def layer_kinds(model) -> dict[str, str]:
     a weight, an initializer), ``convolution`` (a Conv with a weight) or ``attention`` (a MatMul of two activations:
     the attention's products)."""
     weights = {t.name for t in model.graph.initializer}
+    last = output_layers(model, weights)
     kinds = {}
     for n in model.graph.node:
         weighted = len(n.input) > 1 and n.input[1] in weights
         if n.op_type in ("MatMul", "Gemm") and weighted:
             kinds[n.name] = "linear"
-        elif n.op_type == "Conv" and weighted:
+        elif n.op_type == "Conv" and weighted and n.name not in last:  # its output would be int8: the model's own
             kinds[n.name] = "convolution"
         elif n.op_type == "MatMul":
             kinds[n.name] = "attention"
     return kinds
+
+
+def output_layers(model, weights: set[str]) -> set[str]:
+    """The weighted nodes (MatMul, Gemm, Conv) whose results reach a graph output through no other weighted node: the
+    layers that make the model's outputs (a depth head's last convolution; not a layer whose shape alone is read)."""
+    made_by = {o: n for n in model.graph.node for o in n.output}
+    found, seen, tensors = set(), set(), [o.name for o in model.graph.output]
+    while tensors:
+        node = made_by.get(tensors.pop())
+        if node is None or node.name in seen or node.op_type == "Shape":
+            continue
+        seen.add(node.name)
+        if node.op_type in ("MatMul", "Gemm", "Conv") and len(node.input) > 1 and node.input[1] in weights:
+            found.add(node.name)
+        else:
+            tensors.extend(node.input)
+    return found
 
 
 def linear_nodes(model, layers: tuple[str, ...] = ("linear",)) -> list[str]:
@@ -205,15 +225,24 @@ def _inputs(preprocess, images: list[tuple[Path, int]]) -> tuple[Inputs, np.ndar
     return np.stack(arrays), np.asarray(targets)
 
 
+def enough_images(calibrate, count: int, calibration: int, gate: str, where: str = "") -> None:
+    """Refuse, in one line, a calibration folder of ``count`` images (``where``: which of them, "in its val split")
+    that cannot give ``calibration`` to calibrate and ``MIN_HELD_OUT`` to score; say the size that fits it."""
+    if count >= calibration + MIN_HELD_OUT:
+        return
+    fits = (f"; --calibration-size {count - MIN_HELD_OUT} fits these" if count - MIN_HELD_OUT >= MIN_CALIBRATION
+            else f"; give it at least {MIN_CALIBRATION + MIN_HELD_OUT}")
+    raise QuantizationRefused(f"--calibrate {calibrate} holds {count} images{where}; {calibration} to calibrate "
+                              f"(--calibration-size) and {MIN_HELD_OUT} held out for the {gate} need "
+                              f"{calibration + MIN_HELD_OUT}{fits}")
+
+
 def calibration_set(calibrate: str | os.PathLike, labels: list[str] | None, preprocess, calibration: int,
                     seed: int = 0) -> tuple[Inputs, np.ndarray]:
     """The labelled images of ``calibrate`` as inputs and labels, in a seeded order: the first ``calibration``
     calibrate, the rest (``MIN_HELD_OUT`` or more) are held out for the accuracy gate."""
     images = labelled_images(calibrate, labels)
-    if len(images) < calibration + MIN_HELD_OUT:
-        raise QuantizationRefused(f"--calibrate {calibrate} holds {len(images)} images; {calibration} to calibrate "
-                                  f"(--calibration-size) and {MIN_HELD_OUT} held out for the accuracy gate need "
-                                  f"{calibration + MIN_HELD_OUT}")
+    enough_images(calibrate, len(images), calibration, "accuracy gate")
     order = np.random.default_rng(seed).permutation(len(images))
     x, y = _inputs(preprocess, [images[k] for k in order])
     if len(y) < calibration + MIN_HELD_OUT:
@@ -364,7 +393,7 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
     if keep and not kept:
         raise QuantizationRefused(f"--keep-fp32 {' '.join(keep)} matches no quantized layer; their names look like "
                                   f"{', '.join(module[n] for n in linear[:3])} (patterns as fnmatch's: "
-                                  "'blocks.11.*', '*.fc2')")
+                                  "'*blocks.11.*', '*.fc2', 'head.*')")
     out, quantized = Path(out), [n for n in linear if n not in kept]
     tmp = out.with_name(out.name + ".int8.tmp")
     try:

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import torch
 
-from vitkit.deploy.quantize import MIN_HELD_OUT, Held, QuantizationRefused, in_batches
+from vitkit.deploy.quantize import Held, QuantizationRefused, enough_images, in_batches
 from vitkit.errors import MissingFileError
 
 
@@ -41,10 +41,7 @@ class AbsRel:
         except MissingFileError as e:
             raise QuantizationRefused(f"--calibrate {calibrate}: a depth model calibrates on a folder of images/ "
                                       f"beside depth/ with a val or a train split ({e})") from None
-        if len(ds) < calibration + MIN_HELD_OUT:
-            raise QuantizationRefused(f"--calibrate {calibrate} holds {len(ds)} images in its {split} split; "
-                                      f"{calibration} to calibrate (--calibration-size) and {MIN_HELD_OUT} held out "
-                                      f"for the AbsRel gate need {calibration + MIN_HELD_OUT}")
+        enough_images(calibrate, len(ds), calibration, "AbsRel gate", f" in its {split} split")
         order = np.random.default_rng(seed).permutation(len(ds)).tolist()
         images, maps = zip(*(ds[k] for k in order), strict=True)
         x = device_batch(torch.stack(images), dm.data_cfg).numpy()

@@ -9,7 +9,7 @@ import os
 import numpy as np
 import torch
 
-from vitkit.deploy.quantize import MIN_HELD_OUT, Held, QuantizationRefused, in_batches
+from vitkit.deploy.quantize import Held, QuantizationRefused, enough_images, in_batches
 from vitkit.errors import MissingFileError
 
 
@@ -42,10 +42,7 @@ class MeanAP:
                                       f"({', '.join(det.names[:5])}...): calibrate on data of its own classes")
         split = dm.hparams.val if dm.has(dm.hparams.val) else dm.hparams.train
         ds = dm.split(split)
-        if len(ds) < calibration + MIN_HELD_OUT:
-            raise QuantizationRefused(f"--calibrate {calibrate} holds {len(ds)} images in its {split} split; "
-                                      f"{calibration} to calibrate (--calibration-size) and {MIN_HELD_OUT} held out "
-                                      f"for the AP gate need {calibration + MIN_HELD_OUT}")
+        enough_images(calibrate, len(ds), calibration, "AP gate", f" in its {split} split")
         order = np.random.default_rng(seed).permutation(len(ds)).tolist()
         images, targets = zip(*(ds[k] for k in order), strict=True)
         x = device_batch(torch.stack(images), dm.data_cfg).numpy()
