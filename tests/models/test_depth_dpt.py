@@ -182,6 +182,7 @@ def test_what_vitkit_does_not_read_of_dpt_is_refused_in_one_line(tmp_path):
         vitkit.load_depth_estimator(tmp_path / "seg.pth", backbone=tmp_path / "seg.pth")
 
 
+@pytest.mark.slow  # an ONNX export and onnxruntime at several sizes
 def test_a_dpt_dinov2_folder_exports_with_its_resizes_at_every_size(tmp_path, capsys):
     """``vitkit export`` and ``predict`` take the folder as they take a run's checkpoint."""
     ort = pytest.importorskip("onnxruntime")

@@ -69,6 +69,7 @@ def test_in_training_its_groups_proposals_and_loss_are_transformers(tmp_path):
     assert unused == set() and not ours.backbone.norm.weight.requires_grad  # LW-DETR never runs the final norm
 
 
+@pytest.mark.slow  # an ONNX export and onnxruntime at two sizes
 def test_an_lw_detr_exports_with_its_levels_at_another_size(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     from vitkit.deploy.export import export_onnx

@@ -56,6 +56,7 @@ def _fit(root: Path, tmp_path: Path, *extra: str):
                      "--data.num_workers", "0", "--data.packing", "true", "--data.max_tokens", "40", *extra])
 
 
+@pytest.mark.slow  # a run through the command, then evaluate
 def test_a_classifier_trains_on_packed_images_and_evaluate_scores_them_the_same(shapes_folder, tmp_path, capsys):
     cli = _fit(shapes_folder, tmp_path, "--trainer.max_epochs", "12", "--data.token_drop", "0.25")
     metrics = cli.trainer.callback_metrics
