@@ -129,8 +129,8 @@ def labelled_images(folder: str | os.PathLike, labels: list[str] | None) -> list
 
 def layer_kinds(model) -> dict[str, str]:
     """Each quantizable node of an ONNX graph by name -> its kind: ``linear`` (a MatMul or Gemm whose second input is
-    a weight, an initializer), ``convolution`` (a Conv with a weight) or ``attention`` (a MatMul of two activations:
-    the attention's products)."""
+    a weight, an initializer), ``convolution`` (a Conv with a weight, but one that makes an output:
+    :func:`output_layers`) or ``attention`` (a MatMul of two activations: the attention's products)."""
     weights = {t.name for t in model.graph.initializer}
     last = output_layers(model, weights)
     kinds = {}
