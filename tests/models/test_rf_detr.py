@@ -77,10 +77,80 @@ def test_an_rf_detr_checkpoint_of_its_own_code_gives_the_same_detections(tmp_pat
         expected, got = theirs(pixel_values=x), ours(x)
     torch.testing.assert_close(got.logits, expected.logits, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got.boxes, expected.pred_boxes, atol=1e-4, rtol=1e-4)
-    args.projector_scale = ["P3", "P5"]
+    args.projector_scale = ["P5", "P3"]
     torch.save({"model": weights, "args": args}, tmp_path / "large.pth")
-    with pytest.raises(CheckpointError, match=r"an RF-DETR with \{'projector_scale': \['P3', 'P5'\]\}"):
+    with pytest.raises(CheckpointError, match=r"projector_scale \['P5', 'P3'\]; vitkit reads levels of P3, P4 and P5"):
         vitkit.load_detector(tmp_path / "large.pth")
+
+
+PROJECTOR_TO_RF_DETR = [  # vitkit's projector -> RF-DETR's own names (MultiScaleProjector: stages, stages_sampling)
+    (r"^projector\.(\d+)\.conv([12])\.norm\.", r"backbone.0.projector.stages.\1.0.cv\2.bn."),
+    (r"^projector\.(\d+)\.conv([12])\.", r"backbone.0.projector.stages.\1.0.cv\2."),
+    (r"^projector\.(\d+)\.bottlenecks\.(\d+)\.conv([12])\.norm\.", r"backbone.0.projector.stages.\1.0.m.\2.cv\3.bn."),
+    (r"^projector\.(\d+)\.bottlenecks\.(\d+)\.conv([12])\.", r"backbone.0.projector.stages.\1.0.m.\2.cv\3."),
+    (r"^projector\.(\d+)\.norm\.", r"backbone.0.projector.stages.\1.1."),
+    (r"^projector\.(\d+)\.samplers\.(\d+)\.(\d+)\.norm\.", r"backbone.0.projector.stages_sampling.\1.\2.\3.bn."),
+    (r"^projector\.(\d+)\.samplers\.(\d+)\.(\d+)\.", r"backbone.0.projector.stages_sampling.\1.\2.\3."),
+]
+
+
+def test_an_rf_detr_checkpoint_of_p3_and_p5_levels_gives_the_model_it_describes(tmp_path):
+    """The deprecated Large's projector: levels at twice and half the patch grid (``projector_scale: [P3, P5]``),
+    RF-DETR's own samplers (no LW-DETR 1x1 before a wide map's transposed conv) and a decoder over two levels."""
+    import re
+    from argparse import Namespace
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from vitkit.checkpoints.detection import read_detector
+
+    c = _rf_detr_folder(tmp_path / "rf", hidden=128, heads=2, eps=1e-6).config  # RF-DETR's names for its parts
+    weights = load_file(tmp_path / "rf" / "model.safetensors")
+    args = Namespace(encoder="dinov2_windowed_small", out_feature_indexes=[1, 2, 4], num_windows=2, patch_size=8,
+                     positional_encoding_size=8, hidden_dim=32, dec_layers=2, sa_nheads=4, ca_nheads=4,
+                     dec_n_points=c.decoder_n_points, dim_feedforward=64, num_queries=6, group_detr=3, layer_norm=True,
+                     two_stage=True, bbox_reparam=True, lite_refpoint_refine=True, projector_scale=["P4"])
+    torch.save({"model": weights, "args": args}, tmp_path / "p4.pth")
+    found = read_detector(tmp_path / "p4.pth")
+    one = vitkit.load_detector(tmp_path / "p4.pth").eval()
+    # where each vitkit weight is in the file, by their values: a key, or a third of one (the decoder's packed
+    # in_proj), or three keys (the backbone's q, k and v, fused in vitkit)
+    thirds = {(k, i): t for k, v in weights.items() for i, t in enumerate(v.chunk(3)) if "in_proj" in k}
+    theirs = {}
+    for name, tensor in found.state_dict.items():
+        parts = tensor.chunk(3) if ".attn.qkv." in name else (tensor,)
+        theirs[name] = [next(((k, None) for k, v in weights.items() if v.shape == t.shape and torch.equal(v, t)),
+                             None) or next(k for k, v in thirds.items() if v.shape == t.shape and torch.equal(v, t))
+                        for t in parts]
+    cfg = replace(one.cfg, scales=(2.0, 0.5), reduce_wide=False)
+    torch.manual_seed(1)
+    large = RFDETR(one.backbone, 5, cfg).eval()
+    with torch.no_grad():
+        for p in large.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    file, packed = {}, {}
+    for name, tensor in large.state_dict().items():
+        if name.startswith("projector."):
+            file[next(re.sub(a, b, name) for a, b in PROJECTOR_TO_RF_DETR if re.match(a, name))] = tensor
+            continue
+        for (key, third), part in zip(theirs[name], tensor.chunk(len(theirs[name])), strict=True):
+            if third is None:
+                file[key] = part
+            else:
+                packed.setdefault(key, {})[third] = part
+    file.update({k: torch.cat([p[i] for i in range(3)]) for k, p in packed.items()})
+    assert any(".stages_sampling.1.2.0.bn." in k for k in file)  # P5's strided ConvX on the third map
+    args.projector_scale = ["P3", "P5"]
+    torch.save({"model": file, "args": args}, tmp_path / "large.pth")
+    loaded = vitkit.load_detector(tmp_path / "large.pth").eval()
+    assert loaded.cfg.scales == (2.0, 0.5) and not loaded.cfg.reduce_wide
+    x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected, got = large(x), loaded(x)
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.boxes, expected.boxes, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got.logits, one(x).logits, atol=1e-3)  # not the one-level model's detections
 
 
 def test_the_blocks_a_folder_names_for_windows_attend_within_them(tmp_path):

@@ -76,11 +76,14 @@ def transformers_yolos(folder: str | os.PathLike) -> DetectorFile:
 
 
 RF_DETR_NAMES = [  # RF-DETR's names (as transformers writes them) -> vitkit.models.rf_detr.RFDETR's
-    (r"^backbone\.0\.projector\.stages\.0\.0\.cv([12])\.bn\.", r"projector.0.conv\1.norm."),
-    (r"^backbone\.0\.projector\.stages\.0\.0\.cv([12])\.", r"projector.0.conv\1."),
-    (r"^backbone\.0\.projector\.stages\.0\.0\.m\.(\d+)\.cv([12])\.bn\.", r"projector.0.bottlenecks.\1.conv\2.norm."),
-    (r"^backbone\.0\.projector\.stages\.0\.0\.m\.(\d+)\.cv([12])\.", r"projector.0.bottlenecks.\1.conv\2."),
-    (r"^backbone\.0\.projector\.stages\.0\.1\.", "projector.0.norm."),
+    (r"^backbone\.0\.projector\.stages\.(\d+)\.0\.cv([12])\.bn\.", r"projector.\1.conv\2.norm."),
+    (r"^backbone\.0\.projector\.stages\.(\d+)\.0\.cv([12])\.", r"projector.\1.conv\2."),
+    (r"^backbone\.0\.projector\.stages\.(\d+)\.0\.m\.(\d+)\.cv([12])\.bn\.",
+     r"projector.\1.bottlenecks.\2.conv\3.norm."),
+    (r"^backbone\.0\.projector\.stages\.(\d+)\.0\.m\.(\d+)\.cv([12])\.", r"projector.\1.bottlenecks.\2.conv\3."),
+    (r"^backbone\.0\.projector\.stages\.(\d+)\.1\.", r"projector.\1.norm."),
+    (r"^backbone\.0\.projector\.stages_sampling\.(\d+)\.(\d+)\.(\d+)\.bn\.", r"projector.\1.samplers.\2.\3.norm."),
+    (r"^backbone\.0\.projector\.stages_sampling\.(\d+)\.(\d+)\.(\d+)\.", r"projector.\1.samplers.\2.\3."),
     (r"^refpoint_embed\.weight$", "reference_embed"),
     (r"^query_feat\.weight$", "query_feat"),
     (r"^transformer\.decoder\.layers\.(\d+)\.self_attn\.out_proj\.", r"layers.\1.self_attn.proj."),
@@ -99,6 +102,7 @@ RF_DETR_NAMES = [  # RF-DETR's names (as transformers writes them) -> vitkit.mod
     (r"^bbox_embed\.", "box_head."),
 ]
 BACKBONE = "backbone.0.encoder.encoder."
+RF_DETR_LEVELS = {"P3": 2.0, "P4": 1.0, "P5": 0.5}  # RF-DETR's projector levels -> their scale of the patch grid
 
 
 def _refuse(folder: Path, config: dict, expected: dict[str, Any]) -> None:
@@ -171,8 +175,9 @@ def transformers_rf_detr(folder: str | os.PathLike) -> DetectorFile:
 def rf_detr_checkpoint(path: str | os.PathLike, raw: dict[str, Any]) -> DetectorFile:
     """A checkpoint RF-DETR's own code wrote (``rf-detr-base.pth``, a run's ``checkpoint_best_total.pth``): its
     weights under ``model`` in RF-DETR's names and its settings under ``args`` (an
-    ``argparse.Namespace``, read without running code). The windowed DINOv2 without registers and one projector level
-    (``projector_scale: [P4]``, every released size but the deprecated Large) are read; others are refused."""
+    ``argparse.Namespace``, read without running code). The windowed DINOv2 without registers and the projector's
+    levels of ``projector_scale`` (``[P4]`` for every released size; ``[P3, P5]`` for the deprecated Large) are read;
+    others are refused."""
     path = Path(path)
     args = raw.get("args")
     args = vars(args) if hasattr(args, "__dict__") else dict(args or {})
@@ -183,7 +188,11 @@ def rf_detr_checkpoint(path: str | os.PathLike, raw: dict[str, Any]) -> Detector
     if not encoder.startswith("dinov2_windowed_") and encoder not in ("dinov2_small", "dinov2_base"):
         raise CheckpointError(f"{path}: an RF-DETR on the {encoder!r} encoder; vitkit reads the windowed DINOv2 "
                               "without registers (dinov2_windowed_small, dinov2_windowed_base)")
-    _refuse(path, args, {"projector_scale": ["P4"], "layer_norm": True, "two_stage": True, "bbox_reparam": True,
+    levels = [str(p) for p in args.get("projector_scale") or ["P4"]]
+    if not levels or set(levels) - set(RF_DETR_LEVELS) or levels != sorted(set(levels)):
+        raise CheckpointError(f"{path}: an RF-DETR with projector_scale {levels}; vitkit reads levels of P3, P4 and "
+                              "P5, each once, in that order")
+    _refuse(path, args, {"layer_norm": True, "two_stage": True, "bbox_reparam": True,
                          "lite_refpoint_refine": True, "rms_norm": False, "segmentation_head": False})
     sd = _rf_detr_weights(path, raw["model"])
     dim = sd["backbone.cls_token"].shape[-1]
@@ -206,7 +215,7 @@ def rf_detr_checkpoint(path: str | os.PathLike, raw: dict[str, Any]) -> Detector
         self_heads=int(args.get("sa_nheads", 8)), cross_heads=int(args.get("ca_nheads", 16)),
         points=int(args.get("dec_n_points", 2)), ffn_dim=int(args.get("dim_feedforward", 2048)),
         queries=int(args.get("num_queries", 300)), groups=int(args.get("group_detr", 13)),
-        dropout=float(args.get("dropout", 0.0)))
+        dropout=float(args.get("dropout", 0.0)), scales=tuple(RF_DETR_LEVELS[p] for p in levels), reduce_wide=False)
     names = [str(n) for n in args.get("class_names") or []]
     classes = sd["class_head.weight"].shape[0]
     return DetectorFile(preset, overrides, "rf_detr", dict(num_classes=classes, cfg=cfg),

@@ -48,7 +48,9 @@ class RFDETRConfig:
     the others globally (None: RF-DETR's rule, every block but those whose index is in ``out_indices``). A backbone
     with a class token runs as RF-DETR's windowed DINOv2 (:class:`WindowedViT`), one without as LW-DETR's ViT
     (:class:`WindowedPlainViT`). ``scales``: the projector's levels (1: the patch stride; 0.5 and 2: half and twice
-    the resolution, LW-DETR's larger models). ``projector_norm``: ``layer`` (RF-DETR's) or ``batch`` (LW-DETR's)."""
+    the resolution, LW-DETR's larger models and RF-DETR's P3 and P5). ``projector_norm``: ``layer`` (RF-DETR's) or
+    ``batch`` (LW-DETR's). ``reduce_wide``: a map wider than 512 brought to twice the resolution goes through a 1x1
+    ConvNorm to half its width first (LW-DETR's; RF-DETR's own projector does not)."""
 
     out_indices: tuple[int, ...] = (2, 5, 8, 11)
     windows: int = 4
@@ -67,6 +69,7 @@ class RFDETRConfig:
     window_blocks: tuple[int, ...] | None = None
     scales: tuple[float, ...] = (1.0,)
     projector_norm: str = "layer"
+    reduce_wide: bool = True
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in ("windows", "d_model", "decoder_layers", "queries", "groups", "points",
@@ -112,11 +115,11 @@ class Bottleneck(nn.Module):
         return self.conv2(self.conv1(x))
 
 
-def _sampler(width: int, scale: float, eps: float, norm: str) -> nn.Module:
+def _sampler(width: int, scale: float, eps: float, norm: str, reduce_wide: bool = True) -> nn.Module:
     """One map brought to a level's scale: 2x by a transposed conv (to half the channels; a quarter, through a 1x1
-    ConvNorm first, above 512), 1/2 by a strided 3x3 ConvNorm with ReLU (LW-DETR's)."""
+    ConvNorm first, above 512 where ``reduce_wide``), 1/2 by a strided 3x3 ConvNorm with ReLU."""
     if scale == 2.0:
-        if width > 512:
+        if width > 512 and reduce_wide:
             return nn.Sequential(ConvNorm(width, width // 2, 1, eps, "relu", norm),
                                  nn.ConvTranspose2d(width // 2, width // 4, 2, stride=2))
         return nn.Sequential(nn.ConvTranspose2d(width, width // 2, 2, stride=2))
@@ -134,8 +137,8 @@ class Projector(nn.Module):
         super().__init__()
         eps, norm = cfg.projector_eps, cfg.projector_norm
         self.hidden = int(cfg.d_model * cfg.hidden_expansion)
-        self.samplers = nn.ModuleList(_sampler(c, scale, eps, norm) for c in widths)
-        cin = sum(c // (2 if c <= 512 else 4) if scale == 2.0 else c for c in widths)
+        self.samplers = nn.ModuleList(_sampler(c, scale, eps, norm, cfg.reduce_wide) for c in widths)
+        cin = sum(c // (4 if c > 512 and cfg.reduce_wide else 2) if scale == 2.0 else c for c in widths)
         self.conv1 = ConvNorm(cin, 2 * self.hidden, 1, eps, norm=norm)
         self.bottlenecks = nn.ModuleList(Bottleneck(self.hidden, eps, norm) for _ in range(cfg.c2f_blocks))
         self.conv2 = ConvNorm((2 + cfg.c2f_blocks) * self.hidden, cfg.d_model, 1, eps, norm=norm)
