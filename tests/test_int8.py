@@ -219,9 +219,7 @@ def test_a_pt2_int8_program_keeps_the_accuracy_and_its_metadata(trained, tmp_pat
     tuned = load_int8_program(out, autotune=True)  # each int8 product as oneDNN's or inductor's own GEMM, the faster
     assert tuned.options.get("max_autotune", False) == int8_kernels(), tuned.options
     with torch.no_grad():
-        tuned_logits = tuned(torch.from_numpy(x))
-        tuned_few = tuned(torch.from_numpy(x[:3]))  # another batch size: a program of its own
-    assert (tuned_logits - compiled).abs().max() < 0.05 * compiled.abs().max()
+        tuned_few = tuned(torch.from_numpy(x[:3]))  # another batch size than the compiled one's: a program of its own
     assert (tuned_few - compiled[:3]).abs().max() < 0.05 * compiled.abs().max()
     from vitkit.errors import CheckpointError
 
