@@ -388,7 +388,8 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
     proto = onnx.load(str(fp32))
     # the dynamic mode quantizes the linear layers alone (onnxruntime's dynamic convolution is slower than float)
     layers = tuple(getattr(gate, "layers", ("linear",))) if mode == "static" else ("linear",)
-    linear, module = linear_nodes(proto, layers), module_names(proto)
+    kinds, module = layer_kinds(proto), module_names(proto)
+    linear = [n for n, kind in kinds.items() if kind in layers]
     kept = [n for n in linear if any(fnmatch.fnmatch(module[n], p) or fnmatch.fnmatch(n, p) for p in keep)]
     if keep and not kept:
         raise QuantizationRefused(f"--keep-fp32 {' '.join(keep)} matches no quantized layer; their names look like "
@@ -402,7 +403,8 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
         report = Int8Report(str(out), mode, calibration, held.count, gate.score(base, held), gate.score(int8, held),
                             len(quantized), [module[n] for n in kept], metric=gate.metric,
                             lower_better=getattr(gate, "lower_better", False),
-                            kinds={} if layers == ("linear",) else _count(layer_kinds(proto), quantized, layers))
+                            kinds={} if layers == ("linear",) else
+                            {k: sum(kinds[n] == k for n in quantized) for k in layers})
         if report.drop > max_drop:
             errors = layer_errors(fp32, tmp, quantized, held.x[:16])
             raise refusal(report, max_drop, [(module[n], e) for n, e in errors])
@@ -415,10 +417,6 @@ def quantize_int8(fp32: str | os.PathLike, out: str | os.PathLike, calibrate: st
         return report
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _count(kinds: dict[str, str], nodes: list[str], layers: tuple[str, ...]) -> dict[str, int]:
-    return {k: sum(kinds[n] == k for n in nodes) for k in layers}
 
 
 def refusal(report: Int8Report, max_drop: float, errors: list[tuple[str, float]]) -> QuantizationRefused:
